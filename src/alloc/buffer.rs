@@ -1,0 +1,182 @@
+//! `Buffer<T>`: the typed handle to an allocated block.
+
+use super::heap::TensorMeta;
+use super::{Shared, Stream};
+use crate::error::{Error, Result};
+use std::fmt;
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+/// Element types whose every bit pattern is a valid value, so that device bytes can be read
+/// back as `T`.
+///
+/// # Safety
+///
+/// Implementors must be plain data: `Copy`, no padding, no pointers, and valid for any bit
+/// pattern.
+pub unsafe trait Pod: Copy + Send + Sync + 'static {
+    /// The dtype name reports use (`float32`, `int64`, ...).
+    const DTYPE: &'static str;
+}
+
+macro_rules! pod {
+    ($($t:ty => $name:literal),* $(,)?) => {
+        // SAFETY: primitive integers and floats have no padding and accept any bit pattern.
+        $(unsafe impl Pod for $t { const DTYPE: &'static str = $name; })*
+    };
+}
+pod!(u8 => "uint8", i8 => "int8", u16 => "uint16", i16 => "int16", u32 => "uint32", i32 => "int32",
+     u64 => "uint64", i64 => "int64", u128 => "uint128", i128 => "int128", f32 => "float32", f64 => "float64",
+     usize => "uint64", isize => "int64");
+
+/// A typed allocation of `len` values of `T`, returned by
+/// [`CachingAllocator::alloc`](crate::CachingAllocator::alloc). Dropping it returns its block.
+///
+/// On backends whose memory lives in this process (the host backend) its contents can be
+/// written and read; on the others it is an address and a length for device code.
+pub struct Buffer<T> {
+    pub(crate) shared: Arc<Shared>,
+    block: u32,
+    addr: u64,
+    len: usize,
+    stream: Stream,
+    _marker: PhantomData<T>,
+}
+
+const NO_BLOCK: u32 = u32::MAX;
+
+impl<T> fmt::Debug for Buffer<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Buffer")
+            .field("addr", &format_args!("{:#x}", self.addr))
+            .field("len", &self.len)
+            .field("stream", &self.stream.id)
+            .finish()
+    }
+}
+
+impl<T: Pod> Buffer<T> {
+    pub(crate) fn new(shared: Arc<Shared>, block: u32, addr: u64, len: usize, stream: Stream) -> Self {
+        Buffer { shared, block, addr, len, stream, _marker: PhantomData }
+    }
+
+    pub(crate) fn empty(shared: Arc<Shared>, stream: Stream) -> Self {
+        Buffer { shared, block: NO_BLOCK, addr: 0, len: 0, stream, _marker: PhantomData }
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the buffer holds no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Size in bytes as requested (`len * size_of::<T>()`); the block behind it may be larger.
+    pub fn num_bytes(&self) -> u64 {
+        self.len as u64 * std::mem::size_of::<T>() as u64
+    }
+
+    /// The device address of the first element (`0` for an empty buffer).
+    pub fn device_ptr(&self) -> u64 {
+        self.addr
+    }
+
+    /// The stream the buffer was allocated on.
+    pub fn stream(&self) -> Stream {
+        self.stream
+    }
+
+    /// Describes the buffer as a tensor for reports: its dtype is `T`'s, its shape `shape`.
+    ///
+    /// ```
+    /// # use vramscope::{CachingAllocator, HostBackend};
+    /// # let alloc = CachingAllocator::new(HostBackend::new(1 << 30));
+    /// # let s = alloc.default_stream();
+    /// let x = alloc.alloc::<f32>(&s, 32 * 1024).unwrap().with_shape(&[32, 1024]).unwrap();
+    /// assert_eq!(x.tensor_meta().unwrap().dtype, "float32");
+    /// assert!(alloc.alloc::<f32>(&s, 10).unwrap().with_shape(&[3, 3]).is_err());
+    /// ```
+    pub fn with_shape(self, shape: &[usize]) -> Result<Self> {
+        self.with_tensor_meta(T::DTYPE, shape)
+    }
+
+    /// Describes the buffer as a tensor of `dtype` (e.g. `bfloat16` stored as `u16`) and `shape`.
+    /// The shape's element count must equal the buffer's length.
+    pub fn with_tensor_meta(self, dtype: &str, shape: &[usize]) -> Result<Self> {
+        let count = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+        if count != Some(self.len) {
+            return Err(Error::Usage(format!("shape {shape:?} does not hold exactly {} elements", self.len)));
+        }
+        if let Some(b) = self.block() {
+            let meta = TensorMeta { dtype: dtype.to_string(), shape: shape.to_vec() };
+            self.shared.heap.lock().blocks[b as usize].meta = Some(Box::new(meta));
+        }
+        Ok(self)
+    }
+
+    /// The tensor description set with [`with_shape`](Self::with_shape), if any.
+    pub fn tensor_meta(&self) -> Option<TensorMeta> {
+        let b = self.block()?;
+        self.shared.heap.lock().blocks[b as usize].meta.as_deref().cloned()
+    }
+
+    fn host_ptr(&self) -> Result<*mut T> {
+        if self.len == 0 {
+            return Ok(std::ptr::NonNull::dangling().as_ptr());
+        }
+        self.shared.backend.host_ptr(self.addr).map(|p| p.cast::<T>()).ok_or_else(|| {
+            Error::Usage(format!(
+                "the {} backend's memory is not addressable from the host; copy through the device API",
+                self.shared.backend.name()
+            ))
+        })
+    }
+
+    /// The contents as a slice, on backends whose memory lives in this process.
+    pub fn as_host_slice(&self) -> Result<&[T]> {
+        let p = self.host_ptr()?;
+        // SAFETY: `p` points at this buffer's block, which holds at least `len * size_of::<T>()`
+        // initialized bytes (host segments are zeroed when reserved), is aligned to 512 bytes,
+        // and is not handed to any other buffer while `self` lives. `T: Pod` accepts any bytes.
+        // Shared access is tied to `&self`; writes need `&mut self`.
+        Ok(unsafe { std::slice::from_raw_parts(p, self.len) })
+    }
+
+    /// The contents as a mutable slice, on backends whose memory lives in this process.
+    pub fn as_host_slice_mut(&mut self) -> Result<&mut [T]> {
+        let p = self.host_ptr()?;
+        // SAFETY: as in `as_host_slice`; `&mut self` makes this the only access.
+        Ok(unsafe { std::slice::from_raw_parts_mut(p, self.len) })
+    }
+
+    /// Copies `src` into the buffer; `src` must have exactly [`len`](Self::len) elements.
+    pub fn copy_from_host(&mut self, src: &[T]) -> Result<()> {
+        if src.len() != self.len {
+            return Err(Error::Usage(format!("copy of {} elements into a buffer of {}", src.len(), self.len)));
+        }
+        self.as_host_slice_mut()?.copy_from_slice(src);
+        Ok(())
+    }
+
+    /// Copies the contents out.
+    pub fn to_vec(&self) -> Result<Vec<T>> {
+        Ok(self.as_host_slice()?.to_vec())
+    }
+}
+
+impl<T> Buffer<T> {
+    pub(crate) fn block(&self) -> Option<u32> {
+        (self.block != NO_BLOCK).then_some(self.block)
+    }
+}
+
+impl<T> Drop for Buffer<T> {
+    fn drop(&mut self) {
+        if self.block != NO_BLOCK {
+            self.shared.free(self.block);
+        }
+    }
+}

@@ -1,0 +1,812 @@
+//! The allocator's state behind its lock: blocks, segments, free indexes, pending frees and
+//! statistics, and the algorithms over them. Nothing here locks or knows about threads.
+
+use super::config::AllocatorConfig;
+use super::stats::{Pool, Stats};
+use crate::backend::{Backend, RawEvent, RawStream};
+use crate::error::{BackendError, Error, OomReport, Result};
+use std::collections::BTreeSet;
+
+/// No block / no segment.
+pub(crate) const NONE: u32 = u32::MAX;
+/// Smallest block, and the granularity of rounding.
+pub(crate) const MIN_BLOCK: u64 = 512;
+/// Requests of at most this go to the small pool.
+pub(crate) const SMALL_SIZE: u64 = 1 << 20;
+/// Segment size of the small pool.
+pub(crate) const SMALL_SEGMENT: u64 = 2 << 20;
+/// Segment size for large requests below [`MIN_LARGE_ALLOC`].
+pub(crate) const LARGE_SEGMENT: u64 = 20 << 20;
+/// Large requests of at least this get a segment of their own size.
+pub(crate) const MIN_LARGE_ALLOC: u64 = 10 << 20;
+
+/// Where a block stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BlockState {
+    /// In the free index, ready for reuse on its stream.
+    Free,
+    /// Handed out to a live buffer.
+    Allocated,
+    /// Its buffer was dropped; waiting for events on other streams that used it.
+    PendingFree,
+}
+
+/// A tensor's description, kept with its block for reports.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct TensorMeta {
+    /// Element type name, e.g. `float32`.
+    pub dtype: String,
+    /// Shape, outermost dimension first.
+    pub shape: Vec<usize>,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Block {
+    pub(crate) addr: u64,
+    pub(crate) size: u64,
+    /// Bytes the caller asked for (0 while free).
+    pub(crate) requested: u64,
+    pub(crate) segment: u32,
+    pub(crate) prev: u32,
+    pub(crate) next: u32,
+    /// Allocator-local stream the block belongs to.
+    pub(crate) stream: u32,
+    pub(crate) state: BlockState,
+    /// Whether some page inside this free block may be unmapped.
+    pub(crate) unmapped: bool,
+    /// Other streams the block was used on (`record_stream`).
+    pub(crate) uses: Vec<u32>,
+    /// Outstanding events before a pending free completes.
+    pub(crate) pending_events: u32,
+    pub(crate) meta: Option<Box<TensorMeta>>,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Segment {
+    pub(crate) addr: u64,
+    pub(crate) size: u64,
+    pub(crate) pool: Pool,
+    pub(crate) stream: u32,
+    /// First block (lowest address).
+    pub(crate) head: u32,
+    /// One bit per page: set when unmapped.
+    pub(crate) unmapped_pages: Vec<u64>,
+    pub(crate) mapped: u64,
+    pub(crate) live: bool,
+}
+
+/// Free-index key: blocks of one pool ordered by stream, then size, then address (best fit,
+/// lowest address among equals).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct FreeKey {
+    stream: u32,
+    size: u64,
+    addr: u64,
+    block: u32,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct PendingEvent {
+    event: RawEvent,
+    block: u32,
+}
+
+/// A stream as the allocator knows it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct StreamSlot {
+    pub(crate) raw: RawStream,
+}
+
+/// The whole mutable state of one allocator.
+#[derive(Debug)]
+pub(crate) struct Heap {
+    pub(crate) device: usize,
+    pub(crate) config: AllocatorConfig,
+    pub(crate) page: u64,
+    can_unmap: bool,
+    pub(crate) blocks: Vec<Block>,
+    free_slots: Vec<u32>,
+    pub(crate) segments: Vec<Segment>,
+    free_segment_slots: Vec<u32>,
+    free: [BTreeSet<FreeKey>; 2],
+    pending: Vec<PendingEvent>,
+    pub(crate) streams: Vec<StreamSlot>,
+    pub(crate) stats: Stats,
+    /// Peak of allocated bytes since creation, for the fragmentation limit (never reset).
+    limit_peak: u64,
+    /// The last error a `Drop` could not report.
+    pub(crate) last_error: Option<String>,
+}
+
+/// What `alloc` hands back.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Grant {
+    pub(crate) block: u32,
+    pub(crate) addr: u64,
+}
+
+impl Heap {
+    pub(crate) fn new(device: usize, config: AllocatorConfig, backend: &dyn Backend) -> Self {
+        let page = backend.page_size().max(MIN_BLOCK);
+        debug_assert!(page.is_power_of_two());
+        let stats = Stats { max_split_size: config.max_split_size.unwrap_or(u64::MAX), ..Stats::default() };
+        Heap {
+            device,
+            page,
+            can_unmap: backend.can_unmap() && config.release_pages,
+            config,
+            blocks: Vec::new(),
+            free_slots: Vec::new(),
+            segments: Vec::new(),
+            free_segment_slots: Vec::new(),
+            free: [BTreeSet::new(), BTreeSet::new()],
+            pending: Vec::new(),
+            streams: vec![StreamSlot { raw: 0 }],
+            stats,
+            limit_peak: 0,
+            last_error: None,
+        }
+    }
+
+    // ----- sizes -------------------------------------------------------------------------
+
+    /// Rounds a request to a block size (PyTorch's `round_size`).
+    pub(crate) fn round_size(&self, size: u64) -> Option<u64> {
+        if size <= MIN_BLOCK {
+            return Some(MIN_BLOCK);
+        }
+        let d = u64::from(self.config.roundup_power2_divisions);
+        if d > 1 && size > MIN_BLOCK * d {
+            // Round up to the next of `d` equal divisions between two powers of two.
+            let floor = 1u64 << (63 - size.leading_zeros());
+            if floor == size {
+                return Some(size);
+            }
+            let step = (floor / d).max(MIN_BLOCK);
+            return size.checked_next_multiple_of(step);
+        }
+        size.checked_next_multiple_of(MIN_BLOCK)
+    }
+
+    fn pool_of(size: u64) -> Pool {
+        if size <= SMALL_SIZE {
+            Pool::Small
+        } else {
+            Pool::Large
+        }
+    }
+
+    /// The segment size PyTorch would choose for a block of `size`.
+    fn segment_size(&self, size: u64) -> Option<u64> {
+        let s = if size <= SMALL_SIZE {
+            SMALL_SEGMENT
+        } else if size < MIN_LARGE_ALLOC {
+            LARGE_SEGMENT
+        } else {
+            size
+        };
+        s.max(size).checked_next_multiple_of(self.page)
+    }
+
+    fn is_oversize(&self, size: u64) -> bool {
+        self.config.max_split_size.is_some_and(|m| size >= m)
+    }
+
+    // ----- arena ------------------------------------------------------------------------
+
+    fn new_block(&mut self, b: Block) -> u32 {
+        if let Some(i) = self.free_slots.pop() {
+            self.blocks[i as usize] = b;
+            i
+        } else {
+            self.blocks.push(b);
+            (self.blocks.len() - 1) as u32
+        }
+    }
+
+    fn drop_block(&mut self, i: u32) {
+        let b = &mut self.blocks[i as usize];
+        b.uses = Vec::new();
+        b.meta = None;
+        b.prev = NONE;
+        b.next = NONE;
+        self.free_slots.push(i);
+    }
+
+    fn key(&self, i: u32) -> (Pool, FreeKey) {
+        let b = &self.blocks[i as usize];
+        let pool = self.segments[b.segment as usize].pool;
+        (pool, FreeKey { stream: b.stream, size: b.size, addr: b.addr, block: i })
+    }
+
+    fn is_split(&self, i: u32) -> bool {
+        let b = &self.blocks[i as usize];
+        b.prev != NONE || b.next != NONE
+    }
+
+    /// Puts a free block in the index and counts it.
+    fn index_free(&mut self, i: u32) {
+        let (pool, key) = self.key(i);
+        self.blocks[i as usize].state = BlockState::Free;
+        self.free[pool as usize].insert(key);
+        if self.is_split(i) {
+            self.stats.inactive_split.inc(pool, 1);
+            self.stats.inactive_split_bytes.inc(pool, key.size);
+        }
+    }
+
+    /// Takes a free block out of the index and uncounts it; it is no longer `Free` (so that
+    /// no merge can reach it) until it is indexed again.
+    fn unindex_free(&mut self, i: u32) {
+        let (pool, key) = self.key(i);
+        self.blocks[i as usize].state = BlockState::Allocated;
+        let removed = self.free[pool as usize].remove(&key);
+        debug_assert!(removed, "block {i} was not in the free index");
+        if self.is_split(i) {
+            self.stats.inactive_split.dec(pool, 1);
+            self.stats.inactive_split_bytes.dec(pool, key.size);
+        }
+    }
+
+    // ----- allocation -------------------------------------------------------------------
+
+    /// Allocates a block of at least `requested` bytes on allocator stream `stream`.
+    pub(crate) fn alloc(&mut self, backend: &dyn Backend, stream: u32, requested: u64) -> Result<Grant> {
+        let size = self.round_size(requested).ok_or_else(|| {
+            Error::InvalidRequest(format!("{requested} bytes cannot be rounded to a block size without overflow"))
+        })?;
+        if !self.pending.is_empty() {
+            self.process_pending(backend);
+        }
+        let pool = Self::pool_of(size);
+        let block = match self.find_free(pool, stream, size) {
+            Some(i) => i,
+            None => self.grow(backend, pool, stream, requested, size)?,
+        };
+        let block = match self.take(backend, block, size) {
+            Ok(b) => b,
+            Err(e) => {
+                // Mapping pages for a cached block failed even after a retry.
+                return Err(self.oom(backend, requested, size, e));
+            }
+        };
+        let b = &mut self.blocks[block as usize];
+        b.state = BlockState::Allocated;
+        b.requested = requested;
+        let addr = b.addr;
+        let size = b.size;
+        let oversize = self.is_oversize(size);
+        let st = &mut self.stats;
+        st.allocation.inc(pool, 1);
+        st.allocated_bytes.inc(pool, size);
+        st.active.inc(pool, 1);
+        st.active_bytes.inc(pool, size);
+        st.requested_bytes.inc(pool, requested);
+        if oversize {
+            st.oversize_allocations.current += 1;
+            st.oversize_allocations.allocated += 1;
+            st.oversize_allocations.peak = st.oversize_allocations.peak.max(st.oversize_allocations.current);
+        }
+        let cur = st.allocated_bytes.current();
+        if cur > self.limit_peak {
+            self.limit_peak = cur;
+        }
+        Ok(Grant { block, addr })
+    }
+
+    /// Best fit among the free blocks of `pool` on `stream`.
+    fn find_free(&self, pool: Pool, stream: u32, size: u64) -> Option<u32> {
+        let lo = FreeKey { stream, size, addr: 0, block: 0 };
+        let key = self.free[pool as usize].range(lo..).next()?;
+        if key.stream != stream {
+            return None;
+        }
+        if let Some(max) = self.config.max_split_size {
+            // Do not hand an oversize block to a small request, nor a much larger one to a
+            // large request (PyTorch's rules).
+            if size < max && key.size >= max {
+                return None;
+            }
+            if size >= max && key.size >= size + LARGE_SEGMENT {
+                return None;
+            }
+        }
+        Some(key.block)
+    }
+
+    /// Removes free block `i` from the index, maps what it lacks, and splits off the rest.
+    fn take(&mut self, backend: &dyn Backend, i: u32, size: u64) -> Result<u32, BackendError> {
+        self.unindex_free(i);
+        if self.blocks[i as usize].unmapped {
+            let addr = self.blocks[i as usize].addr;
+            if let Err(e) = self.ensure_mapped(backend, i, addr, size) {
+                self.index_free(i);
+                return Err(e);
+            }
+        }
+        let b = &self.blocks[i as usize];
+        let seg = b.segment;
+        let pool = self.segments[seg as usize].pool;
+        let remaining = b.size - size;
+        let split = match pool {
+            Pool::Small => remaining >= MIN_BLOCK,
+            Pool::Large => remaining > SMALL_SIZE && !self.is_oversize(b.size),
+        };
+        if split {
+            let rest = Block {
+                addr: b.addr + size,
+                size: remaining,
+                requested: 0,
+                segment: seg,
+                prev: i,
+                next: b.next,
+                stream: b.stream,
+                state: BlockState::Free,
+                unmapped: b.unmapped,
+                uses: Vec::new(),
+                pending_events: 0,
+                meta: None,
+            };
+            let r = self.new_block(rest);
+            let next = self.blocks[r as usize].next;
+            if next != NONE {
+                self.blocks[next as usize].prev = r;
+            }
+            let b = &mut self.blocks[i as usize];
+            b.next = r;
+            b.size = size;
+            self.index_free(r);
+        }
+        self.blocks[i as usize].unmapped = false;
+        Ok(i)
+    }
+
+    /// No cached block fits: reclaim if over the soft limit, then reserve a new segment,
+    /// retrying once after releasing the whole cache if the backend refuses.
+    fn grow(&mut self, backend: &dyn Backend, pool: Pool, stream: u32, requested: u64, size: u64) -> Result<u32> {
+        let mut seg_size = self.segment_size(size).ok_or_else(|| {
+            Error::InvalidRequest(format!("{requested} bytes cannot be rounded to a segment size without overflow"))
+        })?;
+        let exact = size.next_multiple_of(self.page);
+        let limit = self.soft_limit(backend, size);
+        if self.reserved() + seg_size > limit {
+            self.reclaim(backend, seg_size, limit);
+            if self.reserved() + seg_size > limit {
+                // Over-allocating for amortization must not set a new peak.
+                seg_size = exact;
+            }
+        }
+        let addr = match backend.reserve(seg_size) {
+            Ok(a) => a,
+            Err(first) => {
+                self.stats.num_alloc_retries += 1;
+                self.release_cache(backend, true);
+                match backend.reserve(exact) {
+                    Ok(a) => {
+                        seg_size = exact;
+                        a
+                    }
+                    Err(_) => return Err(self.oom(backend, requested, size, first)),
+                }
+            }
+        };
+        self.stats.num_device_alloc += 1;
+        Ok(self.add_segment(pool, stream, addr, seg_size))
+    }
+
+    fn add_segment(&mut self, pool: Pool, stream: u32, addr: u64, size: u64) -> u32 {
+        let pages = size.div_ceil(self.page);
+        let seg = Segment {
+            addr,
+            size,
+            pool,
+            stream,
+            head: NONE,
+            unmapped_pages: vec![0; pages.div_ceil(64) as usize],
+            mapped: size,
+            live: true,
+        };
+        let s = if let Some(s) = self.free_segment_slots.pop() {
+            self.segments[s as usize] = seg;
+            s
+        } else {
+            self.segments.push(seg);
+            (self.segments.len() - 1) as u32
+        };
+        let b = self.new_block(Block {
+            addr,
+            size,
+            requested: 0,
+            segment: s,
+            prev: NONE,
+            next: NONE,
+            stream,
+            state: BlockState::Free,
+            unmapped: false,
+            uses: Vec::new(),
+            pending_events: 0,
+            meta: None,
+        });
+        self.segments[s as usize].head = b;
+        self.stats.segment.inc(pool, 1);
+        self.stats.reserved_bytes.inc(pool, size);
+        if self.is_oversize(size) {
+            let o = &mut self.stats.oversize_segments;
+            o.current += 1;
+            o.allocated += 1;
+            o.peak = o.peak.max(o.current);
+        }
+        // Indexed so that `take` can unindex it like any cached block.
+        self.index_free(b);
+        b
+    }
+
+    pub(crate) fn reserved(&self) -> u64 {
+        self.stats.reserved_bytes.current()
+    }
+
+    /// Reserved bytes above which the allocator reclaims before growing.
+    fn soft_limit(&self, backend: &dyn Backend, size: u64) -> u64 {
+        let mut limit = u64::MAX;
+        if let Some(f) = self.config.fragmentation_limit {
+            let peak = self.limit_peak.max(self.stats.allocated_bytes.current() + size);
+            limit = limit.min((peak as f64 * f) as u64);
+        }
+        if let Some(t) = self.config.garbage_collection_threshold {
+            limit = limit.min((backend.total_memory() as f64 * t) as u64);
+        }
+        limit
+    }
+
+    /// Gives cached memory back until `reserved + need <= limit` or nothing is left to give:
+    /// whole free segments first (smallest first), then the pages under free holes.
+    fn reclaim(&mut self, backend: &dyn Backend, need: u64, limit: u64) {
+        let mut whole: Vec<(u64, u32)> = self
+            .free
+            .iter()
+            .flatten()
+            .filter(|k| !self.is_split(k.block))
+            .map(|k| (self.segments[self.blocks[k.block as usize].segment as usize].mapped, k.block))
+            .collect();
+        whole.sort_unstable();
+        for (_, b) in whole {
+            if self.reserved() + need <= limit {
+                return;
+            }
+            self.release_segment_of(backend, b);
+        }
+        if self.can_unmap && self.reserved() + need > limit {
+            let holes: Vec<u32> = self.free.iter().flatten().rev().map(|k| k.block).collect();
+            for b in holes {
+                if self.reserved() + need <= limit {
+                    return;
+                }
+                self.unmap_block(backend, b);
+            }
+        }
+    }
+
+    /// Releases everything cached: every fully free segment and, with `pages`, the pages under
+    /// the other free blocks.
+    pub(crate) fn release_cache(&mut self, backend: &dyn Backend, pages: bool) {
+        self.synchronize_pending(backend);
+        let whole: Vec<u32> = self.free.iter().flatten().filter(|k| !self.is_split(k.block)).map(|k| k.block).collect();
+        for b in whole {
+            self.release_segment_of(backend, b);
+        }
+        if pages && self.can_unmap {
+            let holes: Vec<u32> = self.free.iter().flatten().map(|k| k.block).collect();
+            for b in holes {
+                self.unmap_block(backend, b);
+            }
+        }
+    }
+
+    /// Releases the segment whose only block is the free block `b`.
+    fn release_segment_of(&mut self, backend: &dyn Backend, b: u32) {
+        let s = self.blocks[b as usize].segment;
+        let (addr, size, pool, mapped) = {
+            let seg = &self.segments[s as usize];
+            (seg.addr, seg.size, seg.pool, seg.mapped)
+        };
+        if let Err(e) = backend.release(addr, size) {
+            self.stats.num_backend_errors += 1;
+            self.last_error = Some(format!("releasing segment {addr:#x}: {e}"));
+            return;
+        }
+        self.unindex_free(b);
+        self.drop_block(b);
+        self.stats.num_device_free += 1;
+        self.stats.segment.dec(pool, 1);
+        self.stats.reserved_bytes.dec(pool, mapped);
+        if self.is_oversize(size) {
+            let o = &mut self.stats.oversize_segments;
+            o.current -= 1;
+            o.freed += 1;
+        }
+        let seg = &mut self.segments[s as usize];
+        seg.live = false;
+        seg.unmapped_pages = Vec::new();
+        self.free_segment_slots.push(s);
+    }
+
+    /// Unmaps the whole pages inside free block `b`.
+    fn unmap_block(&mut self, backend: &dyn Backend, b: u32) {
+        let blk = &self.blocks[b as usize];
+        let s = blk.segment as usize;
+        let base = self.segments[s].addr;
+        let first = (blk.addr - base).div_ceil(self.page);
+        let end = (blk.addr + blk.size - base) / self.page;
+        if first >= end {
+            return;
+        }
+        let mut any = false;
+        let mut p = first;
+        while p < end {
+            if self.page_unmapped(s, p) {
+                p += 1;
+                continue;
+            }
+            let run_start = p;
+            while p < end && !self.page_unmapped(s, p) {
+                p += 1;
+            }
+            let (addr, len) = (base + run_start * self.page, (p - run_start) * self.page);
+            if let Err(e) = backend.unmap(addr, len) {
+                self.stats.num_backend_errors += 1;
+                self.last_error = Some(format!("unmapping {len} bytes at {addr:#x}: {e}"));
+                break;
+            }
+            for q in run_start..p {
+                self.set_page_unmapped(s, q, true);
+            }
+            let pool = self.segments[s].pool;
+            self.segments[s].mapped -= len;
+            self.stats.reserved_bytes.dec(pool, len);
+            self.stats.num_device_unmap += 1;
+            any = true;
+        }
+        if any {
+            self.blocks[b as usize].unmapped = true;
+        }
+    }
+
+    /// Maps every unmapped page touching `[addr, addr + len)` of block `b`'s segment; on a
+    /// refusal, releases the cache and retries once.
+    fn ensure_mapped(&mut self, backend: &dyn Backend, b: u32, addr: u64, len: u64) -> Result<(), BackendError> {
+        let s = self.blocks[b as usize].segment as usize;
+        let base = self.segments[s].addr;
+        let first = (addr - base) / self.page;
+        let end = (addr + len - base).div_ceil(self.page);
+        let missing: u64 = (first..end).filter(|&p| self.page_unmapped(s, p)).count() as u64 * self.page;
+        if missing == 0 {
+            return Ok(());
+        }
+        let limit = self.soft_limit(backend, len);
+        if self.reserved() + missing > limit {
+            self.reclaim(backend, missing, limit);
+        }
+        let mut p = first;
+        while p < end {
+            if !self.page_unmapped(s, p) {
+                p += 1;
+                continue;
+            }
+            let run_start = p;
+            while p < end && self.page_unmapped(s, p) {
+                p += 1;
+            }
+            let (a, l) = (base + run_start * self.page, (p - run_start) * self.page);
+            if let Err(e) = backend.map(a, l) {
+                self.stats.num_alloc_retries += 1;
+                self.release_cache(backend, true);
+                backend.map(a, l).map_err(|_| e)?;
+            }
+            for q in run_start..p {
+                self.set_page_unmapped(s, q, false);
+            }
+            let pool = self.segments[s].pool;
+            self.segments[s].mapped += l;
+            self.stats.reserved_bytes.inc(pool, l);
+            self.stats.num_device_map += 1;
+        }
+        Ok(())
+    }
+
+    fn page_unmapped(&self, s: usize, p: u64) -> bool {
+        Self::is_page_unmapped(&self.segments[s], p)
+    }
+
+    fn set_page_unmapped(&mut self, s: usize, p: u64, v: bool) {
+        let w = &mut self.segments[s].unmapped_pages[(p / 64) as usize];
+        if v {
+            *w |= 1 << (p % 64);
+        } else {
+            *w &= !(1 << (p % 64));
+        }
+    }
+
+    fn oom(&mut self, backend: &dyn Backend, requested: u64, rounded: u64, cause: BackendError) -> Error {
+        self.stats.num_ooms += 1;
+        let largest = self.free.iter().flatten().map(|k| k.size).max().unwrap_or(0);
+        Error::OutOfMemory(Box::new(OomReport {
+            device: self.device,
+            requested,
+            rounded,
+            capacity: backend.total_memory(),
+            free: backend.free_memory(),
+            allocated: self.stats.allocated_bytes.current(),
+            reserved: self.reserved(),
+            largest_free_block: largest,
+            backend_message: cause.to_string(),
+        }))
+    }
+
+    // ----- freeing ----------------------------------------------------------------------
+
+    /// The buffer of block `i` was dropped: stop counting it as allocated, and either return it
+    /// to the free index or wait for the other streams that used it.
+    pub(crate) fn free(&mut self, backend: &dyn Backend, i: u32) {
+        let (pool, size, requested, uses) = {
+            let b = &mut self.blocks[i as usize];
+            debug_assert_eq!(b.state, BlockState::Allocated);
+            b.meta = None;
+            let pool = self.segments[b.segment as usize].pool;
+            (pool, b.size, std::mem::take(&mut b.requested), std::mem::take(&mut b.uses))
+        };
+        let oversize = self.is_oversize(size);
+        let st = &mut self.stats;
+        st.allocation.dec(pool, 1);
+        st.allocated_bytes.dec(pool, size);
+        st.requested_bytes.dec(pool, requested);
+        if oversize {
+            let o = &mut self.stats.oversize_allocations;
+            o.current -= 1;
+            o.freed += 1;
+        }
+        let mut waiting = 0;
+        for s in uses {
+            let raw = self.streams[s as usize].raw;
+            match backend.record_event(raw) {
+                Ok(event) => {
+                    self.pending.push(PendingEvent { event, block: i });
+                    waiting += 1;
+                }
+                Err(e) => {
+                    // Without an event, wait for the stream itself before reuse.
+                    self.stats.num_backend_errors += 1;
+                    if let Err(e2) = backend.synchronize(raw) {
+                        self.last_error = Some(format!(
+                            "block {:#x}: recording an event failed ({e}) and so did synchronizing ({e2}); \
+                             the block is kept out of use",
+                            self.blocks[i as usize].addr
+                        ));
+                        self.blocks[i as usize].state = BlockState::PendingFree;
+                        self.blocks[i as usize].pending_events = u32::MAX;
+                        return;
+                    }
+                }
+            }
+        }
+        if waiting > 0 {
+            let b = &mut self.blocks[i as usize];
+            b.state = BlockState::PendingFree;
+            b.pending_events = waiting;
+        } else {
+            self.finish_free(i);
+        }
+    }
+
+    /// The block is no longer used by any stream: merge it with free neighbours and index it.
+    fn finish_free(&mut self, i: u32) {
+        let pool = self.segments[self.blocks[i as usize].segment as usize].pool;
+        let size = self.blocks[i as usize].size;
+        self.stats.active.dec(pool, 1);
+        self.stats.active_bytes.dec(pool, size);
+        let prev = self.blocks[i as usize].prev;
+        let next = self.blocks[i as usize].next;
+        let mut i = i;
+        if next != NONE && self.blocks[next as usize].state == BlockState::Free {
+            self.unindex_free(next);
+            self.absorb(i, next);
+        }
+        if prev != NONE && self.blocks[prev as usize].state == BlockState::Free {
+            self.unindex_free(prev);
+            self.absorb(prev, i);
+            i = prev;
+        }
+        self.index_free(i);
+    }
+
+    /// Merges block `b` (the right neighbour) into block `a`.
+    fn absorb(&mut self, a: u32, b: u32) {
+        let (bsize, bnext, bunmapped) = {
+            let bb = &self.blocks[b as usize];
+            (bb.size, bb.next, bb.unmapped)
+        };
+        let ab = &mut self.blocks[a as usize];
+        ab.size += bsize;
+        ab.next = bnext;
+        ab.unmapped |= bunmapped;
+        if bnext != NONE {
+            self.blocks[bnext as usize].prev = a;
+        }
+        self.drop_block(b);
+    }
+
+    /// Completes the pending frees whose events are done. Never blocks.
+    pub(crate) fn process_pending(&mut self, backend: &dyn Backend) {
+        let mut k = 0;
+        while k < self.pending.len() {
+            let p = self.pending[k];
+            let done = match backend.event_completed(p.event) {
+                Ok(d) => d,
+                Err(e) => {
+                    self.stats.num_backend_errors += 1;
+                    self.last_error = Some(format!("querying an event: {e}"));
+                    false
+                }
+            };
+            if done {
+                backend.destroy_event(p.event);
+                self.pending.swap_remove(k);
+                self.event_done(p.block);
+            } else {
+                k += 1;
+            }
+        }
+    }
+
+    fn event_done(&mut self, block: u32) {
+        let b = &mut self.blocks[block as usize];
+        b.pending_events -= 1;
+        if b.pending_events == 0 {
+            self.finish_free(block);
+        }
+    }
+
+    /// Waits for the streams that pending frees wait on, then completes them.
+    pub(crate) fn synchronize_pending(&mut self, backend: &dyn Backend) {
+        if self.pending.is_empty() {
+            return;
+        }
+        self.stats.num_sync_all_streams += 1;
+        for s in 0..self.streams.len() {
+            if let Err(e) = backend.synchronize(self.streams[s].raw) {
+                self.stats.num_backend_errors += 1;
+                self.last_error = Some(format!("synchronizing a stream: {e}"));
+            }
+        }
+        self.process_pending(backend);
+    }
+
+    /// Adds `stream` to the streams block `i` is used on.
+    pub(crate) fn record_stream(&mut self, i: u32, stream: u32) {
+        let b = &mut self.blocks[i as usize];
+        if b.stream != stream && !b.uses.contains(&stream) {
+            b.uses.push(stream);
+        }
+    }
+
+    /// The largest free block (for reports).
+    pub(crate) fn largest_free(&self) -> u64 {
+        self.free.iter().flatten().map(|k| k.size).max().unwrap_or(0)
+    }
+
+    /// Calls `f` with every block of every live segment, in address order per segment.
+    pub(crate) fn for_each_block(&self, mut f: impl FnMut(&Segment, &Block)) {
+        for seg in self.segments.iter().filter(|s| s.live) {
+            let mut i = seg.head;
+            while i != NONE {
+                let b = &self.blocks[i as usize];
+                f(seg, b);
+                i = b.next;
+            }
+        }
+    }
+
+    /// Whether page `p` of live segment `seg` is unmapped.
+    pub(crate) fn is_page_unmapped(seg: &Segment, p: u64) -> bool {
+        seg.unmapped_pages[(p / 64) as usize] & (1 << (p % 64)) != 0
+    }
+}

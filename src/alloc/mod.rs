@@ -1,0 +1,411 @@
+//! The caching allocator: segments from a backend, split into blocks, cached on free.
+
+mod buffer;
+pub(crate) mod config;
+pub(crate) mod heap;
+pub(crate) mod stats;
+
+pub use buffer::{Buffer, Pod};
+pub use config::{AllocatorConfig, ALLOC_CONF_ENV};
+pub use heap::TensorMeta;
+
+use crate::backend::Backend;
+use crate::error::{Error, Result};
+use heap::{BlockState, Heap, StreamSlot};
+use parking_lot::Mutex;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+static NEXT_ALLOCATOR_ID: AtomicU64 = AtomicU64::new(1);
+
+pub(crate) struct Shared {
+    pub(crate) id: u64,
+    pub(crate) backend: Arc<dyn Backend>,
+    pub(crate) heap: Mutex<Heap>,
+}
+
+impl Shared {
+    /// Called from `Buffer::drop`: never panics.
+    pub(crate) fn free(&self, block: u32) {
+        let mut heap = self.heap.lock();
+        heap.free(&*self.backend, block);
+    }
+}
+
+/// A stream of one allocator: blocks freed on it are reused on it at once; blocks used on
+/// other streams (see [`CachingAllocator::record_stream`]) wait for those streams first.
+///
+/// Streams are cheap handles (`Copy`); they belong to the allocator that made them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Stream {
+    pub(crate) allocator: u64,
+    pub(crate) id: u32,
+    pub(crate) raw: u64,
+}
+
+impl Stream {
+    /// The allocator-local index of this stream; `0` is the default stream.
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
+    /// The backend's handle for this stream.
+    pub fn raw(&self) -> u64 {
+        self.raw
+    }
+}
+
+/// An instrumented, stream-aware caching allocator over a [`Backend`].
+///
+/// Cloning is cheap and gives another handle to the same allocator; it is `Send + Sync`.
+///
+/// ```
+/// use vramscope::{CachingAllocator, HostBackend};
+/// let alloc = CachingAllocator::new(HostBackend::new(1 << 30));
+/// let stream = alloc.default_stream();
+/// let x = alloc.alloc::<f32>(&stream, 1024).unwrap();
+/// assert_eq!(alloc.memory_allocated(), 4096);
+/// drop(x);
+/// assert_eq!(alloc.memory_allocated(), 0);
+/// assert_eq!(alloc.memory_reserved(), 2 << 20); // the block stays cached
+/// alloc.empty_cache();
+/// assert_eq!(alloc.memory_reserved(), 0);
+/// ```
+#[derive(Clone)]
+pub struct CachingAllocator {
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl fmt::Debug for CachingAllocator {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CachingAllocator")
+            .field("backend", &self.shared.backend.name())
+            .field("allocated", &self.memory_allocated())
+            .field("reserved", &self.memory_reserved())
+            .finish()
+    }
+}
+
+/// Backends are taken by value or shared through an `Arc`.
+pub trait IntoBackend {
+    /// Converts into a shared backend.
+    fn into_backend(self) -> Arc<dyn Backend>;
+}
+
+impl<B: Backend> IntoBackend for B {
+    fn into_backend(self) -> Arc<dyn Backend> {
+        Arc::new(self)
+    }
+}
+
+impl<B: Backend> IntoBackend for Arc<B> {
+    fn into_backend(self) -> Arc<dyn Backend> {
+        self
+    }
+}
+
+impl IntoBackend for Arc<dyn Backend> {
+    fn into_backend(self) -> Arc<dyn Backend> {
+        self
+    }
+}
+
+impl CachingAllocator {
+    /// An allocator for device 0 of `backend` with the default configuration.
+    pub fn new(backend: impl IntoBackend) -> Self {
+        Self::with_config(backend, AllocatorConfig::default()).expect("the default configuration is valid")
+    }
+
+    /// An allocator with `config`, which is checked first.
+    pub fn with_config(backend: impl IntoBackend, config: AllocatorConfig) -> Result<Self> {
+        Self::for_device(backend, 0, config)
+    }
+
+    /// An allocator for device `device` of `backend` (the index appears in reports and errors).
+    pub fn for_device(backend: impl IntoBackend, device: usize, config: AllocatorConfig) -> Result<Self> {
+        config.validate()?;
+        let backend = backend.into_backend();
+        let heap = Heap::new(device, config, &*backend);
+        Ok(CachingAllocator {
+            shared: Arc::new(Shared {
+                id: NEXT_ALLOCATOR_ID.fetch_add(1, Ordering::Relaxed),
+                backend,
+                heap: Mutex::new(heap),
+            }),
+        })
+    }
+
+    /// The backend this allocator draws from.
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.shared.backend
+    }
+
+    /// The device index.
+    pub fn device(&self) -> usize {
+        self.shared.heap.lock().device
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> AllocatorConfig {
+        self.shared.heap.lock().config.clone()
+    }
+
+    /// The backend's default stream.
+    pub fn default_stream(&self) -> Stream {
+        Stream { allocator: self.shared.id, id: 0, raw: 0 }
+    }
+
+    /// Creates a new stream on the backend.
+    pub fn new_stream(&self) -> Result<Stream> {
+        let raw = self.shared.backend.create_stream()?;
+        let mut heap = self.shared.heap.lock();
+        let id = u32::try_from(heap.streams.len()).map_err(|_| Error::Usage("too many streams".into()))?;
+        heap.streams.push(StreamSlot { raw });
+        Ok(Stream { allocator: self.shared.id, id, raw })
+    }
+
+    fn check_stream(&self, stream: &Stream) -> Result<()> {
+        if stream.allocator != self.shared.id {
+            return Err(Error::Usage(format!(
+                "stream {} belongs to another allocator; create streams with this allocator's new_stream()",
+                stream.id
+            )));
+        }
+        Ok(())
+    }
+
+    /// Allocates room for `len` values of `T` on `stream`.
+    ///
+    /// The buffer is ordered on `stream`: the memory is free for use by work queued on `stream`
+    /// from now on, and dropping the buffer lets later allocations on `stream` reuse it at once.
+    /// A length of zero allocates nothing and always succeeds.
+    ///
+    /// Fails with [`Error::OutOfMemory`] when the backend cannot supply the memory even after
+    /// the allocator released its cache and retried.
+    pub fn alloc<T: Pod>(&self, stream: &Stream, len: usize) -> Result<Buffer<T>> {
+        self.check_stream(stream)?;
+        let bytes = (len as u64).checked_mul(std::mem::size_of::<T>() as u64).ok_or_else(|| {
+            Error::InvalidRequest(format!("{len} elements of {} bytes overflow 64 bits", std::mem::size_of::<T>()))
+        })?;
+        if bytes == 0 {
+            return Ok(Buffer::empty(self.shared.clone(), *stream));
+        }
+        let grant = {
+            let mut heap = self.shared.heap.lock();
+            heap.alloc(&*self.shared.backend, stream.id, bytes)?
+        };
+        Ok(Buffer::new(self.shared.clone(), grant.block, grant.addr, len, *stream))
+    }
+
+    /// Marks `buffer` as used by work on `stream`: when the buffer is dropped, its block is reused
+    /// only after the work queued on `stream` up to that moment is done (an event is recorded
+    /// on `stream` at drop time).
+    pub fn record_stream<T>(&self, buffer: &Buffer<T>, stream: &Stream) -> Result<()> {
+        self.check_stream(stream)?;
+        if !Arc::ptr_eq(&buffer.shared, &self.shared) {
+            return Err(Error::Usage("the buffer belongs to another allocator".into()));
+        }
+        if let Some(block) = buffer.block() {
+            self.shared.heap.lock().record_stream(block, stream.id);
+        }
+        Ok(())
+    }
+
+    /// Blocks until the work queued on `stream` is done and completes the frees that waited on it.
+    pub fn synchronize(&self, stream: &Stream) -> Result<()> {
+        self.check_stream(stream)?;
+        self.shared.backend.synchronize(stream.raw)?;
+        self.shared.heap.lock().process_pending(&*self.shared.backend);
+        Ok(())
+    }
+
+    /// Releases every cached segment that holds no live block (waiting for pending frees first),
+    /// and, where the backend can unmap, the pages under free holes of the others.
+    pub fn empty_cache(&self) {
+        let mut heap = self.shared.heap.lock();
+        heap.release_cache(&*self.shared.backend, true);
+    }
+
+    /// Bytes in blocks handed out to live buffers (PyTorch's `memory_allocated`).
+    pub fn memory_allocated(&self) -> u64 {
+        self.shared.heap.lock().stats.allocated_bytes.current()
+    }
+
+    /// Bytes held from the backend (PyTorch's `memory_reserved`).
+    pub fn memory_reserved(&self) -> u64 {
+        self.shared.heap.lock().stats.reserved_bytes.current()
+    }
+
+    /// Peak of [`memory_allocated`](Self::memory_allocated) since creation or the last
+    /// [`reset_peak_stats`](Self::reset_peak_stats).
+    pub fn max_memory_allocated(&self) -> u64 {
+        self.shared.heap.lock().stats.allocated_bytes.peak()
+    }
+
+    /// Peak of [`memory_reserved`](Self::memory_reserved).
+    pub fn max_memory_reserved(&self) -> u64 {
+        self.shared.heap.lock().stats.reserved_bytes.peak()
+    }
+
+    /// Sets every peak statistic to its current value.
+    pub fn reset_peak_stats(&self) {
+        self.shared.heap.lock().stats.reset_peaks();
+    }
+
+    /// Sets the accumulated totals (`.allocated`, `.freed`, retries, OOMs) to zero.
+    pub fn reset_accumulated_stats(&self) {
+        self.shared.heap.lock().stats.reset_accumulated();
+    }
+
+    /// All statistics with PyTorch's key names (`allocated_bytes.all.current`,
+    /// `reserved_bytes.large_pool.peak`, `num_alloc_retries`, ...), plus vramscope's
+    /// `num_device_map`, `num_device_unmap` and `num_backend_errors`.
+    pub fn memory_stats(&self) -> BTreeMap<String, u64> {
+        self.shared.heap.lock().stats.to_map()
+    }
+
+    /// The statistics as PyTorch's `memory_summary()` table.
+    pub fn memory_summary(&self) -> String {
+        let (stats, device) = {
+            let heap = self.shared.heap.lock();
+            (heap.stats.to_map(), heap.device)
+        };
+        stats::summary_table(&stats, self.shared.backend.name(), device)
+    }
+
+    /// The largest free block in the cache.
+    pub fn largest_free_block(&self) -> u64 {
+        self.shared.heap.lock().largest_free()
+    }
+
+    /// The last error that happened where it could not be returned (in a `Drop`), if any.
+    pub fn last_error(&self) -> Option<String> {
+        self.shared.heap.lock().last_error.clone()
+    }
+
+    /// Recounts every statistic from the blocks and checks the allocator's structural
+    /// invariants: blocks tile their segments, no two blocks overlap, free blocks are merged,
+    /// and the counters equal the recount. Returns a description of the first violation.
+    ///
+    /// It walks every block, so it is for tests and debugging, not for hot paths.
+    pub fn check_invariants(&self) -> std::result::Result<(), String> {
+        let heap = self.shared.heap.lock();
+        check_heap(&heap)
+    }
+}
+
+fn check_heap(heap: &Heap) -> std::result::Result<(), String> {
+    use stats::Pool;
+    let mut allocated = [0u64; 2];
+    let mut active = [0u64; 2];
+    let mut requested = [0u64; 2];
+    let mut reserved = [0u64; 2];
+    let mut nalloc = [0u64; 2];
+    let mut nseg = [0u64; 2];
+    let mut split_free = [0u64; 2];
+    let mut ranges: Vec<(u64, u64)> = Vec::new();
+    for seg in heap.segments.iter().filter(|s| s.live) {
+        let p = seg.pool as usize;
+        nseg[p] += 1;
+        reserved[p] += seg.mapped;
+        let mut unmapped = 0;
+        for pg in 0..seg.size.div_ceil(heap.page) {
+            if Heap::is_page_unmapped(seg, pg) {
+                unmapped += heap.page;
+            }
+        }
+        if seg.mapped + unmapped != seg.size {
+            return Err(format!(
+                "segment {:#x}: mapped {} + unmapped {unmapped} != size {}",
+                seg.addr, seg.mapped, seg.size
+            ));
+        }
+        ranges.push((seg.addr, seg.addr + seg.size));
+    }
+    ranges.sort_unstable();
+    for w in ranges.windows(2) {
+        if w[0].1 > w[1].0 {
+            return Err(format!("segments {:#x} and {:#x} overlap", w[0].0, w[1].0));
+        }
+    }
+    let mut err = None;
+    let mut last: Option<(u64, u64, BlockState)> = None;
+    let mut cur_seg = u64::MAX;
+    heap.for_each_block(|seg, b| {
+        if err.is_some() {
+            return;
+        }
+        let p = seg.pool as usize;
+        if seg.addr != cur_seg {
+            cur_seg = seg.addr;
+            if b.addr != seg.addr {
+                err = Some(format!("segment {:#x} starts with block {:#x}", seg.addr, b.addr));
+            }
+            last = None;
+        }
+        if let Some((a, s, st)) = last {
+            if a + s != b.addr {
+                err = Some(format!("blocks {a:#x}+{s} and {:#x} do not tile segment {:#x}", b.addr, seg.addr));
+            }
+            if st == BlockState::Free && b.state == BlockState::Free {
+                err = Some(format!("free blocks {a:#x} and {:#x} were not merged", b.addr));
+            }
+        }
+        if b.stream != seg.stream {
+            err = Some(format!("block {:#x} is on stream {} but its segment on {}", b.addr, b.stream, seg.stream));
+        }
+        if b.addr + b.size > seg.addr + seg.size {
+            err = Some(format!("block {:#x}+{} runs past its segment", b.addr, b.size));
+        }
+        if b.size % heap::MIN_BLOCK != 0 {
+            err = Some(format!("block {:#x} size {} is not a multiple of 512", b.addr, b.size));
+        }
+        match b.state {
+            BlockState::Allocated => {
+                allocated[p] += b.size;
+                active[p] += b.size;
+                requested[p] += b.requested;
+                nalloc[p] += 1;
+                // An allocated block's pages are all mapped.
+                let first = (b.addr - seg.addr) / heap.page;
+                let end = (b.addr + b.size - seg.addr).div_ceil(heap.page);
+                if (first..end).any(|pg| Heap::is_page_unmapped(seg, pg)) {
+                    err = Some(format!("allocated block {:#x} lies on an unmapped page", b.addr));
+                }
+            }
+            BlockState::PendingFree => active[p] += b.size,
+            BlockState::Free => {
+                if b.prev != heap::NONE || b.next != heap::NONE {
+                    split_free[p] += b.size;
+                }
+            }
+        }
+        last = Some((b.addr, b.size, b.state));
+    });
+    if let Some(e) = err {
+        return Err(e);
+    }
+    let st = &heap.stats;
+    for (name, stat, recount) in [
+        ("allocated_bytes", &st.allocated_bytes, allocated),
+        ("active_bytes", &st.active_bytes, active),
+        ("requested_bytes", &st.requested_bytes, requested),
+        ("reserved_bytes", &st.reserved_bytes, reserved),
+        ("allocation", &st.allocation, nalloc),
+        ("segment", &st.segment, nseg),
+        ("inactive_split_bytes", &st.inactive_split_bytes, split_free),
+    ] {
+        for pool in [Pool::Small, Pool::Large] {
+            let (counted, recounted) = (stat.pool_current(pool), recount[pool as usize]);
+            if counted != recounted {
+                return Err(format!("{name} ({pool:?} pool): counter says {counted} but a recount gives {recounted}"));
+            }
+        }
+        if stat.current() != recount[0] + recount[1] {
+            return Err(format!("{name}: the all-pools counter disagrees with the pools"));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,182 @@
+use super::{Backend, RawEvent, RawStream};
+use crate::error::BackendError;
+use parking_lot::Mutex;
+use std::collections::BTreeSet;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Which memory requests a [`FaultyBackend`] fails.
+///
+/// Requests are counted from 0 over [`Backend::reserve`] and [`Backend::map`] calls together:
+/// each is a request for physical memory.
+#[derive(Clone, Default)]
+#[non_exhaustive]
+pub enum FaultPlan {
+    /// Fail nothing.
+    #[default]
+    Never,
+    /// Fail the requests with these indices.
+    Nth(BTreeSet<u64>),
+    /// Fail every request whose index is at least this.
+    From(u64),
+    /// Fail every request larger than this many bytes.
+    Above(u64),
+    /// Fail the requests for which the function returns `true`, given the request's index and size.
+    Custom(std::sync::Arc<dyn Fn(u64, u64) -> bool + Send + Sync>),
+}
+
+impl fmt::Debug for FaultPlan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FaultPlan::Never => f.write_str("Never"),
+            FaultPlan::Nth(s) => f.debug_tuple("Nth").field(s).finish(),
+            FaultPlan::From(k) => f.debug_tuple("From").field(k).finish(),
+            FaultPlan::Above(b) => f.debug_tuple("Above").field(b).finish(),
+            FaultPlan::Custom(_) => f.write_str("Custom(..)"),
+        }
+    }
+}
+
+impl FaultPlan {
+    /// Fails exactly the `k`-th request (counting from 0).
+    pub fn nth(k: u64) -> Self {
+        FaultPlan::Nth(BTreeSet::from([k]))
+    }
+
+    fn fails(&self, index: u64, size: u64) -> bool {
+        match self {
+            FaultPlan::Never => false,
+            FaultPlan::Nth(set) => set.contains(&index),
+            FaultPlan::From(k) => index >= *k,
+            FaultPlan::Above(b) => size > *b,
+            FaultPlan::Custom(f) => f(index, size),
+        }
+    }
+}
+
+/// Wraps a backend and fails chosen memory requests with an out-of-memory error, for testing
+/// the allocator's out-of-memory path and the code above it.
+///
+/// ```
+/// use vramscope::{CachingAllocator, FaultPlan, FaultyBackend, SimBackend};
+/// use std::sync::Arc;
+/// // Fail the first memory request only: the allocator's retry (request 1) succeeds.
+/// let faulty = Arc::new(FaultyBackend::new(SimBackend::new(1 << 30), FaultPlan::nth(0)));
+/// let alloc = CachingAllocator::new(faulty.clone());
+/// let s = alloc.default_stream();
+/// let buf = alloc.alloc::<u8>(&s, 4 << 20).unwrap();
+/// assert_eq!(faulty.injected(), 1);
+/// assert_eq!(alloc.memory_stats()["num_alloc_retries"], 1);
+///
+/// // Fail everything from now on: the request is an out-of-memory error.
+/// faulty.set_plan(FaultPlan::From(0));
+/// let err = alloc.alloc::<u8>(&s, 64 << 20).unwrap_err();
+/// assert!(err.to_string().contains("out of memory"));
+/// drop(buf);
+/// ```
+pub struct FaultyBackend<B> {
+    inner: B,
+    plan: Mutex<FaultPlan>,
+    requests: AtomicU64,
+    injected: AtomicU64,
+}
+
+impl<B: Backend> fmt::Debug for FaultyBackend<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FaultyBackend")
+            .field("inner", &self.inner)
+            .field("plan", &*self.plan.lock())
+            .field("requests", &self.requests.load(Ordering::Relaxed))
+            .field("injected", &self.injected.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl<B: Backend> FaultyBackend<B> {
+    /// Wraps `inner`, failing the requests `plan` names.
+    pub fn new(inner: B, plan: FaultPlan) -> Self {
+        FaultyBackend { inner, plan: Mutex::new(plan), requests: AtomicU64::new(0), injected: AtomicU64::new(0) }
+    }
+
+    /// Replaces the plan; the request count goes on from where it is.
+    pub fn set_plan(&self, plan: FaultPlan) {
+        *self.plan.lock() = plan;
+    }
+
+    /// Memory requests seen so far (reserve and map calls).
+    pub fn requests(&self) -> u64 {
+        self.requests.load(Ordering::Relaxed)
+    }
+
+    /// Failures injected so far.
+    pub fn injected(&self) -> u64 {
+        self.injected.load(Ordering::Relaxed)
+    }
+
+    /// The wrapped backend.
+    pub fn inner(&self) -> &B {
+        &self.inner
+    }
+
+    fn check(&self, size: u64) -> Result<(), BackendError> {
+        let index = self.requests.fetch_add(1, Ordering::Relaxed);
+        if self.plan.lock().fails(index, size) {
+            self.injected.fetch_add(1, Ordering::Relaxed);
+            return Err(BackendError::OutOfMemory {
+                requested: size,
+                message: format!("injected failure of memory request #{index}"),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl<B: Backend> Backend for FaultyBackend<B> {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    fn total_memory(&self) -> u64 {
+        self.inner.total_memory()
+    }
+    fn free_memory(&self) -> u64 {
+        self.inner.free_memory()
+    }
+    fn page_size(&self) -> u64 {
+        self.inner.page_size()
+    }
+    fn reserve(&self, size: u64) -> Result<u64, BackendError> {
+        self.check(size)?;
+        self.inner.reserve(size)
+    }
+    fn release(&self, addr: u64, size: u64) -> Result<(), BackendError> {
+        self.inner.release(addr, size)
+    }
+    fn can_unmap(&self) -> bool {
+        self.inner.can_unmap()
+    }
+    fn unmap(&self, addr: u64, len: u64) -> Result<(), BackendError> {
+        self.inner.unmap(addr, len)
+    }
+    fn map(&self, addr: u64, len: u64) -> Result<(), BackendError> {
+        self.check(len)?;
+        self.inner.map(addr, len)
+    }
+    fn create_stream(&self) -> Result<RawStream, BackendError> {
+        self.inner.create_stream()
+    }
+    fn record_event(&self, stream: RawStream) -> Result<RawEvent, BackendError> {
+        self.inner.record_event(stream)
+    }
+    fn event_completed(&self, event: RawEvent) -> Result<bool, BackendError> {
+        self.inner.event_completed(event)
+    }
+    fn destroy_event(&self, event: RawEvent) {
+        self.inner.destroy_event(event)
+    }
+    fn synchronize(&self, stream: RawStream) -> Result<(), BackendError> {
+        self.inner.synchronize(stream)
+    }
+    fn host_ptr(&self, addr: u64) -> Option<*mut u8> {
+        self.inner.host_ptr(addr)
+    }
+}

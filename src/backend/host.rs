@@ -1,0 +1,125 @@
+use super::{Backend, RawEvent, RawStream, DEFAULT_PAGE_SIZE};
+use crate::error::{fmt_bytes, BackendError};
+use std::alloc::{self, Layout};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Host memory standing in for a device, with a capacity limit.
+///
+/// Segments are real allocations from the system allocator, so buffers on this backend hold
+/// data that can be written and read ([`Buffer::copy_from_host`](crate::Buffer::copy_from_host),
+/// [`Buffer::to_vec`](crate::Buffer::to_vec)). Streams exist as names only: host work is done
+/// when it is issued, so events complete at once.
+///
+/// Memory is committed lazily by the operating system, so a large capacity costs nothing until
+/// buffers are written.
+///
+/// ```
+/// use vramscope::{CachingAllocator, HostBackend};
+/// let alloc = CachingAllocator::new(HostBackend::new(64 << 20));
+/// let stream = alloc.default_stream();
+/// let mut buf = alloc.alloc::<u32>(&stream, 4).unwrap();
+/// buf.copy_from_host(&[1, 2, 3, 4]).unwrap();
+/// assert_eq!(buf.to_vec().unwrap(), vec![1, 2, 3, 4]);
+/// ```
+#[derive(Debug)]
+pub struct HostBackend {
+    capacity: u64,
+    used: AtomicU64,
+    next_stream: AtomicU64,
+}
+
+/// Alignment of host segments: generous enough for any element type and for SIMD loads.
+const HOST_ALIGN: usize = 4096;
+
+impl HostBackend {
+    /// A host backend that hands out at most `capacity` bytes.
+    pub fn new(capacity: u64) -> Self {
+        HostBackend { capacity, used: AtomicU64::new(0), next_stream: AtomicU64::new(1) }
+    }
+
+    fn layout(size: u64) -> Result<Layout, BackendError> {
+        usize::try_from(size)
+            .ok()
+            .and_then(|s| Layout::from_size_align(s, HOST_ALIGN).ok())
+            .ok_or(BackendError::OutOfMemory { requested: size, message: "size exceeds the host address space".into() })
+    }
+}
+
+impl Backend for HostBackend {
+    fn name(&self) -> &str {
+        "host"
+    }
+
+    fn total_memory(&self) -> u64 {
+        self.capacity
+    }
+
+    fn free_memory(&self) -> u64 {
+        self.capacity.saturating_sub(self.used.load(Ordering::Relaxed))
+    }
+
+    fn page_size(&self) -> u64 {
+        DEFAULT_PAGE_SIZE
+    }
+
+    fn reserve(&self, size: u64) -> Result<u64, BackendError> {
+        let layout = Self::layout(size)?;
+        if layout.size() == 0 {
+            return Err(BackendError::Other("zero-sized segment requested".into()));
+        }
+        let prev = self.used.fetch_add(size, Ordering::Relaxed);
+        if prev.checked_add(size).is_none_or(|u| u > self.capacity) {
+            self.used.fetch_sub(size, Ordering::Relaxed);
+            return Err(BackendError::OutOfMemory {
+                requested: size,
+                message: format!(
+                    "host backend capacity {} reached ({} in use)",
+                    fmt_bytes(self.capacity),
+                    fmt_bytes(prev)
+                ),
+            });
+        }
+        // SAFETY: `layout` has a non-zero size (checked above) and a valid power-of-two alignment.
+        // Zeroed so that every byte a buffer can read is initialized.
+        let ptr = unsafe { alloc::alloc_zeroed(layout) };
+        if ptr.is_null() {
+            self.used.fetch_sub(size, Ordering::Relaxed);
+            return Err(BackendError::OutOfMemory {
+                requested: size,
+                message: "the system allocator refused the segment".into(),
+            });
+        }
+        Ok(ptr as u64)
+    }
+
+    fn release(&self, addr: u64, size: u64) -> Result<(), BackendError> {
+        let layout = Self::layout(size)?;
+        // SAFETY: the allocator releases only segments this backend reserved, with the size they
+        // were reserved with, exactly once; so `addr` came from `alloc::alloc(layout)`.
+        unsafe { alloc::dealloc(addr as *mut u8, layout) };
+        self.used.fetch_sub(size, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn create_stream(&self) -> Result<RawStream, BackendError> {
+        Ok(self.next_stream.fetch_add(1, Ordering::Relaxed))
+    }
+
+    fn record_event(&self, _stream: RawStream) -> Result<RawEvent, BackendError> {
+        Ok(0)
+    }
+
+    fn event_completed(&self, _event: RawEvent) -> Result<bool, BackendError> {
+        Ok(true)
+    }
+
+    fn destroy_event(&self, _event: RawEvent) {}
+
+    fn synchronize(&self, _stream: RawStream) -> Result<(), BackendError> {
+        Ok(())
+    }
+
+    fn host_ptr(&self, addr: u64) -> Option<*mut u8> {
+        Some(addr as *mut u8)
+    }
+}

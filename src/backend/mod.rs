@@ -1,0 +1,104 @@
+//! Where device memory comes from.
+//!
+//! A [`Backend`] hands out *segments* (large, page-aligned ranges of device memory), creates
+//! streams and records events on them. The [`CachingAllocator`](crate::CachingAllocator) does
+//! everything else. Three backends are real and one wraps the others:
+//!
+//! - [`HostBackend`]: host memory standing in for a device, with a capacity limit;
+//! - [`SimBackend`]: address space only, any capacity, no memory behind it, for replaying traces
+//!   of any size and for benchmarking the allocator alone;
+//! - [`FaultyBackend`]: wraps another backend and fails chosen segment requests.
+
+mod faulty;
+mod host;
+mod sim;
+
+pub use faulty::{FaultPlan, FaultyBackend};
+pub use host::HostBackend;
+pub use sim::{EventMode, SimBackend};
+
+use crate::error::BackendError;
+use std::fmt;
+
+/// The granularity in which segments are sized and pages are mapped: 2 MiB, as on CUDA.
+pub const DEFAULT_PAGE_SIZE: u64 = 2 << 20;
+
+/// A raw stream handle as a backend knows it. `0` is the backend's default stream.
+pub type RawStream = u64;
+
+/// A raw event handle as a backend knows it.
+pub type RawEvent = u64;
+
+/// A source of device memory, streams and events.
+///
+/// Implementations must be `Send + Sync`: the allocator calls them from whichever thread is
+/// allocating, while holding its own lock (so calls for one allocator never overlap).
+///
+/// Addresses are plain `u64` device addresses. Segments are reserved in multiples of
+/// [`page_size`](Backend::page_size) and returned whole with [`release`](Backend::release).
+/// Backends that can map and unmap physical pages inside a reserved range (virtual memory
+/// management, as CUDA's `cuMemMap`) say so with [`can_unmap`](Backend::can_unmap); the
+/// allocator then gives back the pages under large free holes instead of growing.
+pub trait Backend: Send + Sync + fmt::Debug + 'static {
+    /// A short name for reports: `host`, `sim`, `cuda`.
+    fn name(&self) -> &str;
+
+    /// Total memory of the device, in bytes.
+    fn total_memory(&self) -> u64;
+
+    /// Memory the backend could still hand out, in bytes.
+    fn free_memory(&self) -> u64;
+
+    /// Granularity of segments and of page mapping, a power of two.
+    fn page_size(&self) -> u64 {
+        DEFAULT_PAGE_SIZE
+    }
+
+    /// Reserves a segment of `size` bytes (a multiple of the page size), fully mapped, and
+    /// returns its base address.
+    fn reserve(&self, size: u64) -> Result<u64, BackendError>;
+
+    /// Returns a segment obtained from [`reserve`](Backend::reserve). Pages of it that were
+    /// unmapped stay unmapped; the backend frees what is still mapped.
+    fn release(&self, addr: u64, size: u64) -> Result<(), BackendError>;
+
+    /// Whether [`map`](Backend::map) and [`unmap`](Backend::unmap) work.
+    fn can_unmap(&self) -> bool {
+        false
+    }
+
+    /// Gives back the physical memory of whole pages `[addr, addr + len)` inside a segment,
+    /// keeping the addresses reserved.
+    fn unmap(&self, addr: u64, len: u64) -> Result<(), BackendError> {
+        let _ = (addr, len);
+        Err(BackendError::Unsupported("unmap"))
+    }
+
+    /// Maps physical memory again under pages unmapped earlier.
+    fn map(&self, addr: u64, len: u64) -> Result<(), BackendError> {
+        let _ = (addr, len);
+        Err(BackendError::Unsupported("map"))
+    }
+
+    /// Creates a new stream.
+    fn create_stream(&self) -> Result<RawStream, BackendError>;
+
+    /// Records an event on `stream` that completes when the work queued so far on it is done.
+    fn record_event(&self, stream: RawStream) -> Result<RawEvent, BackendError>;
+
+    /// Whether `event` has completed. Must not block.
+    fn event_completed(&self, event: RawEvent) -> Result<bool, BackendError>;
+
+    /// Destroys an event once the allocator no longer needs it.
+    fn destroy_event(&self, event: RawEvent);
+
+    /// Blocks until all work queued on `stream` is done.
+    fn synchronize(&self, stream: RawStream) -> Result<(), BackendError>;
+
+    /// A host pointer through which the bytes at device address `addr` can be read and written
+    /// directly, for backends whose memory lives in this process (the host backend).
+    fn host_ptr(&self, addr: u64) -> Option<*mut u8> {
+        let _ = addr;
+        None
+    }
+}

@@ -1,0 +1,222 @@
+use super::{Backend, RawEvent, RawStream, DEFAULT_PAGE_SIZE};
+use crate::error::{fmt_bytes, BackendError};
+use parking_lot::Mutex;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// When the events of a [`SimBackend`] complete.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum EventMode {
+    /// Events complete as soon as they are recorded, as on the host (the default).
+    #[default]
+    Immediate,
+    /// Events complete only when their stream is synchronized or
+    /// [`SimBackend::complete_events`] is called: models a GPU whose queued work is still
+    /// running, for testing cross-stream reuse.
+    Manual,
+}
+
+/// An address-only device: any capacity, no memory behind it.
+///
+/// It hands out addresses from a private address range and keeps account of capacity and
+/// mapped pages, which makes it the backend for replaying traces of any size (an 80 GB training
+/// run on a laptop) and for benchmarks of the allocator alone. It supports page unmapping like
+/// CUDA's virtual memory management.
+///
+/// ```
+/// use vramscope::{CachingAllocator, SimBackend};
+/// let alloc = CachingAllocator::new(SimBackend::new(80 << 30));
+/// let s = alloc.default_stream();
+/// let big = alloc.alloc::<u8>(&s, 40 << 30).unwrap();
+/// assert_eq!(alloc.memory_allocated(), 40 << 30);
+/// drop(big);
+/// ```
+#[derive(Debug)]
+pub struct SimBackend {
+    capacity: u64,
+    page: u64,
+    used: AtomicU64,
+    next_addr: AtomicU64,
+    next_stream: AtomicU64,
+    mode: EventMode,
+    events: Mutex<Events>,
+    /// Mapped bytes of each reserved segment, by base address.
+    segments: Mutex<BTreeMap<u64, (u64, u64)>>,
+}
+
+#[derive(Debug, Default)]
+struct Events {
+    next: u64,
+    /// Pending (not yet completed) events and the stream each was recorded on.
+    pending: HashMap<RawEvent, RawStream>,
+}
+
+/// Where simulated addresses start: high, page aligned, and never zero.
+const SIM_BASE: u64 = 0x7f00_0000_0000;
+
+impl SimBackend {
+    /// A simulated device of `capacity` bytes whose events complete at once.
+    pub fn new(capacity: u64) -> Self {
+        Self::with_events(capacity, EventMode::Immediate)
+    }
+
+    /// A simulated device of `capacity` bytes with the given event behaviour.
+    pub fn with_events(capacity: u64, mode: EventMode) -> Self {
+        SimBackend {
+            capacity,
+            page: DEFAULT_PAGE_SIZE,
+            used: AtomicU64::new(0),
+            next_addr: AtomicU64::new(SIM_BASE),
+            next_stream: AtomicU64::new(1),
+            mode,
+            events: Mutex::new(Events::default()),
+            segments: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// Completes every pending event, as if all streams had caught up.
+    pub fn complete_events(&self) {
+        self.events.lock().pending.clear();
+    }
+
+    /// Bytes currently mapped (reserved and not unmapped).
+    pub fn used_memory(&self) -> u64 {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    /// Adjusts the mapped bytes of the segment holding `[addr, addr + len)`.
+    fn remap(&self, addr: u64, len: u64, map: bool) -> Result<(), BackendError> {
+        let mut segs = self.segments.lock();
+        let (base, (size, mapped)) = segs
+            .range_mut(..=addr)
+            .next_back()
+            .ok_or(BackendError::Other(format!("address {addr:#x} is in no segment")))?;
+        if addr.saturating_add(len) > base + *size {
+            return Err(BackendError::Other(format!(
+                "range {addr:#x}+{len} runs past the segment at {base:#x} of {size} bytes"
+            )));
+        }
+        if map {
+            if *mapped + len > *size {
+                return Err(BackendError::Other(format!("range {addr:#x}+{len} is mapped already")));
+            }
+            self.take(len)?;
+            *mapped += len;
+        } else {
+            if len > *mapped {
+                return Err(BackendError::Other(format!("range {addr:#x}+{len} is not mapped")));
+            }
+            *mapped -= len;
+            self.used.fetch_sub(len, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    fn take(&self, size: u64) -> Result<(), BackendError> {
+        let mut cur = self.used.load(Ordering::Relaxed);
+        loop {
+            let new =
+                cur.checked_add(size).filter(|&n| n <= self.capacity).ok_or_else(|| BackendError::OutOfMemory {
+                    requested: size,
+                    message: format!(
+                        "simulated device capacity {} reached ({} in use)",
+                        fmt_bytes(self.capacity),
+                        fmt_bytes(cur)
+                    ),
+                })?;
+            match self.used.compare_exchange_weak(cur, new, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => return Ok(()),
+                Err(now) => cur = now,
+            }
+        }
+    }
+}
+
+impl Backend for SimBackend {
+    fn name(&self) -> &str {
+        "sim"
+    }
+
+    fn total_memory(&self) -> u64 {
+        self.capacity
+    }
+
+    fn free_memory(&self) -> u64 {
+        self.capacity.saturating_sub(self.used.load(Ordering::Relaxed))
+    }
+
+    fn page_size(&self) -> u64 {
+        self.page
+    }
+
+    fn reserve(&self, size: u64) -> Result<u64, BackendError> {
+        self.take(size)?;
+        // Leave a page-sized gap between segments so that neighbouring segments never touch.
+        let span = size.checked_add(self.page).ok_or(BackendError::OutOfMemory {
+            requested: size,
+            message: "size exceeds the simulated address space".into(),
+        })?;
+        let addr = self.next_addr.fetch_add(span, Ordering::Relaxed);
+        self.segments.lock().insert(addr, (size, size));
+        Ok(addr)
+    }
+
+    fn release(&self, addr: u64, size: u64) -> Result<(), BackendError> {
+        let mut segs = self.segments.lock();
+        match segs.get(&addr) {
+            Some(&(s, mapped)) if s == size => {
+                segs.remove(&addr);
+                self.used.fetch_sub(mapped, Ordering::Relaxed);
+                Ok(())
+            }
+            Some(&(s, _)) => Err(BackendError::Other(format!(
+                "release of segment {addr:#x} with size {size}, but it was reserved with {s}"
+            ))),
+            None => Err(BackendError::Other(format!("release of unknown segment {addr:#x}"))),
+        }
+    }
+
+    fn can_unmap(&self) -> bool {
+        true
+    }
+
+    fn unmap(&self, addr: u64, len: u64) -> Result<(), BackendError> {
+        self.remap(addr, len, false)
+    }
+
+    fn map(&self, addr: u64, len: u64) -> Result<(), BackendError> {
+        self.remap(addr, len, true)
+    }
+
+    fn create_stream(&self) -> Result<RawStream, BackendError> {
+        Ok(self.next_stream.fetch_add(1, Ordering::Relaxed))
+    }
+
+    fn record_event(&self, stream: RawStream) -> Result<RawEvent, BackendError> {
+        let mut ev = self.events.lock();
+        ev.next += 1;
+        let id = ev.next;
+        if self.mode == EventMode::Manual {
+            ev.pending.insert(id, stream);
+        }
+        Ok(id)
+    }
+
+    fn event_completed(&self, event: RawEvent) -> Result<bool, BackendError> {
+        Ok(self.mode == EventMode::Immediate || !self.events.lock().pending.contains_key(&event))
+    }
+
+    fn destroy_event(&self, event: RawEvent) {
+        if self.mode == EventMode::Manual {
+            self.events.lock().pending.remove(&event);
+        }
+    }
+
+    fn synchronize(&self, stream: RawStream) -> Result<(), BackendError> {
+        if self.mode == EventMode::Manual {
+            self.events.lock().pending.retain(|_, s| *s != stream);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,121 @@
+//! The `vramscope` command line.
+
+use clap::{Parser, Subcommand, ValueEnum};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use vramscope::replay::{replay, ReplayOptions, Trace};
+use vramscope::{AllocatorConfig, Backend, CachingAllocator, HostBackend, SimBackend};
+
+#[derive(Parser)]
+#[command(name = "vramscope", version, about = "GPU memory you can see and test")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Replay the allocations of a PyTorch snapshot pickle or a JSON trace through vramscope's
+    /// allocator: once cold, then warm; print time per operation and peak memory.
+    Replay {
+        /// A PyTorch snapshot pickle (`device_traces` is replayed) or a `*.trace.json` file.
+        file: PathBuf,
+        /// Where memory comes from.
+        #[arg(long, value_enum, default_value_t = BackendKind::Sim)]
+        backend: BackendKind,
+        /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+        /// Warm passes after the cold one (their median time is reported).
+        #[arg(long, default_value_t = 3)]
+        warm: usize,
+        /// Allocator configuration in `VRAMSCOPE_ALLOC_CONF` form, e.g. `fragmentation_limit:off`
+        /// (default: the `VRAMSCOPE_ALLOC_CONF` environment variable).
+        #[arg(long)]
+        config: Option<String>,
+        /// Device capacity, e.g. `80GiB` (default: 80 GiB for sim, 4x the trace's peak for host).
+        #[arg(long)]
+        capacity: Option<String>,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum BackendKind {
+    /// Address space only: measures the allocator alone.
+    Sim,
+    /// Host memory standing in for a device.
+    Host,
+}
+
+/// A failure with the exit code it deserves: 2 for input the user must fix, 1 otherwise.
+struct Failure(u8, String);
+
+impl From<vramscope::Error> for Failure {
+    fn from(e: vramscope::Error) -> Self {
+        let code = match e {
+            vramscope::Error::Format { .. } | vramscope::Error::Io { .. } | vramscope::Error::Config { .. } => 2,
+            _ => 1,
+        };
+        Failure(code, e.to_string())
+    }
+}
+
+fn run(cli: Cli) -> Result<(), Failure> {
+    match cli.command {
+        Command::Replay { file, backend, json, warm, config, capacity } => {
+            let trace = Trace::from_file(&file)?;
+            let config = match config {
+                Some(c) => AllocatorConfig::parse(&c)?,
+                None => AllocatorConfig::from_env()?,
+            };
+            let capacity =
+                capacity.map(|c| vramscope::parse_bytes(&c)).transpose().map_err(|e| Failure(2, e.to_string()))?;
+            let backend: std::sync::Arc<dyn Backend> = match backend {
+                BackendKind::Sim => std::sync::Arc::new(SimBackend::new(capacity.unwrap_or(80 << 30))),
+                BackendKind::Host => {
+                    let peak = trace.events.iter().map(|e| e.size).sum::<u64>().min(64 << 30);
+                    std::sync::Arc::new(HostBackend::new(capacity.unwrap_or((peak * 4).max(1 << 30))))
+                }
+            };
+            let alloc = CachingAllocator::with_config(backend, config)?;
+            let mut options = ReplayOptions::default();
+            options.warm_passes = warm;
+            let report = replay(&alloc, &trace, &options)?;
+            if json {
+                println!("{}", serde_json::to_string(&report).map_err(|e| Failure(1, e.to_string()))?);
+            } else {
+                let gb = |b: u64| b as f64 / 1e9;
+                println!("trace            {}", report.trace);
+                println!("backend          {}", report.backend);
+                println!(
+                    "ops              {} ({} allocs, {} frees, {} skipped)",
+                    report.ops, report.allocs, report.frees, report.skipped
+                );
+                println!("ns/op (cold)     {:.1}", report.cold_ns_per_op);
+                println!("ns/op (warm)     {:.1}", report.ns_per_op);
+                println!("peak live        {} B ({:.3} GB)", report.peak_live_bytes, gb(report.peak_live_bytes));
+                println!(
+                    "peak reserved    {} B ({:.3} GB, {:.3}x live)",
+                    report.peak_reserved_bytes,
+                    gb(report.peak_reserved_bytes),
+                    report.fragmentation
+                );
+                println!(
+                    "backend calls    {} segments ({} in the last warm pass), {} page maps/unmaps, {} retries",
+                    report.device_allocs, report.warm_device_allocs, report.device_maps, report.alloc_retries
+                );
+            }
+            Ok(())
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure(code, message)) => {
+            eprintln!("vramscope: {message}");
+            ExitCode::from(code)
+        }
+    }
+}

@@ -1,0 +1,117 @@
+//! The process-wide default allocator per device.
+
+use crate::alloc::{AllocatorConfig, CachingAllocator};
+use crate::backend::{Backend, HostBackend, SimBackend};
+use crate::error::{Error, Result};
+use parking_lot::Mutex;
+use std::collections::BTreeMap;
+use std::sync::{Arc, OnceLock};
+
+/// Environment variable choosing the default backend: `host` or `sim`.
+pub const BACKEND_ENV: &str = "VRAMSCOPE_BACKEND";
+/// Environment variable setting the capacity of the default host or sim device, e.g. `8GiB`.
+pub const CAPACITY_ENV: &str = "VRAMSCOPE_CAPACITY";
+/// Capacity of the default host device when [`CAPACITY_ENV`] is unset.
+pub const DEFAULT_HOST_CAPACITY: u64 = 16 << 30;
+/// Capacity of the default sim device when [`CAPACITY_ENV`] is unset.
+pub const DEFAULT_SIM_CAPACITY: u64 = 80 << 30;
+
+static DEVICES: OnceLock<Mutex<BTreeMap<usize, CachingAllocator>>> = OnceLock::new();
+
+/// Parses a byte size with an optional unit: `1024`, `512 KiB`, `8GiB`, `2 GB`, `1.5MiB`.
+pub fn parse_bytes(s: &str) -> Result<u64> {
+    let t = s.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let unit = unit.trim();
+    let mult: u64 = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" => 1_000,
+        "kib" => 1 << 10,
+        "m" | "mb" => 1_000_000,
+        "mib" => 1 << 20,
+        "g" | "gb" => 1_000_000_000,
+        "gib" => 1 << 30,
+        "t" | "tb" => 1_000_000_000_000,
+        "tib" => 1 << 40,
+        _ => {
+            return Err(Error::InvalidRequest(format!(
+                "`{s}`: unknown unit `{unit}`; accepted: B, KB, KiB, MB, MiB, GB, GiB, TB, TiB"
+            )))
+        }
+    };
+    let v: f64 = num.parse().map_err(|_| Error::InvalidRequest(format!("`{s}` is not a byte size (e.g. 8GiB)")))?;
+    let bytes = v * mult as f64;
+    if !(bytes.is_finite() && bytes >= 0.0 && bytes < u64::MAX as f64) {
+        return Err(Error::InvalidRequest(format!("`{s}` is out of range")));
+    }
+    Ok(bytes as u64)
+}
+
+/// Builds the backend [`device`] would use, from the environment.
+fn default_backend() -> Result<Arc<dyn Backend>> {
+    let kind = std::env::var(BACKEND_ENV).unwrap_or_else(|_| "host".to_string());
+    let capacity = match std::env::var(CAPACITY_ENV) {
+        Ok(s) => Some(parse_bytes(&s).map_err(|e| Error::Config { key: CAPACITY_ENV.into(), message: e.to_string() })?),
+        Err(_) => None,
+    };
+    match kind.trim().to_ascii_lowercase().as_str() {
+        "host" | "" => Ok(Arc::new(HostBackend::new(capacity.unwrap_or(DEFAULT_HOST_CAPACITY)))),
+        "sim" => Ok(Arc::new(SimBackend::new(capacity.unwrap_or(DEFAULT_SIM_CAPACITY)))),
+        other => Err(Error::Config {
+            key: BACKEND_ENV.into(),
+            message: format!("unknown backend `{other}`; accepted: host, sim (cuda needs the `cuda` feature)"),
+        }),
+    }
+}
+
+/// The process-wide allocator of device `index`, created on first use.
+///
+/// The backend is the host backend (16 GiB unless `VRAMSCOPE_CAPACITY` says otherwise), or the
+/// one named by `VRAMSCOPE_BACKEND` (`host`, `sim`); the configuration comes from
+/// `VRAMSCOPE_ALLOC_CONF`. Every call for the same index returns a handle to the same allocator.
+///
+/// Errors when the environment holds a malformed setting.
+pub fn try_device(index: usize) -> Result<CachingAllocator> {
+    let map = DEVICES.get_or_init(|| Mutex::new(BTreeMap::new()));
+    let mut map = map.lock();
+    if let Some(a) = map.get(&index) {
+        return Ok(a.clone());
+    }
+    let alloc = CachingAllocator::for_device(default_backend()?, index, AllocatorConfig::from_env()?)?;
+    map.insert(index, alloc.clone());
+    Ok(alloc)
+}
+
+/// Like [`try_device`], for tests and examples: panics with the configuration error's message
+/// if the environment holds a malformed setting.
+///
+/// ```
+/// let alloc = vramscope::device(0);
+/// let s = alloc.default_stream();
+/// let x = alloc.alloc::<u8>(&s, 100).unwrap();
+/// assert!(vramscope::device(0).memory_allocated() >= 512);
+/// # drop(x);
+/// ```
+pub fn device(index: usize) -> CachingAllocator {
+    match try_device(index) {
+        Ok(a) => a,
+        Err(e) => panic!("vramscope::device({index}): {e}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_sizes() {
+        assert_eq!(parse_bytes("1024").unwrap(), 1024);
+        assert_eq!(parse_bytes("8GiB").unwrap(), 8 << 30);
+        assert_eq!(parse_bytes(" 2 GB ").unwrap(), 2_000_000_000);
+        assert_eq!(parse_bytes("1.5MiB").unwrap(), 3 << 19);
+        assert!(parse_bytes("lots").is_err());
+        assert!(parse_bytes("5 parsecs").unwrap_err().to_string().contains("unknown unit"));
+        assert!(parse_bytes("1e30TiB").is_err());
+    }
+}

@@ -1,0 +1,211 @@
+//! The crate's error type.
+
+use std::fmt;
+
+/// Formats a byte count the way the reports do: `1.50 GiB`, `512 B`.
+pub(crate) fn fmt_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    if n < 1024 {
+        return format!("{n} B");
+    }
+    let mut v = n as f64 / 1024.0;
+    let mut unit = UNITS[0];
+    for u in &UNITS[1..] {
+        if v < 1024.0 {
+            break;
+        }
+        v /= 1024.0;
+        unit = u;
+    }
+    format!("{v:.2} {unit}")
+}
+
+/// Everything that can go wrong in vramscope.
+///
+/// Errors are plain values: they carry what was asked and what was found, so that a test or
+/// a log line can say exactly why memory could not be had.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Error {
+    /// The device could not supply the memory a request needed, even after the allocator
+    /// released its cache and retried.
+    OutOfMemory(Box<OomReport>),
+    /// The backend failed for a reason other than running out of memory.
+    Backend(BackendError),
+    /// A configuration string (`VRAMSCOPE_ALLOC_CONF` or [`AllocatorConfig::parse`]) was malformed.
+    ///
+    /// [`AllocatorConfig::parse`]: crate::AllocatorConfig::parse
+    Config {
+        /// The key whose value was wrong, or the unknown key.
+        key: String,
+        /// What was wrong and which form is accepted.
+        message: String,
+    },
+    /// A request the allocator can never satisfy (for example a length whose byte size overflows).
+    InvalidRequest(String),
+    /// A buffer was used with the wrong allocator, stream or backend.
+    Usage(String),
+    /// A trace or snapshot file could not be read or understood.
+    Format {
+        /// Where the input came from (a path, or `<memory>`).
+        source_name: String,
+        /// What was wrong, and where in the input.
+        message: String,
+    },
+    /// An I/O error, with the path it concerned.
+    Io {
+        /// The path being read or written.
+        path: String,
+        /// The underlying error.
+        error: std::io::Error,
+    },
+}
+
+/// What the allocator knew when a request ran out of memory.
+///
+/// Its `Display` is the message users see; every field is public so that code can react to it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct OomReport {
+    /// Device index of the allocator.
+    pub device: usize,
+    /// Bytes the caller asked for.
+    pub requested: u64,
+    /// Bytes the request needed after rounding (a block size).
+    pub rounded: u64,
+    /// The backend's total capacity.
+    pub capacity: u64,
+    /// Free memory as the backend reported it when the request failed.
+    pub free: u64,
+    /// Bytes handed out to live buffers.
+    pub allocated: u64,
+    /// Bytes held from the backend.
+    pub reserved: u64,
+    /// The largest free block in the cache.
+    pub largest_free_block: u64,
+    /// What the backend said.
+    pub backend_message: String,
+}
+
+impl OomReport {
+    /// Reserved bytes not handed out to any buffer (cache and fragmentation).
+    pub fn reserved_unused(&self) -> u64 {
+        self.reserved.saturating_sub(self.allocated)
+    }
+}
+
+impl fmt::Display for OomReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "out of memory on device {}: tried to allocate {} ({} after rounding); the device has a \
+             capacity of {} of which {} is free; {} is allocated to live buffers, {} is reserved \
+             but unused by the allocator, and the largest free cached block is {} ({})",
+            self.device,
+            fmt_bytes(self.requested),
+            fmt_bytes(self.rounded),
+            fmt_bytes(self.capacity),
+            fmt_bytes(self.free),
+            fmt_bytes(self.allocated),
+            fmt_bytes(self.reserved_unused()),
+            fmt_bytes(self.largest_free_block),
+            self.backend_message,
+        )
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::OutOfMemory(r) => r.fmt(f),
+            Error::Backend(e) => write!(f, "backend error: {e}"),
+            Error::Config { key, message } => write!(f, "allocator configuration key `{key}`: {message}"),
+            Error::InvalidRequest(m) => write!(f, "invalid request: {m}"),
+            Error::Usage(m) => write!(f, "usage error: {m}"),
+            Error::Format { source_name, message } => write!(f, "{source_name}: {message}"),
+            Error::Io { path, error } => write!(f, "{path}: {error}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Backend(e) => Some(e),
+            Error::Io { error, .. } => Some(error),
+            _ => None,
+        }
+    }
+}
+
+impl From<BackendError> for Error {
+    fn from(e: BackendError) -> Self {
+        Error::Backend(e)
+    }
+}
+
+/// An error reported by a [`Backend`](crate::Backend).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BackendError {
+    /// The backend has no memory for the request.
+    OutOfMemory {
+        /// Bytes the backend was asked for.
+        requested: u64,
+        /// What the backend said.
+        message: String,
+    },
+    /// The backend does not support this operation.
+    Unsupported(&'static str),
+    /// Any other failure, with the backend's message.
+    Other(String),
+}
+
+impl fmt::Display for BackendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BackendError::OutOfMemory { requested, message } => {
+                write!(f, "out of memory reserving {}: {message}", fmt_bytes(*requested))
+            }
+            BackendError::Unsupported(what) => write!(f, "operation not supported by this backend: {what}"),
+            BackendError::Other(m) => f.write_str(m),
+        }
+    }
+}
+
+impl std::error::Error for BackendError {}
+
+/// `Result` with vramscope's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_format() {
+        assert_eq!(fmt_bytes(0), "0 B");
+        assert_eq!(fmt_bytes(1023), "1023 B");
+        assert_eq!(fmt_bytes(1536), "1.50 KiB");
+        assert_eq!(fmt_bytes(3 << 30), "3.00 GiB");
+    }
+
+    #[test]
+    fn oom_message_names_every_figure() {
+        let r = OomReport {
+            device: 0,
+            requested: 3 << 20,
+            rounded: 4 << 20,
+            capacity: 8 << 30,
+            free: 1 << 20,
+            allocated: 6 << 30,
+            reserved: 7 << 30,
+            largest_free_block: 2 << 20,
+            backend_message: "host capacity reached".into(),
+        };
+        let m = Error::OutOfMemory(Box::new(r)).to_string();
+        for part in ["3.00 MiB", "4.00 MiB", "8.00 GiB", "1.00 MiB", "6.00 GiB", "1.00 GiB", "2.00 MiB"] {
+            assert!(m.contains(part), "{part} missing from {m}");
+        }
+    }
+}

@@ -1,0 +1,81 @@
+//! # vramscope
+//!
+//! GPU memory you can see and test. vramscope is an instrumented, stream-aware caching
+//! allocator for device memory with PyTorch-compatible statistics, running on a CUDA device or,
+//! without one, on host memory or a simulated device.
+//!
+//! ## Allocating
+//!
+//! ```
+//! use vramscope::{CachingAllocator, HostBackend};
+//!
+//! let alloc = CachingAllocator::new(HostBackend::new(1 << 30));
+//! let stream = alloc.default_stream();
+//! let mut x = alloc.alloc::<f32>(&stream, 1 << 20)?;
+//! x.copy_from_host(&vec![1.0; 1 << 20])?;
+//! assert_eq!(alloc.memory_allocated(), 4 << 20);
+//! drop(x);                                   // the block goes back to the cache...
+//! assert_eq!(alloc.memory_allocated(), 0);
+//! assert!(alloc.memory_reserved() > 0);      // ...and the segment stays reserved
+//! println!("{}", alloc.memory_summary());    // PyTorch's table
+//! # Ok::<(), vramscope::Error>(())
+//! ```
+//!
+//! [`device`] gives the process-wide allocator of a device, for code that does not want to pass
+//! an allocator around.
+//!
+//! ## How the allocator works
+//!
+//! Memory comes from a [`Backend`] in *segments*; the allocator splits them into *blocks*,
+//! rounds requests to 512 bytes, keeps requests of at most 1 MiB in a small pool of 2 MiB
+//! segments and larger ones in a large pool, reuses the best-fitting free block, and merges free
+//! neighbours, as PyTorch's caching allocator does. It differs where that lowers peak memory:
+//! reserved memory grows freely only while it stays within
+//! [`AllocatorConfig::fragmentation_limit`] (1.05 by default) times the peak of allocated bytes;
+//! beyond that it first gives cached segments back (and, on backends that can unmap pages, the
+//! pages under free holes) and sizes the new segment to the request.
+//!
+//! Streams: a freed block is reused at once on the stream it was allocated on. A block used on
+//! another stream ([`CachingAllocator::record_stream`]) is reused only after an event recorded on
+//! that stream at free time has completed.
+//!
+//! Out of memory: when the backend refuses, the allocator releases its whole cache and retries
+//! once, then returns [`Error::OutOfMemory`] with the request, the device's capacity and free
+//! memory, what is allocated, what is reserved but unused, and the largest free block.
+//!
+//! ## Backends
+//!
+//! - [`HostBackend`]: host memory with a capacity limit; buffers hold real data. The default.
+//! - [`SimBackend`]: address space only, any capacity, for replaying traces of any size.
+//! - [`FaultyBackend`]: fails chosen requests of another backend, for testing OOM handling.
+//!
+//! ## Configuration
+//!
+//! [`AllocatorConfig`] is a struct with documented defaults, also parsed from the
+//! `VRAMSCOPE_ALLOC_CONF` environment variable in PyTorch's `key:value,key:value` form.
+//! `VRAMSCOPE_BACKEND` (`host`, `sim`) and `VRAMSCOPE_CAPACITY` (e.g. `8GiB`) choose the default
+//! device's backend.
+//!
+//! ## Replaying traces
+//!
+//! [`replay`] replays a PyTorch snapshot's or a compact trace's allocations through the
+//! allocator and measures time per operation and peak memory; the `vramscope replay` command
+//! does the same from the command line.
+
+#![warn(missing_docs, unreachable_pub)]
+
+mod alloc;
+mod backend;
+mod device;
+mod error;
+pub mod replay;
+mod snapshot;
+
+pub use alloc::{AllocatorConfig, Buffer, CachingAllocator, IntoBackend, Pod, Stream, TensorMeta, ALLOC_CONF_ENV};
+pub use backend::{
+    Backend, EventMode, FaultPlan, FaultyBackend, HostBackend, RawEvent, RawStream, SimBackend, DEFAULT_PAGE_SIZE,
+};
+pub use device::{
+    device, parse_bytes, try_device, BACKEND_ENV, CAPACITY_ENV, DEFAULT_HOST_CAPACITY, DEFAULT_SIM_CAPACITY,
+};
+pub use error::{BackendError, Error, OomReport, Result};

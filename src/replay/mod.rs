@@ -1,0 +1,201 @@
+//! Replaying recorded allocation traces through a [`CachingAllocator`].
+//!
+//! A replay turns a trace into a sequence of operations on slots, runs it once cold (empty
+//! cache) and then several times warm (the cache as the previous pass left it), and reports
+//! time per operation of the warm passes, the peak of live (requested) bytes, and the peak of
+//! reserved bytes over all passes, the same measurements `torch_replay.py` makes for PyTorch.
+//!
+//! ```
+//! use vramscope::replay::{replay, ReplayOptions, Trace};
+//! use vramscope::{CachingAllocator, SimBackend};
+//! let trace = Trace::from_bytes(br#"{"events":[["a",1,3000000,0],["a",2,100,0],["f",1,0,0]]}"#, "t")?;
+//! let alloc = CachingAllocator::new(SimBackend::new(1 << 30));
+//! let report = replay(&alloc, &trace, &ReplayOptions::default())?;
+//! assert_eq!(report.ops, 3);
+//! assert_eq!(report.peak_live_bytes, 3_000_100);
+//! assert!(report.peak_reserved_bytes >= report.peak_live_bytes);
+//! # Ok::<(), vramscope::Error>(())
+//! ```
+
+mod trace;
+
+pub use trace::{Trace, TraceEvent, TraceOp};
+
+use crate::alloc::{Buffer, CachingAllocator, Stream};
+use crate::error::Result;
+use serde::Serialize;
+use std::collections::HashMap;
+use std::time::Instant;
+
+/// How to replay.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ReplayOptions {
+    /// Warm passes after the cold one; the reported time is their median. Default: 3.
+    pub warm_passes: usize,
+}
+
+impl Default for ReplayOptions {
+    fn default() -> Self {
+        ReplayOptions { warm_passes: 3 }
+    }
+}
+
+/// What a replay measured.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct ReplayReport {
+    /// The trace's source.
+    pub trace: String,
+    /// The backend's name.
+    pub backend: String,
+    /// Operations per pass (allocations plus frees that matched an allocation).
+    pub ops: usize,
+    /// Allocations per pass.
+    pub allocs: usize,
+    /// Frees per pass.
+    pub frees: usize,
+    /// Events of the trace that were skipped: frees of unknown addresses, allocations at an
+    /// address still live.
+    pub skipped: usize,
+    /// Nanoseconds per operation of the cold pass.
+    pub cold_ns_per_op: f64,
+    /// Nanoseconds per operation, median of the warm passes.
+    pub ns_per_op: f64,
+    /// Peak of live bytes as requested by the trace.
+    pub peak_live_bytes: u64,
+    /// Peak of reserved bytes over all passes.
+    pub peak_reserved_bytes: u64,
+    /// `peak_reserved_bytes / peak_live_bytes`.
+    pub fragmentation: f64,
+    /// Segments reserved from the backend over all passes.
+    pub device_allocs: u64,
+    /// Segments reserved from the backend in the last warm pass.
+    pub warm_device_allocs: u64,
+    /// Page map and unmap calls over all passes.
+    pub device_maps: u64,
+    /// Allocation retries after releasing the cache.
+    pub alloc_retries: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Op {
+    Alloc { slot: u32, size: u64, stream: u32 },
+    Free { slot: u32 },
+}
+
+struct Encoded {
+    ops: Vec<Op>,
+    slots: usize,
+    streams: Vec<u64>,
+    allocs: usize,
+    skipped: usize,
+    peak_live: u64,
+}
+
+/// Turns addresses into slots, as `torch_replay.py` does, so that a pass needs no hashing.
+fn encode(trace: &Trace) -> Encoded {
+    let mut live: HashMap<u64, (u32, u64)> = HashMap::new();
+    let mut free_slots: Vec<u32> = Vec::new();
+    let mut slots = 0u32;
+    let mut streams: Vec<u64> = vec![0];
+    let (mut cur, mut peak, mut skipped, mut allocs) = (0u64, 0u64, 0, 0);
+    let mut ops = Vec::with_capacity(trace.events.len());
+    for e in &trace.events {
+        match e.op {
+            TraceOp::Alloc => {
+                if live.contains_key(&e.addr) {
+                    skipped += 1;
+                    continue;
+                }
+                let slot = free_slots.pop().unwrap_or_else(|| {
+                    slots += 1;
+                    slots - 1
+                });
+                let stream = match streams.iter().position(|&s| s == e.stream) {
+                    Some(i) => i,
+                    None => {
+                        streams.push(e.stream);
+                        streams.len() - 1
+                    }
+                } as u32;
+                live.insert(e.addr, (slot, e.size));
+                ops.push(Op::Alloc { slot, size: e.size, stream });
+                allocs += 1;
+                cur += e.size;
+                peak = peak.max(cur);
+            }
+            TraceOp::Free => match live.remove(&e.addr) {
+                Some((slot, size)) => {
+                    free_slots.push(slot);
+                    ops.push(Op::Free { slot });
+                    cur -= size;
+                }
+                None => skipped += 1,
+            },
+        }
+    }
+    Encoded { ops, slots: slots as usize, streams, allocs, skipped, peak_live: peak }
+}
+
+fn run_pass(alloc: &CachingAllocator, enc: &Encoded, streams: &[Stream]) -> Result<f64> {
+    let mut slots: Vec<Option<Buffer<u8>>> = (0..enc.slots).map(|_| None).collect();
+    let start = Instant::now();
+    for op in &enc.ops {
+        match *op {
+            Op::Alloc { slot, size, stream } => {
+                let buf = alloc.alloc::<u8>(&streams[stream as usize], size as usize)?;
+                slots[slot as usize] = Some(buf);
+            }
+            Op::Free { slot } => slots[slot as usize] = None,
+        }
+    }
+    let elapsed = start.elapsed().as_nanos() as f64;
+    drop(slots);
+    Ok(elapsed)
+}
+
+/// Replays `trace` through `alloc`: one cold pass, then `options.warm_passes` warm ones.
+///
+/// Fails with the allocator's error if an allocation fails (for example, out of memory on a
+/// backend too small for the trace).
+pub fn replay(alloc: &CachingAllocator, trace: &Trace, options: &ReplayOptions) -> Result<ReplayReport> {
+    let enc = encode(trace);
+    let mut streams = vec![alloc.default_stream()];
+    for _ in 1..enc.streams.len() {
+        streams.push(alloc.new_stream()?);
+    }
+    let before = alloc.memory_stats();
+    alloc.reset_peak_stats();
+    let cold = run_pass(alloc, &enc, &streams)?;
+    let mut warm = Vec::with_capacity(options.warm_passes);
+    let mut warm_device_allocs = 0;
+    for _ in 0..options.warm_passes {
+        let a = alloc.memory_stats()["num_device_alloc"];
+        warm.push(run_pass(alloc, &enc, &streams)?);
+        warm_device_allocs = alloc.memory_stats()["num_device_alloc"] - a;
+    }
+    warm.sort_by(f64::total_cmp);
+    let ops = enc.ops.len().max(1) as f64;
+    let warm_ns = if warm.is_empty() { cold } else { warm[warm.len() / 2] };
+    let after = alloc.memory_stats();
+    let delta = |k: &str| after[k] - before[k];
+    let peak_reserved = alloc.max_memory_reserved();
+    Ok(ReplayReport {
+        trace: trace.source.clone(),
+        backend: alloc.backend().name().to_string(),
+        ops: enc.ops.len(),
+        allocs: enc.allocs,
+        frees: enc.ops.len() - enc.allocs,
+        skipped: enc.skipped,
+        cold_ns_per_op: cold / ops,
+        ns_per_op: warm_ns / ops,
+        peak_live_bytes: enc.peak_live,
+        peak_reserved_bytes: peak_reserved,
+        fragmentation: if enc.peak_live == 0 { 0.0 } else { peak_reserved as f64 / enc.peak_live as f64 },
+        device_allocs: delta("num_device_alloc"),
+        warm_device_allocs,
+        device_maps: delta("num_device_map") + delta("num_device_unmap"),
+        alloc_retries: delta("num_alloc_retries"),
+    })
+}

@@ -1,0 +1,459 @@
+//! A pickle reader for plain data: the subset of the pickle protocol (0 to 5) that
+//! dicts, lists, tuples, sets, strings, bytes, integers, floats, booleans and `None` use.
+//! Anything that would construct an object (`GLOBAL`, `REDUCE`, ...) is an error: reading a
+//! snapshot never runs code.
+
+use std::cell::RefCell;
+use std::fmt;
+use std::rc::Rc;
+
+/// A value read from a pickle. Containers are shared (`Rc`) because the pickle memo lets one
+/// container appear in several places, and dicts and lists are filled after they are memoized.
+#[derive(Clone)]
+pub(crate) enum Value {
+    None,
+    Bool(bool),
+    Int(i128),
+    Float(f64),
+    Str(Rc<str>),
+    Bytes(Rc<[u8]>),
+    List(Rc<RefCell<Vec<Value>>>),
+    Tuple(Rc<[Value]>),
+    Dict(Rc<RefCell<Vec<(Value, Value)>>>),
+}
+
+impl fmt::Debug for Value {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Value::None => f.write_str("None"),
+            Value::Bool(b) => write!(f, "{b}"),
+            Value::Int(i) => write!(f, "{i}"),
+            Value::Float(x) => write!(f, "{x}"),
+            Value::Str(s) => write!(f, "{s:?}"),
+            Value::Bytes(b) => write!(f, "<{} bytes>", b.len()),
+            Value::List(l) => write!(f, "<list of {}>", l.borrow().len()),
+            Value::Tuple(t) => write!(f, "<tuple of {}>", t.len()),
+            Value::Dict(d) => write!(f, "<dict of {}>", d.borrow().len()),
+        }
+    }
+}
+
+impl Value {
+    /// A short name of the value's type, for error messages.
+    pub(crate) fn type_name(&self) -> &'static str {
+        match self {
+            Value::None => "None",
+            Value::Bool(_) => "bool",
+            Value::Int(_) => "int",
+            Value::Float(_) => "float",
+            Value::Str(_) => "str",
+            Value::Bytes(_) => "bytes",
+            Value::List(_) => "list",
+            Value::Tuple(_) => "tuple",
+            Value::Dict(_) => "dict",
+        }
+    }
+
+    /// Looks up a string key in a dict.
+    pub(crate) fn get(&self, key: &str) -> Option<Value> {
+        match self {
+            Value::Dict(d) => {
+                d.borrow().iter().find(|(k, _)| matches!(k, Value::Str(s) if &**s == key)).map(|(_, v)| v.clone())
+            }
+            _ => None,
+        }
+    }
+
+    /// The items of a list or tuple.
+    pub(crate) fn items(&self) -> Option<Vec<Value>> {
+        match self {
+            Value::List(l) => Some(l.borrow().clone()),
+            Value::Tuple(t) => Some(t.to_vec()),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn as_i128(&self) -> Option<i128> {
+        match self {
+            Value::Int(i) => Some(*i),
+            Value::Bool(b) => Some(i128::from(*b)),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn as_str(&self) -> Option<&str> {
+        match self {
+            Value::Str(s) => Some(s),
+            _ => None,
+        }
+    }
+}
+
+/// Why a pickle could not be read, and at which byte.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct PickleError {
+    pub(crate) offset: usize,
+    pub(crate) message: String,
+}
+
+impl fmt::Display for PickleError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid pickle at byte {}: {}", self.offset, self.message)
+    }
+}
+
+struct Reader<'a> {
+    data: &'a [u8],
+    pos: usize,
+    op_at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn err(&self, message: impl Into<String>) -> PickleError {
+        PickleError { offset: self.op_at, message: message.into() }
+    }
+
+    fn take(&mut self, n: usize) -> Result<&'a [u8], PickleError> {
+        if n > self.data.len() - self.pos {
+            return Err(self.err(format!(
+                "the data ends early: {n} bytes needed, {} left (is the file truncated?)",
+                self.data.len() - self.pos
+            )));
+        }
+        let s = &self.data[self.pos..self.pos + n];
+        self.pos += n;
+        Ok(s)
+    }
+
+    fn u8(&mut self) -> Result<u8, PickleError> {
+        Ok(self.take(1)?[0])
+    }
+
+    fn u16(&mut self) -> Result<u16, PickleError> {
+        Ok(u16::from_le_bytes(self.take(2)?.try_into().expect("2 bytes")))
+    }
+
+    fn u32(&mut self) -> Result<u32, PickleError> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
+    }
+
+    fn u64(&mut self) -> Result<u64, PickleError> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
+    }
+
+    fn len(&mut self, n: u64) -> Result<usize, PickleError> {
+        usize::try_from(n).ok().filter(|&n| n <= self.data.len() - self.pos).ok_or_else(|| {
+            self.err(format!(
+                "a length of {n} bytes runs past the end of the data ({} left)",
+                self.data.len() - self.pos
+            ))
+        })
+    }
+
+    fn line(&mut self) -> Result<&'a [u8], PickleError> {
+        let rest = &self.data[self.pos..];
+        let end = rest.iter().position(|&b| b == b'\n').ok_or_else(|| self.err("unterminated text argument"))?;
+        self.pos += end + 1;
+        Ok(&rest[..end])
+    }
+}
+
+fn str_value(r: &Reader<'_>, bytes: &[u8]) -> Result<Value, PickleError> {
+    std::str::from_utf8(bytes).map(|s| Value::Str(Rc::from(s))).map_err(|_| r.err("a string is not valid UTF-8"))
+}
+
+/// Little-endian two's-complement integer of at most 16 bytes.
+fn long_value(r: &Reader<'_>, bytes: &[u8]) -> Result<Value, PickleError> {
+    if bytes.len() > 16 {
+        return Err(r.err(format!("an integer of {} bytes does not fit in 128 bits", bytes.len())));
+    }
+    if bytes.is_empty() {
+        return Ok(Value::Int(0));
+    }
+    let negative = bytes[bytes.len() - 1] & 0x80 != 0;
+    let mut buf = [if negative { 0xff } else { 0 }; 16];
+    buf[..bytes.len()].copy_from_slice(bytes);
+    Ok(Value::Int(i128::from_le_bytes(buf)))
+}
+
+/// Parses a whole pickle and returns the value it stops with.
+pub(crate) fn parse(data: &[u8]) -> Result<Value, PickleError> {
+    let mut r = Reader { data, pos: 0, op_at: 0 };
+    let mut stack: Vec<Value> = Vec::new();
+    let mut marks: Vec<usize> = Vec::new();
+    let mut memo: Vec<Option<Value>> = Vec::new();
+
+    macro_rules! pop {
+        () => {
+            stack.pop().ok_or_else(|| r.err("the stack is empty"))?
+        };
+    }
+    macro_rules! since_mark {
+        () => {{
+            let m = marks.pop().ok_or_else(|| r.err("no MARK before a collection opcode"))?;
+            if m > stack.len() {
+                return Err(r.err("MARK refers past the stack"));
+            }
+            stack.split_off(m)
+        }};
+    }
+    fn put(memo: &mut Vec<Option<Value>>, idx: usize, v: Value, r: &Reader<'_>) -> Result<(), PickleError> {
+        // A memo index more than the bytes read so far cannot come from a real pickler.
+        if idx > r.pos + 1024 {
+            return Err(r.err(format!("memo index {idx} is implausibly large")));
+        }
+        if memo.len() <= idx {
+            memo.resize(idx + 1, None);
+        }
+        memo[idx] = Some(v);
+        Ok(())
+    }
+    fn get(memo: &[Option<Value>], idx: usize, r: &Reader<'_>) -> Result<Value, PickleError> {
+        memo.get(idx).cloned().flatten().ok_or_else(|| r.err(format!("memo index {idx} was never stored")))
+    }
+    fn append(target: &Value, items: Vec<Value>, r: &Reader<'_>) -> Result<(), PickleError> {
+        match target {
+            Value::List(l) => {
+                l.borrow_mut().extend(items);
+                Ok(())
+            }
+            other => Err(r.err(format!("APPEND to a {} instead of a list", other.type_name()))),
+        }
+    }
+    fn set_items(target: &Value, items: Vec<Value>, r: &Reader<'_>) -> Result<(), PickleError> {
+        if items.len() % 2 != 0 {
+            return Err(r.err("SETITEMS with an odd number of values"));
+        }
+        match target {
+            Value::Dict(d) => {
+                let mut d = d.borrow_mut();
+                let mut it = items.into_iter();
+                while let (Some(k), Some(v)) = (it.next(), it.next()) {
+                    d.push((k, v));
+                }
+                Ok(())
+            }
+            other => Err(r.err(format!("SETITEM on a {} instead of a dict", other.type_name()))),
+        }
+    }
+
+    loop {
+        r.op_at = r.pos;
+        let op = r.u8().map_err(|_| r.err("the data ends before the STOP opcode (is the file truncated?)"))?;
+        match op {
+            0x80 => {
+                let proto = r.u8()?;
+                if proto > 5 {
+                    return Err(r.err(format!("unsupported pickle protocol {proto}")));
+                }
+            }
+            0x95 => {
+                r.u64()?;
+            }
+            b'.' => {
+                let v = pop!();
+                return Ok(v);
+            }
+            b'}' => stack.push(Value::Dict(Rc::default())),
+            b']' => stack.push(Value::List(Rc::default())),
+            b')' => stack.push(Value::Tuple(Rc::from(Vec::new()))),
+            0x8f => stack.push(Value::List(Rc::default())),
+            b'(' => marks.push(stack.len()),
+            b'N' => stack.push(Value::None),
+            0x88 => stack.push(Value::Bool(true)),
+            0x89 => stack.push(Value::Bool(false)),
+            b'J' => {
+                let v = r.u32()? as i32;
+                stack.push(Value::Int(i128::from(v)))
+            }
+            b'K' => {
+                let v = r.u8()?;
+                stack.push(Value::Int(i128::from(v)))
+            }
+            b'M' => {
+                let v = r.u16()?;
+                stack.push(Value::Int(i128::from(v)))
+            }
+            0x8a => {
+                let n = r.u8()? as usize;
+                let b = r.take(n)?;
+                stack.push(long_value(&r, b)?);
+            }
+            0x8b => {
+                let n = r.u32()? as i32;
+                if n < 0 {
+                    return Err(r.err("LONG4 with a negative length"));
+                }
+                let n = r.len(n as u64)?;
+                let b = r.take(n)?;
+                stack.push(long_value(&r, b)?);
+            }
+            b'I' => {
+                let line = r.line()?;
+                let s = std::str::from_utf8(line).map_err(|_| r.err("INT argument is not text"))?;
+                let v = match s {
+                    "01" => Value::Bool(true),
+                    "00" => Value::Bool(false),
+                    _ => Value::Int(s.parse().map_err(|_| r.err(format!("INT argument `{s}` is not an integer")))?),
+                };
+                stack.push(v);
+            }
+            b'G' => {
+                let v = f64::from_be_bytes(r.take(8)?.try_into().expect("8 bytes"));
+                stack.push(Value::Float(v));
+            }
+            b'X' => {
+                let n = r.u32()?;
+                let n = r.len(u64::from(n))?;
+                let b = r.take(n)?;
+                stack.push(str_value(&r, b)?);
+            }
+            0x8c => {
+                let n = r.u8()? as usize;
+                let b = r.take(n)?;
+                stack.push(str_value(&r, b)?);
+            }
+            0x8d => {
+                let n = r.u64()?;
+                let n = r.len(n)?;
+                let b = r.take(n)?;
+                stack.push(str_value(&r, b)?);
+            }
+            b'C' | b'U' => {
+                let n = r.u8()? as usize;
+                let b = r.take(n)?;
+                stack.push(Value::Bytes(Rc::from(b)));
+            }
+            b'B' | b'T' => {
+                let n = r.u32()?;
+                let n = r.len(u64::from(n))?;
+                let b = r.take(n)?;
+                stack.push(Value::Bytes(Rc::from(b)));
+            }
+            0x8e => {
+                let n = r.u64()?;
+                let n = r.len(n)?;
+                let b = r.take(n)?;
+                stack.push(Value::Bytes(Rc::from(b)));
+            }
+            b't' | 0x91 => {
+                let items = since_mark!();
+                stack.push(if op == b't' {
+                    Value::Tuple(Rc::from(items))
+                } else {
+                    Value::List(Rc::new(RefCell::new(items)))
+                });
+            }
+            0x85..=0x87 => {
+                let n = (op - 0x84) as usize;
+                if stack.len() < n {
+                    return Err(r.err(format!("TUPLE{n} with {} values on the stack", stack.len())));
+                }
+                let items = stack.split_off(stack.len() - n);
+                stack.push(Value::Tuple(Rc::from(items)));
+            }
+            b'l' => {
+                let items = since_mark!();
+                stack.push(Value::List(Rc::new(RefCell::new(items))));
+            }
+            b'd' => {
+                let items = since_mark!();
+                let d = Value::Dict(Rc::default());
+                set_items(&d, items, &r)?;
+                stack.push(d);
+            }
+            b'a' => {
+                let v = pop!();
+                let target = stack.last().ok_or_else(|| r.err("APPEND with no list"))?;
+                append(target, vec![v], &r)?;
+            }
+            b'e' | 0x90 => {
+                let items = since_mark!();
+                let target = stack.last().ok_or_else(|| r.err("APPENDS with no list"))?;
+                append(target, items, &r)?;
+            }
+            b's' => {
+                let v = pop!();
+                let k = pop!();
+                let target = stack.last().ok_or_else(|| r.err("SETITEM with no dict"))?;
+                set_items(target, vec![k, v], &r)?;
+            }
+            b'u' => {
+                let items = since_mark!();
+                let target = stack.last().ok_or_else(|| r.err("SETITEMS with no dict"))?;
+                set_items(target, items, &r)?;
+            }
+            0x94 => {
+                let v = stack.last().cloned().ok_or_else(|| r.err("MEMOIZE with an empty stack"))?;
+                let idx = memo.len();
+                put(&mut memo, idx, v, &r)?;
+            }
+            b'q' => {
+                let idx = r.u8()? as usize;
+                let v = stack.last().cloned().ok_or_else(|| r.err("BINPUT with an empty stack"))?;
+                put(&mut memo, idx, v, &r)?;
+            }
+            b'r' => {
+                let idx = r.u32()? as usize;
+                let v = stack.last().cloned().ok_or_else(|| r.err("LONG_BINPUT with an empty stack"))?;
+                put(&mut memo, idx, v, &r)?;
+            }
+            b'h' => {
+                let idx = r.u8()? as usize;
+                stack.push(get(&memo, idx, &r)?);
+            }
+            b'j' => {
+                let idx = r.u32()? as usize;
+                stack.push(get(&memo, idx, &r)?);
+            }
+            b'0' => {
+                pop!();
+            }
+            b'1' => {
+                let _ = since_mark!();
+            }
+            b'2' => {
+                let v = stack.last().cloned().ok_or_else(|| r.err("DUP with an empty stack"))?;
+                stack.push(v);
+            }
+            b'c' | 0x93 | b'R' | 0x81 | 0x92 | b'b' | b'i' | b'o' => {
+                return Err(r.err(format!(
+                    "opcode {op:#04x} constructs an object; only plain data (dicts, lists, strings, numbers) is read"
+                )));
+            }
+            _ => return Err(r.err(format!("unknown or unsupported opcode {op:#04x}"))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_protocol_4_dict() {
+        // pickle.dumps({"a": [1, 2**40, -3], "b": ("x", None, True, 1.5)}, protocol=4)
+        let data = b"\x80\x04\x95,\x00\x00\x00\x00\x00\x00\x00}\x94(\x8c\x01a\x94]\x94(K\x01\x8a\x06\x00\x00\x00\x00\x00\x01J\xfd\xff\xff\xffe\x8c\x01b\x94(\x8c\x01x\x94N\x88G?\xf8\x00\x00\x00\x00\x00\x00t\x94u.";
+        let v = parse(data).unwrap();
+        let a = v.get("a").unwrap().items().unwrap();
+        assert_eq!(a.iter().map(|x| x.as_i128().unwrap()).collect::<Vec<_>>(), vec![1, 1 << 40, -3]);
+        let b = v.get("b").unwrap().items().unwrap();
+        assert_eq!(b[0].as_str(), Some("x"));
+        assert!(matches!(b[1], Value::None));
+        assert!(matches!(b[3], Value::Float(x) if x == 1.5));
+    }
+
+    #[test]
+    fn rejects_bad_input_with_offsets() {
+        assert!(parse(b"").unwrap_err().message.contains("STOP"));
+        assert!(parse(b"\x80\x04}").unwrap_err().message.contains("truncated"));
+        let e = parse(b"\x80\x04\x8c\xff").unwrap_err();
+        assert!(e.message.contains("ends early"), "{e}");
+        let e = parse(b"\x80\x04cos\nsystem\n.").unwrap_err();
+        assert!(e.message.contains("constructs an object"), "{e}");
+        assert_eq!(e.offset, 2);
+        assert!(parse(b"\x80\x04X\xff\xff\xff\xff").unwrap_err().message.contains("runs past"));
+        assert!(parse(b"\x80\x04h\x05.").unwrap_err().message.contains("never stored"));
+        assert!(parse(b"\x80\x04a.").unwrap_err().message.contains("empty"));
+    }
+}
