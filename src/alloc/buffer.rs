@@ -5,7 +5,7 @@ use super::{Shared, Stream};
 use crate::error::{Error, Result};
 use std::fmt;
 use std::marker::PhantomData;
-use std::sync::Arc;
+use std::ptr::NonNull;
 
 /// Element types whose every bit pattern is a valid value, so that device bytes can be read
 /// back as `T`.
@@ -35,7 +35,7 @@ pod!(u8 => "uint8", i8 => "int8", u16 => "uint16", i16 => "int16", u32 => "uint3
 /// On backends whose memory lives in this process (the host backend) its contents can be
 /// written and read; on the others it is an address and a length for device code.
 pub struct Buffer<T> {
-    pub(crate) shared: Arc<Shared>,
+    pub(crate) shared: NonNull<Shared>,
     block: u32,
     addr: u64,
     len: usize,
@@ -56,11 +56,17 @@ impl<T> fmt::Debug for Buffer<T> {
 }
 
 impl<T: Pod> Buffer<T> {
-    pub(crate) fn new(shared: Arc<Shared>, block: u32, addr: u64, len: usize, stream: Stream) -> Self {
+    /// # Safety
+    ///
+    /// The buffer must have been counted in its allocator's live buffers (see `Locked`).
+    pub(crate) unsafe fn new(shared: NonNull<Shared>, block: u32, addr: u64, len: usize, stream: Stream) -> Self {
         Buffer { shared, block, addr, len, stream, _marker: PhantomData }
     }
 
-    pub(crate) fn empty(shared: Arc<Shared>, stream: Stream) -> Self {
+    /// # Safety
+    ///
+    /// As for [`new`](Self::new).
+    pub(crate) unsafe fn empty(shared: NonNull<Shared>, stream: Stream) -> Self {
         Buffer { shared, block: NO_BLOCK, addr: 0, len: 0, stream, _marker: PhantomData }
     }
 
@@ -112,7 +118,7 @@ impl<T: Pod> Buffer<T> {
         }
         if let Some(b) = self.block() {
             let meta = TensorMeta { dtype: dtype.to_string(), shape: shape.to_vec() };
-            self.shared.heap.lock().blocks[b as usize].meta = Some(Box::new(meta));
+            self.shared().heap.lock().blocks[b as usize].extra.get_or_insert_with(Box::default).meta = Some(meta);
         }
         Ok(self)
     }
@@ -120,17 +126,17 @@ impl<T: Pod> Buffer<T> {
     /// The tensor description set with [`with_shape`](Self::with_shape), if any.
     pub fn tensor_meta(&self) -> Option<TensorMeta> {
         let b = self.block()?;
-        self.shared.heap.lock().blocks[b as usize].meta.as_deref().cloned()
+        self.shared().heap.lock().blocks[b as usize].extra.as_ref()?.meta.clone()
     }
 
     fn host_ptr(&self) -> Result<*mut T> {
         if self.len == 0 {
             return Ok(std::ptr::NonNull::dangling().as_ptr());
         }
-        self.shared.backend.host_ptr(self.addr).map(|p| p.cast::<T>()).ok_or_else(|| {
+        self.shared().backend.host_ptr(self.addr).map(|p| p.cast::<T>()).ok_or_else(|| {
             Error::Usage(format!(
                 "the {} backend's memory is not addressable from the host; copy through the device API",
-                self.shared.backend.name()
+                self.shared().backend.name()
             ))
         })
     }
@@ -171,12 +177,23 @@ impl<T> Buffer<T> {
     pub(crate) fn block(&self) -> Option<u32> {
         (self.block != NO_BLOCK).then_some(self.block)
     }
+
+    pub(crate) fn shared(&self) -> &Shared {
+        // SAFETY: a live buffer is counted in its allocator's `buffers`, which keeps the
+        // allocator's shared state alive (see `Locked`).
+        unsafe { self.shared.as_ref() }
+    }
 }
+
+// SAFETY: a buffer is a handle to a block; `Shared` is `Send + Sync` (its state is behind a
+// mutex), and element access follows Rust's borrow rules through `&self` / `&mut self`.
+unsafe impl<T: Send> Send for Buffer<T> {}
+// SAFETY: as above; `&Buffer<T>` gives only shared reads of `T`.
+unsafe impl<T: Sync> Sync for Buffer<T> {}
 
 impl<T> Drop for Buffer<T> {
     fn drop(&mut self) {
-        if self.block != NO_BLOCK {
-            self.shared.free(self.block);
-        }
+        // SAFETY: `self.shared` comes from this live buffer, which is never used again.
+        unsafe { Shared::release_buffer(self.shared, self.block()) };
     }
 }

@@ -2,10 +2,10 @@
 //! statistics, and the algorithms over them. Nothing here locks or knows about threads.
 
 use super::config::AllocatorConfig;
+use super::free_index::FreeIndex;
 use super::stats::{Pool, Stats};
 use crate::backend::{Backend, RawEvent, RawStream};
 use crate::error::{BackendError, Error, OomReport, Result};
-use std::collections::BTreeSet;
 
 /// No block / no segment.
 pub(crate) const NONE: u32 = u32::MAX;
@@ -54,11 +54,20 @@ pub(crate) struct Block {
     pub(crate) state: BlockState,
     /// Whether some page inside this free block may be unmapped.
     pub(crate) unmapped: bool,
-    /// Other streams the block was used on (`record_stream`).
-    pub(crate) uses: Vec<u32>,
+    /// The pool of the block's segment.
+    pub(crate) pool: Pool,
     /// Outstanding events before a pending free completes.
     pub(crate) pending_events: u32,
-    pub(crate) meta: Option<Box<TensorMeta>>,
+    /// What only some blocks carry, boxed to keep blocks small.
+    pub(crate) extra: Option<Box<Extra>>,
+}
+
+/// The rarer parts of an allocated block.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Extra {
+    /// Other streams the block was used on (`record_stream`).
+    pub(crate) uses: Vec<u32>,
+    pub(crate) meta: Option<TensorMeta>,
 }
 
 #[derive(Debug, Clone)]
@@ -73,16 +82,6 @@ pub(crate) struct Segment {
     pub(crate) unmapped_pages: Vec<u64>,
     pub(crate) mapped: u64,
     pub(crate) live: bool,
-}
-
-/// Free-index key: blocks of one pool ordered by stream, then size, then address (best fit,
-/// lowest address among equals).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-struct FreeKey {
-    stream: u32,
-    size: u64,
-    addr: u64,
-    block: u32,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -108,7 +107,7 @@ pub(crate) struct Heap {
     free_slots: Vec<u32>,
     pub(crate) segments: Vec<Segment>,
     free_segment_slots: Vec<u32>,
-    free: [BTreeSet<FreeKey>; 2],
+    free: FreeIndex,
     pending: Vec<PendingEvent>,
     pub(crate) streams: Vec<StreamSlot>,
     pub(crate) stats: Stats,
@@ -139,7 +138,7 @@ impl Heap {
             free_slots: Vec::new(),
             segments: Vec::new(),
             free_segment_slots: Vec::new(),
-            free: [BTreeSet::new(), BTreeSet::new()],
+            free: FreeIndex::new(),
             pending: Vec::new(),
             streams: vec![StreamSlot { raw: 0 }],
             stats,
@@ -206,17 +205,14 @@ impl Heap {
 
     fn drop_block(&mut self, i: u32) {
         let b = &mut self.blocks[i as usize];
-        b.uses = Vec::new();
-        b.meta = None;
+        b.extra = None;
         b.prev = NONE;
         b.next = NONE;
         self.free_slots.push(i);
     }
 
-    fn key(&self, i: u32) -> (Pool, FreeKey) {
-        let b = &self.blocks[i as usize];
-        let pool = self.segments[b.segment as usize].pool;
-        (pool, FreeKey { stream: b.stream, size: b.size, addr: b.addr, block: i })
+    fn pool_of_block(&self, i: u32) -> Pool {
+        self.blocks[i as usize].pool
     }
 
     fn is_split(&self, i: u32) -> bool {
@@ -224,28 +220,41 @@ impl Heap {
         b.prev != NONE || b.next != NONE
     }
 
+    /// Counts free block `i` in the inactive-split statistics if it shares its segment.
+    fn count_split(&mut self, i: u32) {
+        if self.is_split(i) {
+            let pool = self.pool_of_block(i);
+            self.stats.inactive_split.inc(pool, 1);
+            self.stats.inactive_split_bytes.inc(pool, self.blocks[i as usize].size);
+        }
+    }
+
+    /// Undoes [`count_split`](Self::count_split) before the block changes.
+    fn uncount_split(&mut self, i: u32) {
+        if self.is_split(i) {
+            let pool = self.pool_of_block(i);
+            self.stats.inactive_split.dec(pool, 1);
+            self.stats.inactive_split_bytes.dec(pool, self.blocks[i as usize].size);
+        }
+    }
+
     /// Puts a free block in the index and counts it.
     fn index_free(&mut self, i: u32) {
-        let (pool, key) = self.key(i);
-        self.blocks[i as usize].state = BlockState::Free;
-        self.free[pool as usize].insert(key);
-        if self.is_split(i) {
-            self.stats.inactive_split.inc(pool, 1);
-            self.stats.inactive_split_bytes.inc(pool, key.size);
-        }
+        let pool = self.pool_of_block(i);
+        let b = &mut self.blocks[i as usize];
+        b.state = BlockState::Free;
+        let (stream, size, addr) = (b.stream, b.size, b.addr);
+        self.free.insert(i, pool as usize, stream, size, addr);
+        self.count_split(i);
     }
 
     /// Takes a free block out of the index and uncounts it; it is no longer `Free` (so that
     /// no merge can reach it) until it is indexed again.
     fn unindex_free(&mut self, i: u32) {
-        let (pool, key) = self.key(i);
         self.blocks[i as usize].state = BlockState::Allocated;
-        let removed = self.free[pool as usize].remove(&key);
+        let removed = self.free.remove(i);
         debug_assert!(removed, "block {i} was not in the free index");
-        if self.is_split(i) {
-            self.stats.inactive_split.dec(pool, 1);
-            self.stats.inactive_split_bytes.dec(pool, key.size);
-        }
+        self.uncount_split(i);
     }
 
     // ----- allocation -------------------------------------------------------------------
@@ -283,9 +292,7 @@ impl Heap {
         st.active_bytes.inc(pool, size);
         st.requested_bytes.inc(pool, requested);
         if oversize {
-            st.oversize_allocations.current += 1;
-            st.oversize_allocations.allocated += 1;
-            st.oversize_allocations.peak = st.oversize_allocations.peak.max(st.oversize_allocations.current);
+            st.oversize_allocations.inc(1);
         }
         let cur = st.allocated_bytes.current();
         if cur > self.limit_peak {
@@ -296,33 +303,31 @@ impl Heap {
 
     /// Best fit among the free blocks of `pool` on `stream`.
     fn find_free(&self, pool: Pool, stream: u32, size: u64) -> Option<u32> {
-        let lo = FreeKey { stream, size, addr: 0, block: 0 };
-        let key = self.free[pool as usize].range(lo..).next()?;
-        if key.stream != stream {
-            return None;
-        }
+        let (block, found) = self.free.find(pool as usize, stream, size)?;
         if let Some(max) = self.config.max_split_size {
             // Do not hand an oversize block to a small request, nor a much larger one to a
             // large request (PyTorch's rules).
-            if size < max && key.size >= max {
+            if size < max && found >= max {
                 return None;
             }
-            if size >= max && key.size >= size + LARGE_SEGMENT {
+            if size >= max && found >= size + LARGE_SEGMENT {
                 return None;
             }
         }
-        Some(key.block)
+        Some(block)
     }
 
-    /// Removes free block `i` from the index, maps what it lacks, and splits off the rest.
+    /// Hands out the first `size` bytes of free block `i`. Without a split, `i` itself leaves
+    /// the index. With one, a new block takes the front and `i` keeps the rest, so that its
+    /// index entry is only resized, usually in place.
     fn take(&mut self, backend: &dyn Backend, i: u32, size: u64) -> Result<u32, BackendError> {
-        self.unindex_free(i);
         if self.blocks[i as usize].unmapped {
+            // Out of the index while mapping: reclaiming must not touch this block.
+            self.unindex_free(i);
             let addr = self.blocks[i as usize].addr;
-            if let Err(e) = self.ensure_mapped(backend, i, addr, size) {
-                self.index_free(i);
-                return Err(e);
-            }
+            let mapped = self.ensure_mapped(backend, i, addr, size);
+            self.index_free(i);
+            mapped?;
         }
         let b = &self.blocks[i as usize];
         let seg = b.segment;
@@ -332,33 +337,41 @@ impl Heap {
             Pool::Small => remaining >= MIN_BLOCK,
             Pool::Large => remaining > SMALL_SIZE && !self.is_oversize(b.size),
         };
-        if split {
-            let rest = Block {
-                addr: b.addr + size,
-                size: remaining,
-                requested: 0,
-                segment: seg,
-                prev: i,
-                next: b.next,
-                stream: b.stream,
-                state: BlockState::Free,
-                unmapped: b.unmapped,
-                uses: Vec::new(),
-                pending_events: 0,
-                meta: None,
-            };
-            let r = self.new_block(rest);
-            let next = self.blocks[r as usize].next;
-            if next != NONE {
-                self.blocks[next as usize].prev = r;
-            }
-            let b = &mut self.blocks[i as usize];
-            b.next = r;
-            b.size = size;
-            self.index_free(r);
+        if !split {
+            self.unindex_free(i);
+            self.blocks[i as usize].unmapped = false;
+            return Ok(i);
         }
-        self.blocks[i as usize].unmapped = false;
-        Ok(i)
+        let front = Block {
+            addr: b.addr,
+            size,
+            requested: 0,
+            segment: seg,
+            pool: b.pool,
+            prev: b.prev,
+            next: i,
+            stream: b.stream,
+            state: BlockState::Allocated,
+            unmapped: false,
+            pending_events: 0,
+            extra: None,
+        };
+        self.uncount_split(i);
+        let a = self.new_block(front);
+        let prev = self.blocks[a as usize].prev;
+        if prev == NONE {
+            self.segments[seg as usize].head = a;
+        } else {
+            self.blocks[prev as usize].next = a;
+        }
+        let b = &mut self.blocks[i as usize];
+        b.prev = a;
+        b.addr += size;
+        b.size = remaining;
+        let (addr, size) = (b.addr, b.size);
+        self.free.update(i, size, addr);
+        self.count_split(i);
+        Ok(a)
     }
 
     /// No cached block fits: reclaim if over the soft limit, then reserve a new segment,
@@ -418,23 +431,20 @@ impl Heap {
             size,
             requested: 0,
             segment: s,
+            pool,
             prev: NONE,
             next: NONE,
             stream,
             state: BlockState::Free,
             unmapped: false,
-            uses: Vec::new(),
             pending_events: 0,
-            meta: None,
+            extra: None,
         });
         self.segments[s as usize].head = b;
         self.stats.segment.inc(pool, 1);
         self.stats.reserved_bytes.inc(pool, size);
         if self.is_oversize(size) {
-            let o = &mut self.stats.oversize_segments;
-            o.current += 1;
-            o.allocated += 1;
-            o.peak = o.peak.max(o.current);
+            self.stats.oversize_segments.inc(1);
         }
         // Indexed so that `take` can unindex it like any cached block.
         self.index_free(b);
@@ -461,23 +471,27 @@ impl Heap {
     /// Gives cached memory back until `reserved + need <= limit` or nothing is left to give:
     /// whole free segments first (smallest first), then the pages under free holes.
     fn reclaim(&mut self, backend: &dyn Backend, need: u64, limit: u64) {
-        let mut whole: Vec<(u64, u32)> = self
+        let mut whole: Vec<(u64, u64, u32)> = self
             .free
             .iter()
-            .flatten()
-            .filter(|k| !self.is_split(k.block))
-            .map(|k| (self.segments[self.blocks[k.block as usize].segment as usize].mapped, k.block))
+            .filter(|&(b, _)| !self.is_split(b))
+            .map(|(b, _)| {
+                (self.segments[self.blocks[b as usize].segment as usize].mapped, self.blocks[b as usize].addr, b)
+            })
             .collect();
         whole.sort_unstable();
-        for (_, b) in whole {
+        for (_, _, b) in whole {
             if self.reserved() + need <= limit {
                 return;
             }
             self.release_segment_of(backend, b);
         }
         if self.can_unmap && self.reserved() + need > limit {
-            let holes: Vec<u32> = self.free.iter().flatten().rev().map(|k| k.block).collect();
-            for b in holes {
+            // Largest holes first: they give back the most pages per call.
+            let mut holes: Vec<(u64, u64, u32)> =
+                self.free.iter().map(|(b, size)| (size, self.blocks[b as usize].addr, b)).collect();
+            holes.sort_unstable_by(|x, y| y.cmp(x));
+            for (_, _, b) in holes {
                 if self.reserved() + need <= limit {
                     return;
                 }
@@ -490,12 +504,12 @@ impl Heap {
     /// the other free blocks.
     pub(crate) fn release_cache(&mut self, backend: &dyn Backend, pages: bool) {
         self.synchronize_pending(backend);
-        let whole: Vec<u32> = self.free.iter().flatten().filter(|k| !self.is_split(k.block)).map(|k| k.block).collect();
+        let whole: Vec<u32> = self.free.iter().map(|(b, _)| b).filter(|&b| !self.is_split(b)).collect();
         for b in whole {
             self.release_segment_of(backend, b);
         }
         if pages && self.can_unmap {
-            let holes: Vec<u32> = self.free.iter().flatten().map(|k| k.block).collect();
+            let holes: Vec<u32> = self.free.iter().map(|(b, _)| b).collect();
             for b in holes {
                 self.unmap_block(backend, b);
             }
@@ -520,9 +534,7 @@ impl Heap {
         self.stats.segment.dec(pool, 1);
         self.stats.reserved_bytes.dec(pool, mapped);
         if self.is_oversize(size) {
-            let o = &mut self.stats.oversize_segments;
-            o.current -= 1;
-            o.freed += 1;
+            self.stats.oversize_segments.dec(1);
         }
         let seg = &mut self.segments[s as usize];
         seg.live = false;
@@ -628,7 +640,7 @@ impl Heap {
 
     fn oom(&mut self, backend: &dyn Backend, requested: u64, rounded: u64, cause: BackendError) -> Error {
         self.stats.num_ooms += 1;
-        let largest = self.free.iter().flatten().map(|k| k.size).max().unwrap_or(0);
+        let largest = self.free.iter().map(|(_, size)| size).max().unwrap_or(0);
         Error::OutOfMemory(Box::new(OomReport {
             device: self.device,
             requested,
@@ -650,9 +662,8 @@ impl Heap {
         let (pool, size, requested, uses) = {
             let b = &mut self.blocks[i as usize];
             debug_assert_eq!(b.state, BlockState::Allocated);
-            b.meta = None;
-            let pool = self.segments[b.segment as usize].pool;
-            (pool, b.size, std::mem::take(&mut b.requested), std::mem::take(&mut b.uses))
+            let uses = b.extra.take().map(|e| e.uses).unwrap_or_default();
+            (b.pool, b.size, std::mem::take(&mut b.requested), uses)
         };
         let oversize = self.is_oversize(size);
         let st = &mut self.stats;
@@ -660,9 +671,7 @@ impl Heap {
         st.allocated_bytes.dec(pool, size);
         st.requested_bytes.dec(pool, requested);
         if oversize {
-            let o = &mut self.stats.oversize_allocations;
-            o.current -= 1;
-            o.freed += 1;
+            self.stats.oversize_allocations.dec(1);
         }
         let mut waiting = 0;
         for s in uses {
@@ -697,25 +706,49 @@ impl Heap {
         }
     }
 
-    /// The block is no longer used by any stream: merge it with free neighbours and index it.
+    /// The block is no longer used by any stream: merge it into a free neighbour (whose index
+    /// entry is resized, usually in place) or index it.
     fn finish_free(&mut self, i: u32) {
-        let pool = self.segments[self.blocks[i as usize].segment as usize].pool;
+        let seg = self.blocks[i as usize].segment;
+        let pool = self.segments[seg as usize].pool;
         let size = self.blocks[i as usize].size;
         self.stats.active.dec(pool, 1);
         self.stats.active_bytes.dec(pool, size);
         let prev = self.blocks[i as usize].prev;
         let next = self.blocks[i as usize].next;
-        let mut i = i;
-        if next != NONE && self.blocks[next as usize].state == BlockState::Free {
-            self.unindex_free(next);
-            self.absorb(i, next);
-        }
-        if prev != NONE && self.blocks[prev as usize].state == BlockState::Free {
-            self.unindex_free(prev);
+        let prev_free = prev != NONE && self.blocks[prev as usize].state == BlockState::Free;
+        let next_free = next != NONE && self.blocks[next as usize].state == BlockState::Free;
+        if prev_free {
+            self.uncount_split(prev);
             self.absorb(prev, i);
-            i = prev;
+            if next_free {
+                self.unindex_free(next);
+                self.absorb(prev, next);
+            }
+            let b = &self.blocks[prev as usize];
+            let (addr, size) = (b.addr, b.size);
+            self.free.update(prev, size, addr);
+            self.count_split(prev);
+        } else if next_free {
+            self.uncount_split(next);
+            let (addr, unmapped) = (self.blocks[i as usize].addr, self.blocks[i as usize].unmapped);
+            let n = &mut self.blocks[next as usize];
+            n.addr = addr;
+            n.size += size;
+            n.prev = prev;
+            n.unmapped |= unmapped;
+            let new_size = n.size;
+            if prev == NONE {
+                self.segments[seg as usize].head = next;
+            } else {
+                self.blocks[prev as usize].next = next;
+            }
+            self.drop_block(i);
+            self.free.update(next, new_size, addr);
+            self.count_split(next);
+        } else {
+            self.index_free(i);
         }
-        self.index_free(i);
     }
 
     /// Merges block `b` (the right neighbour) into block `a`.
@@ -783,26 +816,34 @@ impl Heap {
     /// Adds `stream` to the streams block `i` is used on.
     pub(crate) fn record_stream(&mut self, i: u32, stream: u32) {
         let b = &mut self.blocks[i as usize];
-        if b.stream != stream && !b.uses.contains(&stream) {
-            b.uses.push(stream);
+        if b.stream != stream {
+            let uses = &mut b.extra.get_or_insert_with(Box::default).uses;
+            if !uses.contains(&stream) {
+                uses.push(stream);
+            }
         }
     }
 
     /// The largest free block (for reports).
     pub(crate) fn largest_free(&self) -> u64 {
-        self.free.iter().flatten().map(|k| k.size).max().unwrap_or(0)
+        self.free.iter().map(|(_, size)| size).max().unwrap_or(0)
     }
 
     /// Calls `f` with every block of every live segment, in address order per segment.
-    pub(crate) fn for_each_block(&self, mut f: impl FnMut(&Segment, &Block)) {
+    pub(crate) fn for_each_block(&self, mut f: impl FnMut(u32, &Segment, &Block)) {
         for seg in self.segments.iter().filter(|s| s.live) {
             let mut i = seg.head;
             while i != NONE {
                 let b = &self.blocks[i as usize];
-                f(seg, b);
+                f(i, seg, b);
                 i = b.next;
             }
         }
+    }
+
+    /// Whether free block `i` is in the free index, and how many blocks the index holds.
+    pub(crate) fn free_index_state(&self, i: u32) -> (bool, usize) {
+        (self.free.contains(i), self.free.len())
     }
 
     /// Whether page `p` of live segment `seg` is unmapped.

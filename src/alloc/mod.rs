@@ -2,6 +2,7 @@
 
 mod buffer;
 pub(crate) mod config;
+mod free_index;
 pub(crate) mod heap;
 pub(crate) mod stats;
 
@@ -15,6 +16,8 @@ use heap::{BlockState, Heap, StreamSlot};
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::fmt;
+use std::mem::ManuallyDrop;
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -23,14 +26,58 @@ static NEXT_ALLOCATOR_ID: AtomicU64 = AtomicU64::new(1);
 pub(crate) struct Shared {
     pub(crate) id: u64,
     pub(crate) backend: Arc<dyn Backend>,
-    pub(crate) heap: Mutex<Heap>,
+    pub(crate) heap: Mutex<Locked>,
+}
+
+/// What the allocator's lock protects: the heap, and what keeps the allocator alive for its
+/// buffers.
+///
+/// Buffers do not hold an `Arc` each (two atomic operations per allocation): they count
+/// themselves in `buffers` under the lock they take anyway, and while any exist (or handles
+/// do), `keepalive` holds one strong reference for all of them. It is dropped when the last
+/// buffer goes with no handle left, or the last handle goes with no buffer left; both
+/// decisions are made under the lock, where every handle's final decrement also happens.
+pub(crate) struct Locked {
+    heap: Heap,
+    buffers: usize,
+    keepalive: Option<Arc<Shared>>,
+}
+
+impl std::ops::Deref for Locked {
+    type Target = Heap;
+    fn deref(&self) -> &Heap {
+        &self.heap
+    }
+}
+
+impl std::ops::DerefMut for Locked {
+    fn deref_mut(&mut self) -> &mut Heap {
+        &mut self.heap
+    }
 }
 
 impl Shared {
-    /// Called from `Buffer::drop`: never panics.
-    pub(crate) fn free(&self, block: u32) {
-        let mut heap = self.heap.lock();
-        heap.free(&*self.backend, block);
+    /// Called from `Buffer::drop` with the buffer's block, if it has one: returns the block and
+    /// forgets the buffer. Never panics.
+    ///
+    /// # Safety
+    ///
+    /// `this` must come from a live buffer of this allocator, which must not use it again.
+    pub(crate) unsafe fn release_buffer(this: std::ptr::NonNull<Shared>, block: Option<u32>) {
+        // SAFETY: the buffer counted in `buffers` keeps `keepalive` set, so the allocation lives.
+        let shared = unsafe { this.as_ref() };
+        let mut locked = shared.heap.lock();
+        if let Some(b) = block {
+            locked.heap.free(&*shared.backend, b);
+        }
+        locked.buffers -= 1;
+        let released = match &locked.keepalive {
+            // Only `keepalive` is left: no handle exists that could make another buffer.
+            Some(k) if locked.buffers == 0 && Arc::strong_count(k) == 1 => locked.keepalive.take(),
+            _ => None,
+        };
+        drop(locked);
+        drop(released);
     }
 }
 
@@ -75,7 +122,34 @@ impl Stream {
 /// ```
 #[derive(Clone)]
 pub struct CachingAllocator {
-    pub(crate) shared: Arc<Shared>,
+    shared: ManuallyDrop<Arc<Shared>>,
+}
+
+impl Drop for CachingAllocator {
+    fn drop(&mut self) {
+        // SAFETY: `self.shared` is taken once, here, and not used afterwards.
+        let ptr = Arc::into_raw(unsafe { ManuallyDrop::take(&mut self.shared) });
+        // SAFETY: `ptr` came from `Arc::into_raw` and our strong reference keeps it alive.
+        let shared = unsafe { &*ptr };
+        let mut locked = shared.heap.lock();
+        let released = match &locked.keepalive {
+            // No buffer made since `keepalive` was last dropped: an ordinary `Arc` drop.
+            None => None,
+            // This handle and `keepalive` are the last references and no buffer is left.
+            Some(k) if locked.buffers == 0 && Arc::strong_count(k) == 2 => locked.keepalive.take(),
+            Some(_) => {
+                // `keepalive` outlives this decrement, which is made under the lock so that a
+                // concurrent last handle counts it.
+                // SAFETY: our reference is one of at least two (ours and `keepalive`).
+                unsafe { Arc::decrement_strong_count(ptr) };
+                return;
+            }
+        };
+        drop(locked);
+        drop(released);
+        // SAFETY: balances the `into_raw` above.
+        drop(unsafe { Arc::from_raw(ptr) });
+    }
 }
 
 impl fmt::Debug for CachingAllocator {
@@ -128,13 +202,9 @@ impl CachingAllocator {
         config.validate()?;
         let backend = backend.into_backend();
         let heap = Heap::new(device, config, &*backend);
-        Ok(CachingAllocator {
-            shared: Arc::new(Shared {
-                id: NEXT_ALLOCATOR_ID.fetch_add(1, Ordering::Relaxed),
-                backend,
-                heap: Mutex::new(heap),
-            }),
-        })
+        let locked = Locked { heap, buffers: 0, keepalive: None };
+        let id = NEXT_ALLOCATOR_ID.fetch_add(1, Ordering::Relaxed);
+        Ok(CachingAllocator { shared: ManuallyDrop::new(Arc::new(Shared { id, backend, heap: Mutex::new(locked) })) })
     }
 
     /// The backend this allocator draws from.
@@ -189,14 +259,23 @@ impl CachingAllocator {
         let bytes = (len as u64).checked_mul(std::mem::size_of::<T>() as u64).ok_or_else(|| {
             Error::InvalidRequest(format!("{len} elements of {} bytes overflow 64 bits", std::mem::size_of::<T>()))
         })?;
-        if bytes == 0 {
-            return Ok(Buffer::empty(self.shared.clone(), *stream));
-        }
         let grant = {
-            let mut heap = self.shared.heap.lock();
-            heap.alloc(&*self.shared.backend, stream.id, bytes)?
+            let mut locked = self.shared.heap.lock();
+            let grant =
+                if bytes == 0 { None } else { Some(locked.heap.alloc(&*self.shared.backend, stream.id, bytes)?) };
+            locked.buffers += 1;
+            if locked.keepalive.is_none() {
+                locked.keepalive = Some(Arc::clone(&self.shared));
+            }
+            grant
         };
-        Ok(Buffer::new(self.shared.clone(), grant.block, grant.addr, len, *stream))
+        let shared = NonNull::from(&**self.shared);
+        Ok(match grant {
+            // SAFETY: the buffer was counted in `buffers` above, with `keepalive` set.
+            Some(g) => unsafe { Buffer::new(shared, g.block, g.addr, len, *stream) },
+            // SAFETY: as above.
+            None => unsafe { Buffer::empty(shared, *stream) },
+        })
     }
 
     /// Marks `buffer` as used by work on `stream`: when the buffer is dropped, its block is reused
@@ -204,7 +283,7 @@ impl CachingAllocator {
     /// on `stream` at drop time).
     pub fn record_stream<T>(&self, buffer: &Buffer<T>, stream: &Stream) -> Result<()> {
         self.check_stream(stream)?;
-        if !Arc::ptr_eq(&buffer.shared, &self.shared) {
+        if !std::ptr::eq(buffer.shared.as_ptr(), Arc::as_ptr(&self.shared)) {
             return Err(Error::Usage("the buffer belongs to another allocator".into()));
         }
         if let Some(block) = buffer.block() {
@@ -291,8 +370,8 @@ impl CachingAllocator {
     ///
     /// It walks every block, so it is for tests and debugging, not for hot paths.
     pub fn check_invariants(&self) -> std::result::Result<(), String> {
-        let heap = self.shared.heap.lock();
-        check_heap(&heap)
+        let locked = self.shared.heap.lock();
+        check_heap(&locked.heap)
     }
 }
 
@@ -333,7 +412,8 @@ fn check_heap(heap: &Heap) -> std::result::Result<(), String> {
     let mut err = None;
     let mut last: Option<(u64, u64, BlockState)> = None;
     let mut cur_seg = u64::MAX;
-    heap.for_each_block(|seg, b| {
+    let mut nfree = 0;
+    heap.for_each_block(|i, seg, b| {
         if err.is_some() {
             return;
         }
@@ -377,6 +457,10 @@ fn check_heap(heap: &Heap) -> std::result::Result<(), String> {
             }
             BlockState::PendingFree => active[p] += b.size,
             BlockState::Free => {
+                nfree += 1;
+                if !heap.free_index_state(i).0 {
+                    err = Some(format!("free block {:#x} is not in the free index", b.addr));
+                }
                 if b.prev != heap::NONE || b.next != heap::NONE {
                     split_free[p] += b.size;
                 }
@@ -386,6 +470,10 @@ fn check_heap(heap: &Heap) -> std::result::Result<(), String> {
     });
     if let Some(e) = err {
         return Err(e);
+    }
+    let indexed = heap.free_index_state(heap::NONE).1;
+    if indexed != nfree {
+        return Err(format!("the free index holds {indexed} blocks but {nfree} blocks are free"));
     }
     let st = &heap.stats;
     for (name, stat, recount) in [

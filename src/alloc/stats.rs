@@ -8,12 +8,13 @@ pub(crate) struct Stat {
     pub(crate) current: u64,
     pub(crate) peak: u64,
     pub(crate) allocated: u64,
-    pub(crate) freed: u64,
+    /// `current` when the totals were last reset: `freed` is derived, not counted.
+    base: u64,
 }
 
 impl Stat {
     #[inline]
-    fn inc(&mut self, n: u64) {
+    pub(crate) fn inc(&mut self, n: u64) {
         self.current += n;
         self.allocated += n;
         if self.current > self.peak {
@@ -22,10 +23,19 @@ impl Stat {
     }
 
     #[inline]
-    fn dec(&mut self, n: u64) {
+    pub(crate) fn dec(&mut self, n: u64) {
         debug_assert!(self.current >= n, "statistic would go negative");
-        self.current = self.current.saturating_sub(n);
-        self.freed += n;
+        self.current -= n;
+    }
+
+    /// The total decrease: what rose and is no longer there.
+    pub(crate) fn freed(&self) -> u64 {
+        self.allocated + self.base - self.current
+    }
+
+    fn reset_totals(&mut self) {
+        self.allocated = 0;
+        self.base = self.current;
     }
 }
 
@@ -76,11 +86,9 @@ impl PoolStat {
     }
 
     fn reset_accumulated(&mut self) {
-        self.all.allocated = 0;
-        self.all.freed = 0;
+        self.all.reset_totals();
         for p in &mut self.pools {
-            p.allocated = 0;
-            p.freed = 0;
+            p.reset_totals();
         }
     }
 
@@ -89,7 +97,7 @@ impl PoolStat {
             out.insert(format!("{name}.{pool}.current"), s.current);
             out.insert(format!("{name}.{pool}.peak"), s.peak);
             out.insert(format!("{name}.{pool}.allocated"), s.allocated);
-            out.insert(format!("{name}.{pool}.freed"), s.freed);
+            out.insert(format!("{name}.{pool}.freed"), s.freed());
         }
     }
 }
@@ -138,10 +146,8 @@ impl Stats {
         for s in self.pool_stats_mut() {
             s.reset_accumulated();
         }
-        for s in [&mut self.oversize_allocations, &mut self.oversize_segments] {
-            s.allocated = 0;
-            s.freed = 0;
-        }
+        self.oversize_allocations.reset_totals();
+        self.oversize_segments.reset_totals();
         self.num_alloc_retries = 0;
         self.num_ooms = 0;
         self.num_sync_all_streams = 0;
@@ -187,7 +193,7 @@ impl Stats {
             m.insert(format!("{name}.current"), s.current);
             m.insert(format!("{name}.peak"), s.peak);
             m.insert(format!("{name}.allocated"), s.allocated);
-            m.insert(format!("{name}.freed"), s.freed);
+            m.insert(format!("{name}.freed"), s.freed());
         }
         for (k, v) in [
             ("num_alloc_retries", self.num_alloc_retries),
@@ -322,8 +328,10 @@ mod tests {
     #[test]
     fn sizes_and_counts_format_like_pytorch() {
         assert_eq!(format_size(512, 512), "   512 B  ");
-        assert_eq!(format_size(3 << 20, 3 << 20), "     3 MiB");
-        assert_eq!(format_size(1 << 20, 3 << 30), "     0 GiB");
+        // PyTorch moves up a unit only while the reference figure is at least 768 units.
+        assert_eq!(format_size(3 << 20, 3 << 20), "  3072 KiB");
+        assert_eq!(format_size(1 << 20, 3 << 30), "     1 MiB");
+        assert_eq!(format_size(1 << 30, 1 << 30), "  1024 MiB");
         assert_eq!(format_count(12, 12), "     12   ");
         assert_eq!(format_count(2_000_000, 2_000_000), "   2000 K ");
     }
