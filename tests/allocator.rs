@@ -1,0 +1,353 @@
+//! Behaviour of the caching allocator: caching, rounding, pools, streams, statistics, OOM.
+
+use std::sync::Arc;
+use vramscope::{
+    AllocatorConfig, CachingAllocator, Error, EventMode, FaultPlan, FaultyBackend, HostBackend, SimBackend,
+};
+
+const MIB: u64 = 1 << 20;
+
+/// An allocator that caches exactly like PyTorch's (no fragmentation limit).
+fn pytorch_like(capacity: u64) -> CachingAllocator {
+    let config = AllocatorConfig::parse("fragmentation_limit:off").unwrap();
+    CachingAllocator::with_config(SimBackend::new(capacity), config).unwrap()
+}
+
+#[test]
+fn freed_blocks_are_cached_and_reused() {
+    let alloc = pytorch_like(1 << 30);
+    let s = alloc.default_stream();
+    let a = alloc.alloc::<u8>(&s, 3 * MIB as usize).unwrap();
+    let addr = a.device_ptr();
+    drop(a);
+    assert_eq!(alloc.memory_allocated(), 0);
+    assert_eq!(alloc.memory_reserved(), 20 * MIB, "a 3 MiB request gets a 20 MiB segment");
+    let b = alloc.alloc::<u8>(&s, 3 * MIB as usize).unwrap();
+    assert_eq!(b.device_ptr(), addr, "the cached block is reused");
+    assert_eq!(alloc.memory_stats()["num_device_alloc"], 1);
+}
+
+#[test]
+fn requests_round_to_512_and_pools_split_at_1_mib() {
+    let alloc = pytorch_like(1 << 30);
+    let s = alloc.default_stream();
+    let a = alloc.alloc::<u8>(&s, 1).unwrap();
+    let b = alloc.alloc::<u8>(&s, 513).unwrap();
+    let c = alloc.alloc::<u8>(&s, MIB as usize).unwrap();
+    let d = alloc.alloc::<u8>(&s, MIB as usize + 1).unwrap();
+    let st = alloc.memory_stats();
+    assert_eq!(st["allocated_bytes.small_pool.current"], 512 + 1024 + MIB);
+    assert_eq!(st["allocated_bytes.large_pool.current"], MIB + 512);
+    assert_eq!(st["requested_bytes.all.current"], 1 + 513 + MIB + MIB + 1);
+    assert_eq!(st["segment.small_pool.current"], 1, "small blocks share one 2 MiB segment");
+    assert_eq!(b.device_ptr(), a.device_ptr() + 512, "blocks are split from the front");
+    drop((a, b, c, d));
+}
+
+#[test]
+fn the_fragmentation_limit_gives_cache_back_before_growing() {
+    let alloc = CachingAllocator::new(SimBackend::new(1 << 30));
+    let s = alloc.default_stream();
+    // A new peak is reserved exactly: no 20 MiB segment for a 3 MiB request.
+    let a = alloc.alloc::<u8>(&s, 3 * MIB as usize).unwrap();
+    assert_eq!(alloc.memory_reserved(), 4 * MIB);
+    drop(a);
+    // A cached block that does not fit is released before a new segment is reserved.
+    let b = alloc.alloc::<u8>(&s, 6 * MIB as usize).unwrap();
+    assert_eq!(alloc.memory_reserved(), 6 * MIB);
+    assert_eq!(alloc.memory_stats()["num_device_free"], 1);
+    drop(b);
+    // Below the peak, segments are sized for reuse as PyTorch sizes them.
+    let small = alloc.alloc::<u8>(&s, 3 * MIB as usize).unwrap();
+    assert_eq!(alloc.memory_reserved(), 6 * MIB, "served from the cached 6 MiB block");
+    drop(small);
+    alloc.check_invariants().unwrap();
+}
+
+#[test]
+fn holes_are_unmapped_instead_of_growing_where_the_backend_can() {
+    let sim = Arc::new(SimBackend::new(1 << 30));
+    let alloc = CachingAllocator::new(sim.clone());
+    let s = alloc.default_stream();
+    // One 40 MiB segment, then keep its two ends and free the middle.
+    let whole = alloc.alloc::<u8>(&s, 40 * MIB as usize).unwrap();
+    drop(whole);
+    let head = alloc.alloc::<u8>(&s, 12 * MIB as usize).unwrap();
+    let middle = alloc.alloc::<u8>(&s, 16 * MIB as usize).unwrap();
+    let tail = alloc.alloc::<u8>(&s, 12 * MIB as usize).unwrap();
+    assert_eq!(alloc.memory_reserved(), 40 * MIB);
+    drop(middle);
+    // 18 MiB does not fit in the 16 MiB hole: its pages are unmapped rather than exceeding the limit.
+    let other = alloc.alloc::<u8>(&s, 18 * MIB as usize).unwrap();
+    let st = alloc.memory_stats();
+    assert!(st["num_device_unmap"] >= 1, "{st:#?}");
+    assert_eq!(alloc.memory_reserved(), 42 * MIB);
+    assert_eq!(sim.used_memory(), 42 * MIB);
+    alloc.check_invariants().unwrap();
+    // The hole's pages are mapped again when it is reused.
+    let again = alloc.alloc::<u8>(&s, 16 * MIB as usize).unwrap();
+    assert!(alloc.memory_stats()["num_device_map"] >= 1);
+    assert_eq!(alloc.memory_reserved(), 58 * MIB);
+    alloc.check_invariants().unwrap();
+    drop((head, tail, other, again));
+    alloc.empty_cache();
+    assert_eq!(sim.used_memory(), 0);
+}
+
+#[test]
+fn large_requests_get_their_own_segment_size() {
+    let alloc = CachingAllocator::new(SimBackend::new(1 << 30));
+    let s = alloc.default_stream();
+    let a = alloc.alloc::<u8>(&s, 50 * MIB as usize + 1).unwrap();
+    assert_eq!(alloc.memory_reserved(), 52 * MIB, "rounded up to the 2 MiB page");
+    drop(a);
+}
+
+#[test]
+fn roundup_power2_divisions_rounds_like_pytorch() {
+    let config = AllocatorConfig::parse("roundup_power2_divisions:4,fragmentation_limit:off").unwrap();
+    let alloc = CachingAllocator::with_config(SimBackend::new(1 << 30), config).unwrap();
+    let s = alloc.default_stream();
+    // 1200 KiB lies between 1 MiB and 2 MiB: divisions of 256 KiB, so 1280 KiB.
+    let a = alloc.alloc::<u8>(&s, 1200 << 10).unwrap();
+    assert_eq!(alloc.memory_allocated(), 1280 << 10);
+    drop(a);
+}
+
+#[test]
+fn merging_restores_whole_segments() {
+    let alloc = CachingAllocator::new(SimBackend::new(1 << 30));
+    let s = alloc.default_stream();
+    let bufs: Vec<_> = (0..8).map(|_| alloc.alloc::<u8>(&s, 4096).unwrap()).collect();
+    assert_eq!(alloc.memory_stats()["inactive_split_bytes.all.current"], 2 * MIB - 8 * 4096);
+    // Free every other block, then the rest: merges from both sides.
+    let (even, odd): (Vec<_>, Vec<_>) = bufs.into_iter().enumerate().partition(|(i, _)| i % 2 == 0);
+    drop(even);
+    alloc.check_invariants().unwrap();
+    drop(odd);
+    alloc.check_invariants().unwrap();
+    alloc.empty_cache();
+    assert_eq!(alloc.memory_reserved(), 0, "fully merged segments are released");
+    assert_eq!(alloc.largest_free_block(), 0);
+}
+
+#[test]
+fn max_split_size_keeps_oversize_blocks_whole() {
+    let config = AllocatorConfig::parse("max_split_size_mb:32,fragmentation_limit:off").unwrap();
+    let alloc = CachingAllocator::with_config(SimBackend::new(1 << 30), config).unwrap();
+    let s = alloc.default_stream();
+    drop(alloc.alloc::<u8>(&s, 64 * MIB as usize).unwrap());
+    // A small request must not take the cached 64 MiB block.
+    let small = alloc.alloc::<u8>(&s, 2 * MIB as usize).unwrap();
+    assert_eq!(alloc.memory_stats()["num_device_alloc"], 2);
+    assert_eq!(alloc.memory_stats()["oversize_segments.current"], 1);
+    drop(small);
+    let big = alloc.alloc::<u8>(&s, 60 * MIB as usize).unwrap();
+    assert_eq!(alloc.memory_stats()["oversize_allocations.current"], 1);
+    drop(big);
+    alloc.check_invariants().unwrap();
+}
+
+#[test]
+fn blocks_are_reused_only_on_their_stream() {
+    let alloc = pytorch_like(1 << 30);
+    let s1 = alloc.default_stream();
+    let s2 = alloc.new_stream().unwrap();
+    let a = alloc.alloc::<u8>(&s1, 4 * MIB as usize).unwrap();
+    let addr = a.device_ptr();
+    drop(a);
+    let b = alloc.alloc::<u8>(&s2, 4 * MIB as usize).unwrap();
+    assert_ne!(b.device_ptr(), addr, "a block cached for stream 1 is not handed to stream 2");
+    let c = alloc.alloc::<u8>(&s1, 4 * MIB as usize).unwrap();
+    assert_eq!(c.device_ptr(), addr);
+}
+
+#[test]
+fn record_stream_delays_reuse_until_the_other_stream_passes_the_free() {
+    let sim = Arc::new(SimBackend::with_events(1 << 30, EventMode::Manual));
+    let alloc = CachingAllocator::new(sim.clone());
+    let s1 = alloc.default_stream();
+    let s2 = alloc.new_stream().unwrap();
+    let a = alloc.alloc::<u8>(&s1, 8 * MIB as usize).unwrap();
+    let addr = a.device_ptr();
+    alloc.record_stream(&a, &s2).unwrap();
+    drop(a);
+    let st = alloc.memory_stats();
+    assert_eq!(st["allocated_bytes.all.current"], 0, "live bytes drop at once");
+    assert_eq!(st["active_bytes.all.current"], 8 * MIB, "but the block stays active");
+    let b = alloc.alloc::<u8>(&s1, 8 * MIB as usize).unwrap();
+    assert_ne!(b.device_ptr(), addr, "the block is not reused while stream 2 may still use it");
+    drop(b);
+    alloc.synchronize(&s2).unwrap();
+    assert_eq!(alloc.memory_stats()["active_bytes.all.current"], 0);
+    let c = alloc.alloc::<u8>(&s1, 8 * MIB as usize).unwrap();
+    assert!(c.device_ptr() == addr || alloc.memory_stats()["num_device_alloc"] == 2);
+    alloc.check_invariants().unwrap();
+}
+
+#[test]
+fn zero_length_buffers_allocate_nothing() {
+    let alloc = CachingAllocator::new(HostBackend::new(1 << 20));
+    let s = alloc.default_stream();
+    let mut z = alloc.alloc::<f64>(&s, 0).unwrap();
+    assert!(z.is_empty());
+    assert_eq!(z.device_ptr(), 0);
+    z.copy_from_host(&[]).unwrap();
+    assert_eq!(z.to_vec().unwrap(), Vec::<f64>::new());
+    assert_eq!(alloc.memory_reserved(), 0);
+}
+
+#[test]
+fn impossible_requests_are_errors_not_panics() {
+    let alloc = CachingAllocator::new(HostBackend::new(64 * MIB));
+    let s = alloc.default_stream();
+    let e = alloc.alloc::<u64>(&s, usize::MAX).unwrap_err();
+    assert!(matches!(e, Error::InvalidRequest(_)), "{e}");
+    let e = alloc.alloc::<u8>(&s, 1 << 40).unwrap_err();
+    assert!(matches!(e, Error::OutOfMemory(_)), "{e}");
+    let e = alloc.alloc::<u8>(&s, usize::MAX - 10).unwrap_err();
+    assert!(matches!(e, Error::InvalidRequest(_) | Error::OutOfMemory(_)), "{e}");
+    // The allocator still works.
+    drop(alloc.alloc::<u8>(&s, 1024).unwrap());
+    alloc.check_invariants().unwrap();
+}
+
+#[test]
+fn streams_and_buffers_of_another_allocator_are_refused() {
+    let a = CachingAllocator::new(SimBackend::new(1 << 30));
+    let b = CachingAllocator::new(SimBackend::new(1 << 30));
+    let sb = b.new_stream().unwrap();
+    assert!(matches!(a.alloc::<u8>(&sb, 10), Err(Error::Usage(_))));
+    let buf = b.alloc::<u8>(&b.default_stream(), 10).unwrap();
+    assert!(matches!(a.record_stream(&buf, &a.default_stream()), Err(Error::Usage(_))));
+}
+
+#[test]
+fn copy_length_mismatch_is_an_error_and_sim_memory_is_not_addressable() {
+    let host = CachingAllocator::new(HostBackend::new(1 << 24));
+    let mut b = host.alloc::<u16>(&host.default_stream(), 4).unwrap();
+    assert!(b.copy_from_host(&[1, 2, 3]).is_err());
+    let sim = CachingAllocator::new(SimBackend::new(1 << 24));
+    let b = sim.alloc::<u16>(&sim.default_stream(), 4).unwrap();
+    let e = b.to_vec().unwrap_err().to_string();
+    assert!(e.contains("not addressable"), "{e}");
+}
+
+#[test]
+fn buffers_outlive_their_allocator_handle() {
+    let alloc = CachingAllocator::new(HostBackend::new(1 << 24));
+    let mut b = alloc.alloc::<u32>(&alloc.default_stream(), 3).unwrap();
+    let probe = alloc.clone();
+    drop(alloc);
+    b.copy_from_host(&[7, 8, 9]).unwrap();
+    assert_eq!(probe.memory_allocated(), 512);
+    drop(probe);
+    // The last reference is the buffer itself; dropping it frees everything.
+    assert_eq!(b.to_vec().unwrap(), vec![7, 8, 9]);
+    drop(b);
+}
+
+#[test]
+fn peaks_reset() {
+    let alloc = CachingAllocator::new(SimBackend::new(1 << 30));
+    let s = alloc.default_stream();
+    drop(alloc.alloc::<u8>(&s, 30 * MIB as usize).unwrap());
+    assert_eq!(alloc.max_memory_allocated(), 30 * MIB);
+    alloc.reset_peak_stats();
+    assert_eq!(alloc.max_memory_allocated(), 0);
+    assert_eq!(alloc.max_memory_reserved(), alloc.memory_reserved());
+    alloc.reset_accumulated_stats();
+    let st = alloc.memory_stats();
+    assert_eq!(st["allocation.all.allocated"], 0);
+    assert_eq!(st["allocation.all.freed"], 0);
+}
+
+#[test]
+fn out_of_memory_releases_the_cache_retries_then_reports() {
+    let alloc = CachingAllocator::with_config(
+        HostBackend::new(100 * MIB),
+        AllocatorConfig::parse("fragmentation_limit:off").unwrap(),
+    )
+    .unwrap();
+    let s = alloc.default_stream();
+    // Fill the cache with a free 60 MiB segment, then ask for 70 MiB: only a retry after
+    // releasing the cache can succeed.
+    drop(alloc.alloc::<u8>(&s, 60 * MIB as usize).unwrap());
+    let keep = alloc.alloc::<u8>(&s, 70 * MIB as usize).unwrap();
+    assert_eq!(alloc.memory_stats()["num_alloc_retries"], 1);
+    let e = alloc.alloc::<u8>(&s, 40 * MIB as usize).unwrap_err();
+    let Error::OutOfMemory(report) = &e else { panic!("expected OOM, got {e}") };
+    assert_eq!(report.requested, 40 * MIB);
+    assert_eq!(report.capacity, 100 * MIB);
+    assert_eq!(report.allocated, 70 * MIB);
+    assert_eq!(report.reserved, 70 * MIB);
+    let msg = e.to_string();
+    for part in ["40.00 MiB", "100.00 MiB", "30.00 MiB is free", "70.00 MiB is allocated", "largest free cached block"]
+    {
+        assert!(msg.contains(part), "{part:?} missing from: {msg}");
+    }
+    assert_eq!(alloc.memory_stats()["num_ooms"], 1);
+    drop(keep);
+    drop(alloc.alloc::<u8>(&s, 90 * MIB as usize).expect("memory is usable again after buffers drop"));
+    alloc.check_invariants().unwrap();
+}
+
+#[test]
+fn injected_faults_are_retried_or_reported() {
+    for k in 0..12 {
+        let faulty = Arc::new(FaultyBackend::new(SimBackend::new(1 << 34), FaultPlan::nth(k)));
+        let alloc = CachingAllocator::new(faulty.clone());
+        let s = alloc.default_stream();
+        let mut live = Vec::new();
+        for i in 0..24usize {
+            match alloc.alloc::<u8>(&s, (i % 7 + 1) << 21) {
+                Ok(b) => live.push(b),
+                Err(Error::OutOfMemory(_)) => {}
+                Err(e) => panic!("request {i} with fault {k}: unexpected error {e}"),
+            }
+            if i % 3 == 2 {
+                live.remove(0);
+            }
+            alloc.check_invariants().unwrap();
+        }
+        assert!(faulty.injected() <= 1);
+        drop(live);
+        faulty.set_plan(FaultPlan::Never);
+        drop(alloc.alloc::<u8>(&s, 1 << 30).unwrap());
+    }
+}
+
+#[test]
+fn every_request_failing_is_an_oom_and_nothing_leaks() {
+    let faulty = Arc::new(FaultyBackend::new(SimBackend::new(1 << 34), FaultPlan::From(0)));
+    let alloc = CachingAllocator::new(faulty.clone());
+    let s = alloc.default_stream();
+    let e = alloc.alloc::<u8>(&s, 100).unwrap_err();
+    assert!(matches!(e, Error::OutOfMemory(_)));
+    assert_eq!(faulty.injected(), 2, "one request and one retry");
+    assert_eq!(alloc.memory_stats()["num_ooms"], 1);
+    assert_eq!(alloc.memory_reserved(), 0);
+    assert_eq!(faulty.inner().used_memory(), 0);
+}
+
+#[test]
+fn memory_summary_has_pytorch_rows() {
+    let alloc = CachingAllocator::new(SimBackend::new(1 << 30));
+    let x = alloc.alloc::<f32>(&alloc.default_stream(), 1 << 20).unwrap();
+    let t = alloc.memory_summary();
+    for row in ["Allocated memory", "from large pool", "GPU reserved memory", "Non-releasable memory", "Allocations"] {
+        assert!(t.contains(row), "{row} missing:\n{t}");
+    }
+    assert!(t.contains("4096 KiB"), "4 MiB allocated, in PyTorch's units:\n{t}");
+    drop(x);
+}
+
+#[test]
+fn default_device_is_shared() {
+    let a = vramscope::device(3);
+    let b = vramscope::device(3);
+    let x = a.alloc::<u8>(&a.default_stream(), 1000).unwrap();
+    assert_eq!(b.memory_allocated(), 1024);
+    assert_eq!(a.backend().name(), "host");
+    drop(x);
+}

@@ -1,0 +1,182 @@
+//! Property tests of the allocator's invariants under random alloc/free/record_stream
+//! sequences over several streams, on one thread and on several.
+
+use proptest::prelude::*;
+use std::sync::Arc;
+use vramscope::{AllocatorConfig, Buffer, CachingAllocator, EventMode, HostBackend, SimBackend, Stream};
+
+#[derive(Debug, Clone)]
+enum Op {
+    Alloc { stream: usize, bytes: usize },
+    Free(usize),
+    RecordStream { buffer: usize, stream: usize },
+    Synchronize(usize),
+    CompleteEvents,
+    EmptyCache,
+}
+
+/// Sizes from 1 byte to 96 MiB, log-uniform, with a bias towards a few repeated sizes.
+fn size() -> impl Strategy<Value = usize> {
+    prop_oneof![
+        (0u32..27).prop_flat_map(|e| (1usize << e)..=(3usize << e)),
+        Just(512usize),
+        Just(1 << 20),
+        Just(4 << 20),
+    ]
+}
+
+fn op(streams: usize) -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => (0..streams, size()).prop_map(|(stream, bytes)| Op::Alloc { stream, bytes }),
+        4 => any::<usize>().prop_map(Op::Free),
+        2 => (any::<usize>(), 0..streams).prop_map(|(buffer, stream)| Op::RecordStream { buffer, stream }),
+        1 => (0..streams).prop_map(Op::Synchronize),
+        1 => Just(Op::CompleteEvents),
+        1 => Just(Op::EmptyCache),
+    ]
+}
+
+fn configs() -> impl Strategy<Value = AllocatorConfig> {
+    prop_oneof![
+        Just(AllocatorConfig::default()),
+        Just(AllocatorConfig::parse("fragmentation_limit:off").unwrap()),
+        Just(AllocatorConfig::parse("max_split_size_mb:40,roundup_power2_divisions:4").unwrap()),
+        Just(AllocatorConfig::parse("fragmentation_limit:1.0,release_pages:false").unwrap()),
+    ]
+}
+
+/// No two live buffers overlap.
+fn check_disjoint(live: &[(Buffer<u8>, usize)]) {
+    let mut ranges: Vec<(u64, u64)> =
+        live.iter().map(|(b, _)| (b.device_ptr(), b.device_ptr() + b.num_bytes())).collect();
+    ranges.sort_unstable();
+    for w in ranges.windows(2) {
+        assert!(w[0].1 <= w[1].0, "live buffers overlap: {:x?} and {:x?}", w[0], w[1]);
+    }
+}
+
+fn run_ops(alloc: &CachingAllocator, sim: &SimBackend, streams: &[Stream], ops: &[Op]) {
+    let mut live: Vec<(Buffer<u8>, usize)> = Vec::new();
+    for (k, op) in ops.iter().enumerate() {
+        match op {
+            Op::Alloc { stream, bytes } => {
+                let b = alloc.alloc::<u8>(&streams[*stream], *bytes).expect("the sim device is large enough");
+                assert_eq!(b.num_bytes(), *bytes as u64);
+                live.push((b, *stream));
+            }
+            Op::Free(i) if !live.is_empty() => drop(live.swap_remove(i % live.len())),
+            Op::RecordStream { buffer, stream } if !live.is_empty() => {
+                let (b, _) = &live[buffer % live.len()];
+                alloc.record_stream(b, &streams[*stream]).unwrap();
+            }
+            Op::Synchronize(s) => alloc.synchronize(&streams[*s]).unwrap(),
+            Op::CompleteEvents => sim.complete_events(),
+            Op::EmptyCache => alloc.empty_cache(),
+            _ => {}
+        }
+        if let Err(e) = alloc.check_invariants() {
+            panic!("after op {k} ({op:?}): {e}");
+        }
+        check_disjoint(&live);
+        let live_bytes: u64 = live.iter().map(|(b, _)| b.num_bytes()).sum();
+        assert_eq!(alloc.memory_stats()["requested_bytes.all.current"], live_bytes);
+        assert!(alloc.memory_allocated() >= live_bytes);
+        assert!(alloc.memory_reserved() >= alloc.memory_allocated());
+    }
+    drop(live);
+}
+
+fn finish(alloc: &CachingAllocator, sim: &SimBackend) {
+    assert_eq!(alloc.memory_allocated(), 0);
+    sim.complete_events();
+    alloc.empty_cache();
+    alloc.check_invariants().unwrap();
+    let stats = alloc.memory_stats();
+    assert_eq!(stats["reserved_bytes.all.current"], 0, "{stats:#?}");
+    assert_eq!(stats["active_bytes.all.current"], 0);
+    assert_eq!(stats["segment.all.current"], 0);
+    assert_eq!(sim.used_memory(), 0, "the backend still holds memory");
+    assert_eq!(stats["allocation.all.allocated"], stats["allocation.all.freed"]);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+
+    #[test]
+    fn invariants_hold_on_one_thread(config in configs(), ops in prop::collection::vec(op(3), 1..250)) {
+        let sim = Arc::new(SimBackend::with_events(1 << 40, EventMode::Manual));
+        let alloc = CachingAllocator::with_config(sim.clone(), config).unwrap();
+        let streams = [alloc.default_stream(), alloc.new_stream().unwrap(), alloc.new_stream().unwrap()];
+        run_ops(&alloc, &sim, &streams, &ops);
+        finish(&alloc, &sim);
+    }
+
+    #[test]
+    fn invariants_hold_across_threads(
+        config in configs(),
+        per_thread in prop::collection::vec(prop::collection::vec(op(2), 1..120), 2..5),
+    ) {
+        let sim = Arc::new(SimBackend::with_events(1 << 40, EventMode::Manual));
+        let alloc = CachingAllocator::with_config(sim.clone(), config).unwrap();
+        let streams = [alloc.default_stream(), alloc.new_stream().unwrap()];
+        std::thread::scope(|scope| {
+            for ops in &per_thread {
+                let (alloc, sim) = (&alloc, &sim);
+                scope.spawn(move || {
+                    let mut live: Vec<Buffer<u8>> = Vec::new();
+                    for op in ops {
+                        match op {
+                            Op::Alloc { stream, bytes } => live.push(alloc.alloc::<u8>(&streams[*stream], *bytes).unwrap()),
+                            Op::Free(i) if !live.is_empty() => drop(live.swap_remove(i % live.len())),
+                            Op::RecordStream { buffer, stream } if !live.is_empty() => {
+                                alloc.record_stream(&live[buffer % live.len()], &streams[*stream]).unwrap();
+                            }
+                            Op::Synchronize(s) => alloc.synchronize(&streams[*s]).unwrap(),
+                            Op::CompleteEvents => sim.complete_events(),
+                            Op::EmptyCache => alloc.empty_cache(),
+                            _ => {}
+                        }
+                        alloc.check_invariants().unwrap();
+                    }
+                    // Hand the survivors to another thread to drop.
+                    std::thread::spawn(move || drop(live)).join().unwrap();
+                });
+            }
+        });
+        finish(&alloc, &sim);
+    }
+}
+
+/// On the host backend the buffers hold data: every live buffer keeps the pattern written into
+/// it, which fails if two live buffers ever shared memory.
+#[test]
+fn host_buffers_never_share_memory() {
+    let alloc = CachingAllocator::new(HostBackend::new(1 << 30));
+    let streams = [alloc.default_stream(), alloc.new_stream().unwrap()];
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let mut live: Vec<(Buffer<u32>, u32)> = Vec::new();
+    for tag in 0..3000u32 {
+        if live.len() > 40 || (!live.is_empty() && next() % 3 == 0) {
+            let i = (next() as usize) % live.len();
+            let (b, t) = live.swap_remove(i);
+            assert!(b.as_host_slice().unwrap().iter().all(|&x| x == t), "buffer {t} was overwritten");
+        } else {
+            let len = 1 + (next() % (1 << (next() % 20))) as usize;
+            let mut b = alloc.alloc::<u32>(&streams[(next() % 2) as usize], len).unwrap();
+            b.as_host_slice_mut().unwrap().fill(tag);
+            live.push((b, tag));
+        }
+    }
+    for (b, t) in &live {
+        assert!(b.to_vec().unwrap().iter().all(|x| x == t));
+    }
+    drop(live);
+    alloc.empty_cache();
+    assert_eq!(alloc.memory_reserved(), 0);
+}
