@@ -221,7 +221,7 @@ pub(crate) fn parse(data: &[u8]) -> Result<Value, PickleError> {
         }
     }
     fn set_items(target: &Value, items: Vec<Value>, r: &Reader<'_>) -> Result<(), PickleError> {
-        if items.len() % 2 != 0 {
+        if !items.len().is_multiple_of(2) {
             return Err(r.err("SETITEMS with an odd number of values"));
         }
         match target {
