@@ -180,3 +180,22 @@ impl<B: Backend> Backend for FaultyBackend<B> {
         self.inner.host_ptr(addr)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::SimBackend;
+
+    #[test]
+    fn fails_exactly_the_planned_requests() {
+        let f = FaultyBackend::new(SimBackend::new(1 << 30), FaultPlan::Nth([1, 3].into()));
+        let results: Vec<bool> = (0..5).map(|_| f.reserve(2 << 20).is_ok()).collect();
+        assert_eq!(results, [true, false, true, false, true]);
+        assert_eq!((f.requests(), f.injected()), (5, 2));
+        f.set_plan(FaultPlan::Above(4 << 20));
+        assert!(f.reserve(4 << 20).is_ok());
+        assert!(f.reserve(6 << 20).is_err());
+        f.set_plan(FaultPlan::Custom(std::sync::Arc::new(|i, _| i % 2 == 0)));
+        assert!(f.reserve(2 << 20).is_ok() != f.reserve(2 << 20).is_ok());
+    }
+}

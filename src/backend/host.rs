@@ -123,3 +123,24 @@ impl Backend for HostBackend {
         Some(addr as *mut u8)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segments_are_zeroed_writable_and_capped() {
+        let host = HostBackend::new(4 << 20);
+        let a = host.reserve(2 << 20).unwrap();
+        let p = host.host_ptr(a).unwrap();
+        // SAFETY: `a` is a live 2 MiB segment of this backend.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(p, 2 << 20) };
+        assert!(bytes.iter().all(|&b| b == 0));
+        bytes[12345] = 7;
+        assert_eq!(a % HOST_ALIGN as u64, 0);
+        assert!(host.reserve(4 << 20).is_err());
+        assert_eq!(host.free_memory(), 2 << 20);
+        host.release(a, 2 << 20).unwrap();
+        assert_eq!(host.free_memory(), 4 << 20);
+    }
+}

@@ -220,3 +220,41 @@ impl Backend for SimBackend {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accounts_for_capacity_and_mapped_pages() {
+        let sim = SimBackend::new(10 << 20);
+        let a = sim.reserve(8 << 20).unwrap();
+        assert!(matches!(sim.reserve(4 << 20), Err(BackendError::OutOfMemory { .. })));
+        sim.unmap(a + (2 << 20), 4 << 20).unwrap();
+        assert_eq!(sim.free_memory(), 6 << 20);
+        let b = sim.reserve(4 << 20).unwrap();
+        assert!(b >= a + (8 << 20), "segments never overlap");
+        assert!(sim.map(a + (2 << 20), 4 << 20).is_err(), "over capacity");
+        sim.release(b, 4 << 20).unwrap();
+        sim.map(a + (2 << 20), 4 << 20).unwrap();
+        assert!(sim.map(a, 2 << 20).is_err(), "already mapped");
+        assert!(sim.release(a, 4 << 20).is_err(), "wrong size");
+        sim.release(a, 8 << 20).unwrap();
+        assert_eq!(sim.used_memory(), 0);
+        assert!(sim.release(a, 8 << 20).is_err(), "released twice");
+    }
+
+    #[test]
+    fn manual_events_complete_on_synchronize() {
+        let sim = SimBackend::with_events(1 << 20, EventMode::Manual);
+        let s = sim.create_stream().unwrap();
+        let e1 = sim.record_event(s).unwrap();
+        let e0 = sim.record_event(0).unwrap();
+        assert!(!sim.event_completed(e1).unwrap());
+        sim.synchronize(s).unwrap();
+        assert!(sim.event_completed(e1).unwrap());
+        assert!(!sim.event_completed(e0).unwrap());
+        sim.complete_events();
+        assert!(sim.event_completed(e0).unwrap());
+    }
+}

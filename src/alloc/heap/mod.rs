@@ -3,6 +3,8 @@
 
 use super::config::AllocatorConfig;
 use super::free_index::FreeIndex;
+
+mod pages;
 use super::stats::{Pool, Stats};
 use crate::backend::{Backend, RawEvent, RawStream};
 use crate::error::{BackendError, Error, OomReport, Result};
@@ -451,193 +453,6 @@ impl Heap {
         b
     }
 
-    pub(crate) fn reserved(&self) -> u64 {
-        self.stats.reserved_bytes.current()
-    }
-
-    /// Reserved bytes above which the allocator reclaims before growing.
-    fn soft_limit(&self, backend: &dyn Backend, size: u64) -> u64 {
-        let mut limit = u64::MAX;
-        if let Some(f) = self.config.fragmentation_limit {
-            let peak = self.limit_peak.max(self.stats.allocated_bytes.current() + size);
-            limit = limit.min((peak as f64 * f) as u64);
-        }
-        if let Some(t) = self.config.garbage_collection_threshold {
-            limit = limit.min((backend.total_memory() as f64 * t) as u64);
-        }
-        limit
-    }
-
-    /// Gives cached memory back until `reserved + need <= limit` or nothing is left to give:
-    /// whole free segments first (smallest first), then the pages under free holes.
-    fn reclaim(&mut self, backend: &dyn Backend, need: u64, limit: u64) {
-        let mut whole: Vec<(u64, u64, u32)> = self
-            .free
-            .iter()
-            .filter(|&(b, _)| !self.is_split(b))
-            .map(|(b, _)| {
-                (self.segments[self.blocks[b as usize].segment as usize].mapped, self.blocks[b as usize].addr, b)
-            })
-            .collect();
-        whole.sort_unstable();
-        for (_, _, b) in whole {
-            if self.reserved() + need <= limit {
-                return;
-            }
-            self.release_segment_of(backend, b);
-        }
-        if self.can_unmap && self.reserved() + need > limit {
-            // Largest holes first: they give back the most pages per call.
-            let mut holes: Vec<(u64, u64, u32)> =
-                self.free.iter().map(|(b, size)| (size, self.blocks[b as usize].addr, b)).collect();
-            holes.sort_unstable_by(|x, y| y.cmp(x));
-            for (_, _, b) in holes {
-                if self.reserved() + need <= limit {
-                    return;
-                }
-                self.unmap_block(backend, b);
-            }
-        }
-    }
-
-    /// Releases everything cached: every fully free segment and, with `pages`, the pages under
-    /// the other free blocks.
-    pub(crate) fn release_cache(&mut self, backend: &dyn Backend, pages: bool) {
-        self.synchronize_pending(backend);
-        let whole: Vec<u32> = self.free.iter().map(|(b, _)| b).filter(|&b| !self.is_split(b)).collect();
-        for b in whole {
-            self.release_segment_of(backend, b);
-        }
-        if pages && self.can_unmap {
-            let holes: Vec<u32> = self.free.iter().map(|(b, _)| b).collect();
-            for b in holes {
-                self.unmap_block(backend, b);
-            }
-        }
-    }
-
-    /// Releases the segment whose only block is the free block `b`.
-    fn release_segment_of(&mut self, backend: &dyn Backend, b: u32) {
-        let s = self.blocks[b as usize].segment;
-        let (addr, size, pool, mapped) = {
-            let seg = &self.segments[s as usize];
-            (seg.addr, seg.size, seg.pool, seg.mapped)
-        };
-        if let Err(e) = backend.release(addr, size) {
-            self.stats.num_backend_errors += 1;
-            self.last_error = Some(format!("releasing segment {addr:#x}: {e}"));
-            return;
-        }
-        self.unindex_free(b);
-        self.drop_block(b);
-        self.stats.num_device_free += 1;
-        self.stats.segment.dec(pool, 1);
-        self.stats.reserved_bytes.dec(pool, mapped);
-        if self.is_oversize(size) {
-            self.stats.oversize_segments.dec(1);
-        }
-        let seg = &mut self.segments[s as usize];
-        seg.live = false;
-        seg.unmapped_pages = Vec::new();
-        self.free_segment_slots.push(s);
-    }
-
-    /// Unmaps the whole pages inside free block `b`.
-    fn unmap_block(&mut self, backend: &dyn Backend, b: u32) {
-        let blk = &self.blocks[b as usize];
-        let s = blk.segment as usize;
-        let base = self.segments[s].addr;
-        let first = (blk.addr - base).div_ceil(self.page);
-        let end = (blk.addr + blk.size - base) / self.page;
-        if first >= end {
-            return;
-        }
-        let mut any = false;
-        let mut p = first;
-        while p < end {
-            if self.page_unmapped(s, p) {
-                p += 1;
-                continue;
-            }
-            let run_start = p;
-            while p < end && !self.page_unmapped(s, p) {
-                p += 1;
-            }
-            let (addr, len) = (base + run_start * self.page, (p - run_start) * self.page);
-            if let Err(e) = backend.unmap(addr, len) {
-                self.stats.num_backend_errors += 1;
-                self.last_error = Some(format!("unmapping {len} bytes at {addr:#x}: {e}"));
-                break;
-            }
-            for q in run_start..p {
-                self.set_page_unmapped(s, q, true);
-            }
-            let pool = self.segments[s].pool;
-            self.segments[s].mapped -= len;
-            self.stats.reserved_bytes.dec(pool, len);
-            self.stats.num_device_unmap += 1;
-            any = true;
-        }
-        if any {
-            self.blocks[b as usize].unmapped = true;
-        }
-    }
-
-    /// Maps every unmapped page touching `[addr, addr + len)` of block `b`'s segment; on a
-    /// refusal, releases the cache and retries once.
-    fn ensure_mapped(&mut self, backend: &dyn Backend, b: u32, addr: u64, len: u64) -> Result<(), BackendError> {
-        let s = self.blocks[b as usize].segment as usize;
-        let base = self.segments[s].addr;
-        let first = (addr - base) / self.page;
-        let end = (addr + len - base).div_ceil(self.page);
-        let missing: u64 = (first..end).filter(|&p| self.page_unmapped(s, p)).count() as u64 * self.page;
-        if missing == 0 {
-            return Ok(());
-        }
-        let limit = self.soft_limit(backend, len);
-        if self.reserved() + missing > limit {
-            self.reclaim(backend, missing, limit);
-        }
-        let mut p = first;
-        while p < end {
-            if !self.page_unmapped(s, p) {
-                p += 1;
-                continue;
-            }
-            let run_start = p;
-            while p < end && self.page_unmapped(s, p) {
-                p += 1;
-            }
-            let (a, l) = (base + run_start * self.page, (p - run_start) * self.page);
-            if let Err(e) = backend.map(a, l) {
-                self.stats.num_alloc_retries += 1;
-                self.release_cache(backend, true);
-                backend.map(a, l).map_err(|_| e)?;
-            }
-            for q in run_start..p {
-                self.set_page_unmapped(s, q, false);
-            }
-            let pool = self.segments[s].pool;
-            self.segments[s].mapped += l;
-            self.stats.reserved_bytes.inc(pool, l);
-            self.stats.num_device_map += 1;
-        }
-        Ok(())
-    }
-
-    fn page_unmapped(&self, s: usize, p: u64) -> bool {
-        Self::is_page_unmapped(&self.segments[s], p)
-    }
-
-    fn set_page_unmapped(&mut self, s: usize, p: u64, v: bool) {
-        let w = &mut self.segments[s].unmapped_pages[(p / 64) as usize];
-        if v {
-            *w |= 1 << (p % 64);
-        } else {
-            *w &= !(1 << (p % 64));
-        }
-    }
-
     fn oom(&mut self, backend: &dyn Backend, requested: u64, rounded: u64, cause: BackendError) -> Error {
         self.stats.num_ooms += 1;
         let largest = self.free.iter().map(|(_, size)| size).max().unwrap_or(0);
@@ -849,5 +664,73 @@ impl Heap {
     /// Whether page `p` of live segment `seg` is unmapped.
     pub(crate) fn is_page_unmapped(seg: &Segment, p: u64) -> bool {
         seg.unmapped_pages[(p / 64) as usize] & (1 << (p % 64)) != 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::SimBackend;
+
+    fn heap(config: &str) -> (Heap, SimBackend) {
+        let sim = SimBackend::new(1 << 40);
+        (Heap::new(0, AllocatorConfig::parse(config).unwrap(), &sim), sim)
+    }
+
+    #[test]
+    fn rounding_matches_pytorch() {
+        let (h, _) = heap("");
+        assert_eq!(h.round_size(0), Some(512));
+        assert_eq!(h.round_size(512), Some(512));
+        assert_eq!(h.round_size(513), Some(1024));
+        assert_eq!(h.round_size(u64::MAX), None);
+        let (h, _) = heap("roundup_power2_divisions:4");
+        assert_eq!(h.round_size(1000), Some(1024), "small sizes round to 512 only");
+        assert_eq!(h.round_size(5 << 20), Some(5 << 20), "already on a division");
+        assert_eq!(h.round_size((4 << 20) + 1), Some(5 << 20));
+        assert_eq!(h.round_size(8 << 20), Some(8 << 20));
+    }
+
+    #[test]
+    fn segment_sizes_match_pytorch() {
+        let (h, _) = heap("");
+        assert_eq!(h.segment_size(512), Some(2 << 20));
+        assert_eq!(h.segment_size(1 << 20), Some(2 << 20));
+        assert_eq!(h.segment_size((1 << 20) + 512), Some(20 << 20));
+        assert_eq!(h.segment_size((10 << 20) - 512), Some(20 << 20));
+        assert_eq!(h.segment_size((10 << 20) + 512), Some(12 << 20));
+        assert_eq!(h.segment_size(u64::MAX - 511), None);
+    }
+
+    #[test]
+    fn split_and_merge_keep_one_free_block_per_hole() {
+        let (mut h, sim) = heap("fragmentation_limit:off");
+        let a = h.alloc(&sim, 0, 1000).unwrap();
+        let b = h.alloc(&sim, 0, 1000).unwrap();
+        let c = h.alloc(&sim, 0, 1000).unwrap();
+        assert_eq!(b.addr, a.addr + 1024);
+        assert_eq!(h.free.len(), 1, "the rest of the segment");
+        h.free(&sim, b.block);
+        assert_eq!(h.free.len(), 2, "a hole between a and c");
+        h.free(&sim, a.block);
+        assert_eq!(h.free.len(), 2, "a merged into the hole");
+        h.free(&sim, c.block);
+        assert_eq!(h.free.len(), 1, "everything merged back into the segment");
+        assert_eq!(h.largest_free(), 2 << 20);
+        assert_eq!(h.stats.inactive_split_bytes.current(), 0);
+        h.release_cache(&sim, true);
+        assert_eq!(sim.used_memory(), 0);
+    }
+
+    #[test]
+    fn soft_limit_follows_the_peak_of_allocated_bytes() {
+        let (mut h, sim) = heap("fragmentation_limit:1.5");
+        let a = h.alloc(&sim, 0, 10 << 20).unwrap();
+        assert_eq!(h.soft_limit(&sim, 0), 15 << 20);
+        h.free(&sim, a.block);
+        assert_eq!(h.soft_limit(&sim, 0), 15 << 20, "the limit keeps the peak");
+        assert_eq!(h.soft_limit(&sim, 20 << 20), 30 << 20, "and counts the request");
+        let (h, sim) = heap("fragmentation_limit:off,garbage_collection_threshold:0.5");
+        assert_eq!(h.soft_limit(&sim, 0), 1 << 39);
     }
 }

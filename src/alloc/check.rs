@@ -1,0 +1,127 @@
+//! The structural and statistical invariants of a heap, recounted from its blocks.
+
+use super::heap::{self, BlockState, Heap};
+use super::stats::Pool;
+
+/// Describes the first invariant `heap` breaks, if any.
+pub(crate) fn check_heap(heap: &Heap) -> std::result::Result<(), String> {
+    let mut allocated = [0u64; 2];
+    let mut active = [0u64; 2];
+    let mut requested = [0u64; 2];
+    let mut reserved = [0u64; 2];
+    let mut nalloc = [0u64; 2];
+    let mut nseg = [0u64; 2];
+    let mut split_free = [0u64; 2];
+    let mut ranges: Vec<(u64, u64)> = Vec::new();
+    for seg in heap.segments.iter().filter(|s| s.live) {
+        let p = seg.pool as usize;
+        nseg[p] += 1;
+        reserved[p] += seg.mapped;
+        let mut unmapped = 0;
+        for pg in 0..seg.size.div_ceil(heap.page) {
+            if Heap::is_page_unmapped(seg, pg) {
+                unmapped += heap.page;
+            }
+        }
+        if seg.mapped + unmapped != seg.size {
+            return Err(format!(
+                "segment {:#x}: mapped {} + unmapped {unmapped} != size {}",
+                seg.addr, seg.mapped, seg.size
+            ));
+        }
+        ranges.push((seg.addr, seg.addr + seg.size));
+    }
+    ranges.sort_unstable();
+    for w in ranges.windows(2) {
+        if w[0].1 > w[1].0 {
+            return Err(format!("segments {:#x} and {:#x} overlap", w[0].0, w[1].0));
+        }
+    }
+    let mut err = None;
+    let mut last: Option<(u64, u64, BlockState)> = None;
+    let mut cur_seg = u64::MAX;
+    let mut nfree = 0;
+    heap.for_each_block(|i, seg, b| {
+        if err.is_some() {
+            return;
+        }
+        let p = seg.pool as usize;
+        if seg.addr != cur_seg {
+            cur_seg = seg.addr;
+            if b.addr != seg.addr {
+                err = Some(format!("segment {:#x} starts with block {:#x}", seg.addr, b.addr));
+            }
+            last = None;
+        }
+        if let Some((a, s, st)) = last {
+            if a + s != b.addr {
+                err = Some(format!("blocks {a:#x}+{s} and {:#x} do not tile segment {:#x}", b.addr, seg.addr));
+            }
+            if st == BlockState::Free && b.state == BlockState::Free {
+                err = Some(format!("free blocks {a:#x} and {:#x} were not merged", b.addr));
+            }
+        }
+        if b.stream != seg.stream {
+            err = Some(format!("block {:#x} is on stream {} but its segment on {}", b.addr, b.stream, seg.stream));
+        }
+        if b.addr + b.size > seg.addr + seg.size {
+            err = Some(format!("block {:#x}+{} runs past its segment", b.addr, b.size));
+        }
+        if b.size % heap::MIN_BLOCK != 0 {
+            err = Some(format!("block {:#x} size {} is not a multiple of 512", b.addr, b.size));
+        }
+        match b.state {
+            BlockState::Allocated => {
+                allocated[p] += b.size;
+                active[p] += b.size;
+                requested[p] += b.requested;
+                nalloc[p] += 1;
+                // An allocated block's pages are all mapped.
+                let first = (b.addr - seg.addr) / heap.page;
+                let end = (b.addr + b.size - seg.addr).div_ceil(heap.page);
+                if (first..end).any(|pg| Heap::is_page_unmapped(seg, pg)) {
+                    err = Some(format!("allocated block {:#x} lies on an unmapped page", b.addr));
+                }
+            }
+            BlockState::PendingFree => active[p] += b.size,
+            BlockState::Free => {
+                nfree += 1;
+                if !heap.free_index_state(i).0 {
+                    err = Some(format!("free block {:#x} is not in the free index", b.addr));
+                }
+                if b.prev != heap::NONE || b.next != heap::NONE {
+                    split_free[p] += b.size;
+                }
+            }
+        }
+        last = Some((b.addr, b.size, b.state));
+    });
+    if let Some(e) = err {
+        return Err(e);
+    }
+    let indexed = heap.free_index_state(heap::NONE).1;
+    if indexed != nfree {
+        return Err(format!("the free index holds {indexed} blocks but {nfree} blocks are free"));
+    }
+    let st = &heap.stats;
+    for (name, stat, recount) in [
+        ("allocated_bytes", &st.allocated_bytes, allocated),
+        ("active_bytes", &st.active_bytes, active),
+        ("requested_bytes", &st.requested_bytes, requested),
+        ("reserved_bytes", &st.reserved_bytes, reserved),
+        ("allocation", &st.allocation, nalloc),
+        ("segment", &st.segment, nseg),
+        ("inactive_split_bytes", &st.inactive_split_bytes, split_free),
+    ] {
+        for pool in [Pool::Small, Pool::Large] {
+            let (counted, recounted) = (stat.pool_current(pool), recount[pool as usize]);
+            if counted != recounted {
+                return Err(format!("{name} ({pool:?} pool): counter says {counted} but a recount gives {recounted}"));
+            }
+        }
+        if stat.current() != recount[0] + recount[1] {
+            return Err(format!("{name}: the all-pools counter disagrees with the pools"));
+        }
+    }
+    Ok(())
+}
