@@ -103,18 +103,12 @@ impl AllocatorConfig {
                     let d: u32 = value.parse().map_err(|_| {
                         bad(key, format!("`{value}` is not a whole number (e.g. roundup_power2_divisions:4)"))
                     })?;
-                    if d > 64 || (d > 0 && !d.is_power_of_two()) {
-                        return Err(bad(key, format!("{d} must be 0 or a power of two of at most 64")));
-                    }
                     c.roundup_power2_divisions = d;
                 }
                 "garbage_collection_threshold" => {
                     let t: f64 = value.parse().map_err(|_| {
                         bad(key, format!("`{value}` is not a number (e.g. garbage_collection_threshold:0.8)"))
                     })?;
-                    if !(t > 0.0 && t < 1.0) {
-                        return Err(bad(key, format!("{t} must be strictly between 0 and 1")));
-                    }
                     c.garbage_collection_threshold = Some(t);
                 }
                 "fragmentation_limit" => {
@@ -124,9 +118,6 @@ impl AllocatorConfig {
                         let f: f64 = value.parse().map_err(|_| {
                             bad(key, format!("`{value}` is not a number or `off` (e.g. fragmentation_limit:1.1)"))
                         })?;
-                        if !(f.is_finite() && f >= 1.0) {
-                            return Err(bad(key, format!("{f} must be at least 1")));
-                        }
                         c.fragmentation_limit = Some(f);
                     }
                 }
@@ -134,6 +125,7 @@ impl AllocatorConfig {
                 _ => return Err(bad(key, format!("unknown key; accepted keys: {KEYS}"))),
             }
         }
+        c.validate()?;
         Ok(c)
     }
 
@@ -151,7 +143,7 @@ impl AllocatorConfig {
         }
     }
 
-    /// Checks values set directly on the struct.
+    /// Checks the ranges of the values (also of those set directly on the struct).
     pub(crate) fn validate(&self) -> Result<()> {
         if let Some(f) = self.fragmentation_limit {
             if !(f.is_finite() && f >= 1.0) {

@@ -108,28 +108,14 @@ impl Heap {
             return;
         }
         let mut any = false;
-        let mut p = first;
-        while p < end {
-            if self.page_unmapped(s, p) {
-                p += 1;
-                continue;
-            }
-            let run_start = p;
-            while p < end && !self.page_unmapped(s, p) {
-                p += 1;
-            }
-            let (addr, len) = (base + run_start * self.page, (p - run_start) * self.page);
+        for (start, stop) in self.page_runs(s, first, end, false) {
+            let (addr, len) = (base + start * self.page, (stop - start) * self.page);
             if let Err(e) = backend.unmap(addr, len) {
                 self.stats.num_backend_errors += 1;
                 self.last_error = Some(format!("unmapping {len} bytes at {addr:#x}: {e}"));
                 break;
             }
-            for q in run_start..p {
-                self.set_page_unmapped(s, q, true);
-            }
-            let pool = self.segments[s].pool;
-            self.segments[s].mapped -= len;
-            self.stats.reserved_bytes.dec(pool, len);
+            self.set_pages(s, start..stop, true);
             self.stats.num_device_unmap += 1;
             any = true;
         }
@@ -159,28 +145,14 @@ impl Heap {
         if self.reserved() + missing > limit {
             self.reclaim(backend, missing, limit);
         }
-        let mut p = first;
-        while p < end {
-            if !self.page_unmapped(s, p) {
-                p += 1;
-                continue;
-            }
-            let run_start = p;
-            while p < end && self.page_unmapped(s, p) {
-                p += 1;
-            }
-            let (a, l) = (base + run_start * self.page, (p - run_start) * self.page);
+        for (start, stop) in self.page_runs(s, first, end, true) {
+            let (a, l) = (base + start * self.page, (stop - start) * self.page);
             if let Err(e) = backend.map(a, l) {
                 self.stats.num_alloc_retries += 1;
                 self.release_cache(backend, true);
                 backend.map(a, l).map_err(|_| e)?;
             }
-            for q in run_start..p {
-                self.set_page_unmapped(s, q, false);
-            }
-            let pool = self.segments[s].pool;
-            self.segments[s].mapped += l;
-            self.stats.reserved_bytes.inc(pool, l);
+            self.set_pages(s, start..stop, false);
             self.stats.num_device_map += 1;
         }
         Ok(())
@@ -190,12 +162,44 @@ impl Heap {
         Self::is_page_unmapped(&self.segments[s], p)
     }
 
-    fn set_page_unmapped(&mut self, s: usize, p: u64, v: bool) {
-        let w = &mut self.segments[s].unmapped_pages[(p / 64) as usize];
-        if v {
-            *w |= 1 << (p % 64);
+    /// The maximal runs `[start, stop)` of pages in `[first, end)` of segment `s` whose
+    /// unmapped bit equals `unmapped`.
+    fn page_runs(&self, s: usize, first: u64, end: u64, unmapped: bool) -> Vec<(u64, u64)> {
+        let mut runs = Vec::new();
+        let mut p = first;
+        while p < end {
+            if self.page_unmapped(s, p) != unmapped {
+                p += 1;
+                continue;
+            }
+            let start = p;
+            while p < end && self.page_unmapped(s, p) == unmapped {
+                p += 1;
+            }
+            runs.push((start, p));
+        }
+        runs
+    }
+
+    /// Marks pages unmapped (or mapped) and moves their bytes out of (or into) reserved.
+    fn set_pages(&mut self, s: usize, pages: std::ops::Range<u64>, unmapped: bool) {
+        let len = (pages.end - pages.start) * self.page;
+        let seg = &mut self.segments[s];
+        for p in pages {
+            let w = &mut seg.unmapped_pages[(p / 64) as usize];
+            if unmapped {
+                *w |= 1 << (p % 64);
+            } else {
+                *w &= !(1 << (p % 64));
+            }
+        }
+        let pool = seg.pool;
+        if unmapped {
+            seg.mapped -= len;
+            self.stats.reserved_bytes.dec(pool, len);
         } else {
-            *w &= !(1 << (p % 64));
+            seg.mapped += len;
+            self.stats.reserved_bytes.inc(pool, len);
         }
     }
 }
