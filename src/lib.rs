@@ -68,6 +68,7 @@ mod alloc;
 mod backend;
 mod device;
 mod error;
+mod record;
 pub mod replay;
 mod snapshot;
 
@@ -79,3 +80,8 @@ pub use device::{
     device, parse_bytes, try_device, BACKEND_ENV, CAPACITY_ENV, DEFAULT_HOST_CAPACITY, DEFAULT_SIM_CAPACITY,
 };
 pub use error::{BackendError, Error, OomReport, Result};
+pub use record::{
+    current_scope, current_step, frame_pointers_available, scope, step, Action, ContextLevel, Frame, RecordConfig,
+    Scope, ScopeGuard, StackMode,
+};
+pub use snapshot::{BlockInfo, BlockState, ContextInfo, HistoryEntry, SegmentInfo, Snapshot, SNAPSHOT_VERSION};

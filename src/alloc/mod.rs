@@ -13,6 +13,7 @@ pub use heap::TensorMeta;
 
 use crate::backend::Backend;
 use crate::error::{Error, Result};
+use crate::record::{CaptureFlags, Pending, RecordConfig, Symbolizer};
 use heap::{Heap, StreamSlot};
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
@@ -28,6 +29,10 @@ pub(crate) struct Shared {
     pub(crate) id: u64,
     pub(crate) backend: Arc<dyn Backend>,
     pub(crate) heap: Mutex<Locked>,
+    /// What to capture per allocation, read before taking the lock.
+    pub(crate) capture: CaptureFlags,
+    /// Symbols resolved so far, kept across snapshots.
+    pub(crate) symbols: Mutex<Symbolizer>,
 }
 
 /// What the allocator's lock protects: the heap, and what keeps the allocator alive for its
@@ -67,9 +72,12 @@ impl Shared {
     pub(crate) unsafe fn release_buffer(this: std::ptr::NonNull<Shared>, block: Option<u32>) {
         // SAFETY: the buffer counted in `buffers` keeps `keepalive` set, so the allocation lives.
         let shared = unsafe { this.as_ref() };
+        // Who freed it is captured only where the history keeps context on frees.
+        let pending = if block.is_some() { shared.capture.get_for_free().map(Pending::capture) } else { None };
         let mut locked = shared.heap.lock();
         if let Some(b) = block {
-            locked.heap.free(&*shared.backend, b);
+            let ctx = pending.map(|p| p.intern(&mut locked.heap.recorder.stacks));
+            locked.heap.free(&*shared.backend, b, ctx);
         }
         locked.buffers -= 1;
         let released = match &locked.keepalive {
@@ -123,7 +131,7 @@ impl Stream {
 /// ```
 #[derive(Clone)]
 pub struct CachingAllocator {
-    shared: ManuallyDrop<Arc<Shared>>,
+    pub(crate) shared: ManuallyDrop<Arc<Shared>>,
 }
 
 impl Drop for CachingAllocator {
@@ -202,10 +210,13 @@ impl CachingAllocator {
     pub fn for_device(backend: impl IntoBackend, device: usize, config: AllocatorConfig) -> Result<Self> {
         config.validate()?;
         let backend = backend.into_backend();
-        let heap = Heap::new(device, config, &*backend);
+        let record = RecordConfig::default();
+        let capture = CaptureFlags::new(&record);
+        let heap = Heap::new(device, config, record, &*backend);
         let locked = Locked { heap, buffers: 0, keepalive: None };
         let id = NEXT_ALLOCATOR_ID.fetch_add(1, Ordering::Relaxed);
-        Ok(CachingAllocator { shared: ManuallyDrop::new(Arc::new(Shared { id, backend, heap: Mutex::new(locked) })) })
+        let shared = Shared { id, backend, heap: Mutex::new(locked), capture, symbols: Mutex::default() };
+        Ok(CachingAllocator { shared: ManuallyDrop::new(Arc::new(shared)) })
     }
 
     /// The backend this allocator draws from.
@@ -260,10 +271,15 @@ impl CachingAllocator {
         let bytes = (len as u64).checked_mul(std::mem::size_of::<T>() as u64).ok_or_else(|| {
             Error::InvalidRequest(format!("{len} elements of {} bytes overflow 64 bits", std::mem::size_of::<T>()))
         })?;
+        let pending = if bytes == 0 { None } else { self.shared.capture.get().map(Pending::capture) };
         let grant = {
             let mut locked = self.shared.heap.lock();
-            let grant =
-                if bytes == 0 { None } else { Some(locked.heap.alloc(&*self.shared.backend, stream.id, bytes)?) };
+            let grant = if bytes == 0 {
+                None
+            } else {
+                let ctx = pending.map(|p| p.intern(&mut locked.heap.recorder.stacks));
+                Some(locked.heap.alloc(&*self.shared.backend, stream.id, bytes, ctx)?)
+            };
             locked.buffers += 1;
             if locked.keepalive.is_none() {
                 locked.keepalive = Some(Arc::clone(&self.shared));
@@ -353,6 +369,25 @@ impl CachingAllocator {
             (heap.stats.to_map(), heap.device)
         };
         stats::summary_table(&stats, self.shared.backend.name(), device)
+    }
+
+    /// Changes what the allocator records, at run time, like PyTorch's
+    /// `torch.cuda.memory._record_memory_history`. [`RecordConfig::off`] stops recording;
+    /// the history keeps its newest `max_entries` events.
+    pub fn record_memory_history(&self, config: RecordConfig) {
+        let mut locked = self.shared.heap.lock();
+        self.shared.capture.set(&config);
+        locked.heap.recorder.set_config(config);
+    }
+
+    /// What the allocator records now.
+    pub fn record_config(&self) -> RecordConfig {
+        self.shared.heap.lock().heap.recorder.config.clone()
+    }
+
+    /// Empties the history (blocks keep their context).
+    pub fn clear_history(&self) {
+        self.shared.heap.lock().heap.recorder.history.clear();
     }
 
     /// The largest free block in the cache.

@@ -1,4 +1,9 @@
-//! Snapshot formats. For now: a reader for the pickles PyTorch writes with
-//! `pickle.dump(torch.cuda.memory._snapshot(), f)`.
+//! Snapshots: the model every report reads, how it is built from an allocator, and the
+//! PyTorch pickle reader.
 
+mod build;
+mod model;
 pub(crate) mod pickle;
+
+pub use build::SNAPSHOT_VERSION;
+pub use model::{BlockInfo, BlockState, ContextInfo, HistoryEntry, SegmentInfo, Snapshot};

@@ -8,6 +8,7 @@ mod pages;
 use super::stats::{Pool, Stats};
 use crate::backend::{Backend, RawEvent, RawStream};
 use crate::error::{BackendError, Error, OomReport, Result};
+use crate::record::{Action, Context, RecordConfig, Recorder};
 
 /// No block / no segment.
 pub(crate) const NONE: u32 = u32::MAX;
@@ -62,6 +63,8 @@ pub(crate) struct Block {
     pub(crate) pending_events: u32,
     /// What only some blocks carry, boxed to keep blocks small.
     pub(crate) extra: Option<Box<Extra>>,
+    /// Who allocated it, where recorded.
+    pub(crate) ctx: Option<Context>,
 }
 
 /// The rarer parts of an allocated block.
@@ -117,6 +120,8 @@ pub(crate) struct Heap {
     limit_peak: u64,
     /// The last error a `Drop` could not report.
     pub(crate) last_error: Option<String>,
+    /// Stacks, history and what to record.
+    pub(crate) recorder: Recorder,
 }
 
 /// What `alloc` hands back.
@@ -127,7 +132,7 @@ pub(crate) struct Grant {
 }
 
 impl Heap {
-    pub(crate) fn new(device: usize, config: AllocatorConfig, backend: &dyn Backend) -> Self {
+    pub(crate) fn new(device: usize, config: AllocatorConfig, record: RecordConfig, backend: &dyn Backend) -> Self {
         let page = backend.page_size().max(MIN_BLOCK);
         debug_assert!(page.is_power_of_two());
         let stats = Stats { max_split_size: config.max_split_size.unwrap_or(u64::MAX), ..Stats::default() };
@@ -146,6 +151,7 @@ impl Heap {
             stats,
             limit_peak: 0,
             last_error: None,
+            recorder: Recorder::new(record),
         }
     }
 
@@ -262,7 +268,13 @@ impl Heap {
     // ----- allocation -------------------------------------------------------------------
 
     /// Allocates a block of at least `requested` bytes on allocator stream `stream`.
-    pub(crate) fn alloc(&mut self, backend: &dyn Backend, stream: u32, requested: u64) -> Result<Grant> {
+    pub(crate) fn alloc(
+        &mut self,
+        backend: &dyn Backend,
+        stream: u32,
+        requested: u64,
+        ctx: Option<Context>,
+    ) -> Result<Grant> {
         let size = self.round_size(requested).ok_or_else(|| {
             Error::InvalidRequest(format!("{requested} bytes cannot be rounded to a block size without overflow"))
         })?;
@@ -284,8 +296,10 @@ impl Heap {
         let b = &mut self.blocks[block as usize];
         b.state = BlockState::Allocated;
         b.requested = requested;
+        b.ctx = ctx;
         let addr = b.addr;
         let size = b.size;
+        self.recorder.event(Action::Alloc, addr, size, stream, ctx);
         let oversize = self.is_oversize(size);
         let st = &mut self.stats;
         st.allocation.inc(pool, 1);
@@ -357,6 +371,7 @@ impl Heap {
             unmapped: false,
             pending_events: 0,
             extra: None,
+            ctx: None,
         };
         self.uncount_split(i);
         let a = self.new_block(front);
@@ -441,8 +456,10 @@ impl Heap {
             unmapped: false,
             pending_events: 0,
             extra: None,
+            ctx: None,
         });
         self.segments[s as usize].head = b;
+        self.recorder.event(Action::SegmentAlloc, addr, size, stream, None);
         self.stats.segment.inc(pool, 1);
         self.stats.reserved_bytes.inc(pool, size);
         if self.is_oversize(size) {
@@ -455,6 +472,7 @@ impl Heap {
 
     fn oom(&mut self, backend: &dyn Backend, requested: u64, rounded: u64, cause: BackendError) -> Error {
         self.stats.num_ooms += 1;
+        self.recorder.event(Action::Oom, 0, requested, 0, None);
         let largest = self.free.iter().map(|(_, size)| size).max().unwrap_or(0);
         Error::OutOfMemory(Box::new(OomReport {
             device: self.device,
@@ -473,11 +491,12 @@ impl Heap {
 
     /// The buffer of block `i` was dropped: stop counting it as allocated, and either return it
     /// to the free index or wait for the other streams that used it.
-    pub(crate) fn free(&mut self, backend: &dyn Backend, i: u32) {
+    pub(crate) fn free(&mut self, backend: &dyn Backend, i: u32, ctx: Option<Context>) {
         let (pool, size, requested, uses) = {
             let b = &mut self.blocks[i as usize];
             debug_assert_eq!(b.state, BlockState::Allocated);
             let uses = b.extra.take().map(|e| e.uses).unwrap_or_default();
+            b.ctx = None;
             (b.pool, b.size, std::mem::take(&mut b.requested), uses)
         };
         let oversize = self.is_oversize(size);
@@ -512,11 +531,14 @@ impl Heap {
                 }
             }
         }
+        let b = &mut self.blocks[i as usize];
+        let (addr, stream) = (b.addr, b.stream);
         if waiting > 0 {
-            let b = &mut self.blocks[i as usize];
             b.state = BlockState::PendingFree;
             b.pending_events = waiting;
+            self.recorder.event(Action::FreeRequested, addr, size, stream, ctx);
         } else {
+            self.recorder.event(Action::FreeCompleted, addr, size, stream, ctx);
             self.finish_free(i);
         }
     }
@@ -609,6 +631,8 @@ impl Heap {
         let b = &mut self.blocks[block as usize];
         b.pending_events -= 1;
         if b.pending_events == 0 {
+            let (addr, size, stream) = (b.addr, b.size, b.stream);
+            self.recorder.event(Action::FreeCompleted, addr, size, stream, None);
             self.finish_free(block);
         }
     }
@@ -674,7 +698,7 @@ mod tests {
 
     fn heap(config: &str) -> (Heap, SimBackend) {
         let sim = SimBackend::new(1 << 40);
-        (Heap::new(0, AllocatorConfig::parse(config).unwrap(), &sim), sim)
+        (Heap::new(0, AllocatorConfig::parse(config).unwrap(), RecordConfig::off(), &sim), sim)
     }
 
     #[test]
@@ -705,16 +729,16 @@ mod tests {
     #[test]
     fn split_and_merge_keep_one_free_block_per_hole() {
         let (mut h, sim) = heap("fragmentation_limit:off");
-        let a = h.alloc(&sim, 0, 1000).unwrap();
-        let b = h.alloc(&sim, 0, 1000).unwrap();
-        let c = h.alloc(&sim, 0, 1000).unwrap();
+        let a = h.alloc(&sim, 0, 1000, None).unwrap();
+        let b = h.alloc(&sim, 0, 1000, None).unwrap();
+        let c = h.alloc(&sim, 0, 1000, None).unwrap();
         assert_eq!(b.addr, a.addr + 1024);
         assert_eq!(h.free.len(), 1, "the rest of the segment");
-        h.free(&sim, b.block);
+        h.free(&sim, b.block, None);
         assert_eq!(h.free.len(), 2, "a hole between a and c");
-        h.free(&sim, a.block);
+        h.free(&sim, a.block, None);
         assert_eq!(h.free.len(), 2, "a merged into the hole");
-        h.free(&sim, c.block);
+        h.free(&sim, c.block, None);
         assert_eq!(h.free.len(), 1, "everything merged back into the segment");
         assert_eq!(h.largest_free(), 2 << 20);
         assert_eq!(h.stats.inactive_split_bytes.current(), 0);
@@ -725,9 +749,9 @@ mod tests {
     #[test]
     fn soft_limit_follows_the_peak_of_allocated_bytes() {
         let (mut h, sim) = heap("fragmentation_limit:1.5");
-        let a = h.alloc(&sim, 0, 10 << 20).unwrap();
+        let a = h.alloc(&sim, 0, 10 << 20, None).unwrap();
         assert_eq!(h.soft_limit(&sim, 0), 15 << 20);
-        h.free(&sim, a.block);
+        h.free(&sim, a.block, None);
         assert_eq!(h.soft_limit(&sim, 0), 15 << 20, "the limit keeps the peak");
         assert_eq!(h.soft_limit(&sim, 20 << 20), 30 << 20, "and counts the request");
         let (h, sim) = heap("fragmentation_limit:off,garbage_collection_threshold:0.5");

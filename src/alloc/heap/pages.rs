@@ -84,7 +84,9 @@ impl Heap {
             return;
         }
         self.unindex_free(b);
+        let stream = self.blocks[b as usize].stream;
         self.drop_block(b);
+        self.recorder.event(crate::record::Action::SegmentFree, addr, size, stream, None);
         self.stats.num_device_free += 1;
         self.stats.segment.dec(pool, 1);
         self.stats.reserved_bytes.dec(pool, mapped);
@@ -193,7 +195,10 @@ impl Heap {
                 *w &= !(1 << (p % 64));
             }
         }
-        let pool = seg.pool;
+        let (pool, base, stream) = (seg.pool, seg.addr, seg.stream);
+        let action = if unmapped { crate::record::Action::SegmentUnmap } else { crate::record::Action::SegmentMap };
+        self.recorder.event(action, base, len, stream, None);
+        let seg = &mut self.segments[s];
         if unmapped {
             seg.mapped -= len;
             self.stats.reserved_bytes.dec(pool, len);

@@ -1,0 +1,384 @@
+//! Recording: who made each allocation, doing what, when.
+//!
+//! Every allocation can remember a stack (raw instruction pointers, interned), the scope path
+//! (from [`scope`] guards), the thread and the step ([`step`]); a bounded ring buffer keeps the
+//! allocator's event history. Symbols are resolved only when a snapshot asks.
+
+mod history;
+mod scope;
+mod stack;
+mod symbols;
+
+pub use history::Action;
+pub use scope::{current_scope, current_step, scope, step, Scope, ScopeGuard};
+pub use stack::{frame_pointers_available, StackMode};
+pub use symbols::Frame;
+
+pub(crate) use history::{Context, Event, Ring, NO_STACK};
+pub(crate) use scope::{path as scope_path, thread_id, thread_name, ROOT as ROOT_SCOPE};
+pub(crate) use stack::capture;
+pub(crate) use symbols::Symbolizer;
+
+use serde::{Deserialize, Serialize};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Instant;
+
+/// Which events carry their context (stack, scope, thread, step) in the history, as PyTorch's
+/// `context` argument of `_record_memory_history`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum ContextLevel {
+    /// No context on events (blocks still carry theirs).
+    None,
+    /// Context on allocations.
+    #[default]
+    Alloc,
+    /// Context on allocations and frees (a free records who dropped the buffer).
+    All,
+}
+
+/// What an allocator records. Change it at run time with
+/// [`CachingAllocator::record_memory_history`](crate::CachingAllocator::record_memory_history).
+///
+/// ```
+/// use vramscope::{CachingAllocator, RecordConfig, SimBackend, StackMode};
+/// let alloc = CachingAllocator::new(SimBackend::new(1 << 30));
+/// let mut rec = RecordConfig::default();
+/// rec.stacks = StackMode::Full;
+/// rec.max_entries = 1000;
+/// alloc.record_memory_history(rec);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct RecordConfig {
+    /// Stack capture per allocation. Default: [`StackMode::Fast`].
+    pub stacks: StackMode,
+    /// Most frames kept per stack (vramscope's own frames included). Default: 32.
+    pub max_depth: usize,
+    /// Record the scope path of each allocation. Default: `true`.
+    pub scopes: bool,
+    /// History entries kept; `0` turns the history off. Default: 100,000.
+    pub max_entries: usize,
+    /// Which history events carry their context. Default: [`ContextLevel::Alloc`].
+    pub context: ContextLevel,
+}
+
+impl Default for RecordConfig {
+    fn default() -> Self {
+        RecordConfig {
+            stacks: StackMode::Fast,
+            max_depth: 32,
+            scopes: true,
+            max_entries: 100_000,
+            context: ContextLevel::Alloc,
+        }
+    }
+}
+
+impl RecordConfig {
+    /// Records nothing: no stacks, no scopes, no history.
+    pub fn off() -> Self {
+        RecordConfig {
+            stacks: StackMode::Off,
+            scopes: false,
+            max_entries: 0,
+            context: ContextLevel::None,
+            ..Self::default()
+        }
+    }
+
+    /// Whether allocations need a context at all.
+    pub(crate) fn wants_context(&self) -> bool {
+        self.stacks != StackMode::Off || self.scopes || self.max_entries > 0
+    }
+}
+
+/// Hashes a stack: a multiply-rotate over the words, a few instructions each.
+#[inline]
+fn hash_stack(ips: &[usize]) -> u64 {
+    let mut h = ips.len() as u64;
+    for &ip in ips {
+        h = (h.rotate_left(5) ^ ip as u64).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+    h
+}
+
+/// A hasher for keys that are hashes already.
+#[derive(Default)]
+pub(crate) struct IdentityHasher(u64);
+
+impl Hasher for IdentityHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8) | u64::from(b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+/// Every distinct stack, stored once.
+#[derive(Default)]
+pub(crate) struct StackTable {
+    /// First stack with each hash; further ones chain through `next`.
+    by_hash: HashMap<u64, u32, BuildHasherDefault<IdentityHasher>>,
+    next: Vec<u32>,
+    pub(crate) stacks: Vec<Box<[usize]>>,
+}
+
+impl StackTable {
+    #[inline]
+    pub(crate) fn intern(&mut self, ips: &[usize]) -> u32 {
+        let h = hash_stack(ips);
+        let id = self.stacks.len() as u32;
+        match self.by_hash.entry(h) {
+            std::collections::hash_map::Entry::Occupied(first) => {
+                let mut i = *first.get();
+                loop {
+                    if *self.stacks[i as usize] == *ips {
+                        return i;
+                    }
+                    if self.next[i as usize] == NO_STACK {
+                        self.next[i as usize] = id;
+                        break;
+                    }
+                    i = self.next[i as usize];
+                }
+            }
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(id);
+            }
+        }
+        self.stacks.push(ips.into());
+        self.next.push(NO_STACK);
+        id
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.stacks.len()
+    }
+}
+
+/// An allocator's recording state, kept under its lock.
+pub(crate) struct Recorder {
+    pub(crate) config: RecordConfig,
+    pub(crate) stacks: StackTable,
+    pub(crate) history: Ring,
+    pub(crate) clock: Clock,
+}
+
+/// A cheap timestamp: the CPU's time-stamp counter where there is one (a few nanoseconds to
+/// read, where `Instant::now` costs 30 ns or more on virtual machines), converted to
+/// nanoseconds against `Instant` when a snapshot is taken.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Clock {
+    start: Instant,
+    start_ticks: u64,
+}
+
+impl Clock {
+    pub(crate) fn new() -> Self {
+        Clock { start: Instant::now(), start_ticks: ticks() }
+    }
+
+    /// Raw ticks since the clock started.
+    #[inline]
+    pub(crate) fn now(&self) -> u64 {
+        ticks().wrapping_sub(self.start_ticks)
+    }
+
+    /// A function from ticks to nanoseconds since the start, calibrated now.
+    pub(crate) fn ticks_to_ns(self) -> impl Fn(u64) -> u64 {
+        let ns = self.start.elapsed().as_nanos() as f64;
+        let t = self.now() as f64;
+        let scale = if TICKS_ARE_NANOS || t <= 0.0 { 1.0 } else { ns / t };
+        move |ticks| (ticks as f64 * scale) as u64
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+const TICKS_ARE_NANOS: bool = false;
+#[cfg(not(target_arch = "x86_64"))]
+const TICKS_ARE_NANOS: bool = true;
+
+#[cfg(target_arch = "x86_64")]
+#[inline]
+fn ticks() -> u64 {
+    // SAFETY: `rdtsc` exists on every x86-64 processor and has no preconditions.
+    #[allow(unused_unsafe)]
+    unsafe {
+        std::arch::x86_64::_rdtsc()
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+#[inline]
+fn ticks() -> u64 {
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
+
+impl std::fmt::Debug for Recorder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Recorder").field("config", &self.config).field("stacks", &self.stacks.len()).finish()
+    }
+}
+
+impl Recorder {
+    pub(crate) fn new(config: RecordConfig) -> Self {
+        let history = Ring::new(config.max_entries);
+        Recorder { config, stacks: StackTable::default(), history, clock: Clock::new() }
+    }
+
+    pub(crate) fn set_config(&mut self, config: RecordConfig) {
+        self.history.set_capacity(config.max_entries);
+        self.config = config;
+    }
+
+    /// Records an event, with `context` if the configuration keeps context on this action.
+    #[inline]
+    pub(crate) fn event(&mut self, action: Action, addr: u64, size: u64, stream: u32, context: Option<Context>) {
+        if self.config.max_entries == 0 {
+            return;
+        }
+        let keep = match self.config.context {
+            ContextLevel::None => false,
+            ContextLevel::Alloc => action == Action::Alloc,
+            ContextLevel::All => true,
+        };
+        let ticks = self.clock.now();
+        self.history.push(Event { action, addr, size, stream, ticks, context: if keep { context } else { None } });
+    }
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+}
+
+/// What the calling thread is doing, captured before the allocator's lock is taken: the raw
+/// stack stays in a per-thread buffer until [`Pending::intern`] stores it.
+pub(crate) struct Pending {
+    pub(crate) scope: u32,
+    pub(crate) thread: u32,
+    pub(crate) step: u64,
+    has_stack: bool,
+}
+
+/// What to capture per allocation, readable without the allocator's lock.
+#[derive(Debug, Default)]
+pub(crate) struct CaptureFlags(AtomicU32);
+
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Capture {
+    stacks: StackMode,
+    depth: usize,
+    scopes: bool,
+}
+
+impl CaptureFlags {
+    pub(crate) fn new(config: &RecordConfig) -> Self {
+        let f = CaptureFlags::default();
+        f.set(config);
+        f
+    }
+
+    pub(crate) fn set(&self, c: &RecordConfig) {
+        let mode = match c.stacks {
+            StackMode::Off => 0,
+            StackMode::Fast => 1,
+            StackMode::Full => 2,
+        };
+        let depth = c.max_depth.min(0xffff) as u32;
+        let on_frees = c.context == ContextLevel::All && c.max_entries > 0;
+        let v = mode
+            | u32::from(c.scopes) << 2
+            | u32::from(c.wants_context()) << 3
+            | u32::from(on_frees) << 4
+            | depth << 16;
+        self.0.store(v, Ordering::Relaxed);
+    }
+
+    /// What to capture when a buffer is dropped: only where the history keeps context on frees.
+    #[inline]
+    pub(crate) fn get_for_free(&self) -> Option<Capture> {
+        if self.0.load(Ordering::Relaxed) & 16 == 0 {
+            return None;
+        }
+        self.get()
+    }
+
+    /// What to capture, or `None` when allocations record no context.
+    #[inline]
+    pub(crate) fn get(&self) -> Option<Capture> {
+        let v = self.0.load(Ordering::Relaxed);
+        if v & 8 == 0 {
+            return None;
+        }
+        let stacks = match v & 3 {
+            0 => StackMode::Off,
+            1 => StackMode::Fast,
+            _ => StackMode::Full,
+        };
+        Some(Capture { stacks, depth: (v >> 16) as usize, scopes: v & 4 != 0 })
+    }
+}
+
+impl Pending {
+    #[inline]
+    pub(crate) fn capture(config: Capture) -> Pending {
+        let has_stack = config.stacks != StackMode::Off && config.depth > 0;
+        if has_stack {
+            SCRATCH.with(|s| capture(config.stacks, config.depth, &mut s.borrow_mut()));
+        }
+        Pending {
+            scope: if config.scopes { scope::current_id() } else { scope::ROOT },
+            thread: thread_id(),
+            step: current_step(),
+            has_stack,
+        }
+    }
+
+    /// Interns the captured stack; must run on the thread that captured.
+    #[inline]
+    pub(crate) fn intern(self, table: &mut StackTable) -> Context {
+        let stack = if self.has_stack { SCRATCH.with(|s| table.intern(&s.borrow())) } else { NO_STACK };
+        Context { stack, scope: self.scope, thread: self.thread, step: self.step }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn colliding_hashes_chain() {
+        let mut t = StackTable::default();
+        // Force a collision by inserting under one hash by hand.
+        let a = t.intern(&[7, 8]);
+        let h = hash_stack(&[9]);
+        t.by_hash.insert(h, a);
+        let b = t.intern(&[9]);
+        assert_ne!(a, b);
+        assert_eq!(t.intern(&[9]), b);
+        assert_eq!(t.intern(&[7, 8]), a);
+    }
+
+    #[test]
+    fn stacks_are_interned_once() {
+        let mut t = StackTable::default();
+        let a = t.intern(&[1, 2, 3]);
+        let b = t.intern(&[1, 2, 3]);
+        let c = t.intern(&[1, 2]);
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+        assert_eq!(t.len(), 2);
+    }
+}

@@ -1,0 +1,113 @@
+//! Symbolization of interned stacks, once per address, with frames of vramscope, std and the
+//! unwinder trimmed.
+
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+
+/// One source location of a stack.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Frame {
+    /// Demangled function name, without the hash suffix.
+    pub function: String,
+    /// Source file, where debug info has it.
+    pub file: Option<String>,
+    /// Line, where debug info has it.
+    pub line: Option<u32>,
+}
+
+impl std::fmt::Display for Frame {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (&self.file, self.line) {
+            (Some(file), Some(line)) => write!(f, "{file}:{line} ({})", self.function),
+            (Some(file), None) => write!(f, "{file} ({})", self.function),
+            _ => f.write_str(&self.function),
+        }
+    }
+}
+
+/// Function-name prefixes of frames that are not the user's.
+const TRIMMED: &[&str] = &[
+    "vramscope::",
+    "<vramscope::",
+    "std::",
+    "<std::",
+    "core::",
+    "<core::",
+    "alloc::",
+    "<alloc::",
+    "backtrace::",
+    "<backtrace::",
+    "__rust",
+    "_rust",
+    "rust_begin_unwind",
+    "test::",
+    "<test::",
+    "<F as test::",
+    "__libc_start",
+    "_start",
+    "start_thread",
+    "clone",
+    "__clone",
+    "<unknown>",
+];
+
+pub(crate) fn is_trimmed(function: &str) -> bool {
+    TRIMMED.iter().any(|p| function.starts_with(p))
+}
+
+/// Resolves instruction pointers to frames, caching every address.
+#[derive(Default)]
+pub(crate) struct Symbolizer {
+    cache: HashMap<usize, Vec<Frame>>,
+}
+
+impl Symbolizer {
+    /// The frames of return address `ip`, innermost (inlined) first; trimmed frames removed.
+    pub(crate) fn resolve(&mut self, ip: usize) -> &[Frame] {
+        self.cache.entry(ip).or_insert_with(|| {
+            let mut frames = Vec::new();
+            // A return address points after the call; look up the call itself.
+            let lookup = ip.saturating_sub(1);
+            backtrace::resolve(lookup as *mut std::ffi::c_void, |sym| {
+                let function = sym.name().map_or_else(|| "<unknown>".to_string(), |n| format!("{n:#}"));
+                frames.push(Frame {
+                    function,
+                    file: sym.filename().map(|p| p.display().to_string()),
+                    line: sym.lineno(),
+                });
+            });
+            frames.retain(|f| !is_trimmed(&f.function));
+            frames
+        })
+    }
+
+    /// Addresses resolved so far.
+    #[cfg(test)]
+    pub(crate) fn resolved(&self) -> usize {
+        self.cache.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trims_library_frames() {
+        assert!(is_trimmed("vramscope::alloc::CachingAllocator::alloc"));
+        assert!(is_trimmed("<alloc::vec::Vec<T> as core::ops::Drop>::drop"));
+        assert!(is_trimmed("std::rt::lang_start"));
+        assert!(!is_trimmed("my_model::train_step"));
+        assert!(!is_trimmed("allocator_tests::leaky"));
+    }
+
+    #[test]
+    fn caches_each_address_once() {
+        let mut s = Symbolizer::default();
+        let ip = trims_library_frames as fn() as usize + 4;
+        let a = s.resolve(ip).to_vec();
+        let b = s.resolve(ip).to_vec();
+        assert_eq!(a, b);
+        assert_eq!(s.resolved(), 1);
+    }
+}

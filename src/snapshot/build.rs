@@ -1,0 +1,192 @@
+//! Building a [`Snapshot`] from an allocator: raw data copied under the lock, symbols resolved
+//! after it is released.
+
+use super::model::{BlockInfo, BlockState, ContextInfo, HistoryEntry, SegmentInfo, Snapshot};
+use crate::alloc::heap::{self, Heap};
+use crate::alloc::CachingAllocator;
+use crate::record::{scope_path, thread_name, Action, Context, Event, Frame, Symbolizer, NO_STACK};
+use std::collections::HashMap;
+
+/// The version of the snapshot model written by this build.
+pub const SNAPSHOT_VERSION: u32 = 1;
+
+struct Raw {
+    device: usize,
+    segments: Vec<SegmentInfo>,
+    contexts: Vec<Option<Context>>,
+    history: Vec<Event>,
+    dropped: u64,
+    stacks: Vec<Box<[usize]>>,
+    stats: std::collections::BTreeMap<String, u64>,
+    clock: crate::record::Clock,
+}
+
+fn copy(heap: &Heap) -> Raw {
+    let mut segments: Vec<SegmentInfo> = Vec::new();
+    let mut contexts = Vec::new();
+    let mut current = u32::MAX;
+    heap.for_each_block(|_, seg, b| {
+        if segments.last().is_none_or(|s| s.address != seg.addr) || current == u32::MAX {
+            current = 0;
+            segments.push(SegmentInfo {
+                address: seg.addr,
+                total_size: seg.size,
+                mapped_size: seg.mapped,
+                stream: seg.stream,
+                pool: match seg.pool {
+                    crate::alloc::stats::Pool::Small => "small".into(),
+                    crate::alloc::stats::Pool::Large => "large".into(),
+                },
+                allocated_size: 0,
+                active_size: 0,
+                requested_size: 0,
+                blocks: Vec::new(),
+            });
+        }
+        let s = segments.last_mut().expect("pushed above");
+        let state = match b.state {
+            heap::BlockState::Allocated => BlockState::ActiveAllocated,
+            heap::BlockState::PendingFree => BlockState::ActivePendingFree,
+            heap::BlockState::Free => BlockState::Inactive,
+        };
+        if state == BlockState::ActiveAllocated {
+            s.allocated_size += b.size;
+            s.requested_size += b.requested;
+        }
+        if state != BlockState::Inactive {
+            s.active_size += b.size;
+        }
+        let meta = b.extra.as_ref().and_then(|e| e.meta.as_ref());
+        s.blocks.push(BlockInfo {
+            address: b.addr,
+            size: b.size,
+            requested_size: b.requested,
+            state,
+            dtype: meta.map(|m| m.dtype.clone()),
+            shape: meta.map(|m| m.shape.clone()),
+            context: None,
+        });
+        contexts.push(b.ctx);
+    });
+    segments.sort_by_key(|s| s.address);
+    let rec = &heap.recorder;
+    Raw {
+        device: heap.device,
+        segments,
+        contexts,
+        history: rec.history.iter().copied().collect(),
+        dropped: rec.history.total - rec.history.len() as u64,
+        stacks: rec.stacks.stacks.clone(),
+        stats: heap.stats.to_map(),
+        clock: rec.clock,
+    }
+}
+
+/// Interns frames, scopes and threads into the snapshot's tables.
+#[derive(Default)]
+struct Tables {
+    frames: Vec<Frame>,
+    frame_ids: HashMap<Frame, u32>,
+    stack_ids: HashMap<u32, u32>,
+    stacks: Vec<Vec<u32>>,
+    scopes: Vec<Vec<String>>,
+    scope_ids: HashMap<u32, u32>,
+    threads: Vec<String>,
+    thread_ids: HashMap<u32, u32>,
+}
+
+impl Tables {
+    fn context(&mut self, c: Context, raw: &[Box<[usize]>], sym: &mut Symbolizer) -> ContextInfo {
+        let stack = (c.stack != NO_STACK).then(|| self.stack(c.stack, raw, sym));
+        let scope = *self.scope_ids.entry(c.scope).or_insert_with(|| {
+            self.scopes.push(scope_path(c.scope));
+            (self.scopes.len() - 1) as u32
+        });
+        let thread = *self.thread_ids.entry(c.thread).or_insert_with(|| {
+            self.threads.push(thread_name(c.thread));
+            (self.threads.len() - 1) as u32
+        });
+        ContextInfo { stack, scope, thread, step: c.step }
+    }
+
+    fn stack(&mut self, id: u32, raw: &[Box<[usize]>], sym: &mut Symbolizer) -> u32 {
+        if let Some(&s) = self.stack_ids.get(&id) {
+            return s;
+        }
+        let mut frames = Vec::new();
+        for &ip in raw.get(id as usize).map(|b| &b[..]).unwrap_or(&[]) {
+            for f in sym.resolve(ip) {
+                let next = self.frames.len() as u32;
+                let fid = *self.frame_ids.entry(f.clone()).or_insert(next);
+                if fid == next {
+                    self.frames.push(f.clone());
+                }
+                frames.push(fid);
+            }
+        }
+        self.stacks.push(frames);
+        let s = (self.stacks.len() - 1) as u32;
+        self.stack_ids.insert(id, s);
+        s
+    }
+}
+
+impl CachingAllocator {
+    /// A snapshot of segments, blocks with their state and context, and the history,
+    /// symbolized. The lock is held only while the raw data is copied; symbols are resolved
+    /// afterwards, each address once per allocator.
+    ///
+    /// ```
+    /// use vramscope::{CachingAllocator, HostBackend};
+    /// let alloc = CachingAllocator::new(HostBackend::new(1 << 30));
+    /// let x = alloc.alloc::<f32>(&alloc.default_stream(), 256).unwrap();
+    /// let snap = alloc.snapshot();
+    /// assert_eq!(snap.live_blocks().count(), 1);
+    /// let json = snap.to_json();
+    /// # drop(x);
+    /// ```
+    pub fn snapshot(&self) -> Snapshot {
+        let raw = {
+            let mut locked = self.shared.heap.lock();
+            locked.recorder.event(Action::Snapshot, 0, 0, 0, None);
+            copy(&locked)
+        };
+        let mut sym = self.shared.symbols.lock();
+        let mut t = Tables { scopes: vec![Vec::new()], ..Tables::default() };
+        t.scope_ids.insert(crate::record::ROOT_SCOPE, 0);
+        let mut segments = raw.segments;
+        let mut k = 0;
+        for s in &mut segments {
+            for b in &mut s.blocks {
+                b.context = raw.contexts[k].map(|c| t.context(c, &raw.stacks, &mut sym));
+                k += 1;
+            }
+        }
+        let to_ns = raw.clock.ticks_to_ns();
+        let history = raw
+            .history
+            .iter()
+            .map(|e| HistoryEntry {
+                action: e.action,
+                addr: e.addr,
+                size: e.size,
+                stream: e.stream,
+                time_ns: to_ns(e.ticks),
+                context: e.context.map(|c| t.context(c, &raw.stacks, &mut sym)),
+            })
+            .collect();
+        Snapshot {
+            version: SNAPSHOT_VERSION,
+            device: raw.device,
+            backend: self.backend().name().to_string(),
+            segments,
+            history,
+            history_dropped: raw.dropped,
+            frames: t.frames,
+            stacks: t.stacks,
+            scopes: t.scopes,
+            threads: t.threads,
+            stats: raw.stats,
+        }
+    }
+}

@@ -1,0 +1,145 @@
+//! The snapshot model: plain serde data of segments, blocks with their context, and the
+//! history, with frames and stacks stored once in tables.
+
+use crate::record::{Action, Frame};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Everything an allocator knew at one moment, symbolized. Every report reads this, never the
+/// allocator, so the same tools work on a snapshot loaded from disk.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct Snapshot {
+    /// Format version of this model.
+    pub version: u32,
+    /// Device index.
+    pub device: usize,
+    /// Backend name.
+    pub backend: String,
+    /// Segments in address order, with their blocks.
+    pub segments: Vec<SegmentInfo>,
+    /// The recorded history, oldest first.
+    pub history: Vec<HistoryEntry>,
+    /// History entries recorded but no longer in the ring buffer.
+    pub history_dropped: u64,
+    /// Source frames, each stored once.
+    pub frames: Vec<Frame>,
+    /// Stacks as indices into `frames`, innermost first, vramscope's and std's frames trimmed.
+    pub stacks: Vec<Vec<u32>>,
+    /// Scope paths, outermost first; index 0 is the root (no scope).
+    pub scopes: Vec<Vec<String>>,
+    /// Thread names.
+    pub threads: Vec<String>,
+    /// The allocator's statistics, with PyTorch's key names.
+    pub stats: BTreeMap<String, u64>,
+}
+
+/// One segment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct SegmentInfo {
+    /// Base address.
+    pub address: u64,
+    /// Size of the segment's address range.
+    pub total_size: u64,
+    /// Bytes of it mapped (less than `total_size` where pages under free holes were unmapped).
+    pub mapped_size: u64,
+    /// Allocator-local stream.
+    pub stream: u32,
+    /// `small` or `large`.
+    pub pool: String,
+    /// Bytes in allocated blocks.
+    pub allocated_size: u64,
+    /// Bytes in allocated or pending-free blocks.
+    pub active_size: u64,
+    /// Bytes requested by the allocated blocks' callers.
+    pub requested_size: u64,
+    /// Blocks in address order.
+    pub blocks: Vec<BlockInfo>,
+}
+
+/// The state of a block, with PyTorch's names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BlockState {
+    /// Handed out to a live buffer.
+    ActiveAllocated,
+    /// Dropped, waiting for other streams.
+    ActivePendingFree,
+    /// Free, cached.
+    Inactive,
+}
+
+/// One block.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct BlockInfo {
+    /// Address.
+    pub address: u64,
+    /// Block size.
+    pub size: u64,
+    /// Bytes requested (0 when free).
+    pub requested_size: u64,
+    /// State.
+    pub state: BlockState,
+    /// Element type, where the buffer was described as a tensor.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dtype: Option<String>,
+    /// Shape, where the buffer was described as a tensor.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shape: Option<Vec<usize>>,
+    /// Who allocated it, where recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<ContextInfo>,
+}
+
+/// Who made an allocation (or a free), doing what, when.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct ContextInfo {
+    /// Index into [`Snapshot::stacks`], where a stack was captured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stack: Option<u32>,
+    /// Index into [`Snapshot::scopes`].
+    pub scope: u32,
+    /// Index into [`Snapshot::threads`].
+    pub thread: u32,
+    /// The step marker at the time.
+    pub step: u64,
+}
+
+/// One history event.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct HistoryEntry {
+    /// What happened.
+    pub action: Action,
+    /// Block or segment address.
+    pub addr: u64,
+    /// Bytes.
+    pub size: u64,
+    /// Allocator-local stream.
+    pub stream: u32,
+    /// Nanoseconds since recording started.
+    pub time_ns: u64,
+    /// Who, where recorded for this action.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<ContextInfo>,
+}
+
+impl Snapshot {
+    /// The frames of stack `index`, innermost first.
+    pub fn stack_frames(&self, index: u32) -> impl Iterator<Item = &Frame> {
+        self.stacks.get(index as usize).into_iter().flatten().filter_map(|&f| self.frames.get(f as usize))
+    }
+
+    /// Live (allocated) blocks with their segment.
+    pub fn live_blocks(&self) -> impl Iterator<Item = &BlockInfo> {
+        self.segments.iter().flat_map(|s| &s.blocks).filter(|b| b.state == BlockState::ActiveAllocated)
+    }
+
+    /// The snapshot as JSON.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("a snapshot always serializes")
+    }
+}
