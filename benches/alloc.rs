@@ -18,6 +18,11 @@ fn allocator(record: RecordConfig) -> CachingAllocator {
 
 fn pair(bencher: Bencher, alloc: &CachingAllocator, bytes: usize) {
     let s = alloc.default_stream();
+    // Steady state: the block is cached and the history ring has filled once (its first fill
+    // pays the page faults of fresh memory; `cached_pair_recording_first_fill` measures that).
+    for _ in 0..alloc.record_config().max_entries {
+        drop(alloc.alloc::<u8>(&s, bytes).unwrap());
+    }
     drop(alloc.alloc::<u8>(&s, bytes).unwrap());
     bencher.bench_local(|| {
         let b = alloc.alloc::<u8>(&s, black_box(bytes)).unwrap();
@@ -37,6 +42,18 @@ fn cached_pair(bencher: Bencher, bytes: usize) {
 fn cached_pair_recording(bencher: Bencher, bytes: usize) {
     let _scope = vramscope::scope("bench");
     pair(bencher, &allocator(RecordConfig::default()), bytes);
+}
+
+/// The recording pair while the history ring is still filling for the first time.
+#[divan::bench(args = [512])]
+fn cached_pair_recording_first_fill(bencher: Bencher, bytes: usize) {
+    let alloc = allocator(RecordConfig::default());
+    let s = alloc.default_stream();
+    drop(alloc.alloc::<u8>(&s, bytes).unwrap());
+    bencher.bench_local(|| {
+        let b = alloc.alloc::<u8>(&s, black_box(bytes)).unwrap();
+        drop(black_box(b));
+    });
 }
 
 /// The same pair with full (unwinder) stacks.

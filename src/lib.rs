@@ -82,6 +82,6 @@ pub use device::{
 pub use error::{BackendError, Error, OomReport, Result};
 pub use record::{
     current_scope, current_step, frame_pointers_available, scope, step, Action, ContextLevel, Frame, RecordConfig,
-    Scope, ScopeGuard, StackMode,
+    Scope, ScopeGuard, StackMode, MAX_STACK_DEPTH,
 };
 pub use snapshot::{BlockInfo, BlockState, ContextInfo, HistoryEntry, SegmentInfo, Snapshot, SNAPSHOT_VERSION};

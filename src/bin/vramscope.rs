@@ -4,7 +4,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use vramscope::replay::{replay, ReplayOptions, Trace};
-use vramscope::{AllocatorConfig, Backend, CachingAllocator, HostBackend, SimBackend};
+use vramscope::{AllocatorConfig, Backend, CachingAllocator, HostBackend, RecordConfig, SimBackend, StackMode};
 
 #[derive(Parser)]
 #[command(name = "vramscope", version, about = "GPU memory you can see and test")]
@@ -36,6 +36,10 @@ enum Command {
         /// Device capacity, e.g. `80GiB` (default: 80 GiB for sim, 4x the trace's peak for host).
         #[arg(long)]
         capacity: Option<String>,
+        /// What the allocator records during the replay: nothing, scopes and history, or also
+        /// stacks (frame-pointer walk or unwinder).
+        #[arg(long, value_enum, default_value_t = RecordLevel::Off)]
+        record: RecordLevel,
     },
 }
 
@@ -45,6 +49,31 @@ enum BackendKind {
     Sim,
     /// Host memory standing in for a device.
     Host,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum RecordLevel {
+    /// No recording: the allocator alone.
+    Off,
+    /// Scopes, threads, steps and the history; no stacks.
+    Scopes,
+    /// Also stacks, by frame-pointer walk.
+    Fast,
+    /// Also stacks, by the unwinder.
+    Full,
+}
+
+impl RecordLevel {
+    fn config(self) -> RecordConfig {
+        let mut c = RecordConfig::default();
+        match self {
+            RecordLevel::Off => return RecordConfig::off(),
+            RecordLevel::Scopes => c.stacks = StackMode::Off,
+            RecordLevel::Fast => c.stacks = StackMode::Fast,
+            RecordLevel::Full => c.stacks = StackMode::Full,
+        }
+        c
+    }
 }
 
 /// A failure with the exit code it deserves: 2 for input the user must fix, 1 otherwise.
@@ -62,7 +91,7 @@ impl From<vramscope::Error> for Failure {
 
 fn run(cli: Cli) -> Result<(), Failure> {
     match cli.command {
-        Command::Replay { file, backend, json, warm, config, capacity } => {
+        Command::Replay { file, backend, json, warm, config, capacity, record } => {
             let trace = Trace::from_file(&file)?;
             let config = match config {
                 Some(c) => AllocatorConfig::parse(&c)?,
@@ -78,6 +107,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
                 }
             };
             let alloc = CachingAllocator::with_config(backend, config)?;
+            alloc.record_memory_history(record.config());
             let mut options = ReplayOptions::default();
             options.warm_passes = warm;
             let report = replay(&alloc, &trace, &options)?;
@@ -87,6 +117,10 @@ fn run(cli: Cli) -> Result<(), Failure> {
                 let gb = |b: u64| b as f64 / 1e9;
                 println!("trace            {}", report.trace);
                 println!("backend          {}", report.backend);
+                println!(
+                    "recording        {}",
+                    record.to_possible_value().map_or("?".into(), |v| v.get_name().to_string())
+                );
                 println!(
                     "ops              {} ({} allocs, {} frees, {} skipped)",
                     report.ops, report.allocs, report.frees, report.skipped

@@ -76,7 +76,10 @@ impl Ring {
             self.buf.push(e);
         } else {
             self.buf[self.head] = e;
-            self.head = (self.head + 1) % self.capacity;
+            self.head += 1;
+            if self.head == self.capacity {
+                self.head = 0;
+            }
         }
     }
 

@@ -17,10 +17,12 @@ pub use symbols::Frame;
 pub(crate) use history::{Context, Event, Ring, NO_STACK};
 pub(crate) use scope::{path as scope_path, thread_id, thread_name, ROOT as ROOT_SCOPE};
 pub(crate) use stack::capture;
+#[cfg(test)]
+use stack::hash_stack;
 pub(crate) use symbols::Symbolizer;
 
 use serde::{Deserialize, Serialize};
-use std::cell::RefCell;
+use std::cell::UnsafeCell;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -57,7 +59,8 @@ pub enum ContextLevel {
 pub struct RecordConfig {
     /// Stack capture per allocation. Default: [`StackMode::Fast`].
     pub stacks: StackMode,
-    /// Most frames kept per stack (vramscope's own frames included). Default: 32.
+    /// Most frames kept per stack (vramscope's own frames included), at most
+    /// [`MAX_STACK_DEPTH`]. Default: 32.
     pub max_depth: usize,
     /// Record the scope path of each allocation. Default: `true`.
     pub scopes: bool,
@@ -97,16 +100,6 @@ impl RecordConfig {
     }
 }
 
-/// Hashes a stack: a multiply-rotate over the words, a few instructions each.
-#[inline]
-fn hash_stack(ips: &[usize]) -> u64 {
-    let mut h = ips.len() as u64;
-    for &ip in ips {
-        h = (h.rotate_left(5) ^ ip as u64).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-    }
-    h
-}
-
 /// A hasher for keys that are hashes already.
 #[derive(Default)]
 pub(crate) struct IdentityHasher(u64);
@@ -135,9 +128,14 @@ pub(crate) struct StackTable {
 }
 
 impl StackTable {
-    #[inline]
+    #[cfg(test)]
     pub(crate) fn intern(&mut self, ips: &[usize]) -> u32 {
-        let h = hash_stack(ips);
+        self.intern_hashed(ips, hash_stack(ips))
+    }
+
+    /// Interns `ips`, whose [`hash_stack`] is `h`.
+    #[inline]
+    pub(crate) fn intern_hashed(&mut self, ips: &[usize], h: u64) -> u32 {
         let id = self.stacks.len() as u32;
         match self.by_hash.entry(h) {
             std::collections::hash_map::Entry::Occupied(first) => {
@@ -259,8 +257,26 @@ impl Recorder {
     }
 }
 
+/// The most frames a stack keeps.
+pub const MAX_STACK_DEPTH: usize = 128;
+
+struct Scratch {
+    ips: [usize; MAX_STACK_DEPTH],
+    len: usize,
+}
+
 thread_local! {
-    static SCRATCH: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+    /// Where a capture puts its frames until they are interned under the allocator's lock.
+    static SCRATCH: UnsafeCell<Scratch> = const { UnsafeCell::new(Scratch { ips: [0; MAX_STACK_DEPTH], len: 0 }) };
+}
+
+/// Runs `f` on this thread's scratch stack.
+#[inline]
+fn with_scratch<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {
+    // SAFETY: the scratch is thread-local and only this function hands out references to it,
+    // for the duration of `f`; `f` (a capture or an intern) never calls back into it, so the
+    // reference is unique.
+    SCRATCH.with(|s| f(unsafe { &mut *s.get() }))
 }
 
 /// What the calling thread is doing, captured before the allocator's lock is taken: the raw
@@ -270,6 +286,7 @@ pub(crate) struct Pending {
     pub(crate) thread: u32,
     pub(crate) step: u64,
     has_stack: bool,
+    hash: u64,
 }
 
 /// What to capture per allocation, readable without the allocator's lock.
@@ -335,21 +352,29 @@ impl Pending {
     #[inline]
     pub(crate) fn capture(config: Capture) -> Pending {
         let has_stack = config.stacks != StackMode::Off && config.depth > 0;
-        if has_stack {
-            SCRATCH.with(|s| capture(config.stacks, config.depth, &mut s.borrow_mut()));
-        }
+        let hash = if has_stack {
+            with_scratch(|s| {
+                let (n, h) = capture(config.stacks, &mut s.ips[..config.depth.min(MAX_STACK_DEPTH)]);
+                s.len = n;
+                h
+            })
+        } else {
+            0
+        };
         Pending {
             scope: if config.scopes { scope::current_id() } else { scope::ROOT },
             thread: thread_id(),
             step: current_step(),
             has_stack,
+            hash,
         }
     }
 
     /// Interns the captured stack; must run on the thread that captured.
     #[inline]
     pub(crate) fn intern(self, table: &mut StackTable) -> Context {
-        let stack = if self.has_stack { SCRATCH.with(|s| table.intern(&s.borrow())) } else { NO_STACK };
+        let stack =
+            if self.has_stack { with_scratch(|s| table.intern_hashed(&s.ips[..s.len], self.hash)) } else { NO_STACK };
         Context { stack, scope: self.scope, thread: self.thread, step: self.step }
     }
 }

@@ -89,56 +89,80 @@ fn frame_pointer() -> usize {
     0
 }
 
-/// Walks the frame-pointer chain from `fp`, pushing return addresses. Every frame must lie
-/// inside `[low, hi)` (the live part of this thread's stack), be 8-byte aligned and above the
-/// previous one; the walk stops at the first frame that is not.
+/// One step of the stack hash (see [`hash_stack`]).
 #[inline(always)]
-fn walk(mut fp: usize, low: usize, hi: usize, depth: usize, out: &mut Vec<usize>) {
-    let word = std::mem::size_of::<usize>();
-    while out.len() < depth {
-        if fp == 0 || fp < low || fp.checked_add(2 * word).is_none_or(|end| end > hi) || !fp.is_multiple_of(word) {
+fn mix(h: u64, ip: usize) -> u64 {
+    (h.rotate_left(5) ^ ip as u64).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95)
+}
+
+/// The hash the stack table files a stack under; the frame-pointer walk computes it as it goes.
+#[inline]
+pub(crate) fn hash_stack(ips: &[usize]) -> u64 {
+    ips.iter().fold(0, |h, &ip| mix(h, ip)) ^ ips.len() as u64
+}
+
+/// Walks the frame-pointer chain from `fp`, pushing return addresses, and returns their hash.
+/// Every frame must lie inside `[low, hi)` (the live part of this thread's stack), be
+/// word-aligned and above the previous one; the walk stops at the first frame that is not.
+#[inline(always)]
+fn walk(mut fp: usize, low: usize, hi: usize, out: &mut [usize]) -> (usize, u64) {
+    const WORD: usize = std::mem::size_of::<usize>();
+    let low = low.max(WORD);
+    let mut h = 0;
+    let mut n = 0;
+    // A frame record at `fp` is readable when `low <= fp <= hi - 2 words`.
+    let Some(span) = hi.checked_sub(2 * WORD).and_then(|last| last.checked_sub(low)) else {
+        return (0, 0);
+    };
+    while n < out.len() {
+        if fp.wrapping_sub(low) > span || !fp.is_multiple_of(WORD) {
             break;
         }
         // SAFETY: `[fp, fp + 2 words)` lies between the current stack pointer and the top of
         // this thread's stack (checked above), memory that is mapped and readable while this
         // function runs. Frame records are two words: the caller's frame pointer, then the
         // return address.
-        let (next, ret) = unsafe { (*(fp as *const usize), *((fp + word) as *const usize)) };
+        let (next, ret) = unsafe { (*(fp as *const usize), *((fp + WORD) as *const usize)) };
         if ret == 0 {
             break;
         }
-        out.push(ret);
+        out[n] = ret;
+        n += 1;
+        h = mix(h, ret);
         if next <= fp {
             break;
         }
         fp = next;
     }
+    (n, h ^ n as u64)
 }
 
-/// Captures the calling thread's stack into `out` (cleared first), at most `depth` frames.
-/// The first frame is the caller of this function's caller's caller... in practice: frames
-/// of vramscope itself come first and are trimmed when reports are made.
+/// Captures the calling thread's stack into `out` (at most `out.len()` frames) and returns
+/// the number of frames and their [`hash_stack`]. The first frames are vramscope's own;
+/// reports trim them.
 #[inline(never)]
-pub(crate) fn capture(mode: StackMode, depth: usize, out: &mut Vec<usize>) {
-    out.clear();
-    match mode {
-        StackMode::Off => {}
+pub(crate) fn capture(mode: StackMode, out: &mut [usize]) -> (usize, u64) {
+    let n = match mode {
+        StackMode::Off => return (0, 0),
         StackMode::Fast if frame_pointers_work() => {
             let here = 0u8;
             let low = std::ptr::addr_of!(here) as usize;
             let (lo, hi) = stack_bounds();
             if hi != 0 {
-                walk(frame_pointer(), low.max(lo), hi, depth, out);
+                let (n, h) = walk(frame_pointer(), low.max(lo), hi, out);
+                if n > 0 {
+                    return (n, h);
+                }
             }
-            if out.is_empty() {
-                unwind(depth, out);
-            }
+            unwind(out)
         }
-        StackMode::Fast | StackMode::Full => unwind(depth, out),
-    }
+        StackMode::Fast | StackMode::Full => unwind(out),
+    };
+    (n, hash_stack(&out[..n]))
 }
 
-fn unwind(depth: usize, out: &mut Vec<usize>) {
+fn unwind(out: &mut [usize]) -> usize {
+    let mut n = 0;
     // SAFETY: `trace_unsynchronized` requires that no other thread unwinds at the same time on
     // platforms whose unwinder is not thread-safe; on the targets where vramscope walks stacks
     // (Linux with libgcc/libunwind) `_Unwind_Backtrace` is thread-safe. Elsewhere the
@@ -146,15 +170,22 @@ fn unwind(depth: usize, out: &mut Vec<usize>) {
     #[cfg(target_os = "linux")]
     unsafe {
         backtrace::trace_unsynchronized(|f| {
-            out.push(f.ip() as usize);
-            out.len() < depth
+            if n < out.len() {
+                out[n] = f.ip() as usize;
+                n += 1;
+            }
+            n < out.len()
         })
     };
     #[cfg(not(target_os = "linux"))]
     backtrace::trace(|f| {
-        out.push(f.ip() as usize);
-        out.len() < depth
+        if n < out.len() {
+            out[n] = f.ip() as usize;
+            n += 1;
+        }
+        n < out.len()
     });
+    n
 }
 
 /// Whether the frame-pointer walk agrees with the unwinder here (checked once per process):
@@ -191,10 +222,13 @@ fn calibrate_inner(n: usize) -> bool {
     }
     let here = 0u8;
     let low = (std::ptr::addr_of!(here) as usize).max(lo);
-    let mut fp = Vec::new();
-    walk(frame_pointer(), low, hi, 6, &mut fp);
-    let mut uw = Vec::new();
-    unwind(16, &mut uw);
+    let mut fp = [0usize; 6];
+    let (n, h) = walk(frame_pointer(), low, hi, &mut fp);
+    let fp = &fp[..n];
+    debug_assert_eq!(h, hash_stack(fp));
+    let mut uw = [0usize; 16];
+    let m = unwind(&mut uw);
+    let uw = &uw[..m];
     // The unwinder reports call-site addresses that may differ from return addresses by the
     // size of the call instruction; compare with a small tolerance.
     let close = |a: usize, b: usize| a.abs_diff(b) <= 16;
@@ -207,26 +241,26 @@ mod tests {
 
     #[test]
     fn captures_something_in_every_mode() {
-        let mut out = Vec::new();
-        capture(StackMode::Off, 32, &mut out);
-        assert!(out.is_empty());
-        capture(StackMode::Full, 32, &mut out);
-        assert!(out.len() > 2, "{out:?}");
-        capture(StackMode::Fast, 32, &mut out);
-        assert!(!out.is_empty());
-        capture(StackMode::Fast, 2, &mut out);
-        assert!(out.len() <= 2);
+        let mut out = [0usize; 32];
+        assert_eq!(capture(StackMode::Off, &mut out).0, 0);
+        let (n, h) = capture(StackMode::Full, &mut out);
+        assert!(n > 2, "{:?}", &out[..n]);
+        assert_eq!(h, hash_stack(&out[..n]));
+        let (n, h) = capture(StackMode::Fast, &mut out);
+        assert!(n > 0);
+        assert_eq!(h, hash_stack(&out[..n]));
+        assert!(capture(StackMode::Fast, &mut out[..2]).0 <= 2);
+        assert!(capture(StackMode::Full, &mut out[..2]).0 <= 2);
     }
 
     #[test]
     fn walk_stops_at_bad_frames() {
-        let mut out = Vec::new();
-        // Misaligned, below the bound, above the bound: nothing is read.
-        walk(0x1001, 0x1000, 0x2000, 8, &mut out);
-        walk(0x800, 0x1000, 0x2000, 8, &mut out);
-        walk(0x1ff8, 0x1000, 0x2000, 8, &mut out);
-        walk(0, 0, usize::MAX, 8, &mut out);
-        assert!(out.is_empty());
+        let mut out = [0usize; 8];
+        // Misaligned, below the bound, above the bound, null: nothing is read.
+        assert_eq!(walk(0x1001, 0x1000, 0x2000, &mut out).0, 0);
+        assert_eq!(walk(0x800, 0x1000, 0x2000, &mut out).0, 0);
+        assert_eq!(walk(0x1ff8, 0x1000, 0x2000, &mut out).0, 0);
+        assert_eq!(walk(0, 0, usize::MAX, &mut out).0, 0);
         // A fake chain: two frames, then a frame pointer that goes back down.
         let mut chain = [0usize; 6];
         let base = chain.as_ptr() as usize;
@@ -234,16 +268,16 @@ mod tests {
         chain[1] = 0xaaaa;
         chain[2] = base;
         chain[3] = 0xbbbb;
-        walk(std::hint::black_box(&chain).as_ptr() as usize, base, base + 48, 8, &mut out);
-        assert_eq!(out, vec![0xaaaa, 0xbbbb]);
+        let (n, h) = walk(std::hint::black_box(&chain).as_ptr() as usize, base, base + 48, &mut out);
+        assert_eq!(&out[..n], [0xaaaa, 0xbbbb]);
+        assert_eq!(h, hash_stack(&out[..n]));
     }
 
     #[test]
     fn deep_and_odd_stacks_never_crash() {
-        fn recurse(n: usize, out: &mut Vec<usize>) -> usize {
+        fn recurse(n: usize, out: &mut [usize; 64]) -> usize {
             if n == 0 {
-                capture(StackMode::Fast, 64, out);
-                return out.len();
+                return capture(StackMode::Fast, out).0;
             }
             let pad = [n as u8; 64];
             std::hint::black_box(&pad);
@@ -252,7 +286,7 @@ mod tests {
         let handle = std::thread::Builder::new()
             .stack_size(256 << 10)
             .spawn(|| {
-                let mut out = Vec::new();
+                let mut out = [0usize; 64];
                 recurse(500, &mut out)
             })
             .unwrap();

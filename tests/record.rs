@@ -1,0 +1,221 @@
+//! Recording: stacks resolve to the user's lines, scopes nest per thread, the history keeps the
+//! last N events with PyTorch's actions, and recording changes at run time.
+
+use std::sync::Arc;
+use vramscope::{
+    Action, BlockState, Buffer, CachingAllocator, ContextLevel, EventMode, FaultPlan, FaultyBackend, RecordConfig,
+    SimBackend, Snapshot, StackMode,
+};
+
+fn allocator(record: RecordConfig) -> CachingAllocator {
+    let alloc = CachingAllocator::new(SimBackend::new(1 << 40));
+    alloc.record_memory_history(record);
+    alloc
+}
+
+fn with_stacks(mode: StackMode) -> RecordConfig {
+    let mut r = RecordConfig::default();
+    r.stacks = mode;
+    r
+}
+
+#[inline(never)]
+fn allocate_here(alloc: &CachingAllocator) -> (Buffer<f32>, u32) {
+    let line = line!() + 1;
+    let b = alloc.alloc::<f32>(&alloc.default_stream(), 1000).unwrap();
+    (b, line)
+}
+
+fn first_frame(snap: &Snapshot) -> vramscope::Frame {
+    let block = snap.live_blocks().next().expect("one live block");
+    let stack = block.context.expect("context recorded").stack.expect("stack recorded");
+    snap.stack_frames(stack).next().expect("a user frame survives trimming").clone()
+}
+
+#[test]
+fn an_allocation_resolves_to_its_file_line_and_function_in_both_modes() {
+    for mode in [StackMode::Fast, StackMode::Full] {
+        let alloc = allocator(with_stacks(mode));
+        let (buf, line) = allocate_here(&alloc);
+        let snap = alloc.snapshot();
+        let f = first_frame(&snap);
+        assert!(f.function.ends_with("allocate_here"), "{mode:?}: {f}");
+        assert!(f.file.as_deref().is_some_and(|p| p.ends_with("tests/record.rs")), "{mode:?}: {f}");
+        assert_eq!(f.line, Some(line), "{mode:?}: {f}");
+        // The caller comes next.
+        let block = snap.live_blocks().next().unwrap();
+        let names: Vec<_> = snap.stack_frames(block.context.unwrap().stack.unwrap()).map(|f| &f.function).collect();
+        assert!(
+            names.iter().any(|n| n.contains("resolves_to_its_file_line")),
+            "{mode:?}: the test function is on the stack: {names:?}"
+        );
+        assert!(names.iter().all(|n| !n.starts_with("vramscope::")), "{names:?}");
+        drop(buf);
+    }
+}
+
+#[test]
+fn this_build_walks_frame_pointers() {
+    // The project builds with `-C force-frame-pointers=yes` (.cargo/config.toml), so the fast
+    // mode's frame-pointer walk must be in use here, not the fallback.
+    assert!(vramscope::frame_pointers_available());
+}
+
+#[test]
+fn scopes_nest_and_are_carried_into_threads() {
+    let alloc = allocator(RecordConfig::default());
+    let s = alloc.default_stream();
+    let _train = vramscope::scope("train");
+    let a = {
+        let _fwd = vramscope::scope("forward");
+        alloc.alloc::<u8>(&s, 100).unwrap()
+    };
+    let b = alloc.alloc::<u8>(&s, 200).unwrap();
+    let carried = vramscope::current_scope();
+    let c = std::thread::spawn({
+        let alloc = alloc.clone();
+        move || {
+            let unscoped = alloc.alloc::<u8>(&s, 300).unwrap();
+            let _g = carried.enter();
+            let _w = vramscope::scope("loader");
+            (unscoped, alloc.alloc::<u8>(&s, 400).unwrap())
+        }
+    })
+    .join()
+    .unwrap();
+    let snap = alloc.snapshot();
+    let path_of = |addr: u64| {
+        let block = snap.live_blocks().find(|bl| bl.address == addr).unwrap();
+        snap.scopes[block.context.unwrap().scope as usize].clone()
+    };
+    assert_eq!(path_of(a.device_ptr()), ["train", "forward"]);
+    assert_eq!(path_of(b.device_ptr()), ["train"]);
+    assert!(path_of(c.0.device_ptr()).is_empty(), "a new thread starts outside any scope");
+    assert_eq!(path_of(c.1.device_ptr()), ["train", "loader"]);
+    let threads: std::collections::BTreeSet<_> = snap.live_blocks().map(|bl| bl.context.unwrap().thread).collect();
+    assert_eq!(threads.len(), 2);
+}
+
+#[test]
+fn the_step_marker_is_recorded() {
+    let alloc = allocator(RecordConfig::default());
+    let s = alloc.default_stream();
+    vramscope::step(41);
+    let x = alloc.alloc::<u8>(&s, 10).unwrap();
+    let snap = alloc.snapshot();
+    assert_eq!(snap.live_blocks().next().unwrap().context.unwrap().step, vramscope::current_step());
+    drop(x);
+}
+
+#[test]
+fn the_history_keeps_exactly_the_last_n_events() {
+    let mut r = RecordConfig::default();
+    r.max_entries = 10;
+    let alloc = allocator(r);
+    let s = alloc.default_stream();
+    let mut addrs = Vec::new();
+    let mut live = Vec::new();
+    for i in 0..30 {
+        let b = alloc.alloc::<u8>(&s, 512 * (i + 1)).unwrap();
+        addrs.push((b.device_ptr(), b.num_bytes()));
+        live.push(b);
+    }
+    let snap = alloc.snapshot();
+    // The newest 10: the snapshot event itself and the last 9 allocations.
+    assert_eq!(snap.history.len(), 10);
+    assert_eq!(snap.history.last().unwrap().action, Action::Snapshot);
+    let allocs: Vec<_> = snap.history.iter().filter(|e| e.action == Action::Alloc).map(|e| (e.addr, e.size)).collect();
+    assert_eq!(allocs.len(), 9);
+    assert_eq!(allocs.iter().map(|a| a.0).collect::<Vec<_>>(), addrs[21..].iter().map(|a| a.0).collect::<Vec<_>>());
+    assert!(snap.history_dropped > 0);
+    assert!(snap.history.windows(2).all(|w| w[0].time_ns <= w[1].time_ns), "time runs forward");
+}
+
+#[test]
+fn actions_follow_pytorch() {
+    let sim = Arc::new(FaultyBackend::new(SimBackend::with_events(1 << 30, EventMode::Manual), FaultPlan::Never));
+    let alloc = CachingAllocator::new(sim.clone());
+    let mut r = RecordConfig::default();
+    r.context = ContextLevel::All;
+    alloc.record_memory_history(r);
+    let s1 = alloc.default_stream();
+    let s2 = alloc.new_stream().unwrap();
+    let a = alloc.alloc::<u8>(&s1, 4096).unwrap();
+    let b = alloc.alloc::<u8>(&s1, 4096).unwrap();
+    alloc.record_stream(&b, &s2).unwrap();
+    drop(a);
+    drop(b);
+    alloc.synchronize(&s2).unwrap();
+    alloc.empty_cache();
+    sim.set_plan(FaultPlan::From(0));
+    assert!(alloc.alloc::<u8>(&s1, 1 << 20).is_err());
+    let snap = alloc.snapshot();
+    let actions: Vec<Action> = snap.history.iter().map(|e| e.action).collect();
+    use Action::*;
+    assert_eq!(
+        actions,
+        [SegmentAlloc, Alloc, Alloc, FreeCompleted, FreeRequested, FreeCompleted, SegmentFree, Oom, Snapshot]
+    );
+    let free = snap.history.iter().find(|e| e.action == FreeRequested).unwrap();
+    assert!(free.context.is_some_and(|c| c.stack.is_some()), "context on frees with ContextLevel::All");
+    let seg = snap.history.iter().find(|e| e.action == SegmentAlloc).unwrap();
+    assert!(seg.context.is_none());
+}
+
+#[test]
+fn recording_switches_on_off_and_clears_at_run_time() {
+    let alloc = allocator(RecordConfig::off());
+    let s = alloc.default_stream();
+    let quiet = alloc.alloc::<u8>(&s, 10).unwrap();
+    let snap = alloc.snapshot();
+    assert!(snap.history.is_empty());
+    assert!(snap.live_blocks().next().unwrap().context.is_none());
+    alloc.record_memory_history(RecordConfig::default());
+    let loud = alloc.alloc::<u8>(&s, 10).unwrap();
+    let snap = alloc.snapshot();
+    assert_eq!(snap.history.iter().filter(|e| e.action == Action::Alloc).count(), 1);
+    assert_eq!(snap.live_blocks().filter(|b| b.context.is_some()).count(), 1);
+    alloc.clear_history();
+    assert_eq!(alloc.snapshot().history.len(), 1, "only the new snapshot event");
+    drop((quiet, loud));
+}
+
+#[test]
+fn snapshots_round_trip_through_json_and_carry_tensor_metadata() {
+    let alloc = allocator(RecordConfig::default());
+    let s = alloc.default_stream();
+    let _sc = vramscope::scope("roundtrip");
+    let x = alloc.alloc::<f32>(&s, 64).unwrap().with_shape(&[8, 8]).unwrap();
+    let y = alloc.alloc::<u8>(&s, 3 << 20).unwrap();
+    drop(y);
+    let snap = alloc.snapshot();
+    let back: Snapshot = serde_json::from_str(&snap.to_json()).unwrap();
+    assert_eq!(back, snap);
+    let live: Vec<_> = snap.live_blocks().collect();
+    assert_eq!(live.len(), 1);
+    assert_eq!(live[0].dtype.as_deref(), Some("float32"));
+    assert_eq!(live[0].shape.as_deref(), Some(&[8usize, 8][..]));
+    assert!(snap.segments.iter().flat_map(|s| &s.blocks).any(|b| b.state == BlockState::Inactive));
+    assert_eq!(snap.stats["allocation.all.current"], 1);
+    drop(x);
+}
+
+#[test]
+fn allocations_from_deep_and_small_stacks_never_crash() {
+    fn deep(alloc: &CachingAllocator, n: u32) -> usize {
+        if n == 0 {
+            let b = alloc.alloc::<u8>(&alloc.default_stream(), 64).unwrap();
+            return b.len();
+        }
+        let pad = [n as u8; 32];
+        std::hint::black_box(&pad);
+        deep(alloc, n - 1) + std::hint::black_box(0)
+    }
+    for mode in [StackMode::Fast, StackMode::Full] {
+        let alloc = allocator(with_stacks(mode));
+        let a = alloc.clone();
+        let t = std::thread::Builder::new().stack_size(128 << 10).spawn(move || deep(&a, 300)).unwrap();
+        assert_eq!(t.join().unwrap(), 64);
+        assert!(alloc.snapshot().history.iter().any(|e| e.action == Action::Alloc));
+    }
+}
