@@ -43,6 +43,60 @@
 //! once, then returns [`Error::OutOfMemory`] with the request, the device's capacity and free
 //! memory, what is allocated, what is reserved but unused, and the largest free block.
 //!
+//! ## Recording: who made each allocation
+//!
+//! Every allocation remembers its stack, its scope path, its thread and the step marker;
+//! a bounded ring buffer keeps the allocator's events (PyTorch's actions: `alloc`,
+//! `free_requested`, `free_completed`, `segment_alloc`, `segment_free`, `oom`, `snapshot`, plus
+//! `segment_map`/`segment_unmap`). [`CachingAllocator::snapshot`] returns all of it as plain
+//! serde data, symbolized.
+//!
+//! ```
+//! use vramscope::{CachingAllocator, HostBackend};
+//! let alloc = CachingAllocator::new(HostBackend::new(1 << 30));
+//! let _epoch = vramscope::scope("epoch");
+//! vramscope::step(7);
+//! let x = {
+//!     let _fwd = vramscope::scope("forward");
+//!     alloc.alloc::<f32>(&alloc.default_stream(), 1024)?
+//! };
+//! let snap = alloc.snapshot();
+//! let block = snap.live_blocks().next().unwrap();
+//! let ctx = block.context.unwrap();
+//! assert_eq!(snap.scopes[ctx.scope as usize], ["epoch", "forward"]);
+//! assert_eq!(ctx.step, 7);
+//! for frame in snap.stack_frames(ctx.stack.unwrap()) {
+//!     println!("  {frame}"); // file:line (function) of your code; vramscope's and std's frames trimmed
+//! }
+//! # drop(x);
+//! # Ok::<(), vramscope::Error>(())
+//! ```
+//!
+//! What is recorded is a [`RecordConfig`], changed at run time with
+//! [`CachingAllocator::record_memory_history`] (like `torch.cuda.memory._record_memory_history`):
+//! stacks [`StackMode::Fast`] (the default), [`StackMode::Full`] or off, a depth limit, scopes,
+//! the history's size and which events carry context ([`ContextLevel`]).
+//!
+//! Stacks are raw instruction pointers captured at one `#[inline(never)]` site, each distinct
+//! stack stored once per allocator, and resolved to file, line and function only when a
+//! snapshot is taken, each address once. The fast mode walks frame pointers, checking every
+//! frame against the thread's stack bounds and alignment, so it cannot read outside the stack;
+//! build with frame pointers to make it complete:
+//!
+//! ```toml
+//! # .cargo/config.toml of your project
+//! [build]
+//! rustflags = ["-C", "force-frame-pointers=yes"]
+//! ```
+//!
+//! Without them the fast mode finds out once per process ([`frame_pointers_available`]) and
+//! uses the `backtrace` crate's unwinder instead, as the full mode always does (about 20 times
+//! slower per allocation).
+//!
+//! Scopes are per thread: [`scope`] guards nest, [`current_scope`] and [`Scope::enter`] carry a
+//! scope into a thread you spawn, and with the cargo feature `tracing`, `ScopeLayer` turns
+//! entered `tracing` spans into scopes.
+//!
 //! ## Backends
 //!
 //! - [`HostBackend`]: host memory with a capacity limit; buffers hold real data. The default.
@@ -80,6 +134,9 @@ pub use device::{
     device, parse_bytes, try_device, BACKEND_ENV, CAPACITY_ENV, DEFAULT_HOST_CAPACITY, DEFAULT_SIM_CAPACITY,
 };
 pub use error::{BackendError, Error, OomReport, Result};
+#[cfg(feature = "tracing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tracing")))]
+pub use record::ScopeLayer;
 pub use record::{
     current_scope, current_step, frame_pointers_available, scope, step, Action, ContextLevel, Frame, RecordConfig,
     Scope, ScopeGuard, StackMode, MAX_STACK_DEPTH,

@@ -8,11 +8,15 @@ mod history;
 mod scope;
 mod stack;
 mod symbols;
+#[cfg(feature = "tracing")]
+mod tracing_layer;
 
 pub use history::Action;
 pub use scope::{current_scope, current_step, scope, step, Scope, ScopeGuard};
 pub use stack::{frame_pointers_available, StackMode};
 pub use symbols::Frame;
+#[cfg(feature = "tracing")]
+pub use tracing_layer::ScopeLayer;
 
 pub(crate) use history::{Context, Event, Ring, NO_STACK};
 pub(crate) use scope::{path as scope_path, thread_id, thread_name, ROOT as ROOT_SCOPE};

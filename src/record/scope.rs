@@ -90,6 +90,20 @@ fn child(parent: u32, name: &str) -> u32 {
     id
 }
 
+/// Enters `name` under the current scope and returns the previous scope id.
+#[cfg(feature = "tracing")]
+pub(crate) fn enter_named(name: &str) -> u32 {
+    let previous = current_id();
+    CURRENT.with(|c| c.set(child(previous, name)));
+    previous
+}
+
+/// Makes scope `id` current again.
+#[cfg(feature = "tracing")]
+pub(crate) fn restore(id: u32) {
+    CURRENT.with(|c| c.set(id));
+}
+
 /// While alive, allocations on this thread are attributed to a scope. Made by [`scope`] and
 /// [`Scope::enter`]; dropping it restores the scope that was current before. Not `Send`:
 /// scopes are per thread.

@@ -702,6 +702,14 @@ mod tests {
     }
 
     #[test]
+    fn recorded_context_costs_at_most_64_bytes_per_block() {
+        // Each block carries its context inline; stacks are interned and shared.
+        let per_block = std::mem::size_of::<Option<Context>>();
+        assert!(per_block <= 64, "{per_block} bytes");
+        assert_eq!(per_block, 32);
+    }
+
+    #[test]
     fn rounding_matches_pytorch() {
         let (h, _) = heap("");
         assert_eq!(h.round_size(0), Some(512));

@@ -1,0 +1,26 @@
+//! Scopes from `tracing` spans (feature `tracing`).
+#![cfg(feature = "tracing")]
+
+use tracing_subscriber::prelude::*;
+use vramscope::{CachingAllocator, RecordConfig, SimBackend};
+
+#[test]
+fn entered_spans_become_scopes() {
+    let alloc = CachingAllocator::new(SimBackend::new(1 << 30));
+    alloc.record_memory_history(RecordConfig::default());
+    let subscriber = tracing_subscriber::registry().with(vramscope::ScopeLayer::default());
+    let buf = tracing::subscriber::with_default(subscriber, || {
+        let _epoch = tracing::info_span!("epoch").entered();
+        let b = {
+            let _fwd = tracing::debug_span!("forward").entered();
+            alloc.alloc::<u8>(&alloc.default_stream(), 4096).unwrap()
+        };
+        assert_eq!(vramscope::current_scope().path(), ["epoch"]);
+        b
+    });
+    assert!(vramscope::current_scope().path().is_empty());
+    let snap = alloc.snapshot();
+    let block = snap.live_blocks().next().unwrap();
+    assert_eq!(snap.scopes[block.context.unwrap().scope as usize], ["epoch", "forward"]);
+    drop(buf);
+}
