@@ -31,21 +31,21 @@ fn pair(bencher: Bencher, alloc: &CachingAllocator, bytes: usize) {
 }
 
 /// A cached alloc+free pair with recording off: the block is in the cache before timing starts.
-#[divan::bench(args = [512, 1 << 20, 64 << 20])]
+#[divan::bench(args = [512, 1 << 20, 64 << 20], sample_count = 200, sample_size = 1000)]
 fn cached_pair(bencher: Bencher, bytes: usize) {
     pair(bencher, &allocator(RecordConfig::off()), bytes);
 }
 
 /// The same pair with the default recording: fast stacks, scopes, history with context on
 /// allocations.
-#[divan::bench(args = [512, 1 << 20, 64 << 20])]
+#[divan::bench(args = [512, 1 << 20, 64 << 20], sample_count = 200, sample_size = 1000)]
 fn cached_pair_recording(bencher: Bencher, bytes: usize) {
     let _scope = vramscope::scope("bench");
     pair(bencher, &allocator(RecordConfig::default()), bytes);
 }
 
 /// The recording pair while the history ring is still filling for the first time.
-#[divan::bench(args = [512])]
+#[divan::bench(args = [512], sample_count = 200, sample_size = 1000)]
 fn cached_pair_recording_first_fill(bencher: Bencher, bytes: usize) {
     let alloc = allocator(RecordConfig::default());
     let s = alloc.default_stream();
@@ -57,7 +57,7 @@ fn cached_pair_recording_first_fill(bencher: Bencher, bytes: usize) {
 }
 
 /// The same pair with full (unwinder) stacks.
-#[divan::bench(args = [512])]
+#[divan::bench(args = [512], sample_count = 200, sample_size = 1000)]
 fn cached_pair_full_stacks(bencher: Bencher, bytes: usize) {
     let mut rec = RecordConfig::default();
     rec.stacks = StackMode::Full;

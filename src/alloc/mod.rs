@@ -76,7 +76,7 @@ impl Shared {
         let pending = if block.is_some() { shared.capture.get_for_free().map(Pending::capture) } else { None };
         let mut locked = shared.heap.lock();
         if let Some(b) = block {
-            let ctx = pending.map(|p| p.intern(&mut locked.heap.recorder.stacks));
+            let ctx = pending.map(|p| p.intern(&mut locked.heap.recorder));
             locked.heap.free(&*shared.backend, b, ctx);
         }
         locked.buffers -= 1;
@@ -277,7 +277,7 @@ impl CachingAllocator {
             let grant = if bytes == 0 {
                 None
             } else {
-                let ctx = pending.map(|p| p.intern(&mut locked.heap.recorder.stacks));
+                let ctx = pending.map(|p| p.intern(&mut locked.heap.recorder));
                 Some(locked.heap.alloc(&*self.shared.backend, stream.id, bytes, ctx)?)
             };
             locked.buffers += 1;

@@ -27,28 +27,73 @@ pub enum Action {
     Snapshot,
 }
 
-/// Who did it: stack, scope, thread, step.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(crate) struct Context {
+/// Where an allocation was made: stack, scope and thread, interned per allocator (a program
+/// has a bounded number of them, whatever it runs for).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct Site {
     /// Index in the stack table, or `NO_STACK`.
     pub(crate) stack: u32,
     pub(crate) scope: u32,
     pub(crate) thread: u32,
+}
+
+/// Who did it, and in which step: 16 bytes per block and per event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Context {
+    /// Index in the site table.
+    pub(crate) site: u32,
     pub(crate) step: u64,
 }
 
 pub(crate) const NO_STACK: u32 = u32::MAX;
+const NO_SITE: u32 = u32::MAX;
+const SIZE_BITS: u32 = 56;
 
-/// One recorded event.
+/// One recorded event, 40 bytes: the action shares a word with the size (sizes stay below
+/// 2^56 bytes), so that a history of 100,000 events takes 4 MB.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Event {
-    pub(crate) action: Action,
     pub(crate) addr: u64,
-    pub(crate) size: u64,
-    pub(crate) stream: u32,
+    size_action: u64,
     /// Clock ticks since the recorder started (see `Clock`).
     pub(crate) ticks: u64,
-    pub(crate) context: Option<Context>,
+    step: u64,
+    site: u32,
+    pub(crate) stream: u32,
+}
+
+const ACTIONS: [Action; 9] = [
+    Action::Alloc,
+    Action::FreeRequested,
+    Action::FreeCompleted,
+    Action::SegmentAlloc,
+    Action::SegmentFree,
+    Action::SegmentMap,
+    Action::SegmentUnmap,
+    Action::Oom,
+    Action::Snapshot,
+];
+
+impl Event {
+    #[inline]
+    pub(crate) fn new(action: Action, addr: u64, size: u64, stream: u32, ticks: u64, ctx: Option<Context>) -> Self {
+        let code = ACTIONS.iter().position(|&a| a == action).unwrap_or(0) as u64;
+        let size = size.min((1 << SIZE_BITS) - 1);
+        let (site, step) = ctx.map_or((NO_SITE, 0), |c| (c.site, c.step));
+        Event { addr, size_action: size | code << SIZE_BITS, ticks, step, site, stream }
+    }
+
+    pub(crate) fn action(&self) -> Action {
+        ACTIONS[(self.size_action >> SIZE_BITS) as usize % ACTIONS.len()]
+    }
+
+    pub(crate) fn size(&self) -> u64 {
+        self.size_action & ((1 << SIZE_BITS) - 1)
+    }
+
+    pub(crate) fn context(&self) -> Option<Context> {
+        (self.site != NO_SITE).then_some(Context { site: self.site, step: self.step })
+    }
 }
 
 /// A ring of at most `capacity` events; the oldest go first.
@@ -115,7 +160,18 @@ mod tests {
     use super::*;
 
     fn ev(i: u64) -> Event {
-        Event { action: Action::Alloc, addr: i, size: 0, stream: 0, ticks: 0, context: None }
+        Event::new(Action::Alloc, i, 0, 0, 0, None)
+    }
+
+    #[test]
+    fn events_pack_action_size_and_context() {
+        assert_eq!(std::mem::size_of::<Event>(), 40);
+        for a in ACTIONS {
+            let e = Event::new(a, 1, 12345, 2, 3, Some(Context { site: 4, step: 5 }));
+            assert_eq!((e.action(), e.size(), e.context()), (a, 12345, Some(Context { site: 4, step: 5 })));
+        }
+        assert_eq!(Event::new(Action::Oom, 0, u64::MAX, 0, 0, None).size(), (1 << SIZE_BITS) - 1);
+        assert!(Event::new(Action::Oom, 0, 0, 0, 0, None).context().is_none());
     }
 
     #[test]

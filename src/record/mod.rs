@@ -18,7 +18,7 @@ pub use symbols::Frame;
 #[cfg(feature = "tracing")]
 pub use tracing_layer::ScopeLayer;
 
-pub(crate) use history::{Context, Event, Ring, NO_STACK};
+pub(crate) use history::{Context, Event, Ring, Site, NO_STACK};
 pub(crate) use scope::{path as scope_path, thread_id, thread_name, ROOT as ROOT_SCOPE};
 pub(crate) use stack::capture;
 #[cfg(test)]
@@ -169,10 +169,49 @@ impl StackTable {
     }
 }
 
+/// Every distinct site (stack, scope, thread), stored once.
+#[derive(Default)]
+pub(crate) struct SiteTable {
+    ids: HashMap<Site, u32, BuildHasherDefault<SiteHasher>>,
+    pub(crate) sites: Vec<Site>,
+}
+
+impl SiteTable {
+    #[inline]
+    fn intern(&mut self, site: Site) -> u32 {
+        let next = self.sites.len() as u32;
+        let id = *self.ids.entry(site).or_insert(next);
+        if id == next {
+            self.sites.push(site);
+        }
+        id
+    }
+}
+
+/// Hashes the three words of a [`Site`].
+#[derive(Default)]
+pub(crate) struct SiteHasher(u64);
+
+impl Hasher for SiteHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u32(u32::from(b));
+        }
+    }
+    #[inline]
+    fn write_u32(&mut self, n: u32) {
+        self.0 = (self.0.rotate_left(5) ^ u64::from(n)).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
 /// An allocator's recording state, kept under its lock.
 pub(crate) struct Recorder {
     pub(crate) config: RecordConfig,
     pub(crate) stacks: StackTable,
+    pub(crate) sites: SiteTable,
     pub(crate) history: Ring,
     pub(crate) clock: Clock,
 }
@@ -237,7 +276,7 @@ impl std::fmt::Debug for Recorder {
 impl Recorder {
     pub(crate) fn new(config: RecordConfig) -> Self {
         let history = Ring::new(config.max_entries);
-        Recorder { config, stacks: StackTable::default(), history, clock: Clock::new() }
+        Recorder { config, stacks: StackTable::default(), sites: SiteTable::default(), history, clock: Clock::new() }
     }
 
     pub(crate) fn set_config(&mut self, config: RecordConfig) {
@@ -257,7 +296,7 @@ impl Recorder {
             ContextLevel::All => true,
         };
         let ticks = self.clock.now();
-        self.history.push(Event { action, addr, size, stream, ticks, context: if keep { context } else { None } });
+        self.history.push(Event::new(action, addr, size, stream, ticks, if keep { context } else { None }));
     }
 }
 
@@ -374,12 +413,14 @@ impl Pending {
         }
     }
 
-    /// Interns the captured stack; must run on the thread that captured.
+    /// Interns the captured stack and site; must run on the thread that captured.
     #[inline]
-    pub(crate) fn intern(self, table: &mut StackTable) -> Context {
+    pub(crate) fn intern(self, rec: &mut Recorder) -> Context {
+        let table = &mut rec.stacks;
         let stack =
             if self.has_stack { with_scratch(|s| table.intern_hashed(&s.ips[..s.len], self.hash)) } else { NO_STACK };
-        Context { stack, scope: self.scope, thread: self.thread, step: self.step }
+        let site = rec.sites.intern(Site { stack, scope: self.scope, thread: self.thread });
+        Context { site, step: self.step }
     }
 }
 

@@ -17,6 +17,7 @@ struct Raw {
     history: Vec<Event>,
     dropped: u64,
     stacks: Vec<Box<[usize]>>,
+    sites: Vec<crate::record::Site>,
     stats: std::collections::BTreeMap<String, u64>,
     clock: crate::record::Clock,
 }
@@ -77,9 +78,17 @@ fn copy(heap: &Heap) -> Raw {
         history: rec.history.iter().copied().collect(),
         dropped: rec.history.total - rec.history.len() as u64,
         stacks: rec.stacks.stacks.clone(),
+        sites: rec.sites.sites.clone(),
         stats: heap.stats.to_map(),
         clock: rec.clock,
     }
+}
+
+struct FullContext {
+    stack: u32,
+    scope: u32,
+    thread: u32,
+    step: u64,
 }
 
 /// Interns frames, scopes and threads into the snapshot's tables.
@@ -96,7 +105,10 @@ struct Tables {
 }
 
 impl Tables {
-    fn context(&mut self, c: Context, raw: &[Box<[usize]>], sym: &mut Symbolizer) -> ContextInfo {
+    fn context(&mut self, c: Context, raw: &Raw, sym: &mut Symbolizer) -> ContextInfo {
+        let site = raw.sites[c.site as usize];
+        let c = FullContext { stack: site.stack, scope: site.scope, thread: site.thread, step: c.step };
+        let raw = &raw.stacks[..];
         let stack = (c.stack != NO_STACK).then(|| self.stack(c.stack, raw, sym));
         let scope = *self.scope_ids.entry(c.scope).or_insert_with(|| {
             self.scopes.push(scope_path(c.scope));
@@ -146,7 +158,7 @@ impl CachingAllocator {
     /// # drop(x);
     /// ```
     pub fn snapshot(&self) -> Snapshot {
-        let raw = {
+        let mut raw = {
             let mut locked = self.shared.heap.lock();
             locked.recorder.event(Action::Snapshot, 0, 0, 0, None);
             copy(&locked)
@@ -154,11 +166,11 @@ impl CachingAllocator {
         let mut sym = self.shared.symbols.lock();
         let mut t = Tables { scopes: vec![Vec::new()], ..Tables::default() };
         t.scope_ids.insert(crate::record::ROOT_SCOPE, 0);
-        let mut segments = raw.segments;
+        let mut segments = std::mem::take(&mut raw.segments);
         let mut k = 0;
         for s in &mut segments {
             for b in &mut s.blocks {
-                b.context = raw.contexts[k].map(|c| t.context(c, &raw.stacks, &mut sym));
+                b.context = raw.contexts[k].map(|c| t.context(c, &raw, &mut sym));
                 k += 1;
             }
         }
@@ -167,12 +179,12 @@ impl CachingAllocator {
             .history
             .iter()
             .map(|e| HistoryEntry {
-                action: e.action,
+                action: e.action(),
                 addr: e.addr,
-                size: e.size,
+                size: e.size(),
                 stream: e.stream,
                 time_ns: to_ns(e.ticks),
-                context: e.context.map(|c| t.context(c, &raw.stacks, &mut sym)),
+                context: e.context().map(|c| t.context(c, &raw, &mut sym)),
             })
             .collect();
         Snapshot {

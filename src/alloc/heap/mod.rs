@@ -706,7 +706,7 @@ mod tests {
         // Each block carries its context inline; stacks are interned and shared.
         let per_block = std::mem::size_of::<Option<Context>>();
         assert!(per_block <= 64, "{per_block} bytes");
-        assert_eq!(per_block, 32);
+        assert_eq!(per_block, 24);
     }
 
     #[test]
