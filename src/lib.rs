@@ -124,6 +124,7 @@ mod device;
 mod error;
 mod record;
 pub mod replay;
+pub mod report;
 mod snapshot;
 
 pub use alloc::{AllocatorConfig, Buffer, CachingAllocator, IntoBackend, Pod, Stream, TensorMeta, ALLOC_CONF_ENV};

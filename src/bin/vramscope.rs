@@ -4,7 +4,10 @@ use clap::{Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use vramscope::replay::{replay, ReplayOptions, Trace};
-use vramscope::{AllocatorConfig, Backend, CachingAllocator, HostBackend, RecordConfig, SimBackend, StackMode};
+use vramscope::report::{self, FoldedKind};
+use vramscope::{
+    AllocatorConfig, Backend, CachingAllocator, HostBackend, RecordConfig, SimBackend, Snapshot, StackMode,
+};
 
 #[derive(Parser)]
 #[command(name = "vramscope", version, about = "GPU memory you can see and test")]
@@ -13,8 +16,99 @@ struct Cli {
     command: Command,
 }
 
+/// Where a report goes.
+#[derive(clap::Args)]
+struct Output {
+    /// Write to this file instead of standard output.
+    #[arg(short = 'o', long = "output")]
+    output: Option<PathBuf>,
+}
+
 #[derive(Subcommand)]
 enum Command {
+    /// The memory summary table (PyTorch's layout).
+    Summary {
+        /// A vramscope JSON snapshot or a PyTorch snapshot pickle.
+        file: PathBuf,
+        /// Print the statistics as JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        out: Output,
+    },
+    /// Live tensors grouped by allocation site and scope, largest first.
+    Live {
+        /// A vramscope JSON snapshot or a PyTorch snapshot pickle.
+        file: PathBuf,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        out: Output,
+    },
+    /// Allocation sites whose live blocks keep growing across steps (or time).
+    Leaks {
+        /// A vramscope JSON snapshot or a PyTorch snapshot pickle.
+        file: PathBuf,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        out: Output,
+    },
+    /// Sites that are new, grew or shrank between two snapshots.
+    Diff {
+        /// The earlier snapshot.
+        before: PathBuf,
+        /// The later snapshot.
+        after: PathBuf,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        out: Output,
+    },
+    /// Each segment's map: used, free, rounding waste, largest free block.
+    Segments {
+        /// A vramscope JSON snapshot or a PyTorch snapshot pickle.
+        file: PathBuf,
+        /// Print the segments as JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        out: Output,
+    },
+    /// Folded stacks (`frame;frame bytes`) of live memory, or of all allocations.
+    Folded {
+        /// A vramscope JSON snapshot or a PyTorch snapshot pickle.
+        file: PathBuf,
+        /// Count every allocation in the history (churn) instead of live memory.
+        #[arg(long)]
+        allocated: bool,
+        #[command(flatten)]
+        out: Output,
+    },
+    /// A flamegraph SVG of live memory by stack (scopes as frames), of all allocations, or of
+    /// the difference from an earlier snapshot.
+    Flamegraph {
+        /// A vramscope JSON snapshot or a PyTorch snapshot pickle.
+        file: PathBuf,
+        /// Count every allocation in the history (churn) instead of live memory.
+        #[arg(long)]
+        allocated: bool,
+        /// Draw the difference from this earlier snapshot.
+        #[arg(long)]
+        before: Option<PathBuf>,
+        #[command(flatten)]
+        out: Output,
+    },
+    /// Converts a snapshot to vramscope's JSON (from a PyTorch pickle or JSON).
+    Convert {
+        /// A vramscope JSON snapshot or a PyTorch snapshot pickle.
+        file: PathBuf,
+        #[command(flatten)]
+        out: Output,
+    },
     /// Replay the allocations of a PyTorch snapshot pickle or a JSON trace through vramscope's
     /// allocator: once cold, then warm; print time per operation and peak memory.
     Replay {
@@ -89,8 +183,57 @@ impl From<vramscope::Error> for Failure {
     }
 }
 
+fn emit(out: &Output, text: &str) -> Result<(), Failure> {
+    match &out.output {
+        Some(path) => std::fs::write(path, text).map_err(|e| Failure(1, format!("{}: {e}", path.display()))),
+        None => {
+            print!("{text}");
+            Ok(())
+        }
+    }
+}
+
+fn to_json<T: serde::Serialize>(value: &T) -> Result<String, Failure> {
+    serde_json::to_string_pretty(value).map(|s| s + "\n").map_err(|e| Failure(1, e.to_string()))
+}
+
 fn run(cli: Cli) -> Result<(), Failure> {
     match cli.command {
+        Command::Summary { file, json, out } => {
+            let snap = Snapshot::load(file)?;
+            emit(&out, &if json { to_json(&snap.stats)? } else { report::summary(&snap) })
+        }
+        Command::Live { file, json, out } => {
+            let groups = report::live(&Snapshot::load(file)?);
+            emit(&out, &if json { to_json(&groups)? } else { report::LiveGroup::render(&groups) })
+        }
+        Command::Leaks { file, json, out } => {
+            let leaks = report::leaks(&Snapshot::load(file)?);
+            emit(&out, &if json { to_json(&leaks)? } else { report::LeakCandidate::render(&leaks) })
+        }
+        Command::Diff { before, after, json, out } => {
+            let d = report::diff(&Snapshot::load(before)?, &Snapshot::load(after)?);
+            emit(&out, &if json { to_json(&d)? } else { report::SiteDelta::render(&d) })
+        }
+        Command::Segments { file, json, out } => {
+            let snap = Snapshot::load(file)?;
+            emit(&out, &if json { to_json(&snap.segments)? } else { report::segments(&snap) })
+        }
+        Command::Folded { file, allocated, out } => {
+            let kind = if allocated { FoldedKind::Allocated } else { FoldedKind::Live };
+            emit(&out, &report::folded(&Snapshot::load(file)?, kind))
+        }
+        Command::Flamegraph { file, allocated, before, out } => {
+            let kind = if allocated { FoldedKind::Allocated } else { FoldedKind::Live };
+            let title = format!("{} of {}", if allocated { "allocated bytes" } else { "live bytes" }, file.display());
+            let after = report::folded(&Snapshot::load(&file)?, kind);
+            let svg = match before {
+                Some(b) => report::differential_flamegraph(&report::folded(&Snapshot::load(b)?, kind), &after, &title)?,
+                None => report::flamegraph(&after, &title)?,
+            };
+            emit(&out, &svg)
+        }
+        Command::Convert { file, out } => emit(&out, &(Snapshot::load(file)?.to_json() + "\n")),
         Command::Replay { file, backend, json, warm, config, capacity, record } => {
             let trace = Trace::from_file(&file)?;
             let config = match config {

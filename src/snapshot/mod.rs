@@ -4,6 +4,7 @@
 mod build;
 mod model;
 pub(crate) mod pickle;
+mod torch;
 
 pub use build::SNAPSHOT_VERSION;
 pub use model::{BlockInfo, BlockState, ContextInfo, HistoryEntry, SegmentInfo, Snapshot};

@@ -1,0 +1,86 @@
+use super::{bytes, live};
+use crate::snapshot::Snapshot;
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// How one allocation site's live memory changed between two snapshots.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct SiteDelta {
+    /// `new`, `grew`, `shrank` or `gone`.
+    pub change: &'static str,
+    /// `file:line (function)`, or `<no stack>`.
+    pub site: String,
+    /// Scope path.
+    pub scope: String,
+    /// Live bytes before and after.
+    pub before: u64,
+    /// Live bytes after.
+    pub after: u64,
+    /// Live blocks before.
+    pub count_before: u64,
+    /// Live blocks after.
+    pub count_after: u64,
+}
+
+/// Sites that are new, grew, shrank or are gone between `before` and `after`, largest change first.
+pub fn diff(before: &Snapshot, after: &Snapshot) -> Vec<SiteDelta> {
+    let mut sites: BTreeMap<(String, String), [(u64, u64); 2]> = BTreeMap::new();
+    for (k, snap) in [before, after].into_iter().enumerate() {
+        for g in live(snap) {
+            let e = sites.entry((g.site, g.scope)).or_default();
+            e[k].0 += g.bytes;
+            e[k].1 += g.count;
+        }
+    }
+    let mut out: Vec<SiteDelta> = sites
+        .into_iter()
+        .filter(|(_, v)| v[0] != v[1])
+        .map(|((site, scope), [(b, cb), (a, ca)])| SiteDelta {
+            change: match (b, a) {
+                (0, _) => "new",
+                (_, 0) => "gone",
+                _ if a > b => "grew",
+                _ if a < b => "shrank",
+                _ => "changed",
+            },
+            site,
+            scope,
+            before: b,
+            after: a,
+            count_before: cb,
+            count_after: ca,
+        })
+        .collect();
+    out.sort_by(|x, y| {
+        let dx = x.after.abs_diff(x.before);
+        let dy = y.after.abs_diff(y.before);
+        dy.cmp(&dx).then_with(|| x.site.cmp(&y.site)).then_with(|| x.scope.cmp(&y.scope))
+    });
+    out
+}
+
+impl SiteDelta {
+    /// The diff as text.
+    pub fn render(deltas: &[SiteDelta]) -> String {
+        if deltas.is_empty() {
+            return "no change in live memory by site\n".to_string();
+        }
+        let mut s = String::new();
+        for d in deltas {
+            let sign = if d.after >= d.before { '+' } else { '-' };
+            let scope = if d.scope.is_empty() { String::new() } else { format!(" [{}]", d.scope) };
+            s.push_str(&format!(
+                "{:<6} {sign}{:>11}  {:>11} -> {:<11} ({} -> {} blocks)  {}{scope}\n",
+                d.change,
+                bytes(d.after.abs_diff(d.before)),
+                bytes(d.before),
+                bytes(d.after),
+                d.count_before,
+                d.count_after,
+                d.site
+            ));
+        }
+        s
+    }
+}

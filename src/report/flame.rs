@@ -1,0 +1,98 @@
+use crate::error::{Error, Result};
+use crate::record::Action;
+use crate::snapshot::{ContextInfo, Snapshot};
+use std::collections::BTreeMap;
+
+/// What a folded profile counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FoldedKind {
+    /// Bytes of the blocks live in the snapshot.
+    Live,
+    /// Bytes of every allocation in the history (churn).
+    Allocated,
+}
+
+/// The folded-stack line prefix of a context: scopes as `[name]` frames, then the stack,
+/// outermost first.
+fn stack_line(snap: &Snapshot, ctx: Option<&ContextInfo>) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    if let Some(c) = ctx {
+        if let Some(path) = snap.scopes.get(c.scope as usize) {
+            parts.extend(path.iter().map(|s| format!("[{s}]")));
+        }
+        if let Some(stack) = c.stack {
+            let frames: Vec<String> = snap
+                .stack_frames(stack)
+                .map(|f| match (&f.file, f.line) {
+                    (Some(file), Some(line)) => format!("{} ({file}:{line})", f.function),
+                    _ => f.function.clone(),
+                })
+                .collect();
+            parts.extend(frames.into_iter().rev());
+        }
+    }
+    if parts.is_empty() {
+        parts.push("<no stack>".into());
+    }
+    parts.iter().map(|p| p.replace(';', ":")).collect::<Vec<_>>().join(";")
+}
+
+/// Folded stacks (`frame;frame;frame bytes`, one line per distinct stack, sorted), the input
+/// format of flamegraph tools.
+pub fn folded(snapshot: &Snapshot, kind: FoldedKind) -> String {
+    let mut lines: BTreeMap<String, u64> = BTreeMap::new();
+    match kind {
+        FoldedKind::Live => {
+            for b in snapshot.live_blocks() {
+                *lines.entry(stack_line(snapshot, b.context.as_ref())).or_default() += b.size;
+            }
+        }
+        FoldedKind::Allocated => {
+            for e in snapshot.history.iter().filter(|e| e.action == Action::Alloc) {
+                *lines.entry(stack_line(snapshot, e.context.as_ref())).or_default() += e.size;
+            }
+        }
+    }
+    lines.into_iter().filter(|(_, n)| *n > 0).map(|(l, n)| format!("{l} {n}\n")).collect()
+}
+
+fn options(title: &str) -> inferno::flamegraph::Options<'static> {
+    let mut o = inferno::flamegraph::Options::default();
+    o.title = title.to_string();
+    o.count_name = "bytes".into();
+    o.colors = inferno::flamegraph::color::Palette::Basic(inferno::flamegraph::color::BasicPalette::Mem);
+    o.deterministic = true;
+    o
+}
+
+fn render(folded: &str, title: &str) -> Result<String> {
+    if folded.trim().is_empty() {
+        return Err(Error::Usage(format!("{title}: nothing to draw, the profile is empty (no bytes in any stack)")));
+    }
+    let mut svg = Vec::new();
+    inferno::flamegraph::from_lines(&mut options(title), folded.lines(), &mut svg)
+        .map_err(|e| Error::Usage(format!("{title}: the flamegraph could not be drawn: {e}")))?;
+    String::from_utf8(svg).map_err(|e| Error::Usage(format!("{title}: the flamegraph is not UTF-8: {e}")))
+}
+
+/// A flamegraph SVG of folded stacks (see [`folded`]); bytes are the counts, colours are
+/// deterministic. An empty profile is an error saying so.
+pub fn flamegraph(folded: &str, title: &str) -> Result<String> {
+    render(folded, title)
+}
+
+/// A differential flamegraph: the shape of `after`, coloured by the change from `before`
+/// (red grew, blue shrank).
+pub fn differential_flamegraph(before: &str, after: &str, title: &str) -> Result<String> {
+    let mut diff = Vec::new();
+    inferno::differential::from_readers(
+        inferno::differential::Options::default(),
+        before.as_bytes(),
+        after.as_bytes(),
+        &mut diff,
+    )
+    .map_err(|e| Error::Usage(format!("{title}: the profiles could not be compared: {e}")))?;
+    let diff = String::from_utf8(diff).map_err(|e| Error::Usage(format!("{title}: {e}")))?;
+    render(&diff, title)
+}

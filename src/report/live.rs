@@ -1,0 +1,72 @@
+use super::{bytes, scope_label, site_frame, site_label};
+use crate::snapshot::Snapshot;
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// Live blocks that share an allocation site, scope and tensor description.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct LiveGroup {
+    /// `file:line (function)` of the allocating code, or `<no stack>`.
+    pub site: String,
+    /// Scope path, `a/b`, or empty.
+    pub scope: String,
+    /// Element type, where known.
+    pub dtype: Option<String>,
+    /// Shape, where known and the same for every block of the group.
+    pub shape: Option<Vec<usize>>,
+    /// Live blocks.
+    pub count: u64,
+    /// Bytes of those blocks.
+    pub bytes: u64,
+    /// Bytes their callers asked for.
+    pub requested_bytes: u64,
+}
+
+/// Live tensors grouped by allocation site and scope, largest first.
+pub fn live(snapshot: &Snapshot) -> Vec<LiveGroup> {
+    let mut groups: BTreeMap<(String, String, Option<String>), LiveGroup> = BTreeMap::new();
+    for b in snapshot.live_blocks() {
+        let ctx = b.context.as_ref();
+        let site = site_label(site_frame(snapshot, ctx));
+        let scope = scope_label(snapshot, ctx);
+        let g = groups.entry((site.clone(), scope.clone(), b.dtype.clone())).or_insert_with(|| LiveGroup {
+            site,
+            scope,
+            dtype: b.dtype.clone(),
+            shape: b.shape.clone(),
+            count: 0,
+            bytes: 0,
+            requested_bytes: 0,
+        });
+        if g.shape != b.shape {
+            g.shape = None;
+        }
+        g.count += 1;
+        g.bytes += b.size;
+        g.requested_bytes += b.requested_size;
+    }
+    let mut out: Vec<LiveGroup> = groups.into_values().collect();
+    out.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.site.cmp(&b.site)).then_with(|| a.scope.cmp(&b.scope)));
+    out
+}
+
+impl LiveGroup {
+    /// The report as text, one group per line.
+    pub fn render(groups: &[LiveGroup]) -> String {
+        let mut s = String::new();
+        let total: u64 = groups.iter().map(|g| g.bytes).sum();
+        let count: u64 = groups.iter().map(|g| g.count).sum();
+        s.push_str(&format!("{} live in {count} blocks from {} sites\n", bytes(total), groups.len()));
+        for g in groups {
+            let tensor = match (&g.dtype, &g.shape) {
+                (Some(d), Some(sh)) => format!(" {d}{sh:?}"),
+                (Some(d), None) => format!(" {d}"),
+                _ => String::new(),
+            };
+            let scope = if g.scope.is_empty() { String::new() } else { format!(" [{}]", g.scope) };
+            s.push_str(&format!("{:>12} {:>6}x  {}{scope}{tensor}\n", bytes(g.bytes), g.count, g.site));
+        }
+        s
+    }
+}

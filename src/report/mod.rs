@@ -1,0 +1,53 @@
+//! Reports over a [`Snapshot`]: what is live and where it came from, what keeps growing,
+//! what changed between two snapshots, the segment maps, the summary table, and folded stacks
+//! and flamegraphs. Every function reads a `Snapshot` only, so the same reports work on a
+//! snapshot loaded from disk, PyTorch's included. Output meant for review is deterministic:
+//! stable order, no addresses or timestamps.
+
+mod diff;
+mod flame;
+mod leaks;
+mod live;
+mod segments;
+
+pub use diff::{diff, SiteDelta};
+pub use flame::{differential_flamegraph, flamegraph, folded, FoldedKind};
+pub use leaks::{leaks, LeakCandidate};
+pub use live::{live, LiveGroup};
+pub use segments::segments;
+
+use crate::record::Frame;
+use crate::snapshot::{ContextInfo, Snapshot};
+
+/// The memory summary table in PyTorch's layout, from the snapshot's statistics.
+pub fn summary(snapshot: &Snapshot) -> String {
+    crate::alloc::stats::summary_table(&snapshot.stats, &snapshot.backend, snapshot.device)
+}
+
+/// Whether a frame belongs to a library rather than the program being examined: Python
+/// packages (`site-packages`, `dist-packages`) and frames without a name.
+fn is_library(f: &Frame) -> bool {
+    f.file.as_deref().is_some_and(|p| p.contains("site-packages") || p.contains("dist-packages"))
+        || f.function.starts_with('<') && f.function.ends_with('>') && f.file.is_none()
+}
+
+/// The allocation site of a context: the innermost frame of the program itself.
+fn site_frame<'a>(snap: &'a Snapshot, ctx: Option<&ContextInfo>) -> Option<&'a Frame> {
+    let stack = ctx?.stack?;
+    snap.stack_frames(stack).find(|f| !is_library(f))
+}
+
+/// `file:line (function)`, or `<no stack>`.
+fn site_label(frame: Option<&Frame>) -> String {
+    frame.map_or_else(|| "<no stack>".to_string(), |f| f.to_string())
+}
+
+/// The scope path of a context, `a/b`, or empty.
+fn scope_label(snap: &Snapshot, ctx: Option<&ContextInfo>) -> String {
+    ctx.and_then(|c| snap.scopes.get(c.scope as usize)).map(|p| p.join("/")).unwrap_or_default()
+}
+
+/// Bytes as the reports print them.
+fn bytes(n: u64) -> String {
+    crate::error::fmt_bytes(n)
+}

@@ -1,0 +1,49 @@
+use super::bytes;
+use crate::snapshot::{BlockState, Snapshot};
+
+/// Each segment's map: used, free and rounding waste, and the largest free block. Blocks are
+/// drawn one character per 1/64 of the segment: `#` allocated, `~` waiting for another stream,
+/// `.` free.
+pub fn segments(snapshot: &Snapshot) -> String {
+    let mut s = String::new();
+    let total: u64 = snapshot.segments.iter().map(|g| g.total_size).sum();
+    s.push_str(&format!("{} segments, {} reserved\n", snapshot.segments.len(), bytes(total)));
+    for (i, seg) in snapshot.segments.iter().enumerate() {
+        let used: u64 = seg.blocks.iter().filter(|b| b.state == BlockState::ActiveAllocated).map(|b| b.size).sum();
+        let waste: u64 = seg
+            .blocks
+            .iter()
+            .filter(|b| b.state == BlockState::ActiveAllocated)
+            .map(|b| b.size.saturating_sub(b.requested_size))
+            .sum();
+        let free: u64 = seg.blocks.iter().filter(|b| b.state == BlockState::Inactive).map(|b| b.size).sum();
+        let largest = seg.blocks.iter().filter(|b| b.state == BlockState::Inactive).map(|b| b.size).max().unwrap_or(0);
+        let mut map = vec!['.'; 64];
+        for b in &seg.blocks {
+            let c = match b.state {
+                BlockState::ActiveAllocated => '#',
+                BlockState::ActivePendingFree => '~',
+                BlockState::Inactive => continue,
+            };
+            let span = seg.total_size.max(1) as u128;
+            let lo = ((b.address.saturating_sub(seg.address)) as u128 * 64 / span) as usize;
+            let hi = (((b.address.saturating_sub(seg.address) + b.size) as u128 * 64).div_ceil(span)) as usize;
+            for m in map.iter_mut().take(hi.min(64)).skip(lo.min(63)) {
+                *m = c;
+            }
+        }
+        s.push_str(&format!(
+            "#{i:<4} {:<5} stream {:<2} {:>11}  used {:>11}  free {:>11}  waste {:>10}  largest free {:>11}  {} blocks\n      [{}]\n",
+            seg.pool,
+            seg.stream,
+            bytes(seg.total_size),
+            bytes(used),
+            bytes(free),
+            bytes(waste),
+            bytes(largest),
+            seg.blocks.len(),
+            map.into_iter().collect::<String>()
+        ));
+    }
+    s
+}

@@ -1,0 +1,238 @@
+//! Reading PyTorch's memory snapshots (`torch.cuda.memory._snapshot()` dumped with pickle)
+//! into a [`Snapshot`].
+
+use super::build::SNAPSHOT_VERSION;
+use super::model::{BlockInfo, BlockState, ContextInfo, HistoryEntry, SegmentInfo, Snapshot};
+use super::pickle::{self, Value};
+use crate::error::{Error, Result};
+use crate::record::{Action, Frame};
+use std::collections::{BTreeMap, HashMap};
+
+fn bad(source: &str, message: impl Into<String>) -> Error {
+    Error::Format { source_name: source.to_string(), message: message.into() }
+}
+
+/// Frames and stacks interned while reading.
+#[derive(Default)]
+struct Interner {
+    frames: Vec<Frame>,
+    frame_ids: HashMap<Frame, u32>,
+    stacks: Vec<Vec<u32>>,
+    stack_ids: HashMap<Vec<u32>, u32>,
+}
+
+impl Interner {
+    /// The stack of a `frames` list; `None` when it is empty or absent.
+    fn stack(&mut self, frames: Option<Value>, at: &dyn Fn() -> String, source: &str) -> Result<Option<u32>> {
+        let Some(list) = frames.as_ref().and_then(Value::items) else { return Ok(None) };
+        if list.is_empty() {
+            return Ok(None);
+        }
+        let mut ids = Vec::with_capacity(list.len());
+        for (i, f) in list.iter().enumerate() {
+            let text = |k: &str| f.get(k).and_then(|v| v.as_str().map(str::to_string));
+            let function = text("name").ok_or_else(|| bad(source, format!("{}: frame {i} has no `name`", at())))?;
+            let line = f.get("line").and_then(|v| v.as_i128()).and_then(|l| u32::try_from(l).ok());
+            let frame = Frame { function, file: text("filename"), line };
+            let next = self.frames.len() as u32;
+            let id = *self.frame_ids.entry(frame.clone()).or_insert(next);
+            if id == next {
+                self.frames.push(frame);
+            }
+            ids.push(id);
+        }
+        let next = self.stacks.len() as u32;
+        let id = *self.stack_ids.entry(ids.clone()).or_insert(next);
+        if id == next {
+            self.stacks.push(ids);
+        }
+        Ok(Some(id))
+    }
+}
+
+fn uint(v: &Value, key: &str, at: &dyn Fn() -> String, source: &str) -> Result<u64> {
+    let x = v.get(key).ok_or_else(|| bad(source, format!("{}: missing `{key}`", at())))?;
+    x.as_i128()
+        .and_then(|n| u64::try_from(n).ok())
+        .ok_or_else(|| bad(source, format!("{}: `{key}` is {x:?}, expected a non-negative integer below 2^64", at())))
+}
+
+fn context(stack: Option<u32>) -> Option<ContextInfo> {
+    stack.map(|s| ContextInfo { stack: Some(s), scope: 0, thread: 0, step: 0 })
+}
+
+impl Snapshot {
+    /// Reads a snapshot from a file: vramscope's JSON or a PyTorch snapshot pickle.
+    pub fn load(path: impl AsRef<std::path::Path>) -> Result<Snapshot> {
+        let path = path.as_ref();
+        let data = std::fs::read(path).map_err(|error| Error::Io { path: path.display().to_string(), error })?;
+        Self::from_bytes(&data, &path.display().to_string())
+    }
+
+    /// Reads a snapshot from bytes (JSON or pickle); `source` names them in errors.
+    pub fn from_bytes(data: &[u8], source: &str) -> Result<Snapshot> {
+        match data.iter().find(|b| !b.is_ascii_whitespace()) {
+            Some(0x80) => Self::from_pytorch_pickle(data, source),
+            Some(b'{') => serde_json::from_slice(data).map_err(|e| {
+                bad(source, format!("not a vramscope snapshot ({e}); expected the JSON that `snapshot` writes"))
+            }),
+            None => Err(bad(source, "the file is empty")),
+            Some(_) => Err(bad(source, "neither a PyTorch snapshot pickle nor a vramscope JSON snapshot")),
+        }
+    }
+
+    /// Reads PyTorch's snapshot pickle: segments with their blocks and frames, and the
+    /// `device_traces` of the device with the most events as the history.
+    pub fn from_pytorch_pickle(data: &[u8], source: &str) -> Result<Snapshot> {
+        let root = pickle::parse(data).map_err(|e| bad(source, e.to_string()))?;
+        let segments_v = root.get("segments").ok_or_else(|| {
+            bad(source, format!("a {} without `segments`: not a PyTorch memory snapshot", root.type_name()))
+        })?;
+        let segs = segments_v
+            .items()
+            .ok_or_else(|| bad(source, format!("`segments` is a {}, expected a list", segments_v.type_name())))?;
+        let mut t = Interner::default();
+        let mut segments = Vec::with_capacity(segs.len());
+        let mut device = None;
+        for (si, seg) in segs.iter().enumerate() {
+            let at = || format!("segments[{si}]");
+            if device.is_none() {
+                device = seg.get("device").and_then(|d| d.as_i128()).and_then(|d| usize::try_from(d).ok());
+            }
+            let blocks_v = seg.get("blocks").and_then(|b| b.items()).unwrap_or_default();
+            let mut blocks = Vec::with_capacity(blocks_v.len());
+            for (bi, b) in blocks_v.iter().enumerate() {
+                let at = || format!("segments[{si}].blocks[{bi}]");
+                let state = match b.get("state").as_ref().and_then(Value::as_str) {
+                    Some("active_allocated") => BlockState::ActiveAllocated,
+                    Some("active_pending_free") => BlockState::ActivePendingFree,
+                    Some("inactive") => BlockState::Inactive,
+                    other => return Err(bad(source, format!("{}: unknown block state {other:?}", at()))),
+                };
+                let stack = t.stack(b.get("frames"), &at, source)?;
+                blocks.push(BlockInfo {
+                    address: uint(b, "address", &at, source)?,
+                    size: uint(b, "size", &at, source)?,
+                    requested_size: uint(b, "requested_size", &at, source).unwrap_or(0),
+                    state,
+                    dtype: None,
+                    shape: None,
+                    context: context(stack),
+                });
+            }
+            let total_size = uint(seg, "total_size", &at, source)?;
+            segments.push(SegmentInfo {
+                address: uint(seg, "address", &at, source)?,
+                total_size,
+                mapped_size: total_size,
+                stream: u32::try_from(uint(seg, "stream", &at, source).unwrap_or(0) % (1 << 32)).unwrap_or(0),
+                pool: match seg.get("segment_type").as_ref().and_then(Value::as_str) {
+                    Some("small") => "small".into(),
+                    _ => "large".into(),
+                },
+                allocated_size: uint(seg, "allocated_size", &at, source).unwrap_or(0),
+                active_size: uint(seg, "active_size", &at, source).unwrap_or(0),
+                requested_size: uint(seg, "requested_size", &at, source).unwrap_or(0),
+                blocks,
+            });
+        }
+        segments.sort_by_key(|s| s.address);
+        let history = read_history(&root, &mut t, source)?;
+        let stats = stats_of(&segments);
+        Ok(Snapshot {
+            version: SNAPSHOT_VERSION,
+            device: device.unwrap_or(0),
+            backend: "pytorch".into(),
+            segments,
+            history,
+            history_dropped: 0,
+            frames: t.frames,
+            stacks: t.stacks,
+            scopes: vec![Vec::new()],
+            threads: vec!["unknown".into()],
+            stats,
+        })
+    }
+}
+
+fn action_of(name: &str) -> Option<Action> {
+    Some(match name {
+        "alloc" => Action::Alloc,
+        "free_requested" => Action::FreeRequested,
+        "free_completed" => Action::FreeCompleted,
+        "segment_alloc" => Action::SegmentAlloc,
+        "segment_free" => Action::SegmentFree,
+        "segment_map" => Action::SegmentMap,
+        "segment_unmap" => Action::SegmentUnmap,
+        "oom" => Action::Oom,
+        "snapshot" => Action::Snapshot,
+        _ => return None,
+    })
+}
+
+fn read_history(root: &Value, t: &mut Interner, source: &str) -> Result<Vec<HistoryEntry>> {
+    let Some(traces) = root.get("device_traces") else { return Ok(Vec::new()) };
+    let traces = traces
+        .items()
+        .ok_or_else(|| bad(source, format!("`device_traces` is a {}, expected a list", traces.type_name())))?;
+    let Some((d, events)) =
+        traces.iter().enumerate().filter_map(|(d, v)| v.items().map(|e| (d, e))).max_by_key(|(_, e)| e.len())
+    else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::with_capacity(events.len());
+    let mut t0 = None;
+    for (i, e) in events.iter().enumerate() {
+        let at = || format!("device_traces[{d}][{i}]");
+        let Some(action) = e.get("action").as_ref().and_then(Value::as_str).and_then(action_of) else { continue };
+        let time_us = e.get("time_us").and_then(|v| v.as_i128()).unwrap_or(0);
+        let start = *t0.get_or_insert(time_us);
+        let stack = t.stack(e.get("frames"), &at, source)?;
+        out.push(HistoryEntry {
+            action,
+            addr: uint(e, "addr", &at, source)?,
+            size: uint(e, "size", &at, source)?,
+            stream: u32::try_from(uint(e, "stream", &at, source).unwrap_or(0) % (1 << 32)).unwrap_or(0),
+            time_ns: u64::try_from((time_us - start).max(0) * 1000).unwrap_or(u64::MAX),
+            context: context(stack),
+        });
+    }
+    Ok(out)
+}
+
+/// The current-value statistics a PyTorch snapshot implies (it carries no counters).
+fn stats_of(segments: &[SegmentInfo]) -> BTreeMap<String, u64> {
+    let mut m = BTreeMap::new();
+    for pool in ["all", "small_pool", "large_pool"] {
+        let segs = segments.iter().filter(|s| pool == "all" || s.pool == pool.trim_end_matches("_pool"));
+        let (mut reserved, mut allocated, mut active, mut requested, mut nseg, mut nalloc, mut nactive) =
+            (0, 0, 0, 0, 0, 0, 0);
+        for s in segs {
+            nseg += 1;
+            reserved += s.total_size;
+            for b in &s.blocks {
+                if b.state == BlockState::ActiveAllocated {
+                    allocated += b.size;
+                    requested += b.requested_size;
+                    nalloc += 1;
+                }
+                if b.state != BlockState::Inactive {
+                    active += b.size;
+                    nactive += 1;
+                }
+            }
+        }
+        for (k, v) in [
+            ("reserved_bytes", reserved),
+            ("allocated_bytes", allocated),
+            ("active_bytes", active),
+            ("requested_bytes", requested),
+            ("segment", nseg),
+            ("allocation", nalloc),
+            ("active", nactive),
+        ] {
+            m.insert(format!("{k}.{pool}.current"), v);
+        }
+    }
+    m
+}
