@@ -1,6 +1,8 @@
-//! A training-loop-shaped workload on the host backend, with the classic leak of keeping each
-//! step's loss (and what it references) in a list. It measures live memory after every step,
-//! reports the growth, and prints the allocator's memory summary.
+//! A training-loop-shaped workload on the host backend, with the classic leak of keeping every
+//! other step's output in a list. vramscope records every allocation (stack, scope, step);
+//! at the end the example names the leaking line, writes a flamegraph of live memory, a JSON
+//! snapshot and a PyTorch-format pickle under `target/vramscope/training_loop/`, and prints
+//! the memory summary.
 //!
 //! ```text
 //! cargo run --release --example training_loop
@@ -49,11 +51,20 @@ fn main() -> vramscope::Result<()> {
     let l2 = linear(&alloc, HIDDEN, WIDTH)?;
     let mut kept = Vec::new(); // the leak: a list that keeps every step's output alive
     let mut live = Vec::new();
+    let _train = vramscope::scope("train");
     for step in 0..STEPS {
+        vramscope::step(step as u64);
+        let _step = vramscope::scope("step");
         let mut x = alloc.alloc::<f32>(&s, BATCH * WIDTH)?.with_shape(&[BATCH, WIDTH])?;
         x.as_host_slice_mut()?.iter_mut().enumerate().for_each(|(i, v)| *v = ((i + step) % 13) as f32 * 0.1);
-        let h = forward(&alloc, &l1, &x, WIDTH)?;
-        let y = forward(&alloc, &l2, &h, HIDDEN)?;
+        let h = {
+            let _s = vramscope::scope("layer1");
+            forward(&alloc, &l1, &x, WIDTH)?
+        };
+        let y = {
+            let _s = vramscope::scope("layer2");
+            forward(&alloc, &l2, &h, HIDDEN)?
+        };
         let loss: f32 = y.as_host_slice()?.iter().map(|v| v * v).sum::<f32>() / y.len() as f32;
         if step % 2 == 0 {
             kept.push(y); // bug: `y` should be dropped with `x` and `h`
@@ -68,16 +79,26 @@ fn main() -> vramscope::Result<()> {
     }
     let growth: Vec<i64> = live.windows(2).map(|w| w[1] as i64 - w[0] as i64).collect();
     let grew = growth.iter().filter(|&&g| g > 0).count();
-    if grew > 0 {
-        println!(
-            "\nleak: live memory grew in {grew} of {} steps, by {} bytes in all ({} buffers kept alive)",
-            growth.len(),
-            live[STEPS - 1] - live[0],
-            kept.len()
-        );
-    } else {
-        println!("\nno growth: live memory is steady");
+    println!("\nlive memory grew in {grew} of {} steps, by {} bytes", growth.len(), live[STEPS - 1] - live[0]);
+
+    let snapshot = alloc.snapshot();
+    let leaks = vramscope::report::leaks(&snapshot);
+    print!("\n{}", vramscope::report::LeakCandidate::render(&leaks));
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/vramscope/training_loop");
+    std::fs::create_dir_all(&dir).map_err(|error| vramscope::Error::Io { path: dir.display().to_string(), error })?;
+    let folded = vramscope::report::folded(&snapshot, vramscope::report::FoldedKind::Live);
+    let files = [
+        ("live.svg", vramscope::report::flamegraph(&folded, "live memory after training")?.into_bytes()),
+        ("snapshot.json", snapshot.to_json().into_bytes()),
+        ("snapshot.pickle", snapshot.to_pytorch_pickle()),
+    ];
+    for (name, bytes) in files {
+        let path = dir.join(name);
+        std::fs::write(&path, bytes)
+            .map_err(|error| vramscope::Error::Io { path: path.display().to_string(), error })?;
+        println!("wrote {}", path.display());
     }
+    drop(kept);
     println!("\n{}", alloc.memory_summary());
     Ok(())
 }

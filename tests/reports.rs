@@ -102,3 +102,30 @@ fn own_snapshots_report_scopes_and_tensors_deterministically() {
     insta::assert_snapshot!("own_snapshot_live", text);
     drop((weights, act));
 }
+
+#[test]
+fn pickles_written_for_pytorch_read_back_the_same() {
+    for name in ["leaky_train", "resnet_train"] {
+        let snap = fixture(name);
+        let again = Snapshot::from_pytorch_pickle(&snap.to_pytorch_pickle(), "written").unwrap();
+        assert_eq!(again.segments, snap.segments, "{name}");
+        assert_eq!(again.frames, snap.frames, "{name}");
+        assert_eq!(again.stacks, snap.stacks, "{name}");
+        assert_eq!(again.history.len(), snap.history.len(), "{name}");
+        assert_eq!(report::leaks(&again), report::leaks(&snap), "{name}");
+    }
+}
+
+#[test]
+fn own_pickles_carry_scopes_as_frames() {
+    let alloc = CachingAllocator::new(SimBackend::new(1 << 30));
+    let _outer = vramscope::scope("outer");
+    let x = alloc.alloc::<u8>(&alloc.default_stream(), 100).unwrap();
+    let bytes = alloc.snapshot().to_pytorch_pickle();
+    let back = Snapshot::from_pytorch_pickle(&bytes, "own").unwrap();
+    let block = back.live_blocks().next().unwrap();
+    let frames: Vec<_> = back.stack_frames(block.context.unwrap().stack.unwrap()).collect();
+    let last = frames.last().unwrap();
+    assert_eq!((last.function.as_str(), last.file.as_deref()), ("outer", Some("<scope>")));
+    drop(x);
+}

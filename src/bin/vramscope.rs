@@ -102,12 +102,17 @@ enum Command {
         #[command(flatten)]
         out: Output,
     },
-    /// Converts a snapshot to vramscope's JSON (from a PyTorch pickle or JSON).
+    /// Converts a snapshot between vramscope's JSON and PyTorch's pickle (readable by
+    /// `python -m torch.cuda._memory_viz` and PyTorch's memory_viz page).
     Convert {
         /// A vramscope JSON snapshot or a PyTorch snapshot pickle.
         file: PathBuf,
-        #[command(flatten)]
-        out: Output,
+        /// The format to write.
+        #[arg(long, value_enum, default_value_t = Format::Json)]
+        to: Format,
+        /// Where to write (required for `--to pickle`).
+        #[arg(short = 'o', long = "output")]
+        output: Option<PathBuf>,
     },
     /// Replay the allocations of a PyTorch snapshot pickle or a JSON trace through vramscope's
     /// allocator: once cold, then warm; print time per operation and peak memory.
@@ -143,6 +148,14 @@ enum BackendKind {
     Sim,
     /// Host memory standing in for a device.
     Host,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Format {
+    /// vramscope's JSON snapshot.
+    Json,
+    /// PyTorch's snapshot pickle.
+    Pickle,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -233,7 +246,15 @@ fn run(cli: Cli) -> Result<(), Failure> {
             };
             emit(&out, &svg)
         }
-        Command::Convert { file, out } => emit(&out, &(Snapshot::load(file)?.to_json() + "\n")),
+        Command::Convert { file, to, output } => {
+            let snap = Snapshot::load(file)?;
+            match (to, output) {
+                (Format::Json, output) => emit(&Output { output }, &(snap.to_json() + "\n")),
+                (Format::Pickle, Some(path)) => std::fs::write(&path, snap.to_pytorch_pickle())
+                    .map_err(|e| Failure(1, format!("{}: {e}", path.display()))),
+                (Format::Pickle, None) => Err(Failure(2, "--to pickle writes binary data: name a file with -o".into())),
+            }
+        }
         Command::Replay { file, backend, json, warm, config, capacity, record } => {
             let trace = Trace::from_file(&file)?;
             let config = match config {

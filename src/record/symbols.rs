@@ -55,6 +55,23 @@ pub(crate) fn is_trimmed(function: &str) -> bool {
     TRIMMED.iter().any(|p| function.starts_with(p))
 }
 
+/// Whether a resolved frame is not the user's: a trimmed function name, a frame from the
+/// standard library's sources (`/rustc/...`, including trait-object shims like
+/// `<&dyn Fn() as FnOnce>::call_once`), or the C runtime's `main` without debug info.
+fn is_trimmed_frame(f: &Frame) -> bool {
+    is_trimmed(&f.function)
+        || f.file.as_deref().is_some_and(|p| p.starts_with("/rustc/"))
+        || (f.file.is_none() && f.function == "main")
+}
+
+/// A source path as reports show it: relative to the working directory when it lies below
+/// it (so that reports read the same on every machine), else as it is.
+fn relative(path: &std::path::Path) -> String {
+    static CWD: std::sync::OnceLock<Option<std::path::PathBuf>> = std::sync::OnceLock::new();
+    let cwd = CWD.get_or_init(|| std::env::current_dir().ok());
+    cwd.as_deref().and_then(|c| path.strip_prefix(c).ok()).unwrap_or(path).display().to_string()
+}
+
 /// Resolves instruction pointers to frames, caching every address.
 #[derive(Default)]
 pub(crate) struct Symbolizer {
@@ -70,13 +87,9 @@ impl Symbolizer {
             let lookup = ip.saturating_sub(1);
             backtrace::resolve(lookup as *mut std::ffi::c_void, |sym| {
                 let function = sym.name().map_or_else(|| "<unknown>".to_string(), |n| format!("{n:#}"));
-                frames.push(Frame {
-                    function,
-                    file: sym.filename().map(|p| p.display().to_string()),
-                    line: sym.lineno(),
-                });
+                frames.push(Frame { function, file: sym.filename().map(relative), line: sym.lineno() });
             });
-            frames.retain(|f| !is_trimmed(&f.function));
+            frames.retain(|f| !is_trimmed_frame(f));
             frames
         })
     }
@@ -99,6 +112,14 @@ mod tests {
         assert!(is_trimmed("std::rt::lang_start"));
         assert!(!is_trimmed("my_model::train_step"));
         assert!(!is_trimmed("allocator_tests::leaky"));
+        let std_shim = Frame {
+            function: "<&dyn core::ops::function::Fn<()> as core::ops::function::FnOnce<()>>::call_once".into(),
+            file: Some("/rustc/abc/library/core/src/ops/function.rs".into()),
+            line: Some(287),
+        };
+        assert!(is_trimmed_frame(&std_shim));
+        assert!(is_trimmed_frame(&Frame { function: "main".into(), file: None, line: None }));
+        assert!(!is_trimmed_frame(&Frame { function: "main".into(), file: Some("src/main.rs".into()), line: Some(3) }));
     }
 
     #[test]

@@ -1,4 +1,4 @@
-use super::{bytes, site_frame};
+use super::{bytes, is_library, scope_label, site_frame};
 use crate::record::{Action, Frame};
 use crate::snapshot::{ContextInfo, Snapshot};
 use serde::Serialize;
@@ -12,6 +12,11 @@ pub struct LeakCandidate {
     pub site: String,
     /// The site's frame.
     pub frame: Frame,
+    /// The program's frames that called the site, innermost first (at most three), from the
+    /// site's largest surviving allocation.
+    pub callers: Vec<String>,
+    /// Scope path of that allocation, `a/b`, or empty.
+    pub scope: String,
     /// Blocks allocated there and still live at the end of the history.
     pub blocks: u64,
     /// Their bytes.
@@ -69,27 +74,57 @@ pub fn leaks(snapshot: &Snapshot) -> Vec<LeakCandidate> {
         }
     };
     // Per site: surviving bytes per bucket.
-    let mut per_site: BTreeMap<Frame, (u64, u64, BTreeMap<u32, u64>)> = BTreeMap::new();
+    struct Site {
+        blocks: u64,
+        bytes: u64,
+        buckets: BTreeMap<u32, u64>,
+        /// The largest surviving allocation (size, then earliest), for callers and scope.
+        example: (u64, std::cmp::Reverse<usize>),
+    }
+    let mut per_site: BTreeMap<Frame, Site> = BTreeMap::new();
     for &i in live.values() {
         let e = &hist[i];
         let Some(frame) = site_frame(snapshot, e.context.as_ref()) else { continue };
-        let s = per_site.entry(frame.clone()).or_default();
-        s.0 += 1;
-        s.1 += e.size;
-        *s.2.entry(bucket(i)).or_default() += e.size;
+        let s = per_site.entry(frame.clone()).or_insert(Site {
+            blocks: 0,
+            bytes: 0,
+            buckets: BTreeMap::new(),
+            example: (0, std::cmp::Reverse(usize::MAX)),
+        });
+        s.blocks += 1;
+        s.bytes += e.size;
+        *s.buckets.entry(bucket(i)).or_default() += e.size;
+        s.example = s.example.max((e.size, std::cmp::Reverse(i)));
     }
     let mut out: Vec<LeakCandidate> = per_site
         .into_iter()
-        .filter(|(_, (_, _, b))| b.len() as u32 >= 3.max(steps.div_ceil(2)))
-        .map(|(frame, (blocks, total, b))| LeakCandidate {
-            site: frame.to_string(),
-            frame,
-            blocks,
-            bytes: total,
-            bytes_per_step: total / u64::from(steps.max(1)),
-            growing_steps: b.len() as u32,
-            steps,
-            unit: if by_step { "step" } else { "window" },
+        .filter(|(_, s)| s.buckets.len() as u32 >= 3.max(steps.div_ceil(2)))
+        .map(|(frame, s)| {
+            let ctx = hist[s.example.1 .0].context;
+            let callers = ctx
+                .and_then(|c| c.stack)
+                .map(|st| {
+                    snapshot
+                        .stack_frames(st)
+                        .filter(|f| !is_library(f))
+                        .skip(1)
+                        .take(3)
+                        .map(|f| f.to_string())
+                        .collect()
+                })
+                .unwrap_or_default();
+            LeakCandidate {
+                site: frame.to_string(),
+                frame,
+                callers,
+                scope: scope_label(snapshot, ctx.as_ref()),
+                blocks: s.blocks,
+                bytes: s.bytes,
+                bytes_per_step: s.bytes / u64::from(steps.max(1)),
+                growing_steps: s.buckets.len() as u32,
+                steps,
+                unit: if by_step { "step" } else { "window" },
+            }
         })
         .collect();
     out.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.site.cmp(&b.site)));
@@ -102,7 +137,8 @@ impl LeakCandidate {
         if candidates.is_empty() {
             return "no leak candidates: no allocation site keeps growing\n".to_string();
         }
-        let mut s = format!("{} leak candidates (live blocks that keep growing)\n", candidates.len());
+        let n = candidates.len();
+        let mut s = format!("{n} leak candidate{} (live blocks that keep growing)\n", if n == 1 { "" } else { "s" });
         for c in candidates {
             s.push_str(&format!(
                 "{:>12}/{} {:>12} in {:>5} blocks, grew in {:>2} of {} {}s  {}\n",
@@ -115,6 +151,12 @@ impl LeakCandidate {
                 c.unit,
                 c.site
             ));
+            for caller in &c.callers {
+                s.push_str(&format!("{:>48}called from {caller}\n", ""));
+            }
+            if !c.scope.is_empty() {
+                s.push_str(&format!("{:>48}in scope {}\n", "", c.scope));
+            }
         }
         s
     }

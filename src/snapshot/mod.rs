@@ -4,6 +4,7 @@
 mod build;
 mod model;
 pub(crate) mod pickle;
+mod pickle_write;
 mod torch;
 
 pub use build::SNAPSHOT_VERSION;

@@ -1,0 +1,237 @@
+//! Writing a [`Snapshot`] as a pickle in PyTorch's snapshot schema, readable by
+//! `torch.cuda._memory_viz` and PyTorch's memory_viz page (protocol 4, integers of at most 8
+//! bytes, only dicts, lists, tuples, strings, numbers, booleans and `None`).
+
+use super::model::{BlockState, ContextInfo, Snapshot};
+use crate::record::Action;
+
+/// Pickle opcodes used here.
+mod op {
+    pub(super) const PROTO: u8 = 0x80;
+    pub(super) const STOP: u8 = b'.';
+    pub(super) const EMPTY_DICT: u8 = b'}';
+    pub(super) const EMPTY_LIST: u8 = b']';
+    pub(super) const MARK: u8 = b'(';
+    pub(super) const SETITEMS: u8 = b'u';
+    pub(super) const APPENDS: u8 = b'e';
+    pub(super) const TUPLE2: u8 = 0x86;
+    pub(super) const BININT: u8 = b'J';
+    pub(super) const LONG1: u8 = 0x8a;
+    pub(super) const BINFLOAT: u8 = b'G';
+    pub(super) const SHORT_BINUNICODE: u8 = 0x8c;
+    pub(super) const BINUNICODE: u8 = b'X';
+    pub(super) const NEWTRUE: u8 = 0x88;
+    pub(super) const NEWFALSE: u8 = 0x89;
+}
+
+/// Items per `APPENDS`, as in Python's pickler.
+const BATCH: usize = 1000;
+
+/// Appends pickle opcodes to a buffer.
+struct W(Vec<u8>);
+
+impl W {
+    fn int(&mut self, v: i64) {
+        if let Ok(small) = i32::try_from(v) {
+            self.0.push(op::BININT);
+            self.0.extend_from_slice(&small.to_le_bytes());
+        } else {
+            // Eight bytes at most, as the memory_viz page's reader requires.
+            self.0.push(op::LONG1);
+            self.0.push(8);
+            self.0.extend_from_slice(&v.to_le_bytes());
+        }
+    }
+
+    fn uint(&mut self, v: u64) {
+        self.int(i64::try_from(v).unwrap_or(i64::MAX));
+    }
+
+    fn float(&mut self, v: f64) {
+        self.0.push(op::BINFLOAT);
+        self.0.extend_from_slice(&v.to_be_bytes());
+    }
+
+    fn str(&mut self, s: &str) {
+        if s.len() < 256 {
+            self.0.push(op::SHORT_BINUNICODE);
+            self.0.push(s.len() as u8);
+        } else {
+            self.0.push(op::BINUNICODE);
+            self.0.extend_from_slice(&(s.len() as u32).to_le_bytes());
+        }
+        self.0.extend_from_slice(s.as_bytes());
+    }
+
+    fn bool(&mut self, b: bool) {
+        self.0.push(if b { op::NEWTRUE } else { op::NEWFALSE });
+    }
+
+    /// A dict of `n` entries written by `f` as key, value, key, value...
+    fn dict(&mut self, f: impl FnOnce(&mut W)) {
+        self.0.push(op::EMPTY_DICT);
+        self.0.push(op::MARK);
+        f(self);
+        self.0.push(op::SETITEMS);
+    }
+
+    /// A list, its items appended in batches of 1,000 as Python's pickler does (readers that
+    /// spread one batch into a call's arguments stay within their limits).
+    fn list<T>(&mut self, items: impl IntoIterator<Item = T>, mut f: impl FnMut(&mut W, T)) {
+        self.0.push(op::EMPTY_LIST);
+        let mut n = 0;
+        for item in items {
+            if n % BATCH == 0 {
+                if n > 0 {
+                    self.0.push(op::APPENDS);
+                }
+                self.0.push(op::MARK);
+            }
+            f(self, item);
+            n += 1;
+        }
+        if n > 0 {
+            self.0.push(op::APPENDS);
+        }
+    }
+}
+
+fn action_name(a: Action) -> &'static str {
+    match a {
+        Action::Alloc => "alloc",
+        Action::FreeRequested => "free_requested",
+        Action::FreeCompleted => "free_completed",
+        Action::SegmentAlloc => "segment_alloc",
+        Action::SegmentFree => "segment_free",
+        Action::SegmentMap => "segment_map",
+        Action::SegmentUnmap => "segment_unmap",
+        Action::Oom => "oom",
+        Action::Snapshot => "snapshot",
+    }
+}
+
+impl Snapshot {
+    /// The snapshot as a pickle in PyTorch's `torch.cuda.memory._snapshot()` schema. Scopes
+    /// appear as outermost frames named after the scope with the file `<scope>`, so that
+    /// PyTorch's viewers show them; threads and steps have no place in that schema.
+    pub fn to_pytorch_pickle(&self) -> Vec<u8> {
+        let mut w = W(Vec::with_capacity(1 << 16));
+        w.0.extend_from_slice(&[op::PROTO, 4]);
+        w.dict(|w| {
+            w.str("segments");
+            w.list(&self.segments, |w, seg| {
+                w.dict(|w| {
+                    for (k, v) in [
+                        ("device", self.device as u64),
+                        ("address", seg.address),
+                        ("total_size", seg.total_size),
+                        ("allocated_size", seg.allocated_size),
+                        ("active_size", seg.active_size),
+                        ("requested_size", seg.requested_size),
+                        ("stream", u64::from(seg.stream)),
+                    ] {
+                        w.str(k);
+                        w.uint(v);
+                    }
+                    w.str("segment_type");
+                    w.str(if seg.pool == "small" { "small" } else { "large" });
+                    w.str("segment_pool_id");
+                    w.int(0);
+                    w.int(0);
+                    w.0.push(op::TUPLE2);
+                    w.str("is_expandable");
+                    w.bool(seg.mapped_size != seg.total_size);
+                    w.str("frames");
+                    w.list(std::iter::empty::<()>(), |_, _| {});
+                    w.str("blocks");
+                    w.list(&seg.blocks, |w, b| {
+                        w.dict(|w| {
+                            w.str("address");
+                            w.uint(b.address);
+                            w.str("size");
+                            w.uint(b.size);
+                            w.str("requested_size");
+                            w.uint(b.requested_size);
+                            w.str("state");
+                            w.str(match b.state {
+                                BlockState::ActiveAllocated => "active_allocated",
+                                BlockState::ActivePendingFree => "active_pending_free",
+                                BlockState::Inactive => "inactive",
+                            });
+                            w.str("frames");
+                            self.write_frames(w, b.context.as_ref());
+                        })
+                    });
+                })
+            });
+            w.str("device_traces");
+            w.list([()], |w, ()| {
+                w.list(&self.history, |w, e| {
+                    w.dict(|w| {
+                        w.str("action");
+                        w.str(action_name(e.action));
+                        w.str("addr");
+                        w.uint(e.addr);
+                        w.str("size");
+                        w.uint(e.size);
+                        w.str("stream");
+                        w.uint(u64::from(e.stream));
+                        w.str("time_us");
+                        w.uint(e.time_ns / 1000);
+                        w.str("compile_context");
+                        w.str("N/A");
+                        w.str("user_metadata");
+                        w.str("");
+                        w.str("frames");
+                        self.write_frames(w, e.context.as_ref());
+                    })
+                })
+            });
+            w.str("allocator_settings");
+            w.dict(|w| {
+                w.str("PYTORCH_CUDA_ALLOC_CONF");
+                w.str("");
+                w.str("garbage_collection_threshold");
+                w.float(0.0);
+                w.str("expandable_segments");
+                w.bool(false);
+            });
+            w.str("external_annotations");
+            w.list(std::iter::empty::<()>(), |_, _| {});
+        });
+        w.0.push(op::STOP);
+        w.0
+    }
+
+    /// PyTorch's frame list, innermost first: the stack, then the scopes innermost first.
+    fn write_frames(&self, w: &mut W, ctx: Option<&ContextInfo>) {
+        let stack: Vec<_> = ctx.and_then(|c| c.stack).map(|s| self.stack_frames(s).collect()).unwrap_or_default();
+        let scopes: Vec<&String> =
+            ctx.and_then(|c| self.scopes.get(c.scope as usize)).map(|p| p.iter().rev().collect()).unwrap_or_default();
+        w.list(stack, |w, f| {
+            w.dict(|w| {
+                w.str("name");
+                w.str(&f.function);
+                w.str("filename");
+                w.str(f.file.as_deref().unwrap_or("??"));
+                w.str("line");
+                w.uint(u64::from(f.line.unwrap_or(0)));
+            })
+        });
+        if !scopes.is_empty() {
+            // Extend the list just written (it is on top of the stack) with the scopes.
+            w.0.push(op::MARK);
+            for s in scopes {
+                w.dict(|w| {
+                    w.str("name");
+                    w.str(s);
+                    w.str("filename");
+                    w.str("<scope>");
+                    w.str("line");
+                    w.int(0);
+                });
+            }
+            w.0.push(op::APPENDS);
+        }
+    }
+}
