@@ -97,6 +97,25 @@
 //! scope into a thread you spawn, and with the cargo feature `tracing`, `ScopeLayer` turns
 //! entered `tracing` spans into scopes.
 //!
+//! ## Reports
+//!
+//! [`report`] turns a [`Snapshot`] (from [`CachingAllocator::snapshot`], from JSON, or from a
+//! PyTorch pickle with [`Snapshot::load`]) into what a person reads: [`report::live`],
+//! [`report::leaks`], [`report::diff`], [`report::segments`], [`report::summary`], and
+//! [`report::folded`] stacks for [`report::flamegraph`] SVGs drawn by `inferno`.
+//! [`Snapshot::to_pytorch_pickle`] writes PyTorch's format for its own viewers.
+//!
+//! ```
+//! use vramscope::{report, Snapshot};
+//! let snap = Snapshot::load(concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/torch/leaky_train.snapshot.pickle"))?;
+//! let leaks = report::leaks(&snap);
+//! assert_eq!(leaks[0].site, "scripts/train_loops.py:76 (leaky_train)");
+//! print!("{}", report::LeakCandidate::render(&leaks));
+//! let svg = report::flamegraph(&report::folded(&snap, report::FoldedKind::Live), "live memory")?;
+//! # let _ = svg;
+//! # Ok::<(), vramscope::Error>(())
+//! ```
+//!
 //! ## Backends
 //!
 //! - [`HostBackend`]: host memory with a capacity limit; buffers hold real data. The default.

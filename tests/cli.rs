@@ -61,3 +61,77 @@ fn unreadable_input_is_one_clear_line_and_exit_code_2() {
     assert!(err.contains("accepted keys"), "{err}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn every_report_subcommand_reads_a_pytorch_pickle() {
+    let f = fixture("leaky_train.snapshot.pickle");
+    for (args, needle) in [
+        (vec!["summary", &f], "Allocated memory"),
+        (vec!["live", &f], "scripts/train_loops.py:76 (leaky_train)"),
+        (vec!["leaks", &f], "scripts/train_loops.py:71 (leaky_train)"),
+        (vec!["segments", &f], "17 segments"),
+        (vec!["folded", &f], "leaky_train (scripts/train_loops.py:76)"),
+        (vec!["folded", "--allocated", &f], "leaky_train (scripts/train_loops.py:72)"),
+        (vec!["diff", &f, &f], "no change"),
+        (vec!["flamegraph", &f], "<svg"),
+        (vec!["convert", &f], "\"segments\""),
+    ] {
+        let (code, out, err) = vramscope(&args);
+        assert_eq!(code, 0, "{args:?}: {err}");
+        assert!(out.contains(needle), "{args:?}: {needle:?} missing");
+    }
+    for sub in ["live", "leaks", "diff", "segments", "summary"] {
+        let args: Vec<&str> = if sub == "diff" { vec![sub, &f, &f, "--json"] } else { vec![sub, &f, "--json"] };
+        let (code, out, err) = vramscope(&args);
+        assert_eq!(code, 0, "{sub}: {err}");
+        serde_json::from_str::<serde_json::Value>(&out).unwrap_or_else(|e| panic!("{sub} --json: {e}"));
+    }
+}
+
+#[test]
+fn outputs_go_to_files_and_convert_round_trips() {
+    let dir = std::env::temp_dir().join(format!("vramscope-cli-out-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = fixture("leaky_train.snapshot.pickle");
+    let svg = dir.join("live.svg");
+    let (code, out, err) = vramscope(&["flamegraph", &f, "-o", svg.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.is_empty());
+    assert!(std::fs::read_to_string(&svg).unwrap().contains("train_loops.py"));
+    let json = dir.join("s.json");
+    let pickle = dir.join("s.pickle");
+    assert_eq!(vramscope(&["convert", &f, "-o", json.to_str().unwrap()]).0, 0);
+    assert_eq!(vramscope(&["convert", json.to_str().unwrap(), "--to", "pickle", "-o", pickle.to_str().unwrap()]).0, 0);
+    let (_, a, _) = vramscope(&["leaks", &f]);
+    let (_, b, _) = vramscope(&["leaks", pickle.to_str().unwrap()]);
+    assert_eq!(a, b, "the leaks survive pickle -> JSON -> pickle");
+    let (code, _, err) = vramscope(&["convert", &f, "--to", "pickle"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("-o"), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn reports_refuse_bad_snapshots_with_one_line_and_exit_code_2() {
+    let dir = std::env::temp_dir().join(format!("vramscope-cli-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cases: [(&str, &[u8], &str); 5] = [
+        ("empty.pickle", b"", "empty"),
+        ("random.bin", &[0x13, 0x37, 0xde, 0xad], "neither"),
+        ("truncated.pickle", b"\x80\x04\x95\x10\x00\x00\x00\x00\x00\x00\x00}\x94(\x8c\x08segments", "truncated"),
+        ("schema.json", br#"{"segments": 5}"#, "not a vramscope snapshot"),
+        ("schema.pickle", b"\x80\x04]\x94.", "without `segments`"),
+    ];
+    for (name, bytes, needle) in cases {
+        let path = dir.join(name);
+        std::fs::write(&path, bytes).unwrap();
+        for sub in ["summary", "live", "leaks", "segments", "folded", "flamegraph", "convert"] {
+            let (code, out, err) = vramscope(&[sub, path.to_str().unwrap()]);
+            assert_eq!(code, 2, "{sub} {name}: {err}");
+            assert!(out.is_empty(), "{sub} {name}");
+            assert_eq!(err.trim().lines().count(), 1, "{sub} {name}: {err}");
+            assert!(err.contains(needle) && err.contains(name), "{sub} {name}: {err}");
+        }
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -1,7 +1,7 @@
 use crate::error::{Error, Result};
 use crate::record::Action;
 use crate::snapshot::{ContextInfo, Snapshot};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 /// What a folded profile counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,18 +41,22 @@ fn stack_line(snap: &Snapshot, ctx: Option<&ContextInfo>) -> String {
 /// Folded stacks (`frame;frame;frame bytes`, one line per distinct stack, sorted), the input
 /// format of flamegraph tools.
 pub fn folded(snapshot: &Snapshot, kind: FoldedKind) -> String {
-    let mut lines: BTreeMap<String, u64> = BTreeMap::new();
+    // Sum by (scope, stack) first: a program has far fewer of those than blocks, and each line
+    // is formatted once.
+    let mut by_ctx: HashMap<(u32, Option<u32>), u64> = HashMap::new();
+    let mut add = |ctx: Option<&ContextInfo>, size: u64| {
+        *by_ctx.entry(ctx.map_or((u32::MAX, None), |c| (c.scope, c.stack))).or_default() += size;
+    };
     match kind {
-        FoldedKind::Live => {
-            for b in snapshot.live_blocks() {
-                *lines.entry(stack_line(snapshot, b.context.as_ref())).or_default() += b.size;
-            }
-        }
+        FoldedKind::Live => snapshot.live_blocks().for_each(|b| add(b.context.as_ref(), b.size)),
         FoldedKind::Allocated => {
-            for e in snapshot.history.iter().filter(|e| e.action == Action::Alloc) {
-                *lines.entry(stack_line(snapshot, e.context.as_ref())).or_default() += e.size;
-            }
+            snapshot.history.iter().filter(|e| e.action == Action::Alloc).for_each(|e| add(e.context.as_ref(), e.size))
         }
+    }
+    let mut lines: BTreeMap<String, u64> = BTreeMap::new();
+    for ((scope, stack), size) in by_ctx {
+        let ctx = (scope != u32::MAX).then_some(ContextInfo { stack, scope, thread: 0, step: 0 });
+        *lines.entry(stack_line(snapshot, ctx.as_ref())).or_default() += size;
     }
     lines.into_iter().filter(|(_, n)| *n > 0).map(|(l, n)| format!("{l} {n}\n")).collect()
 }
