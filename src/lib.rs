@@ -145,8 +145,11 @@ mod record;
 pub mod replay;
 pub mod report;
 mod snapshot;
+pub mod testing;
 
-pub use alloc::{AllocatorConfig, Buffer, CachingAllocator, IntoBackend, Pod, Stream, TensorMeta, ALLOC_CONF_ENV};
+pub use alloc::{
+    AllocatorConfig, Buffer, CachingAllocator, IntoBackend, Pod, ScopeUsage, Stream, TensorMeta, ALLOC_CONF_ENV,
+};
 pub use backend::{
     Backend, EventMode, FaultPlan, FaultyBackend, HostBackend, RawEvent, RawStream, SimBackend, DEFAULT_PAGE_SIZE,
 };
@@ -154,6 +157,8 @@ pub use device::{
     device, parse_bytes, try_device, BACKEND_ENV, CAPACITY_ENV, DEFAULT_HOST_CAPACITY, DEFAULT_SIM_CAPACITY,
 };
 pub use error::{BackendError, Error, OomReport, Result};
+#[doc(hidden)]
+pub use insta as __insta;
 #[cfg(feature = "tracing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tracing")))]
 pub use record::ScopeLayer;

@@ -90,6 +90,16 @@ impl Shared {
     }
 }
 
+/// What [`CachingAllocator::scope_usage`] counts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ScopeUsage {
+    /// Bytes of live blocks (block sizes).
+    pub bytes: u64,
+    /// Live blocks.
+    pub blocks: u64,
+}
+
 /// A stream of one allocator: blocks freed on it are reused on it at once; blocks used on
 /// other streams (see [`CachingAllocator::record_stream`]) wait for those streams first.
 ///
@@ -388,6 +398,50 @@ impl CachingAllocator {
     /// Empties the history (blocks keep their context).
     pub fn clear_history(&self) {
         self.shared.heap.lock().heap.recorder.history.clear();
+    }
+
+    /// Live bytes and blocks allocated inside `scope` (or scopes within it), on any thread.
+    /// Needs scopes recorded ([`RecordConfig::scopes`], on by default); without them every
+    /// block counts as outside.
+    ///
+    /// ```
+    /// use vramscope::{CachingAllocator, HostBackend};
+    /// let alloc = CachingAllocator::new(HostBackend::new(1 << 30));
+    /// let s = alloc.default_stream();
+    /// let outside = alloc.alloc::<u8>(&s, 512).unwrap();
+    /// let _g = vramscope::scope("mine");
+    /// let inside = alloc.alloc::<u8>(&s, 1024).unwrap();
+    /// assert_eq!(alloc.scope_usage(vramscope::current_scope()).bytes, 1024);
+    /// # drop((outside, inside));
+    /// ```
+    pub fn scope_usage(&self, scope: crate::record::Scope) -> ScopeUsage {
+        let locked = self.shared.heap.lock();
+        let heap = &locked.heap;
+        let sites = &heap.recorder.sites.sites;
+        let mut inside: std::collections::HashMap<u32, bool> = std::collections::HashMap::new();
+        let mut usage = ScopeUsage::default();
+        heap.for_each_block(|_, _, b| {
+            if b.state != heap::BlockState::Allocated {
+                return;
+            }
+            let Some(ctx) = b.ctx else { return };
+            let Some(site) = sites.get(ctx.site as usize) else { return };
+            if *inside.entry(site.scope).or_insert_with(|| crate::record::is_within(site.scope, scope.id())) {
+                usage.bytes += b.size;
+                usage.blocks += 1;
+            }
+        });
+        usage
+    }
+
+    /// Waits for every stream of this allocator and completes the frees that waited on them.
+    pub fn synchronize_all(&self) -> Result<()> {
+        let raws: Vec<u64> = self.shared.heap.lock().streams.iter().map(|s| s.raw).collect();
+        for raw in raws {
+            self.shared.backend.synchronize(raw)?;
+        }
+        self.shared.heap.lock().process_pending(&*self.shared.backend);
+        Ok(())
     }
 
     /// The largest free block in the cache.

@@ -19,7 +19,7 @@ pub use symbols::Frame;
 pub use tracing_layer::ScopeLayer;
 
 pub(crate) use history::{Context, Event, Ring, Site, NO_STACK};
-pub(crate) use scope::{path as scope_path, thread_id, thread_name, ROOT as ROOT_SCOPE};
+pub(crate) use scope::{is_within, path as scope_path, thread_id, thread_name, ROOT as ROOT_SCOPE};
 pub(crate) use stack::capture;
 #[cfg(test)]
 use stack::hash_stack;

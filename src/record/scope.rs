@@ -78,6 +78,24 @@ pub(crate) fn path(id: u32) -> Vec<String> {
     out
 }
 
+/// Whether scope `id` is `ancestor` or lies inside it.
+pub(crate) fn is_within(id: u32, ancestor: u32) -> bool {
+    let t = table().lock();
+    let mut i = id;
+    loop {
+        if i == ancestor {
+            return true;
+        }
+        if i == ROOT {
+            return false;
+        }
+        match t.nodes.get(i as usize) {
+            Some((parent, _)) => i = *parent,
+            None => return false,
+        }
+    }
+}
+
 fn child(parent: u32, name: &str) -> u32 {
     let mut t = table().lock();
     let name: Arc<str> = Arc::from(name);
@@ -152,6 +170,10 @@ pub fn scope(name: &str) -> ScopeGuard {
 pub struct Scope(u32);
 
 impl Scope {
+    pub(crate) fn id(self) -> u32 {
+        self.0
+    }
+
     /// Makes this scope current on the calling thread until the guard drops.
     pub fn enter(self) -> ScopeGuard {
         let previous = current_id();

@@ -1,0 +1,146 @@
+//! The memory-test harness: leaky bodies fail naming the allocating line, clean ones pass, and
+//! tests running at the same time get their own verdicts.
+
+use vramscope::testing::{MemTest, Metric};
+use vramscope::Buffer;
+
+fn alloc() -> vramscope::CachingAllocator {
+    vramscope::device(0)
+}
+
+#[test]
+fn a_leaky_body_fails_and_names_its_line() {
+    let mut kept: Vec<Buffer<f32>> = Vec::new();
+    let dir = std::env::temp_dir().join(format!("vramscope-evidence-{}", std::process::id()));
+    let line = line!() + 4;
+    let v = MemTest::new("mem_tests::leaky").iters(3).warmup(1).evidence_dir(&dir).check(|| {
+        let a = alloc();
+        let s = a.default_stream();
+        kept.push(a.alloc::<f32>(&s, 4096).unwrap().with_shape(&[64, 64]).unwrap());
+        let _tmp = a.alloc::<f32>(&s, 100_000).unwrap();
+    });
+    assert!(!v.passed);
+    assert_eq!(v.growth, 3 * 16384);
+    assert_eq!(v.per_iteration, [16384, 32768, 49152, 65536]);
+    let site = format!("tests/mem_tests.rs:{line} (mem_tests::a_leaky_body_fails_and_names_its_line");
+    assert!(v.report.contains(&site), "{site} not in\n{}", v.report);
+    assert!(v.report.contains("float32[64, 64]"), "{}", v.report);
+    assert!(v.report.contains("+16.00 KiB per iteration"), "{}", v.report);
+    assert!(!v.report.contains(&format!(":{}", line + 1)), "the freed temporary is not named:\n{}", v.report);
+    for f in ["report.txt", "snapshot.json", "live.svg", "growth.svg"] {
+        let p = dir.join("mem_tests__leaky").join(f);
+        assert!(p.exists(), "{} missing", p.display());
+        assert!(v.report.contains(&p.display().to_string()), "the report names {}", p.display());
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn a_clean_body_passes() {
+    let v = MemTest::new("mem_tests::clean").iters(5).check(|| {
+        let a = alloc();
+        let x = a.alloc::<u8>(&a.default_stream(), 1 << 20).unwrap();
+        drop(x);
+    });
+    assert!(v.passed, "{}", v.report);
+    assert_eq!(v.growth, 0);
+}
+
+#[test]
+fn tolerance_and_block_metric() {
+    let mut kept = Vec::new();
+    let v = MemTest::new("mem_tests::tolerated").iters(2).tolerance(2048).check(|| {
+        let a = alloc();
+        kept.push(a.alloc::<u8>(&a.default_stream(), 1000).unwrap());
+    });
+    assert!(v.passed, "2 x 1024 B of growth is within 2048 B: {}", v.report);
+    let v = MemTest::new("mem_tests::blocks").iters(2).metric(Metric::LiveBlocks).check(|| {
+        let a = alloc();
+        kept.push(a.alloc::<u8>(&a.default_stream(), 10).unwrap());
+    });
+    assert!(!v.passed);
+    assert_eq!(v.growth, 2);
+}
+
+#[test]
+fn results_stop_the_loop_and_are_returned() {
+    let mut n = 0;
+    let (v, out) = MemTest::new("mem_tests::result")
+        .run(|| -> Result<(), String> {
+            n += 1;
+            if n == 2 {
+                Err("boom".into())
+            } else {
+                Ok(())
+            }
+        })
+        .unwrap();
+    assert_eq!(out, Err("boom".to_string()));
+    assert_eq!(v.per_iteration.len(), 2);
+}
+
+#[test]
+fn spawned_threads_count_when_they_enter_the_tests_scope() {
+    let v = MemTest::new("mem_tests::threads").iters(2).check(|| {
+        let here = vramscope::current_scope();
+        std::thread::spawn(move || {
+            let _g = here.enter();
+            let a = alloc();
+            std::mem::forget(a.alloc::<u8>(&a.default_stream(), 512).unwrap());
+        })
+        .join()
+        .unwrap();
+    });
+    assert!(!v.passed);
+    assert_eq!(v.growth, 1024);
+}
+
+/// A leaky and a clean test running at the same time in one process keep their verdicts,
+/// run after run.
+#[test]
+fn parallel_tests_never_change_each_others_verdicts() {
+    for round in 0..20 {
+        let barrier = std::sync::Barrier::new(2);
+        let (leaky, clean) = std::thread::scope(|s| {
+            let leaky = s.spawn(|| {
+                barrier.wait();
+                let mut kept = Vec::new();
+                MemTest::new(format!("parallel::leaky{round}"))
+                    .iters(3)
+                    .evidence_dir(std::env::temp_dir().join("vramscope-par"))
+                    .check(|| {
+                        let a = alloc();
+                        kept.push(a.alloc::<u8>(&a.default_stream(), 4096).unwrap());
+                    })
+            });
+            let clean = s.spawn(|| {
+                barrier.wait();
+                // Allocates a lot while the leaky test measures, and frees it all.
+                MemTest::new(format!("parallel::clean{round}")).iters(3).check(|| {
+                    let a = alloc();
+                    let bufs: Vec<_> =
+                        (0..50).map(|i| a.alloc::<u8>(&a.default_stream(), 1000 * (i + 1)).unwrap()).collect();
+                    drop(bufs);
+                })
+            });
+            (leaky.join().unwrap(), clean.join().unwrap())
+        });
+        assert!(!leaky.passed, "round {round}: the leaky test must fail");
+        assert_eq!(leaky.growth, 3 * 4096, "round {round}");
+        assert!(clean.passed, "round {round}: {}", clean.report);
+    }
+    std::fs::remove_dir_all(std::env::temp_dir().join("vramscope-par")).ok();
+}
+
+#[test]
+#[ignore = "prints a failure report to look at: cargo test --test mem_tests -- --ignored --nocapture"]
+fn show_a_report() {
+    let mut kept = Vec::new();
+    let _model = vramscope::scope("model");
+    let v = MemTest::new("mem_tests::show").iters(3).check(|| {
+        let a = alloc();
+        let _fwd = vramscope::scope("forward");
+        kept.push(a.alloc::<f32>(&a.default_stream(), 4096).unwrap().with_shape(&[64, 64]).unwrap());
+    });
+    println!("{}", v.report);
+}
