@@ -4,6 +4,41 @@
 //! allocator for device memory with PyTorch-compatible statistics, running on a CUDA device or,
 //! without one, on host memory or a simulated device.
 //!
+//! ## Leak tests
+//!
+//! Most users meet vramscope as a dev-dependency and this attribute:
+//!
+//! ```
+//! #[vramscope::gpu_mem_test(iters = 5, warmup = 1, tolerance = "0 B")]
+//! fn training_step_does_not_leak() {
+//!     let alloc = vramscope::device(0);
+//!     let stream = alloc.default_stream();
+//!     let x = alloc.alloc::<f32>(&stream, 1 << 20).unwrap();
+//!     drop(x);
+//! }
+//! # fn main() {}
+//! ```
+//!
+//! It runs the body for the warm-up and measured iterations inside a scope named after the
+//! test, measures what the body left alive at the end of each iteration (after synchronizing the
+//! allocator's streams), and fails when that grows beyond the tolerance: the panic message lists
+//! the figures per iteration and each allocation site that grew, and names the evidence it wrote
+//! under `target/vramscope/<test>/` (`live.svg`, `growth.svg`, `snapshot.json`, `report.txt`).
+//! Only the test's own scope counts, so tests running in parallel keep their own verdicts;
+//! threads the test spawns count once they enter its scope (`current_scope().enter()`).
+//!
+//! Keys: `iters` (5), `warmup` (1), `tolerance` (`"0 B"`; bytes with a unit, or blocks),
+//! `metric` (`"live_bytes"`, `"live_blocks"`, or `"reserved_bytes"`, which is process-wide and
+//! so best used alone), `device` (0), `backend` (`"any"`, `"host"`, `"cuda"`: skipped with a
+//! printed reason where missing), `snapshot` (`false`; `true` pins the live tensors the test
+//! keeps with insta after the loop). Other attributes (`#[should_panic]`, `#[ignore]`) are kept
+//! and `Result` return types work. With an async runtime, put its test attribute first:
+//! `#[tokio::test]` above `#[gpu_mem_test]`, so the runtime's expansion is what repeats.
+//!
+//! [`testing::MemTest`] is the same machinery for custom harnesses, and
+//! [`assert_mem_snapshot!`] pins a deterministic live-tensor report (sites, scopes, dtypes,
+//! shapes, counts; no addresses, timestamps or thread ids) beside the calling test.
+//!
 //! ## Allocating
 //!
 //! ```
@@ -167,3 +202,4 @@ pub use record::{
     Scope, ScopeGuard, StackMode, MAX_STACK_DEPTH,
 };
 pub use snapshot::{BlockInfo, BlockState, ContextInfo, HistoryEntry, SegmentInfo, Snapshot, SNAPSHOT_VERSION};
+pub use vramscope_macros::gpu_mem_test;

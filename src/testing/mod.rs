@@ -21,7 +21,6 @@ use crate::error::{fmt_bytes, Error, Result};
 use crate::report::{self, FoldedKind, LiveGroup};
 use crate::snapshot::{BlockState, Snapshot};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 /// What a memory test measures at the end of each iteration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,8 +106,6 @@ pub struct MemTest {
     backend: BackendRequirement,
     evidence_dir: Option<PathBuf>,
 }
-
-static NEXT_RUN: AtomicU64 = AtomicU64::new(0);
 
 impl MemTest {
     /// A test named `name` (used in reports and for the evidence folder), with 5 measured
@@ -207,8 +204,9 @@ impl MemTest {
                 self.name, self.device
             )));
         }
-        let run = NEXT_RUN.fetch_add(1, Ordering::Relaxed);
-        let guard = crate::scope(&format!("{}#{run}", self.name));
+        // The scope is named after the test: deterministic, so that pinned reports do not
+        // change from run to run; test names are unique within a test binary.
+        let guard = crate::scope(&self.name);
         let scope = crate::current_scope();
         let mut per_iteration = Vec::with_capacity(self.warmup + self.iters);
         let mut first: Option<Snapshot> = None;
@@ -284,6 +282,22 @@ impl MemTest {
             Ok((v, _)) => panic!("{}", v.report),
             Err(e) => panic!("{}: {e}", self.name),
         }
+    }
+
+    /// The live-tensor report of what the test left alive (its scope, on the calling thread's
+    /// current scope), with the test's own scope left out of the paths: what `snapshot = true`
+    /// pins after the iterations.
+    pub fn scope_report(&self) -> String {
+        let Ok(alloc) = crate::try_device(self.device) else { return String::new() };
+        let mut path = crate::current_scope().path();
+        path.push(self.name.clone());
+        let mut snap = within(&alloc.snapshot(), &path);
+        for p in &mut snap.scopes {
+            if p.starts_with(&path) {
+                p.drain(..path.len());
+            }
+        }
+        LiveGroup::render(&report::live(&snap))
     }
 
     fn unit(&self, v: u64) -> String {

@@ -1,0 +1,214 @@
+//! `#[gpu_mem_test]`: see the `vramscope` crate's documentation; use it as
+//! `vramscope::gpu_mem_test`.
+
+#![warn(missing_docs)]
+
+use proc_macro::TokenStream;
+use proc_macro2::{Span, TokenStream as TokenStream2};
+use quote::quote;
+use syn::parse::Parser;
+use syn::punctuated::Punctuated;
+use syn::{Expr, ExprLit, ItemFn, Lit, MetaNameValue, ReturnType, Token};
+
+const KEYS: &str = "iters, warmup, tolerance, metric, device, backend, snapshot";
+
+/// Runs a test body for warm-up plus measured iterations and fails, naming the allocation sites
+/// that kept memory alive, when live memory grows. Keys (all optional): `iters = 5`,
+/// `warmup = 1`, `tolerance = "0 B"`, `metric = "live_bytes" | "live_blocks" | "reserved_bytes"`,
+/// `device = 0`, `backend = "any" | "host" | "cuda"`, `snapshot = false`.
+#[proc_macro_attribute]
+pub fn gpu_mem_test(args: TokenStream, item: TokenStream) -> TokenStream {
+    match expand(args.into(), item.into()) {
+        Ok(t) => t.into(),
+        Err(e) => e.to_compile_error().into(),
+    }
+}
+
+struct Options {
+    iters: u64,
+    warmup: u64,
+    tolerance: u64,
+    metric: &'static str,
+    device: u64,
+    backend: &'static str,
+    snapshot: bool,
+}
+
+fn lit(nv: &MetaNameValue) -> Option<&Lit> {
+    match &nv.value {
+        Expr::Lit(ExprLit { lit, .. }) => Some(lit),
+        _ => None,
+    }
+}
+
+fn int(nv: &MetaNameValue, key: &str) -> syn::Result<u64> {
+    let err = || syn::Error::new_spanned(&nv.value, format!("`{key}` takes a whole number, e.g. `{key} = 5`"));
+    match lit(nv) {
+        Some(Lit::Int(i)) => i.base10_parse::<u64>().map_err(|_| err()),
+        _ => Err(err()),
+    }
+}
+
+fn one_of(nv: &MetaNameValue, key: &str, accepted: &[&'static str]) -> syn::Result<&'static str> {
+    if let Some(Lit::Str(s)) = lit(nv) {
+        if let Some(v) = accepted.iter().find(|a| **a == s.value()) {
+            return Ok(v);
+        }
+    }
+    let list = accepted.iter().map(|a| format!("\"{a}\"")).collect::<Vec<_>>().join(", ");
+    Err(syn::Error::new_spanned(&nv.value, format!("`{key}` takes one of {list}")))
+}
+
+/// Bytes with an optional unit: `"0 B"`, `"4 KiB"`, `"1.5MiB"`, `"2 GB"`, or a whole number.
+fn bytes(nv: &MetaNameValue) -> syn::Result<u64> {
+    let err = || {
+        syn::Error::new_spanned(
+            &nv.value,
+            "`tolerance` takes bytes with a unit, e.g. `tolerance = \"64 KiB\"` (B, KB, KiB, MB, MiB, GB, GiB), or a whole number",
+        )
+    };
+    let text = match lit(nv) {
+        Some(Lit::Str(s)) => s.value(),
+        Some(Lit::Int(i)) => return i.base10_parse::<u64>(),
+        _ => return Err(err()),
+    };
+    let t = text.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "kb" => 1e3,
+        "kib" => 1024.0,
+        "mb" => 1e6,
+        "mib" => 1048576.0,
+        "gb" => 1e9,
+        "gib" => 1073741824.0,
+        _ => return Err(err()),
+    };
+    let v: f64 = num.parse().map_err(|_| err())?;
+    let b = v * mult;
+    if !(b.is_finite() && b >= 0.0 && b < u64::MAX as f64) {
+        return Err(err());
+    }
+    Ok(b as u64)
+}
+
+fn parse_options(args: TokenStream2) -> syn::Result<Options> {
+    let mut o =
+        Options { iters: 5, warmup: 1, tolerance: 0, metric: "LiveBytes", device: 0, backend: "Any", snapshot: false };
+    let list = Punctuated::<MetaNameValue, Token![,]>::parse_terminated.parse2(args).map_err(|e| {
+        syn::Error::new(e.span(), format!("expected `key = value` pairs separated by commas; accepted keys: {KEYS}"))
+    })?;
+    let mut errors: Option<syn::Error> = None;
+    let mut push = |e: syn::Error| match &mut errors {
+        Some(all) => all.combine(e),
+        None => errors = Some(e),
+    };
+    for nv in &list {
+        let key = nv.path.get_ident().map(ToString::to_string).unwrap_or_default();
+        let r: syn::Result<()> = (|| {
+            match key.as_str() {
+                "iters" => {
+                    o.iters = int(nv, "iters")?;
+                    if o.iters == 0 {
+                        return Err(syn::Error::new_spanned(&nv.value, "`iters` must be at least 1"));
+                    }
+                }
+                "warmup" => o.warmup = int(nv, "warmup")?,
+                "device" => o.device = int(nv, "device")?,
+                "tolerance" => o.tolerance = bytes(nv)?,
+                "metric" => {
+                    o.metric = match one_of(nv, "metric", &["live_bytes", "live_blocks", "reserved_bytes"])? {
+                        "live_bytes" => "LiveBytes",
+                        "live_blocks" => "LiveBlocks",
+                        _ => "ReservedBytes",
+                    }
+                }
+                "backend" => {
+                    o.backend = match one_of(nv, "backend", &["any", "host", "cuda"])? {
+                        "any" => "Any",
+                        "host" => "Host",
+                        _ => "Cuda",
+                    }
+                }
+                "snapshot" => {
+                    o.snapshot = match lit(nv) {
+                        Some(Lit::Bool(b)) => b.value,
+                        _ => return Err(syn::Error::new_spanned(&nv.value, "`snapshot` takes `true` or `false`")),
+                    }
+                }
+                _ => {
+                    let path = &nv.path;
+                    let shown = if key.is_empty() { quote!(#path).to_string() } else { key.clone() };
+                    return Err(syn::Error::new_spanned(path, format!("unknown key `{shown}`; accepted keys: {KEYS}")));
+                }
+            }
+            Ok(())
+        })();
+        if let Err(e) = r {
+            push(e);
+        }
+    }
+    match errors {
+        Some(e) => Err(e),
+        None => Ok(o),
+    }
+}
+
+/// Whether an attribute is a test attribute (`#[test]`, `#[tokio::test]`, `#[rstest]`...).
+fn is_test_attr(attr: &syn::Attribute) -> bool {
+    attr.path().segments.last().is_some_and(|s| s.ident == "test" || s.ident == "rstest")
+}
+
+fn expand(args: TokenStream2, item: TokenStream2) -> syn::Result<TokenStream2> {
+    let o = parse_options(args)?;
+    let f: ItemFn = syn::parse2(item).map_err(|e| {
+        syn::Error::new(e.span(), "#[gpu_mem_test] goes on a test function: `#[gpu_mem_test] fn name() { ... }`")
+    })?;
+    if f.sig.asyncness.is_some() {
+        return Err(syn::Error::new_spanned(
+            f.sig.asyncness,
+            "#[gpu_mem_test] runs the body several times and needs a synchronous function: put \
+             #[tokio::test] (or your runtime's test attribute) above #[gpu_mem_test], so that it \
+             expands first",
+        ));
+    }
+    if !f.sig.inputs.is_empty() {
+        return Err(syn::Error::new_spanned(&f.sig.inputs, "#[gpu_mem_test] functions take no arguments"));
+    }
+    let has_test = f.attrs.iter().any(is_test_attr);
+    let test_attr = if has_test { quote!() } else { quote!(#[::core::prelude::v1::test]) };
+    let attrs = &f.attrs;
+    let vis = &f.vis;
+    let sig = &f.sig;
+    let name = &f.sig.ident;
+    let block = &f.block;
+    let closure = match &f.sig.output {
+        ReturnType::Default => quote!(|| #block),
+        ReturnType::Type(_, ty) => quote!(|| -> #ty #block),
+    };
+    let (iters, warmup, tolerance, device) = (o.iters as usize, o.warmup as usize, o.tolerance, o.device as usize);
+    let metric = syn::Ident::new(o.metric, Span::call_site());
+    let backend = syn::Ident::new(o.backend, Span::call_site());
+    let snapshot = if o.snapshot {
+        quote!(::vramscope::__insta::assert_snapshot!(__vramscope_test.scope_report());)
+    } else {
+        quote!()
+    };
+    Ok(quote! {
+        #(#attrs)*
+        #test_attr
+        #vis #sig {
+            let __vramscope_test = ::vramscope::testing::MemTest::new(::core::concat!(::core::module_path!(), "::", ::core::stringify!(#name)))
+                .iters(#iters)
+                .warmup(#warmup)
+                .tolerance(#tolerance)
+                .metric(::vramscope::testing::Metric::#metric)
+                .device(#device)
+                .backend(::vramscope::testing::BackendRequirement::#backend);
+            let __vramscope_out = __vramscope_test.run_test(#closure);
+            #snapshot
+            __vramscope_out
+        }
+    })
+}

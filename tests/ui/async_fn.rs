@@ -1,0 +1,4 @@
+#[vramscope::gpu_mem_test]
+async fn t() {}
+
+fn main() {}

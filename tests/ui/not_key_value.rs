@@ -1,0 +1,7 @@
+#[vramscope::gpu_mem_test(5)]
+fn t() {}
+
+#[vramscope::gpu_mem_test]
+fn with_args(x: u32) {}
+
+fn main() {}
