@@ -85,6 +85,8 @@ pub struct OomReport {
     pub largest_free_block: u64,
     /// What the backend said.
     pub backend_message: String,
+    /// Where a snapshot was written (see `VRAMSCOPE_OOM_SNAPSHOT`), if one was.
+    pub snapshot_path: Option<String>,
 }
 
 impl OomReport {
@@ -110,7 +112,11 @@ impl fmt::Display for OomReport {
             fmt_bytes(self.reserved_unused()),
             fmt_bytes(self.largest_free_block),
             self.backend_message,
-        )
+        )?;
+        if let Some(p) = &self.snapshot_path {
+            write!(f, "; a snapshot was written to {p}")?;
+        }
+        Ok(())
     }
 }
 
@@ -202,9 +208,12 @@ mod tests {
             reserved: 7 << 30,
             largest_free_block: 2 << 20,
             backend_message: "host capacity reached".into(),
+            snapshot_path: Some("/tmp/oom.json".into()),
         };
         let m = Error::OutOfMemory(Box::new(r)).to_string();
-        for part in ["3.00 MiB", "4.00 MiB", "8.00 GiB", "1.00 MiB", "6.00 GiB", "1.00 GiB", "2.00 MiB"] {
+        for part in
+            ["3.00 MiB", "4.00 MiB", "8.00 GiB", "1.00 MiB", "6.00 GiB", "1.00 GiB", "2.00 MiB", "/tmp/oom.json"]
+        {
             assert!(m.contains(part), "{part} missing from {m}");
         }
     }

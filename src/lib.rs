@@ -184,6 +184,7 @@ pub mod testing;
 
 pub use alloc::{
     AllocatorConfig, Buffer, CachingAllocator, IntoBackend, Pod, ScopeUsage, Stream, TensorMeta, ALLOC_CONF_ENV,
+    OOM_SNAPSHOT_ENV,
 };
 pub use backend::{
     Backend, EventMode, FaultPlan, FaultyBackend, HostBackend, RawEvent, RawStream, SimBackend, DEFAULT_PAGE_SIZE,

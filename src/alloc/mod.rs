@@ -62,6 +62,15 @@ impl std::ops::DerefMut for Locked {
     }
 }
 
+/// The last reference is gone, so no buffer exists: give every segment back (waiting first for
+/// frees that other streams still hold up). Never panics.
+impl Drop for Shared {
+    fn drop(&mut self) {
+        let backend = &*self.backend;
+        self.heap.get_mut().heap.release_cache(backend, false);
+    }
+}
+
 impl Shared {
     /// Called from `Buffer::drop` with the buffer's block, if it has one: returns the block and
     /// forgets the buffer. Never panics.
@@ -89,6 +98,10 @@ impl Shared {
         drop(released);
     }
 }
+
+/// Environment variable naming a file (or directory) to write a JSON snapshot to when an
+/// allocation runs out of memory.
+pub const OOM_SNAPSHOT_ENV: &str = "VRAMSCOPE_OOM_SNAPSHOT";
 
 /// What [`CachingAllocator::scope_usage`] counts.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -288,7 +301,15 @@ impl CachingAllocator {
                 None
             } else {
                 let ctx = pending.map(|p| p.intern(&mut locked.heap.recorder));
-                Some(locked.heap.alloc(&*self.shared.backend, stream.id, bytes, ctx)?)
+                match locked.heap.alloc(&*self.shared.backend, stream.id, bytes, ctx) {
+                    Ok(g) => Some(g),
+                    Err(Error::OutOfMemory(mut report)) => {
+                        drop(locked);
+                        report.snapshot_path = self.dump_oom_snapshot();
+                        return Err(Error::OutOfMemory(report));
+                    }
+                    Err(e) => return Err(e),
+                }
             };
             locked.buffers += 1;
             if locked.keepalive.is_none() {
@@ -303,6 +324,30 @@ impl CachingAllocator {
             // SAFETY: as above.
             None => unsafe { Buffer::empty(shared, *stream) },
         })
+    }
+
+    /// Where [`OOM_SNAPSHOT_ENV`] asks, writes a snapshot after an out-of-memory error: to the
+    /// path it names, or, if that is a directory, to `oom-<pid>-<n>.json` inside it. The file is
+    /// written beside its destination and renamed into place, so it is either absent or complete.
+    fn dump_oom_snapshot(&self) -> Option<String> {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let target = std::path::PathBuf::from(std::env::var_os(OOM_SNAPSHOT_ENV)?);
+        let path = if target.is_dir() {
+            target.join(format!("oom-{}-{}.json", std::process::id(), N.fetch_add(1, Ordering::Relaxed)))
+        } else {
+            target
+        };
+        let tmp = path.with_extension("json.partial");
+        let json = self.snapshot().to_json();
+        let written = std::fs::write(&tmp, json).and_then(|()| std::fs::rename(&tmp, &path));
+        match written {
+            Ok(()) => Some(path.display().to_string()),
+            Err(e) => {
+                self.shared.heap.lock().last_error =
+                    Some(format!("writing the OOM snapshot to {}: {e}", path.display()));
+                None
+            }
+        }
     }
 
     /// Marks `buffer` as used by work on `stream`: when the buffer is dropped, its block is reused

@@ -69,8 +69,10 @@ pub fn leaks(snapshot: &Snapshot) -> Vec<LeakCandidate> {
         if by_step {
             (step_of(i) - min_step) as u32
         } else {
-            let span = (t1 - t0).max(1) as u128;
-            (((hist[i].time_ns - t0) as u128 * u128::from(WINDOWS)) / (span + 1)) as u32
+            // Saturating: a hand-edited or hostile history need not run forward in time.
+            let span = t1.saturating_sub(t0).max(1) as u128;
+            ((hist[i].time_ns.saturating_sub(t0) as u128 * u128::from(WINDOWS)) / (span + 1))
+                .min(u128::from(WINDOWS - 1)) as u32
         }
     };
     // Per site: surviving bytes per bucket.

@@ -22,6 +22,39 @@ pub(crate) enum Value {
     Dict(Rc<RefCell<Vec<(Value, Value)>>>),
 }
 
+/// Dropping a deeply nested value recursively would overflow the stack (a hostile pickle can
+/// nest a million lists in a few megabytes): containers that are dropped for good hand their
+/// items to a work list instead.
+impl Drop for Value {
+    fn drop(&mut self) {
+        fn take_children(v: &mut Value, out: &mut Vec<Value>) {
+            match v {
+                Value::List(l) if Rc::strong_count(l) == 1 => out.append(&mut l.borrow_mut()),
+                Value::Dict(d) if Rc::strong_count(d) == 1 => {
+                    for (k, v) in d.borrow_mut().drain(..) {
+                        out.push(k);
+                        out.push(v);
+                    }
+                }
+                Value::Tuple(t) => {
+                    if let Some(items) = Rc::get_mut(t) {
+                        for item in items.iter_mut() {
+                            out.push(std::mem::replace(item, Value::None));
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        let mut work = Vec::new();
+        take_children(self, &mut work);
+        while let Some(mut v) = work.pop() {
+            take_children(&mut v, &mut work);
+            // `v` is now shallow and drops without recursion.
+        }
+    }
+}
+
 impl fmt::Debug for Value {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -455,5 +488,28 @@ mod tests {
         assert!(parse(b"\x80\x04X\xff\xff\xff\xff").unwrap_err().message.contains("runs past"));
         assert!(parse(b"\x80\x04h\x05.").unwrap_err().message.contains("never stored"));
         assert!(parse(b"\x80\x04a.").unwrap_err().message.contains("empty"));
+    }
+}
+
+#[cfg(test)]
+mod hostile_tests {
+    use super::*;
+
+    #[test]
+    fn a_million_nested_lists_parse_and_drop_without_overflow() {
+        // ] ] ] ... then APPEND each into the one below: one list nested a million deep.
+        let depth = 1_000_000;
+        let mut data = vec![0x80, 4];
+        data.extend(std::iter::repeat_n(b']', depth));
+        data.extend(std::iter::repeat_n(b'a', depth - 1));
+        data.push(b'.');
+        let v = parse(&data).unwrap();
+        assert!(matches!(v, Value::List(_)));
+        drop(v);
+        // The same with tuples of one and dicts.
+        let mut data = vec![0x80, 4, b'N'];
+        data.extend(std::iter::repeat_n(0x85, depth));
+        data.push(b'.');
+        drop(parse(&data).unwrap());
     }
 }

@@ -484,6 +484,7 @@ impl Heap {
             reserved: self.reserved(),
             largest_free_block: largest,
             backend_message: cause.to_string(),
+            snapshot_path: None,
         }))
     }
 

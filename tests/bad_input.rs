@@ -1,0 +1,157 @@
+//! Bad input of every kind gets an error, never a panic, a hang or unbounded memory: random and
+//! mutated bytes for the pickle and JSON readers (a bounded fuzzing run in the test suite, seeded
+//! with the fixtures), hostile values, and the config parser.
+
+use proptest::prelude::*;
+use vramscope::replay::{replay, ReplayOptions, Trace};
+use vramscope::report::{self, FoldedKind};
+use vramscope::{AllocatorConfig, CachingAllocator, SimBackend, Snapshot};
+
+fn fixture_bytes(name: &str) -> &'static [u8] {
+    use std::sync::OnceLock;
+    static LEAKY: OnceLock<Vec<u8>> = OnceLock::new();
+    static JSON: OnceLock<Vec<u8>> = OnceLock::new();
+    let root = env!("CARGO_MANIFEST_DIR");
+    match name {
+        "pickle" => {
+            LEAKY.get_or_init(|| std::fs::read(format!("{root}/fixtures/torch/leaky_train.snapshot.pickle")).unwrap())
+        }
+        _ => JSON.get_or_init(|| {
+            Snapshot::load(format!("{root}/fixtures/torch/leaky_train.snapshot.pickle")).unwrap().to_json().into_bytes()
+        }),
+    }
+}
+
+/// Everything a user could run on a snapshot that loaded.
+fn exercise(snap: &Snapshot) {
+    let _ = report::live(snap);
+    let _ = report::leaks(snap);
+    let _ = report::segments(snap);
+    let _ = report::summary(snap);
+    let _ = report::diff(snap, snap);
+    let folded = report::folded(snap, FoldedKind::Live);
+    let _ = report::flamegraph(&folded, "t");
+    let _ = report::folded(snap, FoldedKind::Allocated);
+    let _ = snap.to_json();
+    let _ = snap.to_pytorch_pickle();
+}
+
+#[derive(Debug, Clone)]
+enum Mutation {
+    Flip(usize, u8),
+    Truncate(usize),
+    Insert(usize, Vec<u8>),
+    Delete(usize, usize),
+}
+
+fn mutate(data: &[u8], muts: &[Mutation]) -> Vec<u8> {
+    let mut d = data.to_vec();
+    for m in muts {
+        let n = d.len().max(1);
+        match m {
+            Mutation::Flip(i, x) => {
+                let i = i % n;
+                if let Some(b) = d.get_mut(i) {
+                    *b ^= x | 1;
+                }
+            }
+            Mutation::Truncate(i) => d.truncate(i % n),
+            Mutation::Insert(i, bytes) => {
+                let i = i % n;
+                d.splice(i.min(d.len())..i.min(d.len()), bytes.iter().copied());
+            }
+            Mutation::Delete(i, len) => {
+                let i = (i % n).min(d.len());
+                let end = (i + len % 64).min(d.len());
+                d.drain(i..end);
+            }
+        }
+    }
+    d
+}
+
+fn mutation() -> impl Strategy<Value = Mutation> {
+    prop_oneof![
+        (any::<usize>(), any::<u8>()).prop_map(|(i, x)| Mutation::Flip(i, x)),
+        any::<usize>().prop_map(Mutation::Truncate),
+        (any::<usize>(), prop::collection::vec(any::<u8>(), 1..16)).prop_map(|(i, b)| Mutation::Insert(i, b)),
+        (any::<usize>(), any::<usize>()).prop_map(|(i, l)| Mutation::Delete(i, l)),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_bytes_are_errors(bytes in prop::collection::vec(any::<u8>(), 0..2048)) {
+        if let Ok(s) = Snapshot::from_bytes(&bytes, "random") { exercise(&s) }
+        let _ = Trace::from_bytes(&bytes, "random");
+        let mut with_header = vec![0x80, 4];
+        with_header.extend(&bytes);
+        if let Ok(s) = Snapshot::from_bytes(&with_header, "random") { exercise(&s) }
+        let _ = Trace::from_bytes(&with_header, "random");
+    }
+
+    #[test]
+    fn mutated_pytorch_pickles_are_errors_or_snapshots(muts in prop::collection::vec(mutation(), 1..6)) {
+        let data = mutate(fixture_bytes("pickle"), &muts);
+        if let Ok(s) = Snapshot::from_bytes(&data, "mutated") { exercise(&s) }
+        let _ = Trace::from_bytes(&data, "mutated");
+    }
+
+    #[test]
+    fn mutated_json_snapshots_are_errors_or_snapshots(muts in prop::collection::vec(mutation(), 1..6)) {
+        let data = mutate(fixture_bytes("json"), &muts);
+        if let Ok(s) = Snapshot::from_bytes(&data, "mutated") { exercise(&s) }
+    }
+
+    #[test]
+    fn config_strings_never_panic(s in "\\PC{0,60}", key in prop::sample::select(vec![
+        "max_split_size_mb", "roundup_power2_divisions", "garbage_collection_threshold", "fragmentation_limit", "release_pages",
+    ]), value in "\\PC{0,12}") {
+        let _ = AllocatorConfig::parse(&s);
+        let _ = AllocatorConfig::parse(&format!("{key}:{value}"));
+    }
+}
+
+#[test]
+fn hostile_values_are_errors() {
+    // Sizes near u64::MAX, negative numbers, missing fields.
+    let huge = format!(r#"{{"events":[["a",1,{},0]]}}"#, u64::MAX - 3);
+    let trace = Trace::from_bytes(huge.as_bytes(), "huge").unwrap();
+    let alloc = CachingAllocator::new(SimBackend::new(1 << 40));
+    let e = replay(&alloc, &trace, &ReplayOptions::default()).unwrap_err();
+    assert!(e.to_string().contains("out of memory") || e.to_string().contains("invalid request"), "{e}");
+    alloc.check_invariants().unwrap();
+    assert!(Trace::from_bytes(br#"{"events":[["a",-1,5,0]]}"#, "neg").is_err());
+    // A pickle whose integers are negative or need more than 64 bits.
+    // pickle.dumps({"device_traces": [[{"action": "alloc", "addr": -1, "size": 5, "stream": 0}]]}, protocol=4)
+    let neg = b"\x80\x04\x95\x4f\x00\x00\x00\x00\x00\x00\x00\x7d\x94\x8c\x0d\x64\x65\x76\x69\x63\x65\x5f\x74\x72\x61\x63\x65\x73\x94\x5d\x94\x5d\x94\x7d\x94\x28\x8c\x06\x61\x63\x74\x69\x6f\x6e\x94\x8c\x05\x61\x6c\x6c\x6f\x63\x94\x8c\x04\x61\x64\x64\x72\x94\x4a\xff\xff\xff\xff\x8c\x04\x73\x69\x7a\x65\x94\x4b\x05\x8c\x06\x73\x74\x72\x65\x61\x6d\x94\x4b\x00\x75\x61\x61\x73\x2e";
+    let e = Trace::from_bytes(neg, "neg.pickle").unwrap_err().to_string();
+    assert!(e.contains("non-negative"), "{e}");
+    let big = b"\x80\x04\x8a\x11\x01\x01\x01\x01\x01\x01\x01\x01\x01\x01\x01\x01\x01\x01\x01\x01\x01.";
+    assert!(Snapshot::from_bytes(big, "big").unwrap_err().to_string().contains("128 bits"));
+    // A string claiming four gigabytes in a short file is refused before any allocation.
+    let claim = b"\x80\x04X\xff\xff\xff\xff";
+    assert!(Snapshot::from_bytes(claim, "claim").unwrap_err().to_string().contains("runs past"));
+    // Deeply nested JSON hits serde_json's recursion limit.
+    let deep = format!("{{\"events\":{}", "[".repeat(100_000));
+    assert!(Trace::from_bytes(deep.as_bytes(), "deep").unwrap_err().to_string().contains("not a JSON trace"));
+    let deep_obj = format!("{{\"segments\":{}", "[".repeat(100_000));
+    assert!(Snapshot::from_bytes(deep_obj.as_bytes(), "deep").is_err());
+    // Indices that point nowhere and times that run backwards: reports still work.
+    let mut snap: Snapshot = serde_json::from_slice(fixture_bytes("json")).unwrap();
+    for seg in &mut snap.segments {
+        seg.total_size = 0;
+        for b in &mut seg.blocks {
+            if let Some(c) = b.context.as_mut() {
+                c.stack = Some(u32::MAX);
+                c.scope = 1_000_000;
+            }
+        }
+    }
+    for (i, e) in snap.history.iter_mut().enumerate() {
+        e.time_ns = u64::MAX - i as u64;
+    }
+    exercise(&snap);
+}

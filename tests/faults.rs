@@ -1,0 +1,154 @@
+//! Reliability under injected faults and load: every memory request of a real workload failed in
+//! turn, and many threads moving buffers across threads and streams.
+
+use std::sync::Arc;
+use vramscope::replay::{replay, ReplayOptions, Trace};
+use vramscope::{Action, CachingAllocator, Error, EventMode, FaultPlan, FaultyBackend, SimBackend};
+
+fn fixture(name: &str) -> Trace {
+    Trace::from_file(format!("{}/fixtures/torch/{name}.trace.json", env!("CARGO_MANIFEST_DIR"))).unwrap()
+}
+
+/// Replays `trace` failing the requests `plan` names; checks the outcome and returns whether an
+/// OOM surfaced.
+fn replay_with(trace: &Trace, plan: FaultPlan) -> bool {
+    let faulty = Arc::new(FaultyBackend::new(SimBackend::new(1 << 40), plan));
+    let alloc = CachingAllocator::new(faulty.clone());
+    let mut opts = ReplayOptions::default();
+    opts.warm_passes = 1;
+    let oom = match replay(&alloc, trace, &opts) {
+        Ok(_) => false,
+        Err(Error::OutOfMemory(_)) => true,
+        Err(e) => panic!("a failed request must be an OOM, got {e}"),
+    };
+    alloc.check_invariants().unwrap();
+    assert_eq!(alloc.memory_allocated(), 0, "every buffer dropped");
+    let snap = alloc.snapshot();
+    assert_eq!(snap.history.iter().any(|e| e.action == Action::Oom), oom, "the history holds the OOM event");
+    // Memory works again.
+    faulty.set_plan(FaultPlan::Never);
+    drop(alloc.alloc::<u8>(&alloc.default_stream(), 256 << 20).unwrap());
+    alloc.empty_cache();
+    assert_eq!(faulty.inner().used_memory(), 0);
+    oom
+}
+
+#[test]
+fn failing_each_request_of_a_real_workload_in_turn() {
+    for name in ["leaky_train", "resnet_train"] {
+        let trace = fixture(name);
+        // Count the requests of a clean run.
+        let counter = Arc::new(FaultyBackend::new(SimBackend::new(1 << 40), FaultPlan::Never));
+        let alloc = CachingAllocator::new(counter.clone());
+        let mut opts = ReplayOptions::default();
+        opts.warm_passes = 1;
+        replay(&alloc, &trace, &opts).unwrap();
+        let requests = counter.requests();
+        assert!(requests > 50, "{name}: {requests}");
+        let (mut hidden, mut surfaced) = (0, 0);
+        for k in 0..requests {
+            // One failure: the allocator releases its cache and retries, so it never surfaces.
+            assert!(!replay_with(&trace, FaultPlan::nth(k)), "{name}: a single failure at {k} surfaced");
+            hidden += 1;
+            // The request and its retry: an OOM error, nothing broken.
+            assert!(replay_with(&trace, FaultPlan::Nth([k, k + 1].into())), "{name}: double failure at {k}");
+            surfaced += 1;
+        }
+        eprintln!("{name}: {requests} requests; {hidden} single faults absorbed, {surfaced} double faults reported");
+    }
+}
+
+#[test]
+fn many_threads_move_buffers_across_threads_and_streams() {
+    const THREADS: usize = 8;
+    const OPS: usize = 4000;
+    let sim = Arc::new(SimBackend::with_events(1 << 44, EventMode::Manual));
+    let alloc = CachingAllocator::new(sim.clone());
+    let streams: Vec<_> =
+        (0..4).map(|i| if i == 0 { alloc.default_stream() } else { alloc.new_stream().unwrap() }).collect();
+    let (txs, rxs): (Vec<_>, Vec<_>) =
+        (0..THREADS).map(|_| std::sync::mpsc::channel::<vramscope::Buffer<u8>>()).unzip();
+    std::thread::scope(|scope| {
+        for (t, rx) in rxs.into_iter().enumerate() {
+            let (alloc, streams, txs, sim) = (alloc.clone(), &streams, txs.clone(), sim.clone());
+            scope.spawn(move || {
+                let mut rng = 0x9e37_79b9_7f4a_7c15u64 ^ (t as u64) << 32;
+                let mut next = move || {
+                    rng ^= rng << 13;
+                    rng ^= rng >> 7;
+                    rng ^= rng << 17;
+                    rng
+                };
+                let mut mine = Vec::new();
+                for i in 0..OPS {
+                    while let Ok(b) = rx.try_recv() {
+                        mine.push(b);
+                    }
+                    match next() % 10 {
+                        0..=4 => {
+                            // 1 B to 256 MiB, log-uniform.
+                            let size = 1 + (next() % (1 << (next() % 28))) as usize;
+                            let s = &streams[(next() % 4) as usize];
+                            mine.push(alloc.alloc::<u8>(s, size).unwrap());
+                        }
+                        5 | 6 if !mine.is_empty() => drop(mine.swap_remove((next() as usize) % mine.len())),
+                        7 if !mine.is_empty() => {
+                            let b = mine.swap_remove((next() as usize) % mine.len());
+                            let _ = txs[(next() as usize) % THREADS].send(b);
+                        }
+                        8 if !mine.is_empty() => {
+                            let b = &mine[(next() as usize) % mine.len()];
+                            alloc.record_stream(b, &streams[(next() % 4) as usize]).unwrap();
+                        }
+                        9 if i % 50 == 0 => sim.complete_events(),
+                        _ => {}
+                    }
+                    if i % 500 == 0 {
+                        alloc.check_invariants().unwrap();
+                    }
+                }
+                drop(mine);
+                drop(txs);
+                // Drain what others sent after we stopped.
+                for b in rx.iter() {
+                    drop(b);
+                }
+            });
+        }
+        drop(txs);
+    });
+    sim.complete_events();
+    alloc.synchronize_all().unwrap();
+    alloc.check_invariants().unwrap();
+    let st = alloc.memory_stats();
+    assert_eq!(st["allocated_bytes.all.current"], 0);
+    assert_eq!(st["active_bytes.all.current"], 0);
+    assert_eq!(st["allocation.all.allocated"], st["allocation.all.freed"]);
+    assert!(st["allocation.all.allocated"] > (THREADS * OPS / 3) as u64);
+    alloc.empty_cache();
+    assert_eq!(sim.used_memory(), 0);
+    eprintln!("{} allocations by {THREADS} threads", st["allocation.all.allocated"]);
+}
+
+#[test]
+fn handles_and_buffers_dropped_concurrently_free_everything() {
+    for _ in 0..200 {
+        let sim = Arc::new(SimBackend::new(1 << 30));
+        let alloc = CachingAllocator::new(sim.clone());
+        let bufs: Vec<_> =
+            (0..8).map(|i| alloc.alloc::<u8>(&alloc.default_stream(), 1000 * (i + 1)).unwrap()).collect();
+        let handles: Vec<_> = (0..4).map(|_| alloc.clone()).collect();
+        drop(alloc);
+        std::thread::scope(|s| {
+            for b in bufs {
+                s.spawn(move || drop(b));
+            }
+            for h in handles {
+                s.spawn(move || drop(h));
+            }
+        });
+        // The allocator went with its last buffer and handle, and gave its segments back.
+        assert_eq!(Arc::strong_count(&sim), 1, "the allocator (and its backend reference) was freed");
+        assert_eq!(sim.used_memory(), 0, "its cached segments were released");
+    }
+}
