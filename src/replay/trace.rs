@@ -2,7 +2,8 @@
 //! compact `*.trace.json` form.
 
 use crate::error::{Error, Result};
-use crate::snapshot::pickle::{self, Value};
+use crate::record::Action;
+use crate::snapshot::{sniff, FileKind, Snapshot};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
@@ -52,13 +53,9 @@ impl Trace {
 
     /// Reads a trace from bytes; `source` names them in errors.
     pub fn from_bytes(data: &[u8], source: &str) -> Result<Trace> {
-        match data.iter().find(|b| !b.is_ascii_whitespace()) {
-            Some(0x80) => Self::from_pickle(data, source),
-            Some(b'{') => Self::from_json(data, source),
-            None => Err(format_err(source, "the file is empty")),
-            Some(_) => {
-                Err(format_err(source, "neither a PyTorch snapshot pickle (protocol 2 or later) nor a JSON trace"))
-            }
+        match sniff(data, "a JSON trace").map_err(|m| format_err(source, m))? {
+            FileKind::Pickle => Self::from_pickle(data, source),
+            FileKind::Json => Self::from_json(data, source),
         }
     }
 
@@ -90,51 +87,23 @@ impl Trace {
         Ok(Trace { source: source.to_string(), events })
     }
 
+    /// The allocations and completed frees of a PyTorch snapshot's `device_traces` (of the
+    /// device with the most events), read as a [`Snapshot`]'s history.
     fn from_pickle(data: &[u8], source: &str) -> Result<Trace> {
-        let root = pickle::parse(data).map_err(|e| format_err(source, e.to_string()))?;
-        let traces = root.get("device_traces").ok_or_else(|| {
-            format_err(source, format!("a {} without `device_traces`: not a PyTorch memory snapshot", root.type_name()))
-        })?;
-        let traces = traces.items().ok_or_else(|| {
-            format_err(source, format!("`device_traces` is a {}, expected a list", traces.type_name()))
-        })?;
-        // Replay the device with the most events.
-        let mut best: Vec<TraceEvent> = Vec::new();
-        for (d, dev) in traces.iter().enumerate() {
-            let items = dev.items().ok_or_else(|| {
-                format_err(source, format!("device_traces[{d}] is a {}, expected a list", dev.type_name()))
-            })?;
-            let mut events = Vec::new();
-            for (i, e) in items.iter().enumerate() {
-                let at = || format!("device_traces[{d}][{i}]");
-                let action = e.get("action").and_then(|a| a.as_str().map(str::to_string)).ok_or_else(|| {
-                    format_err(source, format!("{}: a {} without a string `action`", at(), e.type_name()))
-                })?;
-                let op = match action.as_str() {
-                    "alloc" => TraceOp::Alloc,
-                    "free_completed" => TraceOp::Free,
-                    _ => continue,
+        let snap = Snapshot::from_pytorch_pickle(data, source)?;
+        let events = snap
+            .history
+            .iter()
+            .filter_map(|e| {
+                let op = match e.action {
+                    Action::Alloc => TraceOp::Alloc,
+                    Action::FreeCompleted => TraceOp::Free,
+                    _ => return None,
                 };
-                let num = |key: &str| -> Result<u64> {
-                    let v = e.get(key).ok_or_else(|| format_err(source, format!("{}: missing `{key}`", at())))?;
-                    v.as_i128().and_then(|n| u64::try_from(n).ok()).ok_or_else(|| {
-                        format_err(
-                            source,
-                            format!("{}: `{key}` is {v:?}, expected a non-negative integer below 2^64", at()),
-                        )
-                    })
-                };
-                let stream = match e.get("stream") {
-                    None | Some(Value::None) => 0,
-                    Some(_) => num("stream")?,
-                };
-                events.push(TraceEvent { op, addr: num("addr")?, size: num("size")?, stream });
-            }
-            if events.len() > best.len() {
-                best = events;
-            }
-        }
-        Ok(Trace { source: source.to_string(), events: best })
+                Some(TraceEvent { op, addr: e.addr, size: e.size, stream: u64::from(e.stream) })
+            })
+            .collect();
+        Ok(Trace { source: source.to_string(), events })
     }
 }
 
@@ -163,6 +132,6 @@ mod tests {
         let e = Trace::from_bytes(b"\x80\x04\x95\x0a\x00\x00\x00\x00\x00\x00\x00}\x94\x8c\x01x\x94K\x01s.", "p")
             .unwrap_err()
             .to_string();
-        assert!(e.contains("device_traces"), "{e}");
+        assert!(e.contains("segments"), "{e}");
     }
 }

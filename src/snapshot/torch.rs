@@ -71,13 +71,11 @@ impl Snapshot {
 
     /// Reads a snapshot from bytes (JSON or pickle); `source` names them in errors.
     pub fn from_bytes(data: &[u8], source: &str) -> Result<Snapshot> {
-        match data.iter().find(|b| !b.is_ascii_whitespace()) {
-            Some(0x80) => Self::from_pytorch_pickle(data, source),
-            Some(b'{') => serde_json::from_slice(data).map_err(|e| {
+        match super::sniff(data, "a vramscope JSON snapshot").map_err(|m| bad(source, m))? {
+            super::FileKind::Pickle => Self::from_pytorch_pickle(data, source),
+            super::FileKind::Json => serde_json::from_slice(data).map_err(|e| {
                 bad(source, format!("not a vramscope snapshot ({e}); expected the JSON that `snapshot` writes"))
             }),
-            None => Err(bad(source, "the file is empty")),
-            Some(_) => Err(bad(source, "neither a PyTorch snapshot pickle nor a vramscope JSON snapshot")),
         }
     }
 
