@@ -7,7 +7,7 @@ use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
 
-/// Environment variable choosing the default backend: `host` or `sim`.
+/// Environment variable choosing the default backend: `host`, `sim` or `cuda`.
 pub const BACKEND_ENV: &str = "VRAMSCOPE_BACKEND";
 /// Environment variable setting the capacity of the default host or sim device, e.g. `8GiB`.
 pub const CAPACITY_ENV: &str = "VRAMSCOPE_CAPACITY";
@@ -49,26 +49,38 @@ pub fn parse_bytes(s: &str) -> Result<u64> {
 }
 
 /// Builds the backend [`device`] would use, from the environment.
-fn default_backend() -> Result<Arc<dyn Backend>> {
-    let kind = std::env::var(BACKEND_ENV).unwrap_or_else(|_| "host".to_string());
+fn default_backend(index: usize) -> Result<Arc<dyn Backend>> {
+    let _ = index;
+    let kind = std::env::var(BACKEND_ENV).unwrap_or_default();
     let capacity = match std::env::var(CAPACITY_ENV) {
         Ok(s) => Some(parse_bytes(&s).map_err(|e| Error::Config { key: CAPACITY_ENV.into(), message: e.to_string() })?),
         Err(_) => None,
     };
     match kind.trim().to_ascii_lowercase().as_str() {
-        "host" | "" => Ok(Arc::new(HostBackend::new(capacity.unwrap_or(DEFAULT_HOST_CAPACITY)))),
+        #[cfg(feature = "cuda")]
+        "cuda" => Ok(Arc::new(crate::backend::CudaBackend::new(index)?)),
+        // Without a choice: the CUDA device where the feature is on and one is present.
+        #[cfg(feature = "cuda")]
+        "" => match crate::backend::CudaBackend::new(index) {
+            Ok(b) => Ok(Arc::new(b)),
+            Err(_) => Ok(Arc::new(HostBackend::new(capacity.unwrap_or(DEFAULT_HOST_CAPACITY)))),
+        },
+        #[cfg(not(feature = "cuda"))]
+        "" => Ok(Arc::new(HostBackend::new(capacity.unwrap_or(DEFAULT_HOST_CAPACITY)))),
+        "host" => Ok(Arc::new(HostBackend::new(capacity.unwrap_or(DEFAULT_HOST_CAPACITY)))),
         "sim" => Ok(Arc::new(SimBackend::new(capacity.unwrap_or(DEFAULT_SIM_CAPACITY)))),
         other => Err(Error::Config {
             key: BACKEND_ENV.into(),
-            message: format!("unknown backend `{other}`; accepted: host, sim (cuda needs the `cuda` feature)"),
+            message: format!("unknown backend `{other}`; accepted: host, sim, and cuda with the `cuda` feature"),
         }),
     }
 }
 
 /// The process-wide allocator of device `index`, created on first use.
 ///
-/// The backend is the host backend (16 GiB unless `VRAMSCOPE_CAPACITY` says otherwise), or the
-/// one named by `VRAMSCOPE_BACKEND` (`host`, `sim`); the configuration comes from
+/// The backend is the one named by `VRAMSCOPE_BACKEND` (`host`, `sim`, `cuda`); unset, it is
+/// the CUDA device `index` where the `cuda` feature is on and a device is present, else the host
+/// backend (16 GiB unless `VRAMSCOPE_CAPACITY` says otherwise). The configuration comes from
 /// `VRAMSCOPE_ALLOC_CONF`. Every call for the same index returns a handle to the same allocator.
 ///
 /// Errors when the environment holds a malformed setting.
@@ -78,7 +90,7 @@ pub fn try_device(index: usize) -> Result<CachingAllocator> {
     if let Some(a) = map.get(&index) {
         return Ok(a.clone());
     }
-    let alloc = CachingAllocator::for_device(default_backend()?, index, AllocatorConfig::from_env()?)?;
+    let alloc = CachingAllocator::for_device(default_backend(index)?, index, AllocatorConfig::from_env()?)?;
     map.insert(index, alloc.clone());
     Ok(alloc)
 }

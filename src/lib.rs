@@ -153,7 +153,11 @@
 //!
 //! ## Backends
 //!
-//! - [`HostBackend`]: host memory with a capacity limit; buffers hold real data. The default.
+//! - `CudaBackend` (cargo feature `cuda`): a CUDA device through `cudarc`, the driver loaded at
+//!   run time (a missing driver or device is an error); `cuMemAlloc` segments, cudarc streams,
+//!   reuse across streams gated by CUDA events. [`device`] picks it when a device is present.
+//! - [`HostBackend`]: host memory with a capacity limit; buffers hold real data. The default
+//!   without a GPU.
 //! - [`SimBackend`]: address space only, any capacity, for replaying traces of any size.
 //! - [`FaultyBackend`]: fails chosen requests of another backend, for testing OOM handling.
 //!
@@ -186,6 +190,9 @@ pub use alloc::{
     AllocatorConfig, Buffer, CachingAllocator, IntoBackend, Pod, ScopeUsage, Stream, TensorMeta, ALLOC_CONF_ENV,
     OOM_SNAPSHOT_ENV,
 };
+#[cfg(feature = "cuda")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
+pub use backend::CudaBackend;
 pub use backend::{
     Backend, EventMode, FaultPlan, FaultyBackend, HostBackend, RawEvent, RawStream, SimBackend, DEFAULT_PAGE_SIZE,
 };

@@ -158,18 +158,42 @@ impl<T: Pod> Buffer<T> {
         Ok(unsafe { std::slice::from_raw_parts_mut(p, self.len) })
     }
 
-    /// Copies `src` into the buffer; `src` must have exactly [`len`](Self::len) elements.
+    /// Copies `src` into the buffer; `src` must have exactly [`len`](Self::len) elements. On
+    /// device backends (CUDA) the copy is synchronous.
     pub fn copy_from_host(&mut self, src: &[T]) -> Result<()> {
         if src.len() != self.len {
             return Err(Error::Usage(format!("copy of {} elements into a buffer of {}", src.len(), self.len)));
         }
-        self.as_host_slice_mut()?.copy_from_slice(src);
-        Ok(())
+        if self.len == 0 || self.shared().backend.host_ptr(self.addr).is_some() {
+            self.as_host_slice_mut()?.copy_from_slice(src);
+            return Ok(());
+        }
+        // SAFETY: `T: Pod` has no padding, so its values are plain initialized bytes.
+        let bytes = unsafe { std::slice::from_raw_parts(src.as_ptr().cast::<u8>(), std::mem::size_of_val(src)) };
+        self.shared().backend.copy_to_device(self.addr, bytes).map_err(|e| self.not_addressable(e))
     }
 
-    /// Copies the contents out.
+    /// Copies the contents out (synchronously on device backends).
     pub fn to_vec(&self) -> Result<Vec<T>> {
-        Ok(self.as_host_slice()?.to_vec())
+        if self.len == 0 || self.shared().backend.host_ptr(self.addr).is_some() {
+            return Ok(self.as_host_slice()?.to_vec());
+        }
+        let size = std::mem::size_of::<T>();
+        let mut bytes = vec![0u8; self.len * size];
+        self.shared().backend.copy_from_device(self.addr, &mut bytes).map_err(|e| self.not_addressable(e))?;
+        // SAFETY: `bytes` holds `len` values' worth of bytes and `T: Pod` accepts any bit
+        // pattern; unaligned reads because a `Vec<u8>` is only byte-aligned.
+        Ok((0..self.len).map(|i| unsafe { bytes.as_ptr().add(i * size).cast::<T>().read_unaligned() }).collect())
+    }
+
+    fn not_addressable(&self, e: crate::error::BackendError) -> Error {
+        match e {
+            crate::error::BackendError::Unsupported(_) => Error::Usage(format!(
+                "the {} backend's memory is not addressable from the host and it cannot copy",
+                self.shared().backend.name()
+            )),
+            other => Error::Backend(other),
+        }
     }
 }
 

@@ -179,6 +179,12 @@ impl<B: Backend> Backend for FaultyBackend<B> {
     fn host_ptr(&self, addr: u64) -> Option<*mut u8> {
         self.inner.host_ptr(addr)
     }
+    fn copy_to_device(&self, addr: u64, src: &[u8]) -> Result<(), BackendError> {
+        self.inner.copy_to_device(addr, src)
+    }
+    fn copy_from_device(&self, addr: u64, dst: &mut [u8]) -> Result<(), BackendError> {
+        self.inner.copy_from_device(addr, dst)
+    }
 }
 
 #[cfg(test)]

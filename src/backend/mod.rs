@@ -9,10 +9,14 @@
 //!   of any size and for benchmarking the allocator alone;
 //! - [`FaultyBackend`]: wraps another backend and fails chosen segment requests.
 
+#[cfg(feature = "cuda")]
+mod cuda;
 mod faulty;
 mod host;
 mod sim;
 
+#[cfg(feature = "cuda")]
+pub use cuda::CudaBackend;
 pub use faulty::{FaultPlan, FaultyBackend};
 pub use host::HostBackend;
 pub use sim::{EventMode, SimBackend};
@@ -100,5 +104,18 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     fn host_ptr(&self, addr: u64) -> Option<*mut u8> {
         let _ = addr;
         None
+    }
+
+    /// Copies `src` to device address `addr`, synchronously. The default refuses: backends
+    /// without memory behind them (sim) or with host-addressable memory (host) do not need it.
+    fn copy_to_device(&self, addr: u64, src: &[u8]) -> Result<(), BackendError> {
+        let _ = (addr, src);
+        Err(BackendError::Unsupported("copies to device memory"))
+    }
+
+    /// Copies from device address `addr` into `dst`, synchronously.
+    fn copy_from_device(&self, addr: u64, dst: &mut [u8]) -> Result<(), BackendError> {
+        let _ = (addr, dst);
+        Err(BackendError::Unsupported("copies from device memory"))
     }
 }

@@ -148,6 +148,8 @@ enum BackendKind {
     Sim,
     /// Host memory standing in for a device.
     Host,
+    /// CUDA device 0 (needs the `cuda` feature).
+    Cuda,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -265,6 +267,12 @@ fn run(cli: Cli) -> Result<(), Failure> {
                 capacity.map(|c| vramscope::parse_bytes(&c)).transpose().map_err(|e| Failure(2, e.to_string()))?;
             let backend: std::sync::Arc<dyn Backend> = match backend {
                 BackendKind::Sim => std::sync::Arc::new(SimBackend::new(capacity.unwrap_or(80 << 30))),
+                #[cfg(feature = "cuda")]
+                BackendKind::Cuda => std::sync::Arc::new(vramscope::CudaBackend::new(0)?),
+                #[cfg(not(feature = "cuda"))]
+                BackendKind::Cuda => {
+                    return Err(Failure(2, "--backend cuda needs vramscope built with the `cuda` feature".into()))
+                }
                 BackendKind::Host => {
                     let peak = trace.events.iter().map(|e| e.size).sum::<u64>().min(64 << 30);
                     std::sync::Arc::new(HostBackend::new(capacity.unwrap_or((peak * 4).max(1 << 30))))

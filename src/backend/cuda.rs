@@ -1,0 +1,164 @@
+//! The CUDA backend (cargo feature `cuda`): device memory from the driver API through `cudarc`,
+//! loaded at run time.
+
+use super::{Backend, RawEvent, RawStream};
+use crate::error::{BackendError, Error};
+use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaStream, DriverError};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Device memory of one CUDA device, with its streams and events.
+///
+/// Segments come from `cuMemAlloc`; streams are `cudarc` [`CudaStream`]s (raw stream 0 is the
+/// context's default stream); cross-stream reuse waits on events recorded at free time and
+/// queried without blocking. Buffers are not host-addressable: their contents move with
+/// [`Buffer::copy_from_host`](crate::Buffer::copy_from_host) and
+/// [`Buffer::to_vec`](crate::Buffer::to_vec), which copy synchronously.
+///
+/// ```no_run
+/// # #[cfg(feature = "cuda")] {
+/// use vramscope::{CachingAllocator, CudaBackend};
+/// let alloc = CachingAllocator::new(CudaBackend::new(0)?);
+/// let mut x = alloc.alloc::<f32>(&alloc.default_stream(), 1024)?;
+/// x.copy_from_host(&vec![1.0; 1024])?;
+/// # }
+/// # Ok::<(), vramscope::Error>(())
+/// ```
+pub struct CudaBackend {
+    ctx: Arc<CudaContext>,
+    total: u64,
+    streams: Mutex<Vec<Arc<CudaStream>>>,
+    events: Mutex<(u64, HashMap<RawEvent, CudaEvent>)>,
+}
+
+impl std::fmt::Debug for CudaBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaBackend").field("ordinal", &self.ctx.ordinal()).field("total", &self.total).finish()
+    }
+}
+
+fn driver(what: &str, e: DriverError) -> BackendError {
+    if e.0 == sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY {
+        BackendError::OutOfMemory { requested: 0, message: format!("{what}: {e}") }
+    } else {
+        BackendError::Other(format!("{what}: {e}"))
+    }
+}
+
+impl CudaBackend {
+    /// Opens device `ordinal`. A missing driver library or device is an error, not a panic
+    /// (the library is looked for before `cudarc` is asked for a context).
+    pub fn new(ordinal: usize) -> Result<Self, Error> {
+        // SAFETY: only tries to open the driver library by its usual names.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(Error::Backend(BackendError::Other(
+                "the CUDA driver library (libcuda.so) was not found: install the NVIDIA driver, or use the host backend"
+                    .into(),
+            )));
+        }
+        let ctx = CudaContext::new(ordinal)
+            .map_err(|e| Error::Backend(BackendError::Other(format!("CUDA device {ordinal}: {e}"))))?;
+        let (_, total) = ctx.mem_get_info().map_err(|e| Error::Backend(driver("cuMemGetInfo", e)))?;
+        let default = ctx.default_stream();
+        Ok(CudaBackend {
+            ctx,
+            total: total as u64,
+            streams: Mutex::new(vec![default]),
+            events: Mutex::new((0, HashMap::new())),
+        })
+    }
+
+    /// The `cudarc` context.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// The `cudarc` stream behind a raw stream handle.
+    pub fn stream(&self, raw: RawStream) -> Option<Arc<CudaStream>> {
+        self.streams.lock().get(raw as usize).cloned()
+    }
+
+    fn stream_or_err(&self, raw: RawStream) -> Result<Arc<CudaStream>, BackendError> {
+        self.stream(raw).ok_or_else(|| BackendError::Other(format!("unknown stream {raw}")))
+    }
+}
+
+impl Backend for CudaBackend {
+    fn name(&self) -> &str {
+        "cuda"
+    }
+
+    fn total_memory(&self) -> u64 {
+        self.total
+    }
+
+    fn free_memory(&self) -> u64 {
+        self.ctx.mem_get_info().map_or(0, |(free, _)| free as u64)
+    }
+
+    fn reserve(&self, size: u64) -> Result<u64, BackendError> {
+        let bytes = usize::try_from(size).map_err(|_| BackendError::OutOfMemory {
+            requested: size,
+            message: "size exceeds the address space".into(),
+        })?;
+        self.ctx.bind_to_thread().map_err(|e| driver("binding the context", e))?;
+        // SAFETY: the context is current on this thread (bound above); the memory is returned
+        // with `release` exactly once, by the allocator.
+        unsafe { result::malloc_sync(bytes) }.map_err(|e| match driver("cuMemAlloc", e) {
+            BackendError::OutOfMemory { message, .. } => BackendError::OutOfMemory { requested: size, message },
+            other => other,
+        })
+    }
+
+    fn release(&self, addr: u64, _size: u64) -> Result<(), BackendError> {
+        self.ctx.bind_to_thread().map_err(|e| driver("binding the context", e))?;
+        // SAFETY: `addr` came from `cuMemAlloc` in `reserve` and is freed once; the allocator
+        // releases a segment only when no block of it is in use or awaited by any stream.
+        unsafe { result::free_sync(addr) }.map_err(|e| driver("cuMemFree", e))
+    }
+
+    fn create_stream(&self) -> Result<RawStream, BackendError> {
+        let s = self.ctx.new_stream().map_err(|e| driver("cuStreamCreate", e))?;
+        let mut streams = self.streams.lock();
+        streams.push(s);
+        Ok((streams.len() - 1) as RawStream)
+    }
+
+    fn record_event(&self, stream: RawStream) -> Result<RawEvent, BackendError> {
+        let s = self.stream_or_err(stream)?;
+        let ev = s.record_event(None).map_err(|e| driver("cuEventRecord", e))?;
+        let mut events = self.events.lock();
+        events.0 += 1;
+        let id = events.0;
+        events.1.insert(id, ev);
+        Ok(id)
+    }
+
+    fn event_completed(&self, event: RawEvent) -> Result<bool, BackendError> {
+        match self.events.lock().1.get(&event) {
+            Some(ev) => ev.try_is_complete().map_err(|e| driver("cuEventQuery", e)),
+            None => Ok(true),
+        }
+    }
+
+    fn destroy_event(&self, event: RawEvent) {
+        self.events.lock().1.remove(&event);
+    }
+
+    fn synchronize(&self, stream: RawStream) -> Result<(), BackendError> {
+        self.stream_or_err(stream)?.synchronize().map_err(|e| driver("cuStreamSynchronize", e))
+    }
+
+    fn copy_to_device(&self, addr: u64, src: &[u8]) -> Result<(), BackendError> {
+        self.ctx.bind_to_thread().map_err(|e| driver("binding the context", e))?;
+        // SAFETY: the caller (a `Buffer`) owns `[addr, addr + src.len())`.
+        unsafe { result::memcpy_htod_sync(addr, src) }.map_err(|e| driver("cuMemcpyHtoD", e))
+    }
+
+    fn copy_from_device(&self, addr: u64, dst: &mut [u8]) -> Result<(), BackendError> {
+        self.ctx.bind_to_thread().map_err(|e| driver("binding the context", e))?;
+        // SAFETY: the caller (a `Buffer`) owns `[addr, addr + dst.len())`.
+        unsafe { result::memcpy_dtoh_sync(dst, addr) }.map_err(|e| driver("cuMemcpyDtoH", e))
+    }
+}
