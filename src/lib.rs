@@ -165,8 +165,9 @@
 //!
 //! [`AllocatorConfig`] is a struct with documented defaults, also parsed from the
 //! `VRAMSCOPE_ALLOC_CONF` environment variable in PyTorch's `key:value,key:value` form.
-//! `VRAMSCOPE_BACKEND` (`host`, `sim`) and `VRAMSCOPE_CAPACITY` (e.g. `8GiB`) choose the default
-//! device's backend.
+//! `VRAMSCOPE_BACKEND` (`cuda`, `host`, `sim`) and `VRAMSCOPE_CAPACITY` (e.g. `8GiB`) choose the
+//! default device's backend; `VRAMSCOPE_OOM_SNAPSHOT` names where to write a snapshot when an
+//! allocation runs out of memory.
 //!
 //! ## Replaying traces
 //!
