@@ -118,3 +118,20 @@ fn statistics_agree_with_the_driver() {
     let back = b.free_memory();
     assert!(before.abs_diff(back) <= 64 << 20, "before {before}, after {back}");
 }
+
+#[test]
+fn buffers_work_with_cudarcs_copies_on_any_stream() {
+    let Some(b) = backend() else { return };
+    let alloc = CachingAllocator::new(b.clone());
+    let s1 = alloc.default_stream();
+    let mut buf = alloc.alloc::<f32>(&s1, 1 << 20).unwrap();
+    let src: Vec<f32> = (0..1 << 20).map(|i| i as f32 * 0.5).collect();
+    let cu1 = b.stream(s1.raw()).unwrap();
+    cu1.memcpy_htod(&src, &mut buf).unwrap();
+    assert_eq!(cu1.clone_dtoh(&buf).unwrap(), src);
+    // A copy on another stream waits for the buffer's own stream.
+    let other = b.context().new_stream().unwrap();
+    let back = other.clone_dtoh(&buf).unwrap();
+    assert_eq!(back, src);
+    assert_eq!(buf.to_vec().unwrap(), src);
+}

@@ -40,6 +40,9 @@ pub struct Buffer<T> {
     addr: u64,
     len: usize,
     stream: Stream,
+    /// The `cudarc` stream, looked up on first use by cudarc's traits.
+    #[cfg(feature = "cuda")]
+    cuda_stream: std::sync::OnceLock<std::sync::Arc<cudarc::driver::CudaStream>>,
     _marker: PhantomData<T>,
 }
 
@@ -60,14 +63,32 @@ impl<T: Pod> Buffer<T> {
     ///
     /// The buffer must have been counted in its allocator's live buffers (see `Locked`).
     pub(crate) unsafe fn new(shared: NonNull<Shared>, block: u32, addr: u64, len: usize, stream: Stream) -> Self {
-        Buffer { shared, block, addr, len, stream, _marker: PhantomData }
+        Buffer {
+            shared,
+            block,
+            addr,
+            len,
+            stream,
+            #[cfg(feature = "cuda")]
+            cuda_stream: std::sync::OnceLock::new(),
+            _marker: PhantomData,
+        }
     }
 
     /// # Safety
     ///
     /// As for [`new`](Self::new).
     pub(crate) unsafe fn empty(shared: NonNull<Shared>, stream: Stream) -> Self {
-        Buffer { shared, block: NO_BLOCK, addr: 0, len: 0, stream, _marker: PhantomData }
+        Buffer {
+            shared,
+            block: NO_BLOCK,
+            addr: 0,
+            len: 0,
+            stream,
+            #[cfg(feature = "cuda")]
+            cuda_stream: std::sync::OnceLock::new(),
+            _marker: PhantomData,
+        }
     }
 
     /// Number of elements.
@@ -219,5 +240,87 @@ impl<T> Drop for Buffer<T> {
     fn drop(&mut self) {
         // SAFETY: `self.shared` comes from this live buffer, which is never used again.
         unsafe { Shared::release_buffer(self.shared, self.block()) };
+    }
+}
+
+/// `Buffer<T>` wherever `cudarc` takes device memory: `memcpy_htod`, `memcpy_dtoh`,
+/// `clone_dtoh`, kernel launches (`builder.arg(&buf)`), and libraries built on these traits.
+///
+/// Who keeps ordering correct: a buffer belongs to the stream it was allocated on. When cudarc
+/// asks for its pointer for a copy on another stream (`DevicePtr`, `DevicePtrMut`), that stream
+/// is made to wait (an event recorded on the buffer's stream) before the copy. A kernel argument
+/// is only the address: launch on the buffer's stream, or order the launch yourself. When work
+/// on another stream still uses
+/// the buffer at drop time, tell the allocator with
+/// [`CachingAllocator::record_stream`](crate::CachingAllocator::record_stream), or the block may
+/// be reused on its own stream before that work is done. These traits are for buffers of the
+/// CUDA backend: using one from another backend with cudarc panics with a message saying so.
+#[cfg(feature = "cuda")]
+mod cuda_traits {
+    use super::Buffer;
+    use cudarc::driver::{
+        sys, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, LaunchArgs, PushKernelArg, SyncOnDrop,
+    };
+    use std::sync::Arc;
+
+    impl<T> DeviceSlice<T> for Buffer<T> {
+        fn len(&self) -> usize {
+            self.len
+        }
+
+        fn stream(&self) -> &Arc<CudaStream> {
+            self.cuda_stream.get_or_init(|| {
+                self.shared().backend.cuda_stream(self.stream.raw).unwrap_or_else(|| {
+                    panic!(
+                        "a vramscope buffer of the {} backend was used as CUDA memory; only buffers of the CUDA backend can be",
+                        self.shared().backend.name()
+                    )
+                })
+            })
+        }
+    }
+
+    impl<T> Buffer<T> {
+        /// Makes `stream` wait for the work queued so far on the buffer's own stream.
+        fn order_after_own_stream(&self, stream: &CudaStream) {
+            let own = DeviceSlice::stream(self);
+            if own.cu_stream() != stream.cu_stream() {
+                let ctx = stream.context();
+                match own.record_event(None) {
+                    Ok(ev) => ctx.record_err(stream.wait(&ev)),
+                    Err(e) => ctx.record_err::<()>(Err(e)),
+                }
+            }
+        }
+    }
+
+    impl<T> DevicePtr<T> for Buffer<T> {
+        fn device_ptr<'a>(&'a self, stream: &'a CudaStream) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
+            self.order_after_own_stream(stream);
+            (self.addr, SyncOnDrop::Sync(None))
+        }
+    }
+
+    impl<T> DevicePtrMut<T> for Buffer<T> {
+        fn device_ptr_mut<'a>(&'a mut self, stream: &'a CudaStream) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
+            self.order_after_own_stream(stream);
+            (self.addr, SyncOnDrop::Sync(None))
+        }
+    }
+
+    // SAFETY: the argument pushed is a reference to the buffer's device address (a `u64` field
+    // that lives as long as the borrow of the buffer), exactly what a kernel's pointer
+    // parameter expects, as cudarc does for its own slices.
+    unsafe impl<'a, 'b: 'a, T> PushKernelArg<&'b Buffer<T>> for LaunchArgs<'a> {
+        fn arg(&mut self, arg: &'b Buffer<T>) -> &mut Self {
+            self.arg(&arg.addr)
+        }
+    }
+
+    // SAFETY: as above, for a buffer the kernel writes.
+    unsafe impl<'a, 'b: 'a, T> PushKernelArg<&'b mut Buffer<T>> for LaunchArgs<'a> {
+        fn arg(&mut self, arg: &'b mut Buffer<T>) -> &mut Self {
+            self.arg(&arg.addr)
+        }
     }
 }

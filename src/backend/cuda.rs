@@ -150,6 +150,10 @@ impl Backend for CudaBackend {
         self.stream_or_err(stream)?.synchronize().map_err(|e| driver("cuStreamSynchronize", e))
     }
 
+    fn cuda_stream(&self, stream: RawStream) -> Option<Arc<CudaStream>> {
+        self.stream(stream)
+    }
+
     fn copy_to_device(&self, addr: u64, src: &[u8]) -> Result<(), BackendError> {
         self.ctx.bind_to_thread().map_err(|e| driver("binding the context", e))?;
         // SAFETY: the caller (a `Buffer`) owns `[addr, addr + src.len())`.

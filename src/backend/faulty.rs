@@ -182,6 +182,10 @@ impl<B: Backend> Backend for FaultyBackend<B> {
     fn copy_to_device(&self, addr: u64, src: &[u8]) -> Result<(), BackendError> {
         self.inner.copy_to_device(addr, src)
     }
+    #[cfg(feature = "cuda")]
+    fn cuda_stream(&self, stream: RawStream) -> Option<std::sync::Arc<cudarc::driver::CudaStream>> {
+        self.inner.cuda_stream(stream)
+    }
     fn copy_from_device(&self, addr: u64, dst: &mut [u8]) -> Result<(), BackendError> {
         self.inner.copy_from_device(addr, dst)
     }

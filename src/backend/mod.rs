@@ -106,6 +106,13 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         None
     }
 
+    /// The `cudarc` stream behind a raw stream, on the CUDA backend.
+    #[cfg(feature = "cuda")]
+    fn cuda_stream(&self, stream: RawStream) -> Option<std::sync::Arc<cudarc::driver::CudaStream>> {
+        let _ = stream;
+        None
+    }
+
     /// Copies `src` to device address `addr`, synchronously. The default refuses: backends
     /// without memory behind them (sim) or with host-addressable memory (host) do not need it.
     fn copy_to_device(&self, addr: u64, src: &[u8]) -> Result<(), BackendError> {
