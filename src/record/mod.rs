@@ -203,7 +203,7 @@ impl Hasher for SiteHasher {
     }
     #[inline]
     fn write_u32(&mut self, n: u32) {
-        self.0 = (self.0.rotate_left(5) ^ u64::from(n)).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+        self.0 = stack::mix(self.0, n as usize);
     }
 }
 

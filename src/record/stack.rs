@@ -91,7 +91,7 @@ fn frame_pointer() -> usize {
 
 /// One step of the stack hash (see [`hash_stack`]).
 #[inline(always)]
-fn mix(h: u64, ip: usize) -> u64 {
+pub(crate) fn mix(h: u64, ip: usize) -> u64 {
     (h.rotate_left(5) ^ ip as u64).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95)
 }
 

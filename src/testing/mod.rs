@@ -242,7 +242,7 @@ impl MemTest {
             return Ok((verdict, out));
         }
         let path = scope.path();
-        let before = first.map(|s| within(&s, &path)).unwrap_or_else(|| empty_like(&alloc));
+        let before = within(first.as_ref().expect("taken after the first warm-up iteration"), &path);
         let after = within(&alloc.snapshot(), &path);
         verdict.report = self.report(&verdict, &before, &after);
         verdict.evidence = self.write_evidence(&verdict.report, &before, &after);
@@ -329,10 +329,11 @@ impl MemTest {
         s.push_str("\nallocation sites that grew:\n");
         let measured = self.iters.max(1) as u64;
         let grown = report::diff(before, after);
+        let groups = report::live(after);
         let mut any = false;
         for d in grown.iter().filter(|d| d.after > d.before) {
             any = true;
-            let group = report::live(after).into_iter().find(|g| g.site == d.site && g.scope == d.scope);
+            let group = groups.iter().find(|g| g.site == d.site && g.scope == d.scope).cloned();
             let tensor = group.and_then(|g: LiveGroup| {
                 g.dtype.map(|t| format!(" {t}{}", g.shape.map_or(String::new(), |sh| format!("{sh:?}"))))
             });
@@ -397,15 +398,6 @@ fn within(snap: &Snapshot, path: &[String]) -> Snapshot {
         seg.blocks.retain(|b| b.state != BlockState::ActiveAllocated || inside(b.context.as_ref()));
     }
     s.history.retain(|e| inside(e.context.as_ref()));
-    s
-}
-
-fn empty_like(alloc: &CachingAllocator) -> Snapshot {
-    let mut s = alloc.snapshot();
-    for seg in &mut s.segments {
-        seg.blocks.clear();
-    }
-    s.history.clear();
     s
 }
 

@@ -473,7 +473,7 @@ impl Heap {
     fn oom(&mut self, backend: &dyn Backend, requested: u64, rounded: u64, cause: BackendError) -> Error {
         self.stats.num_ooms += 1;
         self.recorder.event(Action::Oom, 0, requested, 0, None);
-        let largest = self.free.iter().map(|(_, size)| size).max().unwrap_or(0);
+        let largest = self.largest_free();
         Error::OutOfMemory(Box::new(OomReport {
             device: self.device,
             requested,
