@@ -188,8 +188,8 @@ mod snapshot;
 pub mod testing;
 
 pub use alloc::{
-    AllocatorConfig, Buffer, CachingAllocator, IntoBackend, Pod, ScopeUsage, Stream, TensorMeta, ALLOC_CONF_ENV,
-    OOM_SNAPSHOT_ENV,
+    AllocatorConfig, Buffer, CachingAllocator, IntoBackend, LimitMax, Pod, ScopeUsage, Stream, TensorMeta,
+    ALLOC_CONF_ENV, OOM_SNAPSHOT_ENV,
 };
 #[cfg(feature = "cuda")]
 #[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]

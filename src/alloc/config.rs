@@ -8,7 +8,7 @@ pub const ALLOC_CONF_ENV: &str = "VRAMSCOPE_ALLOC_CONF";
 
 /// Keys accepted in a configuration string, for error messages.
 const KEYS: &str = "max_split_size_mb, roundup_power2_divisions, garbage_collection_threshold, \
-                    fragmentation_limit, release_pages, expandable_segments";
+                    fragmentation_limit, fragmentation_limit_max, release_pages, expandable_segments";
 
 /// How a [`CachingAllocator`](crate::CachingAllocator) sizes, splits and reclaims memory.
 ///
@@ -42,6 +42,13 @@ pub struct AllocatorConfig {
     /// it sizes new segments to the request. `None` caches like PyTorch: nothing is released
     /// before the device is full. Default: `Some(1.05)`.
     pub fragmentation_limit: Option<f64>,
+    /// How far the fragmentation limit may rise when holding to it makes the allocator churn:
+    /// each time it must ask the backend for memory to serve a request that a piece it gave
+    /// back (since the last peak of allocated bytes) would have served, the limit rises by 0.5%
+    /// of the peak. A steady workload (a training loop) settles within a few steps at the
+    /// lowest limit at which its iterations reuse the cache without calling the backend.
+    /// Default: [`LimitMax::Auto`].
+    pub fragmentation_limit_max: LimitMax,
     /// Where the backend can unmap pages, give back the pages under free holes inside segments
     /// when reclaiming, as PyTorch's expandable segments do. Default: `true`.
     pub release_pages: bool,
@@ -54,7 +61,39 @@ impl Default for AllocatorConfig {
             roundup_power2_divisions: 0,
             garbage_collection_threshold: None,
             fragmentation_limit: Some(1.05),
+            fragmentation_limit_max: LimitMax::Auto,
             release_pages: true,
+        }
+    }
+}
+
+/// How far [`AllocatorConfig::fragmentation_limit`] may rise when holding to it churns.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+#[non_exhaustive]
+pub enum LimitMax {
+    /// Up to [`LimitMax::AUTO_CEILING`] on backends whose segment calls are costly
+    /// ([`Backend::costly_segments`](crate::backend::Backend::costly_segments): CUDA, where
+    /// `cuMemAlloc` takes tens of microseconds and `cuMemFree` synchronizes the device);
+    /// fixed on the others (host, sim), where giving memory back costs next to nothing.
+    #[default]
+    Auto,
+    /// The limit stays where it is configured.
+    Off,
+    /// Up to this multiple of the peak of allocated bytes.
+    At(f64),
+}
+
+impl LimitMax {
+    /// The ceiling of [`LimitMax::Auto`] on backends with costly segment calls.
+    pub const AUTO_CEILING: f64 = 1.25;
+
+    /// The ceiling in force on a backend whose segment calls are (or are not) costly; `None`
+    /// when the limit stays fixed.
+    pub fn resolve(self, costly_segments: bool) -> Option<f64> {
+        match self {
+            LimitMax::Auto if costly_segments => Some(Self::AUTO_CEILING),
+            LimitMax::Auto | LimitMax::Off => None,
+            LimitMax::At(m) => Some(m),
         }
     }
 }
@@ -76,7 +115,8 @@ impl AllocatorConfig {
     ///
     /// Keys: `max_split_size_mb` (an integer number of MiB, more than 20),
     /// `roundup_power2_divisions` (a power of two, at most 64), `garbage_collection_threshold`
-    /// (a number strictly between 0 and 1), `fragmentation_limit` (a number at least 1, or `off`),
+    /// (a number strictly between 0 and 1), `fragmentation_limit` and `fragmentation_limit_max`
+    /// (numbers at least 1, or `off`; the second also `auto`),
     /// `release_pages` and its PyTorch-named alias `expandable_segments` (`True` or `False`).
     /// Unknown keys and malformed values are errors naming the key and the accepted form; an
     /// empty string is the default configuration.
@@ -121,6 +161,22 @@ impl AllocatorConfig {
                         c.fragmentation_limit = Some(f);
                     }
                 }
+                "fragmentation_limit_max" => {
+                    c.fragmentation_limit_max = if value.eq_ignore_ascii_case("auto") {
+                        LimitMax::Auto
+                    } else if value.eq_ignore_ascii_case("off") || value.eq_ignore_ascii_case("none") {
+                        LimitMax::Off
+                    } else {
+                        LimitMax::At(value.parse().map_err(|_| {
+                            bad(
+                                key,
+                                format!(
+                                    "`{value}` is not a number, `auto` or `off` (e.g. fragmentation_limit_max:1.2)"
+                                ),
+                            )
+                        })?)
+                    }
+                }
                 "release_pages" | "expandable_segments" => c.release_pages = parse_bool(key, value)?,
                 _ => return Err(bad(key, format!("unknown key; accepted keys: {KEYS}"))),
             }
@@ -150,6 +206,11 @@ impl AllocatorConfig {
                 return Err(bad("fragmentation_limit", format!("{f} must be at least 1")));
             }
         }
+        if let LimitMax::At(m) = self.fragmentation_limit_max {
+            if !(m.is_finite() && m >= 1.0) {
+                return Err(bad("fragmentation_limit_max", format!("{m} must be at least 1")));
+            }
+        }
         if let Some(t) = self.garbage_collection_threshold {
             if !(t > 0.0 && t < 1.0) {
                 return Err(bad("garbage_collection_threshold", format!("{t} must be strictly between 0 and 1")));
@@ -171,13 +232,22 @@ mod tests {
     fn parses_every_key() {
         let c = AllocatorConfig::parse(
             " max_split_size_mb:128, roundup_power2_divisions:4,garbage_collection_threshold:0.6,\
-             fragmentation_limit:1.2,expandable_segments:False",
+             fragmentation_limit:1.2,fragmentation_limit_max:1.3,expandable_segments:False",
         )
         .unwrap();
         assert_eq!(c.max_split_size, Some(128 << 20));
         assert_eq!(c.roundup_power2_divisions, 4);
         assert_eq!(c.garbage_collection_threshold, Some(0.6));
         assert_eq!(c.fragmentation_limit, Some(1.2));
+        assert_eq!(c.fragmentation_limit_max, LimitMax::At(1.3));
+        assert_eq!(
+            AllocatorConfig::parse("fragmentation_limit_max:off").unwrap().fragmentation_limit_max,
+            LimitMax::Off
+        );
+        assert_eq!(
+            AllocatorConfig::parse("fragmentation_limit_max:auto").unwrap().fragmentation_limit_max,
+            LimitMax::Auto
+        );
         assert!(!c.release_pages);
         assert_eq!(AllocatorConfig::parse("").unwrap(), AllocatorConfig::default());
         assert_eq!(AllocatorConfig::parse("fragmentation_limit:off").unwrap().fragmentation_limit, None);
@@ -193,6 +263,8 @@ mod tests {
             ("garbage_collection_threshold:1.5", "garbage_collection_threshold", "between 0 and 1"),
             ("fragmentation_limit:0.5", "fragmentation_limit", "at least 1"),
             ("fragmentation_limit:NaN", "fragmentation_limit", "at least 1"),
+            ("fragmentation_limit_max:0.9", "fragmentation_limit_max", "at least 1"),
+            ("fragmentation_limit_max:x", "fragmentation_limit_max", "not a number"),
             ("release_pages:maybe", "release_pages", "True or False"),
             ("colour:blue", "colour", "accepted keys"),
             ("max_split_size_mb", "max_split_size_mb", "key:value"),

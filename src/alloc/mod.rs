@@ -8,7 +8,7 @@ pub(crate) mod heap;
 pub(crate) mod stats;
 
 pub use buffer::{Buffer, Pod};
-pub use config::{AllocatorConfig, ALLOC_CONF_ENV};
+pub use config::{AllocatorConfig, LimitMax, ALLOC_CONF_ENV};
 pub use heap::TensorMeta;
 
 use crate::backend::Backend;
@@ -398,6 +398,18 @@ impl CachingAllocator {
     /// Peak of [`memory_reserved`](Self::memory_reserved).
     pub fn max_memory_reserved(&self) -> u64 {
         self.shared.heap.lock().stats.reserved_bytes.peak()
+    }
+
+    /// The fragmentation limit in force: [`AllocatorConfig::fragmentation_limit`] as raised on
+    /// churn, up to [`AllocatorConfig::fragmentation_limit_max`]; `None` when there is none.
+    ///
+    /// ```
+    /// use vramscope::{CachingAllocator, SimBackend};
+    /// let alloc = CachingAllocator::new(SimBackend::new(1 << 30));
+    /// assert_eq!(alloc.fragmentation_limit(), Some(1.05));
+    /// ```
+    pub fn fragmentation_limit(&self) -> Option<f64> {
+        self.shared.heap.lock().fragmentation_limit()
     }
 
     /// Sets every peak statistic to its current value.

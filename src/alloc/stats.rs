@@ -130,6 +130,8 @@ pub(crate) struct Stats {
     pub(crate) num_device_map: u64,
     pub(crate) num_device_unmap: u64,
     pub(crate) num_backend_errors: u64,
+    /// Times the fragmentation limit rose because holding to it churned (never reset).
+    pub(crate) num_limit_raises: u64,
     pub(crate) max_split_size: u64,
 }
 
@@ -204,6 +206,7 @@ impl Stats {
             ("num_device_map", self.num_device_map),
             ("num_device_unmap", self.num_device_unmap),
             ("num_backend_errors", self.num_backend_errors),
+            ("num_limit_raises", self.num_limit_raises),
             ("max_split_size", self.max_split_size),
         ] {
             m.insert(k.to_string(), v);

@@ -93,6 +93,10 @@ impl Backend for CudaBackend {
         self.total
     }
 
+    fn costly_segments(&self) -> bool {
+        true
+    }
+
     fn free_memory(&self) -> u64 {
         self.ctx.mem_get_info().map_or(0, |(free, _)| free as u64)
     }

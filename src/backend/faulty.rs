@@ -154,6 +154,9 @@ impl<B: Backend> Backend for FaultyBackend<B> {
     fn can_unmap(&self) -> bool {
         self.inner.can_unmap()
     }
+    fn costly_segments(&self) -> bool {
+        self.inner.costly_segments()
+    }
     fn unmap(&self, addr: u64, len: u64) -> Result<(), BackendError> {
         self.inner.unmap(addr, len)
     }

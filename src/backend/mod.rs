@@ -66,6 +66,14 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// unmapped stay unmapped; the backend frees what is still mapped.
     fn release(&self, addr: u64, size: u64) -> Result<(), BackendError>;
 
+    /// Whether reserving and releasing segments is costly next to serving a request from the
+    /// cache: on CUDA `cuMemAlloc` takes tens of microseconds and `cuMemFree` synchronizes the
+    /// device. The allocator then lets its fragmentation limit rise rather than churn (see
+    /// [`LimitMax::Auto`](crate::LimitMax::Auto)). Default: `false`.
+    fn costly_segments(&self) -> bool {
+        false
+    }
+
     /// Whether [`map`](Backend::map) and [`unmap`](Backend::unmap) work.
     fn can_unmap(&self) -> bool {
         false

@@ -40,6 +40,7 @@ pub struct SimBackend {
     next_addr: AtomicU64,
     next_stream: AtomicU64,
     mode: EventMode,
+    costly: bool,
     events: Mutex<Events>,
     /// Mapped bytes of each reserved segment, by base address.
     segments: Mutex<BTreeMap<u64, (u64, u64)>>,
@@ -70,9 +71,25 @@ impl SimBackend {
             next_addr: AtomicU64::new(SIM_BASE),
             next_stream: AtomicU64::new(1),
             mode,
+            costly: false,
             events: Mutex::new(Events::default()),
             segments: Mutex::new(BTreeMap::new()),
         }
+    }
+
+    /// Declares segment calls costly, as CUDA's are (see [`Backend::costly_segments`]): with
+    /// the default configuration the allocator then lets its fragmentation limit rise on churn,
+    /// as it does on a GPU. With `release_pages:false` in the configuration, a sim backend so
+    /// declared models CUDA's `cuMemAlloc` segments.
+    ///
+    /// ```
+    /// use vramscope::{CachingAllocator, SimBackend};
+    /// let alloc = CachingAllocator::new(SimBackend::new(1 << 30).with_costly_segments(true));
+    /// assert_eq!(alloc.fragmentation_limit(), Some(1.05)); // rises only when it churns
+    /// ```
+    pub fn with_costly_segments(mut self, costly: bool) -> Self {
+        self.costly = costly;
+        self
     }
 
     /// Completes every pending event, as if all streams had caught up.
@@ -179,6 +196,10 @@ impl Backend for SimBackend {
 
     fn can_unmap(&self) -> bool {
         true
+    }
+
+    fn costly_segments(&self) -> bool {
+        self.costly
     }
 
     fn unmap(&self, addr: u64, len: u64) -> Result<(), BackendError> {

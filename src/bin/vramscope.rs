@@ -307,9 +307,17 @@ fn run(cli: Cli) -> Result<(), Failure> {
                     report.fragmentation
                 );
                 println!(
-                    "backend calls    {} segments ({} in the last warm pass), {} page maps/unmaps, {} retries",
-                    report.device_allocs, report.warm_device_allocs, report.device_maps, report.alloc_retries
+                    "backend calls    {} segments ({} in the last warm pass), {} page maps/unmaps ({}), {} retries",
+                    report.device_allocs,
+                    report.warm_device_allocs,
+                    report.device_maps,
+                    report.warm_device_maps,
+                    report.alloc_retries
                 );
+                match report.fragmentation_limit {
+                    Some(f) => println!("limit in force   {f:.2}x peak allocated"),
+                    None => println!("limit in force   none"),
+                }
             }
             Ok(())
         }

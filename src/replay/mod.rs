@@ -74,6 +74,11 @@ pub struct ReplayReport {
     pub warm_device_allocs: u64,
     /// Page map and unmap calls over all passes.
     pub device_maps: u64,
+    /// Page map and unmap calls in the last warm pass.
+    pub warm_device_maps: u64,
+    /// The fragmentation limit in force at the end (it rises from the configured one when
+    /// holding to it churns); `None` without a limit.
+    pub fragmentation_limit: Option<f64>,
     /// Allocation retries after releasing the cache.
     pub alloc_retries: u64,
 }
@@ -169,11 +174,14 @@ pub fn replay(alloc: &CachingAllocator, trace: &Trace, options: &ReplayOptions) 
     alloc.reset_peak_stats();
     let cold = run_pass(alloc, &enc, &streams)?;
     let mut warm = Vec::with_capacity(options.warm_passes);
-    let mut warm_device_allocs = 0;
+    let (mut warm_device_allocs, mut warm_device_maps) = (0, 0);
+    let maps = |m: &std::collections::BTreeMap<String, u64>| m["num_device_map"] + m["num_device_unmap"];
     for _ in 0..options.warm_passes {
-        let a = alloc.memory_stats()["num_device_alloc"];
+        let a = alloc.memory_stats();
         warm.push(run_pass(alloc, &enc, &streams)?);
-        warm_device_allocs = alloc.memory_stats()["num_device_alloc"] - a;
+        let b = alloc.memory_stats();
+        warm_device_allocs = b["num_device_alloc"] - a["num_device_alloc"];
+        warm_device_maps = maps(&b) - maps(&a);
     }
     warm.sort_by(f64::total_cmp);
     let ops = enc.ops.len().max(1) as f64;
@@ -196,6 +204,8 @@ pub fn replay(alloc: &CachingAllocator, trace: &Trace, options: &ReplayOptions) 
         device_allocs: delta("num_device_alloc"),
         warm_device_allocs,
         device_maps: delta("num_device_map") + delta("num_device_unmap"),
+        warm_device_maps,
+        fragmentation_limit: alloc.fragmentation_limit(),
         alloc_retries: delta("num_alloc_retries"),
     })
 }

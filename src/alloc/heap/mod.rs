@@ -118,6 +118,13 @@ pub(crate) struct Heap {
     pub(crate) stats: Stats,
     /// Peak of allocated bytes since creation, for the fragmentation limit (never reset).
     limit_peak: u64,
+    /// The fragmentation limit in force: starts at the configured one and rises on churn.
+    limit_factor: Option<f64>,
+    /// How far `limit_factor` may rise; `None`: it stays.
+    limit_max: Option<f64>,
+    /// The largest free piece given back to the backend by the limit since the last new peak
+    /// of allocated bytes.
+    released_since_peak: u64,
     /// The last error a `Drop` could not report.
     pub(crate) last_error: Option<String>,
     /// Stacks, history and what to record.
@@ -140,7 +147,6 @@ impl Heap {
             device,
             page,
             can_unmap: backend.can_unmap() && config.release_pages,
-            config,
             blocks: Vec::new(),
             free_slots: Vec::new(),
             segments: Vec::new(),
@@ -150,7 +156,11 @@ impl Heap {
             streams: vec![StreamSlot { raw: 0 }],
             stats,
             limit_peak: 0,
+            limit_factor: config.fragmentation_limit,
+            limit_max: config.fragmentation_limit_max.resolve(backend.costly_segments()),
+            released_since_peak: 0,
             last_error: None,
+            config,
             recorder: Recorder::new(record),
         }
     }
@@ -313,6 +323,7 @@ impl Heap {
         let cur = st.allocated_bytes.current();
         if cur > self.limit_peak {
             self.limit_peak = cur;
+            self.released_since_peak = 0;
         }
         Ok(Grant { block, addr })
     }
@@ -398,6 +409,7 @@ impl Heap {
             Error::InvalidRequest(format!("{requested} bytes cannot be rounded to a segment size without overflow"))
         })?;
         let exact = size.next_multiple_of(self.page);
+        self.note_regrowth(size);
         let limit = self.soft_limit(backend, size);
         if self.reserved() + seg_size > limit {
             self.reclaim(backend, seg_size, limit);

@@ -13,7 +13,7 @@ impl Heap {
     /// Reserved bytes above which the allocator reclaims before growing.
     pub(super) fn soft_limit(&self, backend: &dyn Backend, size: u64) -> u64 {
         let mut limit = u64::MAX;
-        if let Some(f) = self.config.fragmentation_limit {
+        if let Some(f) = self.limit_factor {
             let peak = self.limit_peak.max(self.stats.allocated_bytes.current() + size);
             limit = limit.min((peak as f64 * f) as u64);
         }
@@ -21,6 +21,28 @@ impl Heap {
             limit = limit.min((backend.total_memory() as f64 * t) as u64);
         }
         limit
+    }
+
+    /// The fragmentation limit in force (it rises from the configured one on churn).
+    pub(crate) fn fragmentation_limit(&self) -> Option<f64> {
+        self.limit_factor
+    }
+
+    /// Called before asking the backend for memory to serve a request of `size` bytes. If the
+    /// allocator gave back, since the last peak of allocated bytes, a free piece that would have
+    /// served this request, holding to the limit made it churn: raise the limit by 0.5% of the
+    /// peak, up to `fragmentation_limit_max`.
+    pub(super) fn note_regrowth(&mut self, size: u64) {
+        if size > self.released_since_peak || self.stats.allocated_bytes.current() + size > self.limit_peak {
+            return;
+        }
+        self.released_since_peak = 0;
+        if let (Some(f), Some(max)) = (self.limit_factor, self.limit_max) {
+            if f < max {
+                self.limit_factor = Some((((f + 0.005) * 1000.0).round() / 1000.0).min(max));
+                self.stats.num_limit_raises += 1;
+            }
+        }
     }
 
     /// Gives cached memory back until `reserved + need <= limit` or nothing is left to give:
@@ -39,7 +61,10 @@ impl Heap {
             if self.reserved() + need <= limit {
                 return;
             }
-            self.release_segment_of(backend, b);
+            let size = self.blocks[b as usize].size;
+            if self.release_segment_of(backend, b) {
+                self.released_since_peak = self.released_since_peak.max(size);
+            }
         }
         if self.can_unmap && self.reserved() + need > limit {
             // Largest holes first: they give back the most pages per call.
@@ -50,7 +75,10 @@ impl Heap {
                 if self.reserved() + need <= limit {
                     return;
                 }
-                self.unmap_block(backend, b);
+                let size = self.blocks[b as usize].size;
+                if self.unmap_block(backend, b) {
+                    self.released_since_peak = self.released_since_peak.max(size);
+                }
             }
         }
     }
@@ -71,8 +99,9 @@ impl Heap {
         }
     }
 
-    /// Releases the segment whose only block is the free block `b`.
-    fn release_segment_of(&mut self, backend: &dyn Backend, b: u32) {
+    /// Releases the segment whose only block is the free block `b`; false if the backend
+    /// refused.
+    fn release_segment_of(&mut self, backend: &dyn Backend, b: u32) -> bool {
         let s = self.blocks[b as usize].segment;
         let (addr, size, pool, mapped) = {
             let seg = &self.segments[s as usize];
@@ -81,7 +110,7 @@ impl Heap {
         if let Err(e) = backend.release(addr, size) {
             self.stats.num_backend_errors += 1;
             self.last_error = Some(format!("releasing segment {addr:#x}: {e}"));
-            return;
+            return false;
         }
         self.unindex_free(b);
         let stream = self.blocks[b as usize].stream;
@@ -97,17 +126,18 @@ impl Heap {
         seg.live = false;
         seg.unmapped_pages = Vec::new();
         self.free_segment_slots.push(s);
+        true
     }
 
-    /// Unmaps the whole pages inside free block `b`.
-    fn unmap_block(&mut self, backend: &dyn Backend, b: u32) {
+    /// Unmaps the whole pages inside free block `b`; true if any page was unmapped.
+    fn unmap_block(&mut self, backend: &dyn Backend, b: u32) -> bool {
         let blk = &self.blocks[b as usize];
         let s = blk.segment as usize;
         let base = self.segments[s].addr;
         let first = (blk.addr - base).div_ceil(self.page);
         let end = (blk.addr + blk.size - base) / self.page;
         if first >= end {
-            return;
+            return false;
         }
         let mut any = false;
         for (start, stop) in self.page_runs(s, first, end, false) {
@@ -124,6 +154,7 @@ impl Heap {
         if any {
             self.blocks[b as usize].unmapped = true;
         }
+        any
     }
 
     /// Maps every unmapped page touching `[addr, addr + len)` of block `b`'s segment; on a
@@ -143,6 +174,7 @@ impl Heap {
         if missing == 0 {
             return Ok(());
         }
+        self.note_regrowth(len);
         let limit = self.soft_limit(backend, len);
         if self.reserved() + missing > limit {
             self.reclaim(backend, missing, limit);
