@@ -68,7 +68,10 @@
 //! reserved memory grows freely only while it stays within
 //! [`AllocatorConfig::fragmentation_limit`] (1.05 by default) times the peak of allocated bytes;
 //! beyond that it first gives cached segments back (and, on backends that can unmap pages, the
-//! pages under free holes) and sizes the new segment to the request.
+//! pages under free holes) and sizes the new segment to the request. Where segment calls are
+//! costly (CUDA), the limit rises by 0.5% each time holding to it churns — memory given back
+//! then asked for again — up to [`AllocatorConfig::fragmentation_limit_max`] (1.25), so that a
+//! training loop settles within a few steps to steps that never call the driver.
 //!
 //! Streams: a freed block is reused at once on the stream it was allocated on. A block used on
 //! another stream ([`CachingAllocator::record_stream`]) is reused only after an event recorded on
@@ -154,8 +157,11 @@
 //! ## Backends
 //!
 //! - `CudaBackend` (cargo feature `cuda`): a CUDA device through `cudarc`, the driver loaded at
-//!   run time (a missing driver or device is an error); `cuMemAlloc` segments, cudarc streams,
-//!   reuse across streams gated by CUDA events. [`device`] picks it when a device is present.
+//!   run time (a missing driver or device is an error); `cuMemAlloc` segments or virtual-memory
+//!   ones whose free pages can be given back (`CudaSegments`, `VRAMSCOPE_CUDA_SEGMENTS`), cudarc
+//!   streams, reuse across streams gated by CUDA events. [`device`] picks it when a device is
+//!   present. Its segment calls are costly, so the fragmentation limit rises on churn there
+//!   ([`LimitMax::Auto`]).
 //! - [`HostBackend`]: host memory with a capacity limit; buffers hold real data. The default
 //!   without a GPU.
 //! - [`SimBackend`]: address space only, any capacity, for replaying traces of any size.
@@ -191,12 +197,12 @@ pub use alloc::{
     AllocatorConfig, Buffer, CachingAllocator, IntoBackend, LimitMax, Pod, ScopeUsage, Stream, TensorMeta,
     ALLOC_CONF_ENV, OOM_SNAPSHOT_ENV,
 };
-#[cfg(feature = "cuda")]
-#[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
-pub use backend::CudaBackend;
 pub use backend::{
     Backend, EventMode, FaultPlan, FaultyBackend, HostBackend, RawEvent, RawStream, SimBackend, DEFAULT_PAGE_SIZE,
 };
+#[cfg(feature = "cuda")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
+pub use backend::{CudaBackend, CudaSegments, CUDA_SEGMENTS_ENV};
 pub use device::{
     device, parse_bytes, try_device, BACKEND_ENV, CAPACITY_ENV, DEFAULT_HOST_CAPACITY, DEFAULT_SIM_CAPACITY,
 };

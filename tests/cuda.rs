@@ -2,12 +2,48 @@
 //! returns where there is no driver or device, so the suite passes on machines without a GPU.
 #![cfg(feature = "cuda")]
 
-use cudarc::driver::result;
+use cudarc::driver::{result, LaunchConfig, PushKernelArg};
+use cudarc::nvrtc::Ptx;
 use std::sync::Arc;
-use vramscope::{Backend, CachingAllocator, CudaBackend, Error};
+use std::time::{Duration, Instant};
+use vramscope::{Backend, CachingAllocator, CudaBackend, CudaSegments, Error};
 
+/// A kernel that spins for a chosen number of steps per element, then writes a value the host
+/// can compute (see the file).
+const SPIN_PTX: &str = include_str!("cuda_kernel.ptx");
+
+/// What `spin_fill` writes at element `i`: the LCG step applied `iters` times to `i ^ seed`,
+/// computed in O(log iters) by composing the affine map with itself.
+fn spin_value(i: u32, iters: u32, seed: u32) -> u32 {
+    let (mut a, mut c) = (1u32, 0u32); // the composed map x -> a x + c
+    let (mut sa, mut sc) = (1_664_525u32, 1_013_904_223u32); // the map applied 2^k times
+    let mut k = iters;
+    while k > 0 {
+        if k & 1 == 1 {
+            (a, c) = (sa.wrapping_mul(a), sa.wrapping_mul(c).wrapping_add(sc));
+        }
+        (sa, sc) = (sa.wrapping_mul(sa), sa.wrapping_mul(sc).wrapping_add(sc));
+        k >>= 1;
+    }
+    a.wrapping_mul(i ^ seed).wrapping_add(c)
+}
+
+#[test]
+fn spin_value_matches_the_step_by_step_loop() {
+    for (i, iters, seed) in [(0, 0, 0), (5, 1, 7), (123_456, 1000, 0x5eed), (u32::MAX, 77, 1)] {
+        let mut x = i ^ seed;
+        for _ in 0..iters {
+            x = x.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+        }
+        assert_eq!(spin_value(i, iters, seed), x);
+    }
+}
+
+/// The segments to test: `VRAMSCOPE_CUDA_SEGMENTS` (the GPU run sets `virtual` for a second
+/// pass over the suite).
 fn backend() -> Option<Arc<CudaBackend>> {
-    match CudaBackend::new(0) {
+    let segments = CudaSegments::from_env().unwrap();
+    match CudaBackend::with_segments(0, segments) {
         Ok(b) => Some(Arc::new(b)),
         Err(e) => {
             eprintln!("skipped: {e}");
@@ -74,6 +110,52 @@ fn a_block_used_on_another_stream_waits_for_that_work() {
     if again.device_ptr() == addr {
         assert!(sample.iter().all(|&x| x == 16), "the stream-2 work completed before reuse");
     }
+    alloc.check_invariants().unwrap();
+}
+
+/// A block freed while a long kernel on another stream still writes it is handed out again only
+/// after the kernel has finished: the checksum of the reused block is the kernel's whole output.
+#[test]
+fn a_block_written_by_a_running_kernel_on_another_stream_waits_for_it() {
+    let Some(b) = backend() else { return };
+    let module = b.context().load_module(Ptx::from_src(SPIN_PTX)).unwrap();
+    let spin = module.load_function("spin_fill").unwrap();
+    let alloc = CachingAllocator::new(b.clone());
+    let (s1, s2) = (alloc.default_stream(), alloc.new_stream().unwrap());
+    let (n, iters, seed) = (1u32 << 24, 1u32 << 18, 0x5eed);
+    let mut big = alloc.alloc::<u32>(&s1, n as usize).unwrap();
+    big.copy_from_host(&vec![0; n as usize]).unwrap();
+    let addr = big.device_ptr();
+    let cu2 = b.stream(s2.raw()).unwrap();
+    let started = Instant::now();
+    let mut launch = cu2.launch_builder(&spin);
+    launch.arg(&mut big).arg(&n).arg(&iters).arg(&seed);
+    // SAFETY: the kernel's parameters match its PTX signature; it writes `n` u32 of `big`,
+    // which the allocator keeps out of use until stream 2 passes the kernel (checked below).
+    unsafe { launch.launch(LaunchConfig::for_num_elems(n)) }.unwrap();
+    alloc.record_stream(&big, &s2).unwrap();
+    drop(big);
+    let running = !cu2.record_event(None).unwrap().try_is_complete().unwrap();
+    assert!(running, "the kernel finished before the test could look: make it longer");
+    // While the kernel runs, requests of the same size get other memory; keep them, so that
+    // the only way back to `addr` is the allocator deciding stream 2 has passed the kernel.
+    let mut others = Vec::new();
+    let reused = loop {
+        let x = alloc.alloc::<u32>(&s1, n as usize).unwrap();
+        if x.device_ptr() == addr {
+            break x;
+        }
+        others.push(x);
+        assert!(started.elapsed() < Duration::from_secs(60), "the block never came back");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    eprintln!("block reused after {:?}, {} other blocks meanwhile", started.elapsed(), others.len());
+    assert!(!others.is_empty(), "the block was handed out while the kernel still wrote it");
+    // A synchronous copy does not wait for stream 2 (a non-blocking stream): had the block come
+    // back early, unwritten zeros would show.
+    let data = reused.to_vec().unwrap();
+    let bad = (0..n).filter(|&i| data[i as usize] != spin_value(i, iters, seed)).count();
+    assert_eq!(bad, 0, "{bad} of {n} elements differ from the kernel's output");
     alloc.check_invariants().unwrap();
 }
 

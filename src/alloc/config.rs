@@ -72,7 +72,7 @@ impl Default for AllocatorConfig {
 #[non_exhaustive]
 pub enum LimitMax {
     /// Up to [`LimitMax::AUTO_CEILING`] on backends whose segment calls are costly
-    /// ([`Backend::costly_segments`](crate::backend::Backend::costly_segments): CUDA, where
+    /// ([`Backend::costly_segments`](crate::Backend::costly_segments): CUDA, where
     /// `cuMemAlloc` takes tens of microseconds and `cuMemFree` synchronizes the device);
     /// fixed on the others (host, sim), where giving memory back costs next to nothing.
     #[default]

@@ -16,7 +16,7 @@ mod host;
 mod sim;
 
 #[cfg(feature = "cuda")]
-pub use cuda::CudaBackend;
+pub use cuda::{CudaBackend, CudaSegments, CUDA_SEGMENTS_ENV};
 pub use faulty::{FaultPlan, FaultyBackend};
 pub use host::HostBackend;
 pub use sim::{EventMode, SimBackend};

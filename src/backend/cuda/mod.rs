@@ -1,16 +1,53 @@
 //! The CUDA backend (cargo feature `cuda`): device memory from the driver API through `cudarc`,
 //! loaded at run time.
 
-use super::{Backend, RawEvent, RawStream};
+mod virtual_memory;
+
+use super::{Backend, RawEvent, RawStream, DEFAULT_PAGE_SIZE};
 use crate::error::{BackendError, Error};
 use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaStream, DriverError};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
+use virtual_memory::Pages;
+
+/// The environment variable [`CudaBackend::new`] reads to choose [`CudaSegments`]: `malloc`
+/// (the default) or `virtual`.
+pub const CUDA_SEGMENTS_ENV: &str = "VRAMSCOPE_CUDA_SEGMENTS";
+
+/// Where the CUDA backend's segments come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum CudaSegments {
+    /// One `cuMemAlloc` per segment, freed whole with `cuMemFree` (which waits for the device).
+    #[default]
+    Malloc,
+    /// Virtual memory, as PyTorch's expandable segments: each segment is an address range from
+    /// `cuMemAddressReserve` backed by one `cuMemCreate` handle per 2 MiB page, so the allocator
+    /// can give back the pages under free holes ([`Backend::can_unmap`]) and map them again
+    /// later. Reserving costs one driver call per page; unmapping waits for the device.
+    Virtual,
+}
+
+impl CudaSegments {
+    /// Reads [`CUDA_SEGMENTS_ENV`]: unset is [`CudaSegments::Malloc`].
+    pub fn from_env() -> Result<Self, Error> {
+        match std::env::var(CUDA_SEGMENTS_ENV) {
+            Err(std::env::VarError::NotPresent) => Ok(CudaSegments::Malloc),
+            Ok(v) if v.eq_ignore_ascii_case("malloc") => Ok(CudaSegments::Malloc),
+            Ok(v) if v.eq_ignore_ascii_case("virtual") => Ok(CudaSegments::Virtual),
+            Ok(v) => Err(Error::Config {
+                key: CUDA_SEGMENTS_ENV.into(),
+                message: format!("`{v}` is not a kind of segments; accepted: malloc, virtual"),
+            }),
+            Err(_) => Err(Error::Config { key: CUDA_SEGMENTS_ENV.into(), message: "not valid UTF-8".into() }),
+        }
+    }
+}
 
 /// Device memory of one CUDA device, with its streams and events.
 ///
-/// Segments come from `cuMemAlloc`; streams are `cudarc` [`CudaStream`]s (raw stream 0 is the
+/// Segments come from `cuMemAlloc`, or from virtual memory ([`CudaSegments`]); streams are `cudarc` [`CudaStream`]s (raw stream 0 is the
 /// context's default stream); cross-stream reuse waits on events recorded at free time and
 /// queried without blocking. Buffers are not host-addressable: their contents move with
 /// [`Buffer::copy_from_host`](crate::Buffer::copy_from_host) and
@@ -30,15 +67,22 @@ pub struct CudaBackend {
     total: u64,
     streams: Mutex<Vec<Arc<CudaStream>>>,
     events: Mutex<(u64, HashMap<RawEvent, CudaEvent>)>,
+    /// The page table of virtual-memory segments; `None` with `cuMemAlloc` segments.
+    pages: Option<Mutex<Pages>>,
+    page: u64,
 }
 
 impl std::fmt::Debug for CudaBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CudaBackend").field("ordinal", &self.ctx.ordinal()).field("total", &self.total).finish()
+        f.debug_struct("CudaBackend")
+            .field("ordinal", &self.ctx.ordinal())
+            .field("total", &self.total)
+            .field("segments", &self.segments())
+            .finish()
     }
 }
 
-fn driver(what: &str, e: DriverError) -> BackendError {
+pub(super) fn driver(what: &str, e: DriverError) -> BackendError {
     if e.0 == sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY {
         BackendError::OutOfMemory { requested: 0, message: format!("{what}: {e}") }
     } else {
@@ -47,9 +91,16 @@ fn driver(what: &str, e: DriverError) -> BackendError {
 }
 
 impl CudaBackend {
-    /// Opens device `ordinal`. A missing driver library or device is an error, not a panic
+    /// Opens device `ordinal` with the segments [`CUDA_SEGMENTS_ENV`] names (`cuMemAlloc`
+    /// ones when it is unset). A missing driver library or device is an error, not a panic
     /// (the library is looked for before `cudarc` is asked for a context).
     pub fn new(ordinal: usize) -> Result<Self, Error> {
+        Self::with_segments(ordinal, CudaSegments::from_env()?)
+    }
+
+    /// Opens device `ordinal` with the given kind of segments. [`CudaSegments::Virtual`] on a
+    /// device without virtual memory management is an error.
+    pub fn with_segments(ordinal: usize, segments: CudaSegments) -> Result<Self, Error> {
         // SAFETY: only tries to open the driver library by its usual names.
         if !unsafe { sys::is_culib_present() } {
             return Err(Error::Backend(BackendError::Other(
@@ -61,12 +112,43 @@ impl CudaBackend {
             .map_err(|e| Error::Backend(BackendError::Other(format!("CUDA device {ordinal}: {e}"))))?;
         let (_, total) = ctx.mem_get_info().map_err(|e| Error::Backend(driver("cuMemGetInfo", e)))?;
         let default = ctx.default_stream();
+        let pages = match segments {
+            CudaSegments::Malloc => None,
+            CudaSegments::Virtual => {
+                let attr = sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED;
+                if ctx.attribute(attr).unwrap_or(0) == 0 {
+                    return Err(Error::Backend(BackendError::Unsupported(
+                        "virtual memory management on this CUDA device",
+                    )));
+                }
+                ctx.bind_to_thread().map_err(|e| Error::Backend(driver("binding the context", e)))?;
+                Some(Mutex::new(Pages::new(ordinal as i32).map_err(Error::Backend)?))
+            }
+        };
+        let page = pages.as_ref().map_or(DEFAULT_PAGE_SIZE, |p| p.lock().page);
         Ok(CudaBackend {
             ctx,
             total: total as u64,
             streams: Mutex::new(vec![default]),
             events: Mutex::new((0, HashMap::new())),
+            pages,
+            page,
         })
+    }
+
+    /// The kind of segments this backend hands out.
+    pub fn segments(&self) -> CudaSegments {
+        if self.pages.is_some() {
+            CudaSegments::Virtual
+        } else {
+            CudaSegments::Malloc
+        }
+    }
+
+    /// Waits for all work on the device: physical memory is unmapped or freed only after
+    /// queued work that may still use it has finished (`cuMemFree` does this by itself).
+    fn synchronize_device(&self) -> Result<(), BackendError> {
+        self.ctx.synchronize().map_err(|e| driver("cuCtxSynchronize", e))
     }
 
     /// The `cudarc` context.
@@ -107,19 +189,58 @@ impl Backend for CudaBackend {
             message: "size exceeds the address space".into(),
         })?;
         self.ctx.bind_to_thread().map_err(|e| driver("binding the context", e))?;
-        // SAFETY: the context is current on this thread (bound above); the memory is returned
-        // with `release` exactly once, by the allocator.
-        unsafe { result::malloc_sync(bytes) }.map_err(|e| match driver("cuMemAlloc", e) {
+        let reserved = match &self.pages {
+            Some(pages) => pages.lock().reserve(size),
+            // SAFETY: the context is current on this thread (bound above); the memory is
+            // returned with `release` exactly once, by the allocator.
+            None => unsafe { result::malloc_sync(bytes) }.map_err(|e| driver("cuMemAlloc", e)),
+        };
+        reserved.map_err(|e| match e {
             BackendError::OutOfMemory { message, .. } => BackendError::OutOfMemory { requested: size, message },
             other => other,
         })
     }
 
-    fn release(&self, addr: u64, _size: u64) -> Result<(), BackendError> {
+    fn release(&self, addr: u64, size: u64) -> Result<(), BackendError> {
         self.ctx.bind_to_thread().map_err(|e| driver("binding the context", e))?;
+        if let Some(pages) = &self.pages {
+            self.synchronize_device()?;
+            return pages.lock().release(addr, size);
+        }
         // SAFETY: `addr` came from `cuMemAlloc` in `reserve` and is freed once; the allocator
         // releases a segment only when no block of it is in use or awaited by any stream.
         unsafe { result::free_sync(addr) }.map_err(|e| driver("cuMemFree", e))
+    }
+
+    fn page_size(&self) -> u64 {
+        self.page
+    }
+
+    fn can_unmap(&self) -> bool {
+        self.pages.is_some()
+    }
+
+    fn unmap(&self, addr: u64, len: u64) -> Result<(), BackendError> {
+        let Some(pages) = &self.pages else { return Err(BackendError::Unsupported("unmap with cuMemAlloc segments")) };
+        self.ctx.bind_to_thread().map_err(|e| driver("binding the context", e))?;
+        // A block the allocator considers free may still be read or written by work queued on
+        // the stream that freed it (reuse on that stream is ordered; unmapping is not).
+        self.synchronize_device()?;
+        pages.lock().unmap_pages(addr, addr + len);
+        Ok(())
+    }
+
+    fn map(&self, addr: u64, len: u64) -> Result<(), BackendError> {
+        let Some(pages) = &self.pages else { return Err(BackendError::Unsupported("map with cuMemAlloc segments")) };
+        self.ctx.bind_to_thread().map_err(|e| driver("binding the context", e))?;
+        let mut pages = pages.lock();
+        if pages.any_mapped(addr, addr + len) {
+            return Err(BackendError::Other(format!("range {addr:#x}+{len} is mapped already")));
+        }
+        pages.map(addr, len).map_err(|e| match e {
+            BackendError::OutOfMemory { message, .. } => BackendError::OutOfMemory { requested: len, message },
+            other => other,
+        })
     }
 
     fn create_stream(&self) -> Result<RawStream, BackendError> {
