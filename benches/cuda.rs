@@ -7,16 +7,23 @@
 use cudarc::driver::{CudaContext, CudaStream};
 use divan::{black_box, Bencher};
 use std::sync::{Arc, OnceLock};
-use vramscope::{CachingAllocator, CudaBackend};
+use vramscope::{CachingAllocator, CudaBackend, RecordConfig};
 
 static ALLOC: OnceLock<CachingAllocator> = OnceLock::new();
+static RECORDING: OnceLock<CachingAllocator> = OnceLock::new();
 static CTX: OnceLock<Arc<CudaContext>> = OnceLock::new();
 
 fn main() {
     match CudaBackend::new(0) {
         Ok(b) => {
             CTX.get_or_init(|| b.context().clone());
-            ALLOC.get_or_init(|| CachingAllocator::new(b));
+            let b = Arc::new(b);
+            ALLOC.get_or_init(|| {
+                let alloc = CachingAllocator::new(b.clone());
+                alloc.record_memory_history(RecordConfig::off());
+                alloc
+            });
+            RECORDING.get_or_init(|| CachingAllocator::new(b));
             divan::main();
         }
         Err(e) => eprintln!("skipped: {e}"),
@@ -25,16 +32,30 @@ fn main() {
 
 const SIZES: [usize; 3] = [512, 1 << 20, 64 << 20];
 
-/// vramscope: the block is cached before timing starts; recording off (the default).
-#[divan::bench(args = SIZES, sample_count = 200, sample_size = 1000)]
-fn vramscope_pair(bencher: Bencher, bytes: usize) {
-    let alloc = ALLOC.get().expect("set in main");
+fn pair(bencher: Bencher, alloc: &CachingAllocator, bytes: usize) {
     let s = alloc.default_stream();
-    drop(alloc.alloc::<u8>(&s, bytes).unwrap());
+    // Steady state: the block is cached and the history ring (when recording) has filled once.
+    for _ in 0..alloc.record_config().max_entries.max(1) {
+        drop(alloc.alloc::<u8>(&s, bytes).unwrap());
+    }
     bencher.bench_local(|| {
         let b = alloc.alloc::<u8>(&s, black_box(bytes)).unwrap();
         drop(black_box(b));
     });
+}
+
+/// vramscope with recording off, as PyTorch's allocator runs by default: the block is cached
+/// before timing starts.
+#[divan::bench(args = SIZES, sample_count = 200, sample_size = 1000)]
+fn vramscope_pair(bencher: Bencher, bytes: usize) {
+    pair(bencher, ALLOC.get().expect("set in main"), bytes);
+}
+
+/// vramscope with its default recording (`CachingAllocator::new`): fast stacks, scopes, a
+/// history of 100,000 events.
+#[divan::bench(args = SIZES, sample_count = 200, sample_size = 1000)]
+fn vramscope_pair_recording(bencher: Bencher, bytes: usize) {
+    pair(bencher, RECORDING.get().expect("set in main"), bytes);
 }
 
 fn cudarc_pair(bencher: Bencher, stream: &Arc<CudaStream>, bytes: usize) {

@@ -163,18 +163,39 @@ impl FreeIndex {
         true
     }
 
-    /// Changes the size and address of indexed `block`, in place when its class stays the same.
+    /// Changes the size and address of indexed `block`, in place when its class stays the same,
+    /// else by moving it from one list to the other within its bins (no index growth checks).
     pub(crate) fn update(&mut self, block: u32, size: u64, addr: u64) {
-        let e = &mut self.entries[block as usize];
+        let e = self.entries[block as usize];
         debug_assert_ne!(e.bin, NONE, "update of a block that is not indexed");
-        if class_of(e.size) == class_of(size) {
-            e.size = size;
-            e.addr = addr;
-            return;
+        let (old, new) = (class_of(e.size), class_of(size));
+        if old != new {
+            let bins = self.bins[e.bin as usize].as_mut().expect("an indexed block's bins exist");
+            if e.prev == NONE {
+                bins.heads[old] = e.next;
+                if e.next == NONE {
+                    bins.clear(old);
+                }
+            } else {
+                self.entries[e.prev as usize].next = e.next;
+            }
+            if e.next != NONE {
+                self.entries[e.next as usize].prev = e.prev;
+            }
+            let head = bins.heads[new];
+            if head == NONE {
+                bins.set(new);
+            } else {
+                self.entries[head as usize].prev = block;
+            }
+            bins.heads[new] = block;
+            let e = &mut self.entries[block as usize];
+            e.prev = NONE;
+            e.next = head;
         }
-        let bin = e.bin as usize;
-        self.remove(block);
-        self.insert(block, bin % 2, (bin / 2) as u32, size, addr);
+        let e = &mut self.entries[block as usize];
+        e.size = size;
+        e.addr = addr;
     }
 
     /// The best-fitting free block of at least `size` bytes for `stream` in `pool`: the
@@ -254,6 +275,25 @@ mod tests {
         assert_eq!(ix.find(1, 0, 2 << 20), Some((1, (2 << 20) + 512)));
         assert_eq!(ix.len(), 4);
         assert_eq!(ix.find(1, 7, 512), None);
+    }
+
+    #[test]
+    fn update_moves_blocks_between_classes() {
+        let mut ix = FreeIndex::new();
+        ix.insert(0, 0, 0, 2 << 20, 0);
+        ix.insert(1, 0, 0, 2 << 20, 1 << 30);
+        ix.insert(2, 0, 0, 1 << 20, 1 << 31);
+        // Split-like shrink of the list head (block 1) into another class, and back.
+        ix.update(1, 1 << 20, (1 << 30) + (1 << 20));
+        assert_eq!(ix.find(0, 0, (1 << 20) + 512), Some((0, 2 << 20)));
+        assert_eq!(ix.find(0, 0, 1 << 20).map(|(_, s)| s), Some(1 << 20));
+        ix.update(0, 512, 0);
+        assert_eq!(ix.find(0, 0, (1 << 20) + 512), None, "both 2 MiB blocks moved out");
+        assert_eq!(ix.find(0, 0, 512), Some((0, 512)));
+        ix.update(1, 2 << 20, 1 << 30);
+        assert_eq!(ix.find(0, 0, (1 << 20) + 512), Some((1, 2 << 20)));
+        assert!(ix.remove(2) && ix.remove(1) && ix.remove(0));
+        assert_eq!((ix.len(), ix.find(0, 0, 512)), (0, None));
     }
 
     #[test]
