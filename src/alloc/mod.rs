@@ -67,11 +67,22 @@ impl std::ops::DerefMut for Locked {
 impl Drop for Shared {
     fn drop(&mut self) {
         let backend = &*self.backend;
-        self.heap.get_mut().heap.release_cache(backend, false);
+        let heap = &mut self.heap.get_mut().heap;
+        heap.settle();
+        heap.release_cache(backend, false);
     }
 }
 
 impl Shared {
+    /// Takes the lock with the heap settled: the block the last free kept aside for a request
+    /// of its size is merged first, so that what is read or changed is exactly the heap without
+    /// that shortcut. Only `alloc` and `free` take the lock without it.
+    pub(crate) fn lock(&self) -> parking_lot::MutexGuard<'_, Locked> {
+        let mut locked = self.heap.lock();
+        locked.heap.settle();
+        locked
+    }
+
     /// Called from `Buffer::drop` with the buffer's block, if it has one: returns the block and
     /// forgets the buffer. Never panics.
     ///
@@ -249,12 +260,12 @@ impl CachingAllocator {
 
     /// The device index.
     pub fn device(&self) -> usize {
-        self.shared.heap.lock().device
+        self.shared.lock().device
     }
 
     /// The configuration in force.
     pub fn config(&self) -> AllocatorConfig {
-        self.shared.heap.lock().config.clone()
+        self.shared.lock().config.clone()
     }
 
     /// The backend's default stream.
@@ -265,7 +276,7 @@ impl CachingAllocator {
     /// Creates a new stream on the backend.
     pub fn new_stream(&self) -> Result<Stream> {
         let raw = self.shared.backend.create_stream()?;
-        let mut heap = self.shared.heap.lock();
+        let mut heap = self.shared.lock();
         let id = u32::try_from(heap.streams.len()).map_err(|_| Error::Usage("too many streams".into()))?;
         heap.streams.push(StreamSlot { raw });
         Ok(Stream { allocator: self.shared.id, id, raw })
@@ -343,8 +354,7 @@ impl CachingAllocator {
         match written {
             Ok(()) => Some(path.display().to_string()),
             Err(e) => {
-                self.shared.heap.lock().last_error =
-                    Some(format!("writing the OOM snapshot to {}: {e}", path.display()));
+                self.shared.lock().last_error = Some(format!("writing the OOM snapshot to {}: {e}", path.display()));
                 None
             }
         }
@@ -359,7 +369,7 @@ impl CachingAllocator {
             return Err(Error::Usage("the buffer belongs to another allocator".into()));
         }
         if let Some(block) = buffer.block() {
-            self.shared.heap.lock().record_stream(block, stream.id);
+            self.shared.lock().record_stream(block, stream.id);
         }
         Ok(())
     }
@@ -368,36 +378,36 @@ impl CachingAllocator {
     pub fn synchronize(&self, stream: &Stream) -> Result<()> {
         self.check_stream(stream)?;
         self.shared.backend.synchronize(stream.raw)?;
-        self.shared.heap.lock().process_pending(&*self.shared.backend);
+        self.shared.lock().process_pending(&*self.shared.backend);
         Ok(())
     }
 
     /// Releases every cached segment that holds no live block (waiting for pending frees first),
     /// and, where the backend can unmap, the pages under free holes of the others.
     pub fn empty_cache(&self) {
-        let mut heap = self.shared.heap.lock();
+        let mut heap = self.shared.lock();
         heap.release_cache(&*self.shared.backend, true);
     }
 
     /// Bytes in blocks handed out to live buffers (PyTorch's `memory_allocated`).
     pub fn memory_allocated(&self) -> u64 {
-        self.shared.heap.lock().stats.allocated_bytes.current()
+        self.shared.lock().stats.allocated_bytes.current()
     }
 
     /// Bytes held from the backend (PyTorch's `memory_reserved`).
     pub fn memory_reserved(&self) -> u64 {
-        self.shared.heap.lock().stats.reserved_bytes.current()
+        self.shared.lock().stats.reserved_bytes.current()
     }
 
     /// Peak of [`memory_allocated`](Self::memory_allocated) since creation or the last
     /// [`reset_peak_stats`](Self::reset_peak_stats).
     pub fn max_memory_allocated(&self) -> u64 {
-        self.shared.heap.lock().stats.allocated_bytes.peak()
+        self.shared.lock().stats.allocated_bytes.peak()
     }
 
     /// Peak of [`memory_reserved`](Self::memory_reserved).
     pub fn max_memory_reserved(&self) -> u64 {
-        self.shared.heap.lock().stats.reserved_bytes.peak()
+        self.shared.lock().stats.reserved_bytes.peak()
     }
 
     /// The fragmentation limit in force: [`AllocatorConfig::fragmentation_limit`] as raised on
@@ -409,30 +419,30 @@ impl CachingAllocator {
     /// assert_eq!(alloc.fragmentation_limit(), Some(1.05));
     /// ```
     pub fn fragmentation_limit(&self) -> Option<f64> {
-        self.shared.heap.lock().fragmentation_limit()
+        self.shared.lock().fragmentation_limit()
     }
 
     /// Sets every peak statistic to its current value.
     pub fn reset_peak_stats(&self) {
-        self.shared.heap.lock().stats.reset_peaks();
+        self.shared.lock().stats.reset_peaks();
     }
 
     /// Sets the accumulated totals (`.allocated`, `.freed`, retries, OOMs) to zero.
     pub fn reset_accumulated_stats(&self) {
-        self.shared.heap.lock().stats.reset_accumulated();
+        self.shared.lock().stats.reset_accumulated();
     }
 
     /// All statistics with PyTorch's key names (`allocated_bytes.all.current`,
     /// `reserved_bytes.large_pool.peak`, `num_alloc_retries`, ...), plus vramscope's
     /// `num_device_map`, `num_device_unmap` and `num_backend_errors`.
     pub fn memory_stats(&self) -> BTreeMap<String, u64> {
-        self.shared.heap.lock().stats.to_map()
+        self.shared.lock().stats.to_map()
     }
 
     /// The statistics as PyTorch's `memory_summary()` table.
     pub fn memory_summary(&self) -> String {
         let (stats, device) = {
-            let heap = self.shared.heap.lock();
+            let heap = self.shared.lock();
             (heap.stats.to_map(), heap.device)
         };
         stats::summary_table(&stats, self.shared.backend.name(), device)
@@ -442,19 +452,19 @@ impl CachingAllocator {
     /// `torch.cuda.memory._record_memory_history`. [`RecordConfig::off`] stops recording;
     /// the history keeps its newest `max_entries` events.
     pub fn record_memory_history(&self, config: RecordConfig) {
-        let mut locked = self.shared.heap.lock();
+        let mut locked = self.shared.lock();
         self.shared.capture.set(&config);
         locked.heap.recorder.set_config(config);
     }
 
     /// What the allocator records now.
     pub fn record_config(&self) -> RecordConfig {
-        self.shared.heap.lock().heap.recorder.config.clone()
+        self.shared.lock().heap.recorder.config.clone()
     }
 
     /// Empties the history (blocks keep their context).
     pub fn clear_history(&self) {
-        self.shared.heap.lock().heap.recorder.history.clear();
+        self.shared.lock().heap.recorder.history.clear();
     }
 
     /// Live bytes and blocks allocated inside `scope` (or scopes within it), on any thread.
@@ -472,7 +482,7 @@ impl CachingAllocator {
     /// # drop((outside, inside));
     /// ```
     pub fn scope_usage(&self, scope: crate::record::Scope) -> ScopeUsage {
-        let locked = self.shared.heap.lock();
+        let locked = self.shared.lock();
         let heap = &locked.heap;
         let sites = &heap.recorder.sites.sites;
         let mut inside: std::collections::HashMap<u32, bool> = std::collections::HashMap::new();
@@ -493,22 +503,22 @@ impl CachingAllocator {
 
     /// Waits for every stream of this allocator and completes the frees that waited on them.
     pub fn synchronize_all(&self) -> Result<()> {
-        let raws: Vec<u64> = self.shared.heap.lock().streams.iter().map(|s| s.raw).collect();
+        let raws: Vec<u64> = self.shared.lock().streams.iter().map(|s| s.raw).collect();
         for raw in raws {
             self.shared.backend.synchronize(raw)?;
         }
-        self.shared.heap.lock().process_pending(&*self.shared.backend);
+        self.shared.lock().process_pending(&*self.shared.backend);
         Ok(())
     }
 
     /// The largest free block in the cache.
     pub fn largest_free_block(&self) -> u64 {
-        self.shared.heap.lock().largest_free()
+        self.shared.lock().largest_free()
     }
 
     /// The last error that happened where it could not be returned (in a `Drop`), if any.
     pub fn last_error(&self) -> Option<String> {
-        self.shared.heap.lock().last_error.clone()
+        self.shared.lock().last_error.clone()
     }
 
     /// Recounts every statistic from the blocks and checks the allocator's structural
@@ -517,7 +527,7 @@ impl CachingAllocator {
     ///
     /// It walks every block, so it is for tests and debugging, not for hot paths.
     pub fn check_invariants(&self) -> std::result::Result<(), String> {
-        let locked = self.shared.heap.lock();
+        let locked = self.shared.lock();
         check::check_heap(&locked.heap)
     }
 }

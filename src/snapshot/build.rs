@@ -159,7 +159,7 @@ impl CachingAllocator {
     /// ```
     pub fn snapshot(&self) -> Snapshot {
         let mut raw = {
-            let mut locked = self.shared.heap.lock();
+            let mut locked = self.shared.lock();
             locked.recorder.event(Action::Snapshot, 0, 0, 0, None);
             copy(&locked)
         };

@@ -122,6 +122,9 @@ pub(crate) struct Heap {
     limit_factor: Option<f64>,
     /// How far `limit_factor` may rise; `None`: it stays.
     limit_max: Option<f64>,
+    /// The block freed last, if it is kept aside unmerged for the next request of its exact
+    /// size on its stream (`NONE` otherwise); see [`Heap::settle`].
+    pub(crate) hot: u32,
     /// The largest free piece given back to the backend by the limit since the last new peak
     /// of allocated bytes.
     released_since_peak: u64,
@@ -159,6 +162,7 @@ impl Heap {
             limit_factor: config.fragmentation_limit,
             limit_max: config.fragmentation_limit_max.resolve(backend.costly_segments()),
             released_since_peak: 0,
+            hot: NONE,
             last_error: None,
             config,
             recorder: Recorder::new(record),
@@ -292,17 +296,28 @@ impl Heap {
             self.process_pending(backend);
         }
         let pool = Self::pool_of(size);
-        let block = match self.find_free(pool, stream, size) {
-            Some(i) => i,
-            None => self.grow(backend, pool, stream, requested, size)?,
-        };
-        let block = match self.take(backend, block, size) {
-            Ok(b) => b,
-            Err(e) => {
-                // Mapping pages for a cached block failed even after a retry.
-                return Err(self.oom(backend, requested, size, e));
-            }
-        };
+        let hot = self.hot;
+        let block =
+            if hot != NONE && self.blocks[hot as usize].size == size && self.blocks[hot as usize].stream == stream {
+                // The block freed last, of this very size: what freeing it, merging and splitting
+                // the same place again would give, without touching the index.
+                self.hot = NONE;
+                hot
+            } else {
+                self.settle();
+                let block = match self.find_free(pool, stream, size) {
+                    Some(i) => i,
+                    None => self.grow(backend, pool, stream, requested, size)?,
+                };
+                let block = match self.take(backend, block, size) {
+                    Ok(b) => b,
+                    Err(e) => {
+                        // Mapping pages for a cached block failed even after a retry.
+                        return Err(self.oom(backend, requested, size, e));
+                    }
+                };
+                block
+            };
         let b = &mut self.blocks[block as usize];
         b.state = BlockState::Allocated;
         b.requested = requested;
@@ -552,7 +567,25 @@ impl Heap {
             self.recorder.event(Action::FreeRequested, addr, size, stream, ctx);
         } else {
             self.recorder.event(Action::FreeCompleted, addr, size, stream, ctx);
-            self.finish_free(i);
+            self.settle();
+            let pool = self.blocks[i as usize].pool;
+            self.stats.active.dec(pool, 1);
+            self.stats.active_bytes.dec(pool, size);
+            // Kept aside for a request of the same size (the common alloc-free-alloc of a
+            // temporary); any other operation merges it first.
+            self.hot = i;
+        }
+    }
+
+    /// Merges the block kept aside by the last free, if any, as freeing it at once would have:
+    /// after this the heap is exactly as without the shortcut. Every operation other than
+    /// `alloc` and `free` starts with it (through `CachingAllocator`'s lock).
+    #[inline]
+    pub(crate) fn settle(&mut self) {
+        let h = self.hot;
+        if h != NONE {
+            self.hot = NONE;
+            self.merge_free(h);
         }
     }
 
@@ -564,6 +597,14 @@ impl Heap {
         let size = self.blocks[i as usize].size;
         self.stats.active.dec(pool, 1);
         self.stats.active_bytes.dec(pool, size);
+        self.merge_free(i);
+    }
+
+    /// Puts block `i` (no longer in use, its statistics already moved) back among the free
+    /// blocks, merged with its free neighbours.
+    fn merge_free(&mut self, i: u32) {
+        let seg = self.blocks[i as usize].segment;
+        let size = self.blocks[i as usize].size;
         let prev = self.blocks[i as usize].prev;
         let next = self.blocks[i as usize].next;
         let prev_free = prev != NONE && self.blocks[prev as usize].state == BlockState::Free;
@@ -756,13 +797,45 @@ mod tests {
         assert_eq!(b.addr, a.addr + 1024);
         assert_eq!(h.free.len(), 1, "the rest of the segment");
         h.free(&sim, b.block, None);
+        h.settle();
         assert_eq!(h.free.len(), 2, "a hole between a and c");
         h.free(&sim, a.block, None);
+        h.settle();
         assert_eq!(h.free.len(), 2, "a merged into the hole");
         h.free(&sim, c.block, None);
+        h.settle();
         assert_eq!(h.free.len(), 1, "everything merged back into the segment");
         assert_eq!(h.largest_free(), 2 << 20);
         assert_eq!(h.stats.inactive_split_bytes.current(), 0);
+        h.release_cache(&sim, true);
+        assert_eq!(sim.used_memory(), 0);
+    }
+
+    #[test]
+    fn the_block_freed_last_serves_the_next_request_of_its_size() {
+        let (mut h, sim) = heap("");
+        let a = h.alloc(&sim, 0, 1000, None).unwrap();
+        let b = h.alloc(&sim, 0, 1000, None).unwrap();
+        h.free(&sim, b.block, None);
+        assert_eq!(h.hot, b.block, "kept aside, not merged");
+        assert_eq!(h.stats.active_bytes.current(), 1024, "but no longer counted as active");
+        let again = h.alloc(&sim, 0, 900, None).unwrap();
+        assert_eq!((again.block, again.addr), (b.block, b.addr));
+        assert_eq!(h.hot, NONE);
+        // Another size merges it first, as an immediate free would have.
+        h.free(&sim, again.block, None);
+        let big = h.alloc(&sim, 0, 4096, None).unwrap();
+        assert_eq!(big.addr, b.addr, "the merged hole is reused from its start");
+        assert_eq!(h.free.len(), 1);
+        // A request on another stream does not take it.
+        h.free(&sim, big.block, None);
+        h.streams.push(StreamSlot { raw: 1 });
+        let other = h.alloc(&sim, 1, 4096, None).unwrap();
+        assert_ne!(other.addr, big.addr);
+        for g in [a, other] {
+            h.free(&sim, g.block, None);
+        }
+        h.settle();
         h.release_cache(&sim, true);
         assert_eq!(sim.used_memory(), 0);
     }
