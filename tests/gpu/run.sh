@@ -18,6 +18,6 @@ done
 echo "== vramscope replay (cuda), fragmentation_limit:off (PyTorch-like)"
 for f in resnet_train leaky_train; do ./vramscope replay $f.trace.json --backend cuda --warm 5 --config fragmentation_limit:off --json; echo; done
 echo "== cached pairs: vramscope vs cudarc stream.alloc (divan, ns per pair)"
-for i in 1 2; do ./cuda_bench --bench 2>&1 | grep -v "^$"; done
+for i in 1 2 3; do ./cuda_bench --bench 2>&1 | grep -v "^$"; done
 echo "== torch_replay.py"
 python3 torch_replay.py . 2>&1 | grep -v Warning | tail -14
