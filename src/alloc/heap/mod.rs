@@ -299,24 +299,18 @@ impl Heap {
         let hot = self.hot;
         let block =
             if hot != NONE && self.blocks[hot as usize].size == size && self.blocks[hot as usize].stream == stream {
-                // The block freed last, of this very size: what freeing it, merging and splitting
-                // the same place again would give, without touching the index.
+                // The block freed last has this very size: reuse it as it is (no index lookup,
+                // split or merge). Best fit could have picked another block of the same size.
                 self.hot = NONE;
                 hot
             } else {
                 self.settle();
-                let block = match self.find_free(pool, stream, size) {
+                let found = match self.find_free(pool, stream, size) {
                     Some(i) => i,
                     None => self.grow(backend, pool, stream, requested, size)?,
                 };
-                let block = match self.take(backend, block, size) {
-                    Ok(b) => b,
-                    Err(e) => {
-                        // Mapping pages for a cached block failed even after a retry.
-                        return Err(self.oom(backend, requested, size, e));
-                    }
-                };
-                block
+                // A failure here is mapping pages for a cached block, even after a retry.
+                self.take(backend, found, size).map_err(|e| self.oom(backend, requested, size, e))?
             };
         let b = &mut self.blocks[block as usize];
         b.state = BlockState::Allocated;
