@@ -145,6 +145,15 @@ impl FreeIndex {
         if e.bin == NONE {
             return false;
         }
+        self.unlink(e);
+        self.entries[block as usize] = EMPTY;
+        self.len -= 1;
+        true
+    }
+
+    /// Takes entry `e` (indexed) out of its class's list; the entry itself is left as it was.
+    #[inline]
+    fn unlink(&mut self, e: Entry) {
         let bins = self.bins[e.bin as usize].as_mut().expect("an indexed block's bins exist");
         if e.prev == NONE {
             let c = class_of(e.size);
@@ -158,9 +167,6 @@ impl FreeIndex {
         if e.next != NONE {
             self.entries[e.next as usize].prev = e.prev;
         }
-        self.entries[block as usize] = EMPTY;
-        self.len -= 1;
-        true
     }
 
     /// Changes the size and address of indexed `block`, in place when its class stays the same,
@@ -168,20 +174,10 @@ impl FreeIndex {
     pub(crate) fn update(&mut self, block: u32, size: u64, addr: u64) {
         let e = self.entries[block as usize];
         debug_assert_ne!(e.bin, NONE, "update of a block that is not indexed");
-        let (old, new) = (class_of(e.size), class_of(size));
-        if old != new {
+        let new = class_of(size);
+        if class_of(e.size) != new {
+            self.unlink(e);
             let bins = self.bins[e.bin as usize].as_mut().expect("an indexed block's bins exist");
-            if e.prev == NONE {
-                bins.heads[old] = e.next;
-                if e.next == NONE {
-                    bins.clear(old);
-                }
-            } else {
-                self.entries[e.prev as usize].next = e.next;
-            }
-            if e.next != NONE {
-                self.entries[e.next as usize].prev = e.prev;
-            }
             let head = bins.heads[new];
             if head == NONE {
                 bins.set(new);
