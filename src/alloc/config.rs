@@ -102,6 +102,11 @@ fn bad(key: &str, message: impl Into<String>) -> Error {
     Error::Config { key: key.to_string(), message: message.into() }
 }
 
+/// `off` or `none`, in any case: a limit switched off.
+fn is_off(value: &str) -> bool {
+    value.eq_ignore_ascii_case("off") || value.eq_ignore_ascii_case("none")
+}
+
 fn parse_bool(key: &str, v: &str) -> Result<bool> {
     match v.to_ascii_lowercase().as_str() {
         "true" | "1" | "yes" | "on" => Ok(true),
@@ -152,7 +157,7 @@ impl AllocatorConfig {
                     c.garbage_collection_threshold = Some(t);
                 }
                 "fragmentation_limit" => {
-                    if value.eq_ignore_ascii_case("off") || value.eq_ignore_ascii_case("none") {
+                    if is_off(value) {
                         c.fragmentation_limit = None;
                     } else {
                         let f: f64 = value.parse().map_err(|_| {
@@ -164,7 +169,7 @@ impl AllocatorConfig {
                 "fragmentation_limit_max" => {
                     c.fragmentation_limit_max = if value.eq_ignore_ascii_case("auto") {
                         LimitMax::Auto
-                    } else if value.eq_ignore_ascii_case("off") || value.eq_ignore_ascii_case("none") {
+                    } else if is_off(value) {
                         LimitMax::Off
                     } else {
                         LimitMax::At(value.parse().map_err(|_| {

@@ -121,15 +121,8 @@ impl FreeIndex {
         if self.bins.len() <= bin {
             self.bins.resize_with(bin + 1, || None);
         }
-        let bins = self.bins[bin].get_or_insert_with(Bins::new);
-        let c = class_of(size);
-        let head = bins.heads[c];
-        if head == NONE {
-            bins.set(c);
-        } else {
-            self.entries[head as usize].prev = block;
-        }
-        bins.heads[c] = block;
+        self.bins[bin].get_or_insert_with(Bins::new);
+        let head = self.push_front(bin, class_of(size), block);
         let i = block as usize;
         if self.entries.len() <= i {
             self.entries.resize(i + 1, EMPTY);
@@ -149,6 +142,21 @@ impl FreeIndex {
         self.entries[block as usize] = EMPTY;
         self.len -= 1;
         true
+    }
+
+    /// Makes `block` the head of class `c`'s list in bins `bin` (which exist) and returns the
+    /// previous head, which the caller stores as the block's `next`.
+    #[inline]
+    fn push_front(&mut self, bin: usize, c: usize, block: u32) -> u32 {
+        let bins = self.bins[bin].as_mut().expect("the bins exist");
+        let head = bins.heads[c];
+        if head == NONE {
+            bins.set(c);
+        } else {
+            self.entries[head as usize].prev = block;
+        }
+        bins.heads[c] = block;
+        head
     }
 
     /// Takes entry `e` (indexed) out of its class's list; the entry itself is left as it was.
@@ -177,14 +185,7 @@ impl FreeIndex {
         let new = class_of(size);
         if class_of(e.size) != new {
             self.unlink(e);
-            let bins = self.bins[e.bin as usize].as_mut().expect("an indexed block's bins exist");
-            let head = bins.heads[new];
-            if head == NONE {
-                bins.set(new);
-            } else {
-                self.entries[head as usize].prev = block;
-            }
-            bins.heads[new] = block;
+            let head = self.push_front(e.bin as usize, new, block);
             let e = &mut self.entries[block as usize];
             e.prev = NONE;
             e.next = head;

@@ -562,9 +562,7 @@ impl Heap {
         } else {
             self.recorder.event(Action::FreeCompleted, addr, size, stream, ctx);
             self.settle();
-            let pool = self.blocks[i as usize].pool;
-            self.stats.active.dec(pool, 1);
-            self.stats.active_bytes.dec(pool, size);
+            self.deactivate(i);
             // Kept aside for a request of the same size (the common alloc-free-alloc of a
             // temporary); any other operation merges it first.
             self.hot = i;
@@ -586,12 +584,16 @@ impl Heap {
     /// The block is no longer used by any stream: merge it into a free neighbour (whose index
     /// entry is resized, usually in place) or index it.
     fn finish_free(&mut self, i: u32) {
-        let seg = self.blocks[i as usize].segment;
-        let pool = self.segments[seg as usize].pool;
-        let size = self.blocks[i as usize].size;
+        self.deactivate(i);
+        self.merge_free(i);
+    }
+
+    /// Takes block `i` out of the active statistics: no stream uses it any more.
+    fn deactivate(&mut self, i: u32) {
+        let b = &self.blocks[i as usize];
+        let (pool, size) = (b.pool, b.size);
         self.stats.active.dec(pool, 1);
         self.stats.active_bytes.dec(pool, size);
-        self.merge_free(i);
     }
 
     /// Puts block `i` (no longer in use, its statistics already moved) back among the free

@@ -90,6 +90,14 @@ pub(super) fn driver(what: &str, e: DriverError) -> BackendError {
     }
 }
 
+/// Names the request an out-of-memory error from the driver was for (`driver` cannot know it).
+fn for_request(e: BackendError, requested: u64) -> BackendError {
+    match e {
+        BackendError::OutOfMemory { message, .. } => BackendError::OutOfMemory { requested, message },
+        other => other,
+    }
+}
+
 impl CudaBackend {
     /// Opens device `ordinal` with the segments [`CUDA_SEGMENTS_ENV`] names (`cuMemAlloc`
     /// ones when it is unset). A missing driver library or device is an error, not a panic
@@ -161,6 +169,11 @@ impl CudaBackend {
         self.streams.lock().get(raw as usize).cloned()
     }
 
+    /// Makes the context current on this thread, as driver calls other than cudarc's need.
+    fn bind(&self) -> Result<(), BackendError> {
+        self.ctx.bind_to_thread().map_err(|e| driver("binding the context", e))
+    }
+
     fn stream_or_err(&self, raw: RawStream) -> Result<Arc<CudaStream>, BackendError> {
         self.stream(raw).ok_or_else(|| BackendError::Other(format!("unknown stream {raw}")))
     }
@@ -188,21 +201,18 @@ impl Backend for CudaBackend {
             requested: size,
             message: "size exceeds the address space".into(),
         })?;
-        self.ctx.bind_to_thread().map_err(|e| driver("binding the context", e))?;
+        self.bind()?;
         let reserved = match &self.pages {
             Some(pages) => pages.lock().reserve(size),
             // SAFETY: the context is current on this thread (bound above); the memory is
             // returned with `release` exactly once, by the allocator.
             None => unsafe { result::malloc_sync(bytes) }.map_err(|e| driver("cuMemAlloc", e)),
         };
-        reserved.map_err(|e| match e {
-            BackendError::OutOfMemory { message, .. } => BackendError::OutOfMemory { requested: size, message },
-            other => other,
-        })
+        reserved.map_err(|e| for_request(e, size))
     }
 
     fn release(&self, addr: u64, size: u64) -> Result<(), BackendError> {
-        self.ctx.bind_to_thread().map_err(|e| driver("binding the context", e))?;
+        self.bind()?;
         if let Some(pages) = &self.pages {
             self.synchronize_device()?;
             return pages.lock().release(addr, size);
@@ -222,7 +232,7 @@ impl Backend for CudaBackend {
 
     fn unmap(&self, addr: u64, len: u64) -> Result<(), BackendError> {
         let Some(pages) = &self.pages else { return Err(BackendError::Unsupported("unmap with cuMemAlloc segments")) };
-        self.ctx.bind_to_thread().map_err(|e| driver("binding the context", e))?;
+        self.bind()?;
         // A block the allocator considers free may still be read or written by work queued on
         // the stream that freed it (reuse on that stream is ordered; unmapping is not).
         self.synchronize_device()?;
@@ -232,15 +242,12 @@ impl Backend for CudaBackend {
 
     fn map(&self, addr: u64, len: u64) -> Result<(), BackendError> {
         let Some(pages) = &self.pages else { return Err(BackendError::Unsupported("map with cuMemAlloc segments")) };
-        self.ctx.bind_to_thread().map_err(|e| driver("binding the context", e))?;
+        self.bind()?;
         let mut pages = pages.lock();
         if pages.any_mapped(addr, addr + len) {
             return Err(BackendError::Other(format!("range {addr:#x}+{len} is mapped already")));
         }
-        pages.map(addr, len).map_err(|e| match e {
-            BackendError::OutOfMemory { message, .. } => BackendError::OutOfMemory { requested: len, message },
-            other => other,
-        })
+        pages.map(addr, len).map_err(|e| for_request(e, len))
     }
 
     fn create_stream(&self) -> Result<RawStream, BackendError> {
@@ -280,13 +287,13 @@ impl Backend for CudaBackend {
     }
 
     fn copy_to_device(&self, addr: u64, src: &[u8]) -> Result<(), BackendError> {
-        self.ctx.bind_to_thread().map_err(|e| driver("binding the context", e))?;
+        self.bind()?;
         // SAFETY: the caller (a `Buffer`) owns `[addr, addr + src.len())`.
         unsafe { result::memcpy_htod_sync(addr, src) }.map_err(|e| driver("cuMemcpyHtoD", e))
     }
 
     fn copy_from_device(&self, addr: u64, dst: &mut [u8]) -> Result<(), BackendError> {
-        self.ctx.bind_to_thread().map_err(|e| driver("binding the context", e))?;
+        self.bind()?;
         // SAFETY: the caller (a `Buffer`) owns `[addr, addr + dst.len())`.
         unsafe { result::memcpy_dtoh_sync(dst, addr) }.map_err(|e| driver("cuMemcpyDtoH", e))
     }
