@@ -12,8 +12,9 @@ pub const SNAPSHOT_VERSION: u32 = 1;
 
 struct Raw {
     device: usize,
-    segments: Vec<SegmentInfo>,
-    contexts: Vec<Option<Context>>,
+    /// Each segment with the recorded context of each of its blocks, side by side: a block's
+    /// context travels with it through the sort, never paired with it later by position.
+    segments: Vec<(SegmentInfo, Vec<Option<Context>>)>,
     history: Vec<Event>,
     dropped: u64,
     stacks: Vec<Box<[usize]>>,
@@ -23,13 +24,10 @@ struct Raw {
 }
 
 fn copy(heap: &Heap) -> Raw {
-    let mut segments: Vec<SegmentInfo> = Vec::new();
-    let mut contexts = Vec::new();
-    let mut current = u32::MAX;
+    let mut segments: Vec<(SegmentInfo, Vec<Option<Context>>)> = Vec::new();
     heap.for_each_block(|_, seg, b| {
-        if segments.last().is_none_or(|s| s.address != seg.addr) || current == u32::MAX {
-            current = 0;
-            segments.push(SegmentInfo {
+        if segments.last().is_none_or(|(s, _)| s.address != seg.addr) {
+            let info = SegmentInfo {
                 address: seg.addr,
                 total_size: seg.size,
                 mapped_size: seg.mapped,
@@ -42,9 +40,10 @@ fn copy(heap: &Heap) -> Raw {
                 active_size: 0,
                 requested_size: 0,
                 blocks: Vec::new(),
-            });
+            };
+            segments.push((info, Vec::new()));
         }
-        let s = segments.last_mut().expect("pushed above");
+        let (s, contexts) = segments.last_mut().expect("pushed above");
         let state = match b.state {
             heap::BlockState::Allocated => BlockState::ActiveAllocated,
             heap::BlockState::PendingFree => BlockState::ActivePendingFree,
@@ -69,12 +68,11 @@ fn copy(heap: &Heap) -> Raw {
         });
         contexts.push(b.ctx);
     });
-    segments.sort_by_key(|s| s.address);
+    segments.sort_by_key(|(s, _)| s.address);
     let rec = &heap.recorder;
     Raw {
         device: heap.device,
         segments,
-        contexts,
         history: rec.history.iter().copied().collect(),
         dropped: rec.history.total - rec.history.len() as u64,
         stacks: rec.stacks.stacks.clone(),
@@ -166,13 +164,13 @@ impl CachingAllocator {
         let mut sym = self.shared.symbols.lock();
         let mut t = Tables { scopes: vec![Vec::new()], ..Tables::default() };
         t.scope_ids.insert(crate::record::ROOT_SCOPE, 0);
-        let mut segments = std::mem::take(&mut raw.segments);
-        let mut k = 0;
-        for s in &mut segments {
-            for b in &mut s.blocks {
-                b.context = raw.contexts[k].map(|c| t.context(c, &raw, &mut sym));
-                k += 1;
+        let raw_segments = std::mem::take(&mut raw.segments);
+        let mut segments = Vec::with_capacity(raw_segments.len());
+        for (mut s, contexts) in raw_segments {
+            for (b, c) in s.blocks.iter_mut().zip(contexts) {
+                b.context = c.map(|c| t.context(c, &raw, &mut sym));
             }
+            segments.push(s);
         }
         let to_ns = raw.clock.ticks_to_ns();
         let history = raw
