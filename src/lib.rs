@@ -214,7 +214,7 @@ pub use insta as __insta;
 pub use record::ScopeLayer;
 pub use record::{
     current_scope, current_step, frame_pointers_available, scope, step, Action, ContextLevel, Frame, RecordConfig,
-    Scope, ScopeGuard, StackMode, MAX_STACK_DEPTH,
+    Scope, ScopeGuard, Scoped, StackMode, MAX_STACK_DEPTH,
 };
 pub use snapshot::{BlockInfo, BlockState, ContextInfo, HistoryEntry, SegmentInfo, Snapshot, SNAPSHOT_VERSION};
 pub use vramscope_macros::gpu_mem_test;

@@ -25,7 +25,7 @@ fn a_leaky_body_fails_and_names_its_line() {
     let site = format!("tests/mem_tests.rs:{line} (mem_tests::a_leaky_body_fails_and_names_its_line");
     assert!(v.report.contains(&site), "{site} not in\n{}", v.report);
     assert!(v.report.contains("float32[64, 64]"), "{}", v.report);
-    assert!(v.report.contains("+16.00 KiB per iteration"), "{}", v.report);
+    assert!(v.report.contains("1 block, 16,384 B (16.00 KiB) per iteration, float32[64, 64]"), "{}", v.report);
     assert!(!v.report.contains(&format!(":{}", line + 1)), "the freed temporary is not named:\n{}", v.report);
     for f in ["report.txt", "snapshot.json", "live.svg", "growth.svg"] {
         let p = dir.join("mem_tests__leaky").join(f);

@@ -101,7 +101,8 @@ fn check(snap: &Snapshot, noted: &HashMap<u64, Noted>, live: usize) {
         let first = snap.stack_frames(c.stack.expect("stacks are on")).next().expect("a user frame");
         assert!(first.function.ends_with(n.function), "site of {:#x}: {} vs {}", b.address, first.function, n.function);
         assert_eq!(b.requested_size, n.bytes, "requested bytes of {:#x}", b.address);
-        let shape = if n.function == "allocate_in_first_helper" { vec![n.bytes as usize] } else { vec![1, n.bytes as usize] };
+        let shape =
+            if n.function == "allocate_in_first_helper" { vec![n.bytes as usize] } else { vec![1, n.bytes as usize] };
         assert_eq!(b.shape.as_deref(), Some(&shape[..]), "shape of {:#x}", b.address);
     }
     assert_eq!(seen, live, "live blocks in the snapshot vs live buffers");

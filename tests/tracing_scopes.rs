@@ -24,3 +24,28 @@ fn entered_spans_become_scopes() {
     assert_eq!(snap.scopes[block.context.unwrap().scope as usize], ["epoch", "forward"]);
     drop(buf);
 }
+
+/// Spans that exit out of order restore the scope by span: with `a` then `b` entered, `a`
+/// exiting first leaves `b` (entered from the root) as the scope, and `b` exiting the root.
+#[test]
+fn out_of_order_exits_restore_scopes_by_span() {
+    let subscriber = tracing_subscriber::registry().with(vramscope::ScopeLayer::default());
+    tracing::subscriber::with_default(subscriber, || {
+        let a = tracing::info_span!("a");
+        let b = tracing::info_span!("b");
+        let ga = a.enter();
+        let gb = b.enter();
+        assert_eq!(vramscope::current_scope().path(), ["a", "b"]);
+        drop(ga);
+        assert_eq!(vramscope::current_scope().path(), ["b"]);
+        drop(gb);
+        assert!(vramscope::current_scope().path().is_empty());
+        // In order, as before.
+        let ga = a.enter();
+        let gb = b.enter();
+        drop(gb);
+        assert_eq!(vramscope::current_scope().path(), ["a"]);
+        drop(ga);
+        assert!(vramscope::current_scope().path().is_empty());
+    });
+}

@@ -5,6 +5,7 @@ mod check;
 pub(crate) mod config;
 mod free_index;
 pub(crate) mod heap;
+mod registry;
 pub(crate) mod stats;
 
 pub use buffer::{Buffer, Pod};
@@ -118,8 +119,10 @@ pub const OOM_SNAPSHOT_ENV: &str = "VRAMSCOPE_OOM_SNAPSHOT";
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ScopeUsage {
-    /// Bytes of live blocks (block sizes).
+    /// Bytes of live blocks (block sizes, rounded up from what was asked for).
     pub bytes: u64,
+    /// Bytes the live blocks' callers asked for.
+    pub requested_bytes: u64,
     /// Live blocks.
     pub blocks: u64,
 }
@@ -249,8 +252,9 @@ impl CachingAllocator {
         let heap = Heap::new(device, config, record, &*backend);
         let locked = Locked { heap, buffers: 0, keepalive: None };
         let id = NEXT_ALLOCATOR_ID.fetch_add(1, Ordering::Relaxed);
-        let shared = Shared { id, backend, heap: Mutex::new(locked), capture, symbols: Mutex::default() };
-        Ok(CachingAllocator { shared: ManuallyDrop::new(Arc::new(shared)) })
+        let shared = Arc::new(Shared { id, backend, heap: Mutex::new(locked), capture, symbols: Mutex::default() });
+        registry::register(&shared);
+        Ok(CachingAllocator { shared: ManuallyDrop::new(shared) })
     }
 
     /// The backend this allocator draws from.
@@ -311,7 +315,10 @@ impl CachingAllocator {
             let grant = if bytes == 0 {
                 None
             } else {
-                let ctx = pending.map(|p| p.intern(&mut locked.heap.recorder));
+                let ctx = pending.map(|p| {
+                    p.count_allocation();
+                    p.intern(&mut locked.heap.recorder)
+                });
                 match locked.heap.alloc(&*self.shared.backend, stream.id, bytes, ctx) {
                     Ok(g) => Some(g),
                     Err(Error::OutOfMemory(mut report)) => {
@@ -482,23 +489,46 @@ impl CachingAllocator {
     /// # drop((outside, inside));
     /// ```
     pub fn scope_usage(&self, scope: crate::record::Scope) -> ScopeUsage {
+        self.scope_split(scope).0
+    }
+
+    /// Live blocks inside `scope` and outside it, counted under one lock.
+    pub(crate) fn scope_split(&self, scope: crate::record::Scope) -> (ScopeUsage, ScopeUsage) {
         let locked = self.shared.lock();
         let heap = &locked.heap;
         let sites = &heap.recorder.sites.sites;
         let mut inside: std::collections::HashMap<u32, bool> = std::collections::HashMap::new();
-        let mut usage = ScopeUsage::default();
+        let mut within =
+            |scope_id: u32| *inside.entry(scope_id).or_insert_with(|| crate::record::is_within(scope_id, scope.id()));
+        let (mut usage, mut rest) = (ScopeUsage::default(), ScopeUsage::default());
         heap.for_each_block(|_, _, b| {
             if b.state != heap::BlockState::Allocated {
                 return;
             }
-            let Some(ctx) = b.ctx else { return };
-            let Some(site) = sites.get(ctx.site as usize) else { return };
-            if *inside.entry(site.scope).or_insert_with(|| crate::record::is_within(site.scope, scope.id())) {
-                usage.bytes += b.size;
-                usage.blocks += 1;
-            }
+            let site = b.ctx.and_then(|ctx| sites.get(ctx.site as usize));
+            let u = if site.is_some_and(|s| within(s.scope)) { &mut usage } else { &mut rest };
+            u.bytes += b.size;
+            u.requested_bytes += b.requested;
+            u.blocks += 1;
         });
-        usage
+        (usage, rest)
+    }
+
+    /// Every allocator alive in the process (the default devices and those built with
+    /// [`new`](Self::new) and friends), in the order they were made: what memory tests measure.
+    ///
+    /// ```
+    /// use vramscope::{CachingAllocator, HostBackend};
+    /// let mine = CachingAllocator::new(HostBackend::new(1 << 20));
+    /// assert!(CachingAllocator::all().iter().any(|a| a.same_allocator(&mine)));
+    /// ```
+    pub fn all() -> Vec<CachingAllocator> {
+        registry::live()
+    }
+
+    /// Whether `self` and `other` are handles to the same allocator.
+    pub fn same_allocator(&self, other: &CachingAllocator) -> bool {
+        Arc::ptr_eq(&self.shared, &other.shared)
     }
 
     /// Waits for every stream of this allocator and completes the frees that waited on them.

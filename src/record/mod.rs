@@ -12,7 +12,7 @@ mod symbols;
 mod tracing_layer;
 
 pub use history::Action;
-pub use scope::{current_scope, current_step, scope, step, Scope, ScopeGuard};
+pub use scope::{current_scope, current_step, scope, step, Scope, ScopeGuard, Scoped};
 pub use stack::{frame_pointers_available, StackMode};
 pub use symbols::Frame;
 #[cfg(feature = "tracing")]
@@ -29,7 +29,7 @@ use serde::{Deserialize, Serialize};
 use std::cell::UnsafeCell;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Instant;
 
 /// Which events carry their context (stack, scope, thread, step) in the history, as PyTorch's
@@ -326,6 +326,8 @@ fn with_scratch<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {
 /// stack stays in a per-thread buffer until [`Pending::intern`] stores it.
 pub(crate) struct Pending {
     pub(crate) scope: u32,
+    /// The scope's allocation counter (none at the root or without scopes).
+    counter: Option<&'static AtomicU64>,
     pub(crate) thread: u32,
     pub(crate) step: u64,
     has_stack: bool,
@@ -404,12 +406,15 @@ impl Pending {
         } else {
             0
         };
-        Pending {
-            scope: if config.scopes { scope::current_id() } else { scope::ROOT },
-            thread: thread_id(),
-            step: current_step(),
-            has_stack,
-            hash,
+        let (scope, counter) = if config.scopes { scope::current_counted() } else { (scope::ROOT, None) };
+        Pending { scope, counter, thread: thread_id(), step: current_step(), has_stack, hash }
+    }
+
+    /// Counts an allocation in the captured scope (see [`Scope::allocations`]).
+    #[inline]
+    pub(crate) fn count_allocation(&self) {
+        if let Some(n) = self.counter {
+            n.fetch_add(1, Ordering::Relaxed);
         }
     }
 

@@ -10,19 +10,35 @@ use std::sync::{Arc, OnceLock};
 /// The id of the root scope (no scope entered).
 pub(crate) const ROOT: u32 = 0;
 
+/// One scope: its parent, its name, and how many allocations were made directly inside it.
+struct Node {
+    parent: u32,
+    name: Arc<str>,
+    /// Leaked once per distinct scope path (scopes are never removed), so that the calling
+    /// thread can count an allocation without taking the table's lock.
+    allocations: &'static AtomicU64,
+}
+
 struct Table {
-    /// Parent and name of every scope; index 0 is the root.
-    nodes: Vec<(u32, Arc<str>)>,
+    /// Every scope; index 0 is the root.
+    nodes: Vec<Node>,
     ids: HashMap<(u32, Arc<str>), u32>,
 }
 
+/// Allocations outside any scope are not counted (every thread would contend for it).
+static ROOT_ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
 fn table() -> &'static Mutex<Table> {
     static TABLE: OnceLock<Mutex<Table>> = OnceLock::new();
-    TABLE.get_or_init(|| Mutex::new(Table { nodes: vec![(ROOT, Arc::from(""))], ids: HashMap::new() }))
+    TABLE.get_or_init(|| {
+        let root = Node { parent: ROOT, name: Arc::from(""), allocations: &ROOT_ALLOCATIONS };
+        Mutex::new(Table { nodes: vec![root], ids: HashMap::new() })
+    })
 }
 
 thread_local! {
-    static CURRENT: Cell<u32> = const { Cell::new(ROOT) };
+    /// The calling thread's scope and its allocation counter.
+    static CURRENT: Cell<(u32, &'static AtomicU64)> = const { Cell::new((ROOT, &ROOT_ALLOCATIONS)) };
     static THREAD: Cell<u32> = const { Cell::new(u32::MAX) };
 }
 
@@ -61,7 +77,48 @@ pub(crate) fn thread_name(id: u32) -> String {
 /// The scope id of the calling thread.
 #[inline]
 pub(crate) fn current_id() -> u32 {
-    CURRENT.with(Cell::get)
+    CURRENT.with(Cell::get).0
+}
+
+/// The calling thread's scope with its allocation counter (`None` at the root).
+#[inline]
+pub(crate) fn current_counted() -> (u32, Option<&'static AtomicU64>) {
+    let (id, n) = CURRENT.with(Cell::get);
+    (id, (id != ROOT).then_some(n))
+}
+
+/// Makes scope `id` current on the calling thread.
+fn set_current(id: u32) {
+    let counter = if id == ROOT {
+        &ROOT_ALLOCATIONS
+    } else {
+        table().lock().nodes.get(id as usize).map_or(&ROOT_ALLOCATIONS, |n| n.allocations)
+    };
+    CURRENT.with(|c| c.set((id, counter)));
+}
+
+/// Allocations made inside scope `id` or any scope within it, by allocators recording scopes.
+pub(crate) fn allocations_within(id: u32) -> u64 {
+    let t = table().lock();
+    let mut total = 0;
+    for (i, node) in t.nodes.iter().enumerate() {
+        let n = node.allocations.load(Ordering::Relaxed);
+        if n == 0 || (i as u32 == ROOT && id != ROOT) {
+            continue;
+        }
+        let mut j = i as u32;
+        loop {
+            if j == id {
+                total += n;
+                break;
+            }
+            if j == ROOT {
+                break;
+            }
+            j = t.nodes.get(j as usize).map_or(ROOT, |n| n.parent);
+        }
+    }
+    total
 }
 
 /// The path of scope `id`, outermost first (`["train", "forward"]`).
@@ -70,9 +127,9 @@ pub(crate) fn path(id: u32) -> Vec<String> {
     let mut out = Vec::new();
     let mut i = id;
     while i != ROOT {
-        let Some((parent, name)) = t.nodes.get(i as usize) else { break };
-        out.push(name.to_string());
-        i = *parent;
+        let Some(node) = t.nodes.get(i as usize) else { break };
+        out.push(node.name.to_string());
+        i = node.parent;
     }
     out.reverse();
     out
@@ -90,36 +147,35 @@ pub(crate) fn is_within(id: u32, ancestor: u32) -> bool {
             return false;
         }
         match t.nodes.get(i as usize) {
-            Some((parent, _)) => i = *parent,
+            Some(node) => i = node.parent,
             None => return false,
         }
     }
 }
 
-fn child(parent: u32, name: &str) -> u32 {
+/// The scope `name` inside `parent`, with its counter, made on first use.
+fn child_counted(parent: u32, name: &str) -> (u32, &'static AtomicU64) {
     let mut t = table().lock();
     let name: Arc<str> = Arc::from(name);
     if let Some(&id) = t.ids.get(&(parent, name.clone())) {
-        return id;
+        return (id, t.nodes[id as usize].allocations);
     }
     let id = t.nodes.len() as u32;
-    t.nodes.push((parent, name.clone()));
+    let allocations: &'static AtomicU64 = Box::leak(Box::new(AtomicU64::new(0)));
+    t.nodes.push(Node { parent, name: name.clone(), allocations });
     t.ids.insert((parent, name), id);
-    id
+    (id, allocations)
 }
 
-/// Enters `name` under the current scope and returns the previous scope id.
-#[cfg(feature = "tracing")]
-pub(crate) fn enter_named(name: &str) -> u32 {
-    let previous = current_id();
-    CURRENT.with(|c| c.set(child(previous, name)));
-    previous
+#[cfg(any(test, feature = "tracing"))]
+pub(crate) fn child(parent: u32, name: &str) -> u32 {
+    child_counted(parent, name).0
 }
 
-/// Makes scope `id` current again.
+/// Makes scope `id` current (by id, for the tracing layer).
 #[cfg(feature = "tracing")]
 pub(crate) fn restore(id: u32) {
-    CURRENT.with(|c| c.set(id));
+    set_current(id);
 }
 
 /// While alive, allocations on this thread are attributed to a scope. Made by [`scope`] and
@@ -134,7 +190,7 @@ pub struct ScopeGuard {
 
 impl Drop for ScopeGuard {
     fn drop(&mut self) {
-        CURRENT.with(|c| c.set(self.previous));
+        set_current(self.previous);
     }
 }
 
@@ -150,7 +206,8 @@ impl Drop for ScopeGuard {
 /// ```
 pub fn scope(name: &str) -> ScopeGuard {
     let previous = current_id();
-    CURRENT.with(|c| c.set(child(previous, name)));
+    let entered = child_counted(previous, name);
+    CURRENT.with(|c| c.set(entered));
     ScopeGuard { previous, _not_send: PhantomData }
 }
 
@@ -177,13 +234,75 @@ impl Scope {
     /// Makes this scope current on the calling thread until the guard drops.
     pub fn enter(self) -> ScopeGuard {
         let previous = current_id();
-        CURRENT.with(|c| c.set(self.0));
+        set_current(self.0);
         ScopeGuard { previous, _not_send: PhantomData }
     }
 
     /// The scope's path, outermost first.
     pub fn path(self) -> Vec<String> {
         path(self.0)
+    }
+
+    /// Allocations made so far inside this scope or any scope within it, by every allocator
+    /// that records scopes (freed ones included): how a memory test tells a body that
+    /// allocated nothing it could see.
+    ///
+    /// ```
+    /// let alloc = vramscope::CachingAllocator::new(vramscope::HostBackend::new(1 << 20));
+    /// let _g = vramscope::scope("counted");
+    /// let here = vramscope::current_scope();
+    /// let before = here.allocations();
+    /// drop(alloc.alloc::<u8>(&alloc.default_stream(), 10).unwrap());
+    /// assert_eq!(here.allocations(), before + 1);
+    /// ```
+    pub fn allocations(self) -> u64 {
+        allocations_within(self.0)
+    }
+
+    /// Runs `future` inside this scope: the scope is entered around every poll, on whichever
+    /// thread polls it, so that a task spawned on a multi-threaded runtime counts under it.
+    /// This is the way to carry a scope into async code; a [`ScopeGuard`] is tied to its thread
+    /// and cannot be held across an `.await` in a `Send` future.
+    ///
+    /// ```
+    /// let _test = vramscope::scope("my_test");
+    /// let here = vramscope::current_scope();
+    /// let task = here.wrap(async { vramscope::current_scope().path() });
+    /// // e.g. tokio::spawn(task); here polled by hand:
+    /// std::thread::spawn(move || {
+    ///     let mut task = std::pin::pin!(task);
+    ///     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    ///     assert_eq!(task.as_mut().poll(&mut cx), std::task::Poll::Ready(vec!["my_test".to_string()]));
+    /// })
+    /// .join()
+    /// .unwrap();
+    /// ```
+    pub fn wrap<F: std::future::Future>(self, future: F) -> Scoped<F> {
+        Scoped { scope: self, future }
+    }
+}
+
+/// A future that runs inside a scope; made by [`Scope::wrap`].
+#[derive(Debug)]
+#[must_use = "futures do nothing unless polled"]
+pub struct Scoped<F> {
+    scope: Scope,
+    future: F,
+}
+
+impl<F: std::future::Future> std::future::Future for Scoped<F> {
+    type Output = F::Output;
+
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<F::Output> {
+        // SAFETY: `future` is structurally pinned: it is never moved out of `Scoped` (there is
+        // no method that does, and `Scoped` has no `Drop` impl), and `Scoped` is `Unpin` only
+        // when `F` is.
+        let (scope, future) = unsafe {
+            let this = self.get_unchecked_mut();
+            (this.scope, std::pin::Pin::new_unchecked(&mut this.future))
+        };
+        let _guard = scope.enter();
+        future.poll(cx)
     }
 }
 

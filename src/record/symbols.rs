@@ -72,16 +72,25 @@ fn relative(path: &std::path::Path) -> String {
     cwd.as_deref().and_then(|c| path.strip_prefix(c).ok()).unwrap_or(path).display().to_string()
 }
 
+/// Whether a frame is the memory-test harness calling a test body: everything outside it
+/// (the harness, the user's test function that started it, the test runner) is not where the
+/// body allocated, and is cut from stacks.
+pub(crate) fn is_harness(function: &str) -> bool {
+    function.starts_with("vramscope::testing::") || function.starts_with("<vramscope::testing::")
+}
+
 /// Resolves instruction pointers to frames, caching every address.
 #[derive(Default)]
 pub(crate) struct Symbolizer {
-    cache: HashMap<usize, Vec<Frame>>,
+    cache: HashMap<usize, (Vec<Frame>, bool)>,
 }
 
 impl Symbolizer {
-    /// The frames of return address `ip`, innermost (inlined) first; trimmed frames removed.
-    pub(crate) fn resolve(&mut self, ip: usize) -> &[Frame] {
-        self.cache.entry(ip).or_insert_with(|| {
+    /// The frames of return address `ip`, innermost (inlined) first, with trimmed frames
+    /// removed, and whether the memory-test harness is among them (then the frames stop at it
+    /// and the stack ends there).
+    pub(crate) fn resolve(&mut self, ip: usize) -> (&[Frame], bool) {
+        let (frames, harness) = self.cache.entry(ip).or_insert_with(|| {
             let mut frames = Vec::new();
             // A return address points after the call; look up the call itself.
             let lookup = ip.saturating_sub(1);
@@ -89,9 +98,14 @@ impl Symbolizer {
                 let function = sym.name().map_or_else(|| "<unknown>".to_string(), |n| format!("{n:#}"));
                 frames.push(Frame { function, file: sym.filename().map(relative), line: sym.lineno() });
             });
+            let harness = frames.iter().position(|f| is_harness(&f.function));
+            if let Some(k) = harness {
+                frames.truncate(k);
+            }
             frames.retain(|f| !is_trimmed_frame(f));
-            frames
-        })
+            (frames, harness.is_some())
+        });
+        (frames, *harness)
     }
 
     /// Addresses resolved so far.
@@ -126,8 +140,8 @@ mod tests {
     fn caches_each_address_once() {
         let mut s = Symbolizer::default();
         let ip = trims_library_frames as fn() as usize + 4;
-        let a = s.resolve(ip).to_vec();
-        let b = s.resolve(ip).to_vec();
+        let a = s.resolve(ip).0.to_vec();
+        let b = s.resolve(ip).0.to_vec();
         assert_eq!(a, b);
         assert_eq!(s.resolved(), 1);
     }

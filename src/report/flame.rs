@@ -61,9 +61,10 @@ pub fn folded(snapshot: &Snapshot, kind: FoldedKind) -> String {
     lines.into_iter().filter(|(_, n)| *n > 0).map(|(l, n)| format!("{l} {n}\n")).collect()
 }
 
-fn options(title: &str) -> inferno::flamegraph::Options<'static> {
+fn options(title: &str, subtitle: Option<&str>) -> inferno::flamegraph::Options<'static> {
     let mut o = inferno::flamegraph::Options::default();
     o.title = title.to_string();
+    o.subtitle = subtitle.map(str::to_string);
     o.count_name = "bytes".into();
     o.colors = inferno::flamegraph::color::Palette::Basic(inferno::flamegraph::color::BasicPalette::Mem);
     o.deterministic = true;
@@ -71,11 +72,16 @@ fn options(title: &str) -> inferno::flamegraph::Options<'static> {
 }
 
 fn render(folded: &str, title: &str) -> Result<String> {
+    render_with(folded, title, None)
+}
+
+/// A flamegraph with a subtitle line under the title.
+pub(crate) fn render_with(folded: &str, title: &str, subtitle: Option<&str>) -> Result<String> {
     if folded.trim().is_empty() {
         return Err(Error::Usage(format!("{title}: nothing to draw, the profile is empty (no bytes in any stack)")));
     }
     let mut svg = Vec::new();
-    inferno::flamegraph::from_lines(&mut options(title), folded.lines(), &mut svg)
+    inferno::flamegraph::from_lines(&mut options(title, subtitle), folded.lines(), &mut svg)
         .map_err(|e| Error::Usage(format!("{title}: the flamegraph could not be drawn: {e}")))?;
     String::from_utf8(svg).map_err(|e| Error::Usage(format!("{title}: the flamegraph is not UTF-8: {e}")))
 }

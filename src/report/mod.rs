@@ -11,6 +11,7 @@ mod live;
 mod segments;
 
 pub use diff::{diff, SiteDelta};
+pub(crate) use flame::render_with as flamegraph_with_subtitle;
 pub use flame::{differential_flamegraph, flamegraph, folded, FoldedKind};
 pub use leaks::{leaks, LeakCandidate};
 pub use live::{live, LiveGroup};
@@ -32,13 +33,13 @@ fn is_library(f: &Frame) -> bool {
 }
 
 /// The allocation site of a context: the innermost frame of the program itself.
-fn site_frame<'a>(snap: &'a Snapshot, ctx: Option<&ContextInfo>) -> Option<&'a Frame> {
+pub(crate) fn site_frame<'a>(snap: &'a Snapshot, ctx: Option<&ContextInfo>) -> Option<&'a Frame> {
     let stack = ctx?.stack?;
     snap.stack_frames(stack).find(|f| !is_library(f))
 }
 
 /// `file:line (function)`, or `<no stack>`.
-fn site_label(frame: Option<&Frame>) -> String {
+pub(crate) fn site_label(frame: Option<&Frame>) -> String {
     frame.map_or_else(|| "<no stack>".to_string(), |f| f.to_string())
 }
 

@@ -125,13 +125,17 @@ impl Tables {
         }
         let mut frames = Vec::new();
         for &ip in raw.get(id as usize).map(|b| &b[..]).unwrap_or(&[]) {
-            for f in sym.resolve(ip) {
+            let (resolved, harness) = sym.resolve(ip);
+            for f in resolved {
                 let next = self.frames.len() as u32;
                 let fid = *self.frame_ids.entry(f.clone()).or_insert(next);
                 if fid == next {
                     self.frames.push(f.clone());
                 }
                 frames.push(fid);
+            }
+            if harness {
+                break;
             }
         }
         self.stacks.push(frames);

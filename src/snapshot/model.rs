@@ -128,6 +128,23 @@ pub struct HistoryEntry {
 }
 
 impl Snapshot {
+    /// A snapshot with nothing in it.
+    pub(crate) fn empty(backend: &str) -> Snapshot {
+        Snapshot {
+            version: super::SNAPSHOT_VERSION,
+            device: 0,
+            backend: backend.to_string(),
+            segments: Vec::new(),
+            history: Vec::new(),
+            history_dropped: 0,
+            frames: Vec::new(),
+            stacks: Vec::new(),
+            scopes: vec![Vec::new()],
+            threads: Vec::new(),
+            stats: BTreeMap::new(),
+        }
+    }
+
     /// The frames of stack `index`, innermost first.
     pub fn stack_frames(&self, index: u32) -> impl Iterator<Item = &Frame> {
         self.stacks.get(index as usize).into_iter().flatten().filter_map(|&f| self.frames.get(f as usize))

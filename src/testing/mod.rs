@@ -16,11 +16,20 @@
 //! assert!(verdict.report.contains("doc::leaky"));
 //! ```
 
+mod evidence;
+mod select;
+
 use crate::alloc::CachingAllocator;
-use crate::error::{fmt_bytes, Error, Result};
-use crate::report::{self, FoldedKind, LiveGroup};
-use crate::snapshot::{BlockState, Snapshot};
+use crate::error::Result;
+use crate::report::{self, LiveGroup};
+use crate::snapshot::Snapshot;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+/// Memory tests running now, and memory tests ever started: a test that started with none
+/// running and saw none start before it ended ran alone.
+static RUNNING: AtomicUsize = AtomicUsize::new(0);
+static STARTED: AtomicU64 = AtomicU64::new(0);
 
 /// What a memory test measures at the end of each iteration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,6 +91,11 @@ pub struct Verdict {
     pub per_iteration: Vec<u64>,
     /// Growth of the metric from the end of warm-up to the end of the last iteration.
     pub growth: i64,
+    /// Allocations the body made inside the test's scope, in every allocator (freed ones too).
+    pub allocations: u64,
+    /// Growth of live memory outside the test's scope, where the test ran alone (no other
+    /// memory test overlapped it) so that it can be told apart from a neighbour's.
+    pub unattributed_growth: Option<i64>,
     /// The full text report (per-iteration figures and the sites that grew).
     pub report: String,
     /// Files written as evidence (on failure).
@@ -91,10 +105,12 @@ pub struct Verdict {
 /// A memory test: runs a body for warm-up plus measured iterations inside a scope of its own
 /// and checks that what the body leaves alive does not grow.
 ///
-/// Only blocks allocated inside the test's scope count, so tests running in parallel threads
-/// (as under `cargo test`) never change each other's verdicts. Threads the body spawns count
-/// when they enter the test's scope: `let s = vramscope::current_scope();` before spawning,
-/// `let _g = s.enter();` in the thread.
+/// Only blocks allocated inside the test's scope count, in every allocator alive in the
+/// process ([`CachingAllocator::all`]): the default devices and the allocators the body builds.
+/// Tests running in parallel threads (as under `cargo test`) never change each other's
+/// verdicts. Threads the body spawns count when they enter the test's scope:
+/// `let s = vramscope::current_scope();` before spawning, `let _g = s.enter();` in the thread;
+/// async tasks count when wrapped: `tokio::spawn(s.wrap(task))`.
 #[derive(Debug, Clone)]
 pub struct MemTest {
     name: String,
@@ -147,7 +163,8 @@ impl MemTest {
         self
     }
 
-    /// Which device's process-wide allocator the body uses.
+    /// The device whose backend [`backend`](Self::backend) checks (the test itself counts
+    /// every allocator).
     pub fn device(mut self, d: usize) -> Self {
         self.device = d;
         self
@@ -169,9 +186,23 @@ impl MemTest {
     /// Why the test cannot run here, if it cannot.
     pub fn skip_reason(&self) -> Option<String> {
         match self.backend {
-            BackendRequirement::Cuda => {
-                Some(format!("{}: skipped, it needs a CUDA device and this build has no CUDA backend", self.name))
-            }
+            #[cfg(not(feature = "cuda"))]
+            BackendRequirement::Cuda => Some(format!(
+                "{}: skipped, it needs a CUDA device and this build has no CUDA backend (vramscope's `cuda` feature)",
+                self.name
+            )),
+            #[cfg(feature = "cuda")]
+            BackendRequirement::Cuda => match crate::try_device(self.device) {
+                Ok(a) if a.backend().name() == "cuda" => None,
+                Ok(a) => Some(format!(
+                    "{}: skipped, it needs a CUDA device and device {} is {} (no CUDA driver or device \
+                     was found, or VRAMSCOPE_BACKEND chose another backend)",
+                    self.name,
+                    self.device,
+                    a.backend().name()
+                )),
+                Err(e) => Some(format!("{}: skipped, device {} could not be opened: {e}", self.name, self.device)),
+            },
             BackendRequirement::Host => match crate::try_device(self.device) {
                 Ok(a) if a.backend().name() != "host" => Some(format!(
                     "{}: skipped, it needs the host backend and device {} is {}",
@@ -185,55 +216,108 @@ impl MemTest {
         }
     }
 
-    fn measure(&self, alloc: &CachingAllocator, scope: crate::Scope) -> u64 {
-        let _ = alloc.synchronize_all();
+    /// The test's blocks and the rest, summed over every allocator recording scopes.
+    fn measure(&self, scope: crate::Scope) -> Measure {
+        let mut m = Measure::default();
+        for alloc in CachingAllocator::all() {
+            if !alloc.record_config().scopes {
+                m.unscoped_allocators += 1;
+                continue;
+            }
+            let (inside, outside) = alloc.scope_split(scope);
+            m.bytes += inside.bytes;
+            m.blocks += inside.blocks;
+            m.outside_bytes += outside.bytes;
+            m.outside_blocks += outside.blocks;
+            m.reserved += alloc.memory_reserved();
+        }
+        m
+    }
+
+    fn value(&self, m: &Measure) -> u64 {
         match self.metric {
-            Metric::LiveBytes => alloc.scope_usage(scope).bytes,
-            Metric::LiveBlocks => alloc.scope_usage(scope).blocks,
-            Metric::ReservedBytes => alloc.memory_reserved(),
+            Metric::LiveBytes => m.bytes,
+            Metric::LiveBlocks => m.blocks,
+            Metric::ReservedBytes => m.reserved,
+        }
+    }
+
+    fn outside_value(&self, m: &Measure) -> u64 {
+        match self.metric {
+            Metric::LiveBlocks => m.outside_blocks,
+            _ => m.outside_bytes,
         }
     }
 
     /// Runs the body and returns the verdict, and what the last iteration returned (or the first
     /// failing one). Writes evidence when the test fails.
+    ///
+    /// What counts: blocks allocated inside the test's scope, in every allocator alive in the
+    /// process that records scopes (the default devices and the ones the body builds). The
+    /// test fails, with a report saying why, when that grows beyond the tolerance; when the
+    /// body allocated nothing in any of them (a test that measures nothing proves nothing: it
+    /// may allocate through another allocator or a thread that never entered the test's
+    /// scope); and when it ran alone (no other memory test overlapped it) and live memory
+    /// outside its scope grew at every measured iteration (a thread of the body that did not
+    /// enter its scope).
     pub fn run<R: Outcome>(&self, mut body: impl FnMut() -> R) -> Result<(Verdict, R)> {
-        let alloc = crate::try_device(self.device)?;
-        if !alloc.record_config().scopes {
-            return Err(Error::Usage(format!(
-                "{}: memory tests need scopes recorded (RecordConfig::scopes) on device {}",
-                self.name, self.device
-            )));
-        }
         // The scope is named after the test: deterministic, so that pinned reports do not
         // change from run to run; test names are unique within a test binary.
         let guard = crate::scope(&self.name);
         let scope = crate::current_scope();
-        let mut per_iteration = Vec::with_capacity(self.warmup + self.iters);
-        let mut first: Option<Snapshot> = None;
+        let allocations_before = scope.allocations();
+        let others_at_start = RUNNING.fetch_add(1, Ordering::SeqCst);
+        let generation = STARTED.fetch_add(1, Ordering::SeqCst) + 1;
+        let path = scope.path();
+        let alone_so_far = || others_at_start == 0 && STARTED.load(Ordering::SeqCst) == generation;
+        let mut measures = Vec::with_capacity(self.warmup + self.iters + 1);
+        let mut before: Option<Vec<Snapshot>> = None;
+        if self.warmup == 0 {
+            measures.push(self.measure(scope));
+            before = Some(self.snapshots(scope, alone_so_far()));
+        }
         let mut last = None;
         for i in 0..self.warmup + self.iters {
-            let out = body();
+            let out = call_body(&mut body);
             let failed = out.is_failure();
             last = Some(out);
-            per_iteration.push(self.measure(&alloc, scope));
-            if i + 1 == self.warmup.max(1) && first.is_none() {
-                first = Some(alloc.snapshot());
+            measures.push(self.measure(scope));
+            if i + 1 == self.warmup {
+                before = Some(self.snapshots(scope, alone_so_far()));
             }
             if failed {
                 break;
             }
         }
         drop(guard);
+        let alone = alone_so_far();
+        RUNNING.fetch_sub(1, Ordering::SeqCst);
         let out = last.expect("at least one iteration ran");
-        let baseline = if self.warmup == 0 { 0 } else { per_iteration[self.warmup - 1] };
-        let end = *per_iteration.last().expect("at least one iteration ran");
-        let growth = end as i64 - baseline as i64;
-        let passed = out.is_failure() || growth <= self.tolerance as i64;
+        let allocations = scope.allocations() - allocations_before;
+        // With warm-up, `measures[k]` is the end of iteration k + 1; without, `measures[0]` is
+        // the start and `measures[k]` the end of iteration k.
+        let base_index = self.warmup.saturating_sub(1);
+        let baseline = &measures[base_index.min(measures.len() - 1)];
+        let end = measures.last().expect("measured at least once");
+        let per_iteration: Vec<u64> = measures[usize::from(self.warmup == 0)..].iter().map(|m| self.value(m)).collect();
+        let growth = self.value(end) as i64 - self.value(baseline) as i64;
+        let measured = &measures[base_index.min(measures.len() - 1)..];
+        let unscoped_growth = self.outside_value(end) as i64 - self.outside_value(baseline) as i64;
+        let unattributed = alone
+            && self.metric != Metric::ReservedBytes
+            && measured.len() > 1
+            && unscoped_growth > self.tolerance as i64
+            && measured.windows(2).all(|w| self.outside_value(&w[1]) > self.outside_value(&w[0]));
+        let nothing = allocations == 0 && self.metric != Metric::ReservedBytes;
+        let grew = growth > self.tolerance as i64;
+        let passed = out.is_failure() || !(grew || unattributed || nothing);
         let mut verdict = Verdict {
             name: self.name.clone(),
             passed,
             per_iteration,
             growth,
+            allocations,
+            unattributed_growth: if alone { Some(unscoped_growth) } else { None },
             report: String::new(),
             evidence: Vec::new(),
         };
@@ -241,18 +325,33 @@ impl MemTest {
             verdict.report = format!("{}: no growth beyond the tolerance", self.name);
             return Ok((verdict, out));
         }
-        let path = scope.path();
-        let before = within(first.as_ref().expect("taken after the first warm-up iteration"), &path);
-        let after = within(&alloc.snapshot(), &path);
-        verdict.report = self.report(&verdict, &before, &after);
-        verdict.evidence = self.write_evidence(&verdict.report, &before, &after);
+        let failure =
+            Failure { grew, unattributed, nothing, unscoped_allocators: end.unscoped_allocators, unscoped_growth };
+        let after = self.snapshots(scope, alone);
+        let before = before.unwrap_or_default();
+        let ev = evidence::Evidence::new(self, &path, &before, &after);
+        verdict.report = ev.report(self, &verdict, &failure);
+        verdict.evidence = ev.write(self, &verdict);
         if !verdict.evidence.is_empty() {
-            verdict.report.push_str("evidence:\n");
+            verdict.report.push_str("\nevidence:\n");
             for p in &verdict.evidence {
                 verdict.report.push_str(&format!("  {}\n", p.display()));
             }
         }
         Ok((verdict, out))
+    }
+
+    /// Snapshots of the allocators that hold blocks of the test (or, when `everything`, any
+    /// live block), for the reports.
+    fn snapshots(&self, scope: crate::Scope, everything: bool) -> Vec<Snapshot> {
+        CachingAllocator::all()
+            .into_iter()
+            .filter(|a| {
+                let (inside, outside) = a.scope_split(scope);
+                inside.blocks > 0 || (everything && outside.blocks > 0)
+            })
+            .map(|a| a.snapshot())
+            .collect()
     }
 
     /// Like [`run`](Self::run), returning the verdict only.
@@ -264,6 +363,8 @@ impl MemTest {
                 passed: false,
                 per_iteration: Vec::new(),
                 growth: 0,
+                allocations: 0,
+                unattributed_growth: None,
                 report: e.to_string(),
                 evidence: Vec::new(),
             },
@@ -272,6 +373,9 @@ impl MemTest {
 
     /// What `#[gpu_mem_test]` calls: skips with a printed reason where the backend is missing,
     /// runs the body, and panics with the report (after writing the evidence) when memory grew.
+    /// The panic is located at the caller, the user's test.
+    #[doc(hidden)]
+    #[track_caller]
     pub fn run_test<R: Outcome>(&self, body: impl FnMut() -> R) -> R {
         if let Some(reason) = self.skip_reason() {
             eprintln!("{reason}");
@@ -284,121 +388,49 @@ impl MemTest {
         }
     }
 
-    /// The live-tensor report of what the test left alive (its scope, on the calling thread's
-    /// current scope), with the test's own scope left out of the paths: what `snapshot = true`
-    /// pins after the iterations.
+    /// The live-tensor report of what the test left alive (its scope, in every allocator, on
+    /// the calling thread's current scope), with the test's own scope left out of the paths:
+    /// what `snapshot = true` pins after the iterations.
+    #[doc(hidden)]
     pub fn scope_report(&self) -> String {
-        let Ok(alloc) = crate::try_device(self.device) else { return String::new() };
+        snapshot_report(self)
+    }
+
+    /// The test's scope path as seen from the calling thread (outside the test's own scope).
+    fn scope_path(&self) -> Vec<String> {
         let mut path = crate::current_scope().path();
         path.push(self.name.clone());
-        let mut snap = within(&alloc.snapshot(), &path);
-        for p in &mut snap.scopes {
-            if p.starts_with(&path) {
-                p.drain(..path.len());
-            }
-        }
-        LiveGroup::render(&report::live(&snap))
-    }
-
-    fn unit(&self, v: u64) -> String {
-        match self.metric {
-            Metric::LiveBlocks => format!("{v} blocks"),
-            _ => fmt_bytes(v),
-        }
-    }
-
-    fn report(&self, v: &Verdict, before: &Snapshot, after: &Snapshot) -> String {
-        let metric = match self.metric {
-            Metric::LiveBytes => "live bytes",
-            Metric::LiveBlocks => "live blocks",
-            Metric::ReservedBytes => "reserved bytes",
-        };
-        let mut s = format!(
-            "{}: {metric} grew by {} over {} iterations after {} warm-up (tolerance {})\n",
-            self.name,
-            self.unit(v.growth.max(0) as u64),
-            self.iters,
-            self.warmup,
-            self.unit(self.tolerance)
-        );
-        s.push_str("per iteration:");
-        for (i, x) in v.per_iteration.iter().enumerate() {
-            let tag = if i < self.warmup { " (warm-up)" } else { "" };
-            s.push_str(&format!("\n  {:>3}: {}{tag}", i + 1, self.unit(*x)));
-        }
-        s.push_str("\nallocation sites that grew:\n");
-        let measured = self.iters.max(1) as u64;
-        let grown = report::diff(before, after);
-        let groups = report::live(after);
-        let mut any = false;
-        for d in grown.iter().filter(|d| d.after > d.before) {
-            any = true;
-            let group = groups.iter().find(|g| g.site == d.site && g.scope == d.scope).cloned();
-            let tensor = group.and_then(|g: LiveGroup| {
-                g.dtype.map(|t| format!(" {t}{}", g.shape.map_or(String::new(), |sh| format!("{sh:?}"))))
-            });
-            s.push_str(&format!(
-                "  {}\n      scope {}{}\n      +{} blocks, +{} per iteration ({} -> {} live)\n",
-                d.site,
-                if d.scope.is_empty() { "-" } else { &d.scope },
-                tensor.unwrap_or_default(),
-                d.count_after.saturating_sub(d.count_before) / measured,
-                fmt_bytes((d.after - d.before) / measured),
-                fmt_bytes(d.before),
-                fmt_bytes(d.after)
-            ));
-        }
-        if !any {
-            s.push_str("  (none attributable: the growth is in memory outside the test's blocks)\n");
-        }
-        s
-    }
-
-    fn write_evidence(&self, text: &str, before: &Snapshot, after: &Snapshot) -> Vec<PathBuf> {
-        let root = self.evidence_dir.clone().unwrap_or_else(|| {
-            std::env::var_os("CARGO_TARGET_DIR")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| PathBuf::from("target"))
-                .join("vramscope")
-        });
-        let dir = root.join(sanitize(&self.name));
-        if std::fs::create_dir_all(&dir).is_err() {
-            return Vec::new();
-        }
-        let live = report::folded(after, FoldedKind::Live);
-        let mut files: Vec<(&str, Vec<u8>)> =
-            vec![("report.txt", text.as_bytes().to_vec()), ("snapshot.json", after.to_json().into_bytes())];
-        if let Ok(svg) = report::flamegraph(&live, &format!("{}: live memory after the last iteration", self.name)) {
-            files.push(("live.svg", svg.into_bytes()));
-        }
-        if let Ok(svg) = report::differential_flamegraph(
-            &report::folded(before, FoldedKind::Live),
-            &live,
-            &format!("{}: growth from the first to the last iteration", self.name),
-        ) {
-            files.push(("growth.svg", svg.into_bytes()));
-        }
-        files
-            .into_iter()
-            .filter_map(|(name, bytes)| {
-                let p = dir.join(name);
-                std::fs::write(&p, bytes).ok().map(|_| p)
-            })
-            .collect()
+        path
     }
 }
 
-/// The snapshot with only the blocks (and history) of contexts inside scope `path`.
-fn within(snap: &Snapshot, path: &[String]) -> Snapshot {
-    let inside = |c: Option<&crate::snapshot::ContextInfo>| {
-        c.and_then(|c| snap.scopes.get(c.scope as usize)).is_some_and(|p| p.starts_with(path))
-    };
-    let mut s = snap.clone();
-    for seg in &mut s.segments {
-        seg.blocks.retain(|b| b.state != BlockState::ActiveAllocated || inside(b.context.as_ref()));
-    }
-    s.history.retain(|e| inside(e.context.as_ref()));
-    s
+/// Calls a test body: the frame at which recorded stacks stop, so that reports show the body's
+/// frames and not the harness's or the test runner's.
+#[inline(never)]
+fn call_body<R>(body: &mut impl FnMut() -> R) -> R {
+    let r = body();
+    std::hint::black_box(r)
+}
+
+/// What one measurement saw, summed over allocators.
+#[derive(Debug, Default, Clone)]
+struct Measure {
+    bytes: u64,
+    blocks: u64,
+    outside_bytes: u64,
+    outside_blocks: u64,
+    reserved: u64,
+    /// Allocators that record no scopes: their blocks cannot be told apart.
+    unscoped_allocators: usize,
+}
+
+/// Why a test failed.
+struct Failure {
+    grew: bool,
+    unattributed: bool,
+    nothing: bool,
+    unscoped_allocators: usize,
+    unscoped_growth: i64,
 }
 
 /// A file-name-safe version of a test name.
@@ -412,7 +444,10 @@ pub fn snapshot_report(source: &impl SnapshotSource) -> String {
     LiveGroup::render(&report::live(&source.take_snapshot()))
 }
 
-/// What `assert_mem_snapshot!` accepts: an allocator or a snapshot.
+/// What `assert_mem_snapshot!` accepts: an allocator (all its live blocks, whoever allocated
+/// them: pin a private allocator this way, not a shared one such as `device(0)` that tests
+/// running beside yours also use), a snapshot, or a [`MemTest`] (the blocks the test keeps
+/// alive, in every allocator, and nothing else: stable under parallel tests).
 pub trait SnapshotSource {
     /// The snapshot to report on.
     fn take_snapshot(&self) -> Snapshot;
@@ -427,6 +462,22 @@ impl SnapshotSource for CachingAllocator {
 impl SnapshotSource for Snapshot {
     fn take_snapshot(&self) -> Snapshot {
         self.clone()
+    }
+}
+
+/// The blocks the test keeps alive (its scope, as seen from the calling thread, in every
+/// allocator), with the test's own scope left out of the paths.
+impl SnapshotSource for MemTest {
+    fn take_snapshot(&self) -> Snapshot {
+        let path = self.scope_path();
+        let snaps: Vec<Snapshot> = CachingAllocator::all()
+            .into_iter()
+            .map(|a| select::within(&a.snapshot(), &path, true))
+            .filter(|s| s.live_blocks().next().is_some())
+            .collect();
+        let mut snap = select::merge(snaps).unwrap_or_else(|| Snapshot::empty("none"));
+        select::strip_scope(&mut snap, &path);
+        snap
     }
 }
 

@@ -1,0 +1,340 @@
+//! What a failed memory test says and writes: the report naming each line that kept memory,
+//! with exact bytes, and the files under `target/vramscope/<test>/`.
+
+use super::select::{merge, within};
+use super::{sanitize, Failure, MemTest, Metric, Verdict};
+use crate::error::fmt_bytes;
+use crate::report::{self, FoldedKind};
+use crate::snapshot::Snapshot;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+/// The test's blocks at the baseline and at the end, and (where the test ran alone) the blocks
+/// outside its scope, each merged over allocators.
+pub(super) struct Evidence {
+    path: Vec<String>,
+    before: Snapshot,
+    after: Snapshot,
+    outside_before: Snapshot,
+    outside_after: Snapshot,
+}
+
+/// Bytes exactly, with thousands separators: `262,144 B`.
+pub(super) fn exact(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3 + 2);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out.push_str(" B");
+    out
+}
+
+/// Exact bytes, with the rounded figure beside them where it reads easier: `262,144 B (256.00 KiB)`.
+fn exact_and_round(n: u64) -> String {
+    if n < 1024 {
+        exact(n)
+    } else {
+        format!("{} ({})", exact(n), fmt_bytes(n))
+    }
+}
+
+fn plural(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+/// What one allocation site (and scope) holds in one snapshot.
+#[derive(Default, Clone)]
+struct Tally {
+    blocks: u64,
+    bytes: u64,
+    requested: u64,
+    tensors: BTreeSet<String>,
+}
+
+/// Live blocks grouped by the line that allocated them and their scope below `path`.
+fn tally(snap: &Snapshot, path: &[String]) -> BTreeMap<(String, String), Tally> {
+    let mut out: BTreeMap<(String, String), Tally> = BTreeMap::new();
+    for b in snap.live_blocks() {
+        let ctx = b.context.as_ref();
+        let site = report::site_label(report::site_frame(snap, ctx));
+        let scope = ctx
+            .and_then(|c| snap.scopes.get(c.scope as usize))
+            .map(|p| if p.starts_with(path) { &p[path.len()..] } else { &p[..] })
+            .map(|p| p.join("/"))
+            .unwrap_or_default();
+        let t = out.entry((site, scope)).or_default();
+        t.blocks += 1;
+        t.bytes += b.size;
+        t.requested += b.requested_size;
+        t.tensors.insert(match (&b.dtype, &b.shape) {
+            (Some(d), Some(s)) => format!("{d}{s:?}"),
+            (Some(d), None) => d.clone(),
+            _ => String::new(),
+        });
+    }
+    out
+}
+
+/// A site that holds more at the end than at the baseline.
+struct Grown {
+    site: String,
+    scope: String,
+    blocks: u64,
+    bytes: u64,
+    requested: u64,
+    tensor: String,
+}
+
+fn grown(before: &Snapshot, after: &Snapshot, path: &[String]) -> Vec<Grown> {
+    let b = tally(before, path);
+    let mut out: Vec<Grown> = tally(after, path)
+        .into_iter()
+        .filter_map(|(key, a)| {
+            let z = b.get(&key).cloned().unwrap_or_default();
+            (a.bytes > z.bytes || a.blocks > z.blocks).then(|| Grown {
+                site: key.0,
+                scope: key.1,
+                blocks: a.blocks.saturating_sub(z.blocks),
+                bytes: a.bytes.saturating_sub(z.bytes),
+                requested: a.requested.saturating_sub(z.requested),
+                tensor: if a.tensors.len() == 1 {
+                    a.tensors.into_iter().next().unwrap_or_default()
+                } else {
+                    String::new()
+                },
+            })
+        })
+        .collect();
+    out.sort_by(|x, y| y.bytes.cmp(&x.bytes).then_with(|| x.site.cmp(&y.site)).then_with(|| x.scope.cmp(&y.scope)));
+    out
+}
+
+/// The lines of grown sites, as the report prints them: exact figures per measured iteration
+/// where they divide evenly, else over all of them.
+fn render_sites(s: &mut String, sites: &[Grown], iters: u64) {
+    let iters = iters.max(1);
+    for g in sites {
+        let _ = writeln!(s, "  {}", g.site);
+        let even = g.blocks % iters == 0 && g.requested % iters == 0 && g.bytes % iters == 0;
+        let (k, when) =
+            if even { (iters, "per iteration".to_string()) } else { (1, format!("over {iters} iterations")) };
+        let mut detail =
+            format!("{}, {} {when}", plural(g.blocks / k, "block", "blocks"), exact_and_round(g.requested / k));
+        if g.bytes != g.requested {
+            let _ = write!(detail, " (in blocks of {})", exact(g.bytes / k));
+        }
+        if !g.tensor.is_empty() {
+            let _ = write!(detail, ", {}", g.tensor);
+        }
+        if !g.scope.is_empty() {
+            let _ = write!(detail, ", scope {}", g.scope);
+        }
+        let _ = writeln!(s, "      {detail}");
+    }
+}
+
+impl Evidence {
+    pub(super) fn new(test: &MemTest, path: &[String], before: &[Snapshot], after: &[Snapshot]) -> Evidence {
+        let _ = test;
+        let pick = |snaps: &[Snapshot], inside: bool| {
+            merge(snaps.iter().map(|s| within(s, path, inside)).collect()).unwrap_or_else(|| Snapshot::empty("none"))
+        };
+        Evidence {
+            path: path.to_vec(),
+            before: pick(before, true),
+            after: pick(after, true),
+            outside_before: pick(before, false),
+            outside_after: pick(after, false),
+        }
+    }
+
+    pub(super) fn report(&self, test: &MemTest, v: &Verdict, why: &Failure) -> String {
+        let mut s = String::new();
+        let iters = test.iters as u64;
+        let warmup = match test.warmup {
+            0 => "no warm-up".to_string(),
+            n => plural(n as u64, "warm-up", "warm-ups"),
+        };
+        let unit = |n: u64| match test.metric {
+            Metric::LiveBlocks => plural(n, "block", "blocks"),
+            _ => exact_and_round(n),
+        };
+        let metric = match test.metric {
+            Metric::LiveBytes => "live bytes",
+            Metric::LiveBlocks => "live blocks",
+            Metric::ReservedBytes => "reserved bytes",
+        };
+        if why.grew {
+            let _ = writeln!(
+                s,
+                "{}: {metric} grew by {} over {} after {warmup} (tolerance {})",
+                test.name,
+                unit(v.growth.max(0) as u64),
+                plural(iters, "iteration", "iterations"),
+                unit(test.tolerance)
+            );
+            let sites = grown(&self.before, &self.after, &self.path);
+            if sites.is_empty() {
+                s.push_str("  no allocation site of the test holds more than at the baseline: the growth is in\n");
+                s.push_str("  memory outside the test's blocks (the reserved bytes metric counts every allocator)\n");
+            } else {
+                s.push_str("kept alive per iteration, by the line that allocated it:\n");
+                render_sites(&mut s, &sites, iters);
+            }
+        } else if why.unattributed {
+            let _ = writeln!(
+                s,
+                "{}: live memory outside the test's scope grew by {} over {} while the test ran alone",
+                test.name,
+                unit(why.unscoped_growth.max(0) as u64),
+                plural(iters, "iteration", "iterations"),
+            );
+            s.push_str(
+                "  it was allocated by a thread or task that did not enter the test's scope: carry the scope\n  \
+                 with `let s = vramscope::current_scope();` and `let _g = s.enter();` in the thread, or\n  \
+                 `s.wrap(future)` for an async task. Sites that grew outside the scope:\n",
+            );
+            render_sites(&mut s, &grown(&self.outside_before, &self.outside_after, &[]), iters);
+        } else if why.nothing {
+            let _ = writeln!(
+                s,
+                "{}: the body allocated nothing inside the test's scope, so it measured nothing",
+                test.name
+            );
+            s.push_str(
+                "  a memory test counts what the body allocates through vramscope allocators (device(n),\n  \
+                 or a CachingAllocator it builds) on its own thread, or on threads and tasks that enter\n  \
+                 its scope (`current_scope().enter()`, `Scope::wrap`); memory allocated through cudarc or\n  \
+                 a framework directly is not seen\n",
+            );
+        }
+        if why.unscoped_allocators > 0 {
+            let _ = writeln!(
+                s,
+                "  note: {} records no scopes (RecordConfig::scopes is off); its blocks cannot be counted",
+                plural(why.unscoped_allocators as u64, "allocator", "allocators")
+            );
+        }
+        let _ = writeln!(s, "{metric} of the test's blocks at the end of each iteration (all allocators):");
+        let mut previous: Option<u64> = None;
+        for (i, x) in v.per_iteration.iter().enumerate() {
+            let tag = if i < test.warmup {
+                "  warm-up".to_string()
+            } else {
+                match previous {
+                    Some(p) if *x >= p => format!("  +{}", unit(x - p)),
+                    Some(p) => format!("  -{}", unit(p - x)),
+                    None => String::new(),
+                }
+            };
+            let _ = writeln!(s, "  {:>3}  {:>24}{tag}", i + 1, unit(*x));
+            previous = Some(*x);
+        }
+        s
+    }
+
+    /// Writes `report.txt`, `growth.svg` (only what grew: the sites above are the whole
+    /// picture), `live.svg` and `snapshot.json` (the test's blocks at the end).
+    pub(super) fn write(&self, test: &MemTest, v: &Verdict) -> Vec<PathBuf> {
+        let root = test.evidence_dir.clone().unwrap_or_else(|| {
+            std::env::var_os("CARGO_TARGET_DIR")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from("target"))
+                .join("vramscope")
+        });
+        let dir = root.join(sanitize(&test.name));
+        if std::fs::create_dir_all(&dir).is_err() {
+            return Vec::new();
+        }
+        let (before, after) = if v.growth > test.tolerance as i64 || v.unattributed_growth.is_none() {
+            (&self.before, &self.after)
+        } else {
+            (&self.outside_before, &self.outside_after)
+        };
+        let live = report::folded(after, FoldedKind::Live);
+        let growth = growth_folded(&report::folded(before, FoldedKind::Live), &live);
+        let figures: Vec<String> = v.per_iteration.iter().map(|x| x.to_string()).collect();
+        let subtitle = format!("live bytes of the test at the end of each iteration: {}", figures.join(", "));
+        let mut files: Vec<(&str, Vec<u8>)> =
+            vec![("report.txt", v.report.as_bytes().to_vec()), ("snapshot.json", after.to_json().into_bytes())];
+        let title = format!("{}: memory kept over {} measured iterations", test.name, test.iters);
+        if let Ok(svg) = report::flamegraph_with_subtitle(&growth, &title, Some(&subtitle)) {
+            files.push(("growth.svg", svg.into_bytes()));
+        }
+        if let Ok(svg) = report::flamegraph(&live, &format!("{}: live memory after the last iteration", test.name)) {
+            files.push(("live.svg", svg.into_bytes()));
+        }
+        files
+            .into_iter()
+            .filter_map(|(name, bytes)| {
+                let p = dir.join(name);
+                std::fs::write(&p, bytes).ok().map(|_| p)
+            })
+            .collect()
+    }
+}
+
+/// The folded lines whose bytes grew from `before` to `after`, with only the growth.
+fn growth_folded(before: &str, after: &str) -> String {
+    let parse = |text: &str| -> BTreeMap<String, u64> {
+        text.lines()
+            .filter_map(|l| l.rsplit_once(' '))
+            .filter_map(|(stack, n)| Some((stack.to_string(), n.parse::<u64>().ok()?)))
+            .collect()
+    };
+    let b = parse(before);
+    parse(after)
+        .into_iter()
+        .filter_map(|(stack, n)| {
+            let grew = n.saturating_sub(b.get(&stack).copied().unwrap_or(0));
+            (grew > 0).then(|| format!("{stack} {grew}\n"))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exact_bytes_read_well() {
+        assert_eq!(exact(0), "0 B");
+        assert_eq!(exact(512), "512 B");
+        assert_eq!(exact(1536), "1,536 B");
+        assert_eq!(exact(262_144), "262,144 B");
+        assert_eq!(exact(1_048_576), "1,048,576 B");
+        assert_eq!(exact_and_round(262_144), "262,144 B (256.00 KiB)");
+        assert_eq!(plural(1, "block", "blocks"), "1 block");
+        assert_eq!(plural(2, "block", "blocks"), "2 blocks");
+    }
+
+    #[test]
+    fn sites_read_per_iteration_when_even() {
+        let g = |blocks, bytes, requested| Grown {
+            site: "tests/a.rs:3 (a::f)".into(),
+            scope: String::new(),
+            blocks,
+            bytes,
+            requested,
+            tensor: "float32[64, 64]".into(),
+        };
+        let mut s = String::new();
+        render_sites(&mut s, &[g(3, 3 * 16384, 3 * 16384)], 3);
+        assert_eq!(s, "  tests/a.rs:3 (a::f)\n      1 block, 16,384 B (16.00 KiB) per iteration, float32[64, 64]\n");
+        let mut s = String::new();
+        render_sites(&mut s, &[g(2, 2048, 2000)], 3);
+        assert!(s.contains("2 blocks, 2,000 B (1.95 KiB) over 3 iterations (in blocks of 2,048 B)"), "{s}");
+    }
+
+    #[test]
+    fn growth_keeps_only_what_grew() {
+        let before = "a;b 100\nc 50\n";
+        let after = "a;b 300\nc 50\nd 7\n";
+        assert_eq!(growth_folded(before, after), "a;b 200\nd 7\n");
+    }
+}
