@@ -32,9 +32,14 @@ fn results_are_returned() -> Result<(), String> {
     Ok(())
 }
 
+/// Runs on a CUDA device (the `cuda` feature and a driver and device present); skipped with a
+/// printed reason elsewhere.
 #[gpu_mem_test(backend = "cuda")]
-fn a_cuda_test_is_skipped_without_cuda() {
-    panic!("this body must not run without a CUDA device");
+fn a_cuda_test_runs_only_on_a_cuda_device() {
+    let a = vramscope::device(0);
+    assert_eq!(a.backend().name(), "cuda", "this body must not run without a CUDA device");
+    let x = a.alloc::<f32>(&a.default_stream(), 1 << 20).unwrap();
+    drop(x);
 }
 
 #[gpu_mem_test]

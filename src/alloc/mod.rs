@@ -519,7 +519,7 @@ impl CachingAllocator {
     ///
     /// ```
     /// use vramscope::{CachingAllocator, HostBackend};
-    /// let mine = CachingAllocator::new(HostBackend::new(1 << 20));
+    /// let mine = CachingAllocator::new(HostBackend::new(64 << 20));
     /// assert!(CachingAllocator::all().iter().any(|a| a.same_allocator(&mine)));
     /// ```
     pub fn all() -> Vec<CachingAllocator> {

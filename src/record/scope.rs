@@ -248,7 +248,7 @@ impl Scope {
     /// allocated nothing it could see.
     ///
     /// ```
-    /// let alloc = vramscope::CachingAllocator::new(vramscope::HostBackend::new(1 << 20));
+    /// let alloc = vramscope::CachingAllocator::new(vramscope::HostBackend::new(64 << 20));
     /// let _g = vramscope::scope("counted");
     /// let here = vramscope::current_scope();
     /// let before = here.allocations();
@@ -265,6 +265,7 @@ impl Scope {
     /// and cannot be held across an `.await` in a `Send` future.
     ///
     /// ```
+    /// use std::future::Future;
     /// let _test = vramscope::scope("my_test");
     /// let here = vramscope::current_scope();
     /// let task = here.wrap(async { vramscope::current_scope().path() });

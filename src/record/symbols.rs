@@ -18,6 +18,7 @@ pub struct Frame {
 impl std::fmt::Display for Frame {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match (&self.file, self.line) {
+            (Some(file), Some(line)) if self.function.is_empty() => write!(f, "{file}:{line}"),
             (Some(file), Some(line)) => write!(f, "{file}:{line} ({})", self.function),
             (Some(file), None) => write!(f, "{file} ({})", self.function),
             _ => f.write_str(&self.function),
@@ -60,8 +61,18 @@ pub(crate) fn is_trimmed(function: &str) -> bool {
 /// `<&dyn Fn() as FnOnce>::call_once`), or the C runtime's `main` without debug info.
 fn is_trimmed_frame(f: &Frame) -> bool {
     is_trimmed(&f.function)
-        || f.file.as_deref().is_some_and(|p| p.starts_with("/rustc/"))
+        || f.file.as_deref().is_some_and(is_trimmed_path)
         || (f.file.is_none() && f.function == "main")
+}
+
+/// vramscope's own sources, as its debug info names them.
+const OWN_SOURCES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/src/");
+
+/// Whether a source path is the standard library's, vramscope's or the unwinder's. Release
+/// builds with line tables only name inlined functions without their path (`trace`, `alloc`),
+/// so the file is what tells them apart.
+fn is_trimmed_path(p: &str) -> bool {
+    p.starts_with("/rustc/") || p.starts_with(OWN_SOURCES) || p.contains("/backtrace-0.")
 }
 
 /// A source path as reports show it: relative to the working directory when it lies below
@@ -75,8 +86,10 @@ fn relative(path: &std::path::Path) -> String {
 /// Whether a frame is the memory-test harness calling a test body: everything outside it
 /// (the harness, the user's test function that started it, the test runner) is not where the
 /// body allocated, and is cut from stacks.
-pub(crate) fn is_harness(function: &str) -> bool {
-    function.starts_with("vramscope::testing::") || function.starts_with("<vramscope::testing::")
+pub(crate) fn is_harness(function: &str, file: Option<&str>) -> bool {
+    function.starts_with("vramscope::testing::")
+        || function.starts_with("<vramscope::testing::")
+        || file.is_some_and(|f| f.starts_with(OWN_SOURCES) && f[OWN_SOURCES.len()..].starts_with("testing/"))
 }
 
 /// Resolves instruction pointers to frames, caching every address.
@@ -96,13 +109,17 @@ impl Symbolizer {
             let lookup = ip.saturating_sub(1);
             backtrace::resolve(lookup as *mut std::ffi::c_void, |sym| {
                 let function = sym.name().map_or_else(|| "<unknown>".to_string(), |n| format!("{n:#}"));
-                frames.push(Frame { function, file: sym.filename().map(relative), line: sym.lineno() });
+                let file = sym.filename().map(|p| p.display().to_string());
+                frames.push(Frame { function, file, line: sym.lineno() });
             });
-            let harness = frames.iter().position(|f| is_harness(&f.function));
+            let harness = frames.iter().position(|f| is_harness(&f.function, f.file.as_deref()));
             if let Some(k) = harness {
                 frames.truncate(k);
             }
             frames.retain(|f| !is_trimmed_frame(f));
+            for f in &mut frames {
+                f.file = f.file.take().map(|p| relative(std::path::Path::new(&p)));
+            }
             (frames, harness.is_some())
         });
         (frames, *harness)

@@ -57,7 +57,9 @@ impl LiveGroup {
         let mut s = String::new();
         let total: u64 = groups.iter().map(|g| g.bytes).sum();
         let count: u64 = groups.iter().map(|g| g.count).sum();
-        s.push_str(&format!("{} live in {count} blocks from {} sites\n", bytes(total), groups.len()));
+        let blocks = if count == 1 { "block" } else { "blocks" };
+        let sites = if groups.len() == 1 { "site" } else { "sites" };
+        s.push_str(&format!("{} live in {count} {blocks} from {} {sites}\n", bytes(total), groups.len()));
         for g in groups {
             let tensor = match (&g.dtype, &g.shape) {
                 (Some(d), Some(sh)) => format!(" {d}{sh:?}"),

@@ -26,10 +26,12 @@ pub fn summary(snapshot: &Snapshot) -> String {
 }
 
 /// Whether a frame belongs to a library rather than the program being examined: Python
-/// packages (`site-packages`, `dist-packages`) and frames without a name.
+/// packages (`site-packages`, `dist-packages`), Rust crates from a registry or git
+/// (`~/.cargo/registry`, `~/.cargo/git`), and frames without a name.
 fn is_library(f: &Frame) -> bool {
-    f.file.as_deref().is_some_and(|p| p.contains("site-packages") || p.contains("dist-packages"))
-        || f.function.starts_with('<') && f.function.ends_with('>') && f.file.is_none()
+    f.file.as_deref().is_some_and(|p| {
+        ["site-packages", "dist-packages", "/.cargo/registry/", "/.cargo/git/"].iter().any(|l| p.contains(l))
+    }) || f.function.starts_with('<') && f.function.ends_with('>') && f.file.is_none()
 }
 
 /// The allocation site of a context: the innermost frame of the program itself.

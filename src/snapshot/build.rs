@@ -124,6 +124,7 @@ impl Tables {
             return s;
         }
         let mut frames = Vec::new();
+        let mut harness_seen = false;
         for &ip in raw.get(id as usize).map(|b| &b[..]).unwrap_or(&[]) {
             let (resolved, harness) = sym.resolve(ip);
             for f in resolved {
@@ -134,9 +135,16 @@ impl Tables {
                 }
                 frames.push(fid);
             }
-            if harness {
+            // The harness called the test body from here: the body's frames are complete. Where
+            // none of them could be seen (a body inlined into the harness, in a build without
+            // line tables), the user's test function outside the harness names it instead.
+            if harness && !frames.is_empty() {
                 break;
             }
+            if harness_seen && !frames.is_empty() {
+                break;
+            }
+            harness_seen |= harness;
         }
         self.stacks.push(frames);
         let s = (self.stacks.len() - 1) as u32;

@@ -25,7 +25,7 @@ pub(super) fn exact(n: u64) -> String {
     let digits = n.to_string();
     let mut out = String::with_capacity(digits.len() + digits.len() / 3 + 2);
     for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
@@ -120,7 +120,7 @@ fn render_sites(s: &mut String, sites: &[Grown], iters: u64) {
     let iters = iters.max(1);
     for g in sites {
         let _ = writeln!(s, "  {}", g.site);
-        let even = g.blocks % iters == 0 && g.requested % iters == 0 && g.bytes % iters == 0;
+        let even = g.blocks.is_multiple_of(iters) && g.requested.is_multiple_of(iters) && g.bytes.is_multiple_of(iters);
         let (k, when) =
             if even { (iters, "per iteration".to_string()) } else { (1, format!("over {iters} iterations")) };
         let mut detail =

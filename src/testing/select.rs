@@ -68,7 +68,8 @@ pub(super) fn merge(snaps: Vec<Snapshot>) -> Option<Snapshot> {
         }
         out.history_dropped += s.history_dropped;
         for (k, v) in s.stats {
-            *out.stats.entry(k).or_default() += v;
+            let total = out.stats.entry(k).or_default();
+            *total = total.saturating_add(v);
         }
         if !out.backend.split('+').any(|b| b == s.backend) {
             out.backend = format!("{}+{}", out.backend, s.backend);
