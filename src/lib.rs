@@ -20,24 +20,59 @@
 //! ```
 //!
 //! It runs the body for the warm-up and measured iterations inside a scope named after the
-//! test, measures what the body left alive at the end of each iteration (after synchronizing the
-//! allocator's streams), and fails when that grows beyond the tolerance: the panic message lists
-//! the figures per iteration and each allocation site that grew, and names the evidence it wrote
-//! under `target/vramscope/<test>/` (`live.svg`, `growth.svg`, `snapshot.json`, `report.txt`).
-//! Only the test's own scope counts, so tests running in parallel keep their own verdicts;
-//! threads the test spawns count once they enter its scope (`current_scope().enter()`).
+//! test, measures what the body left alive at the end of each iteration, and fails when that
+//! grows beyond the tolerance. The panic (located at your test) names each line that kept
+//! memory first, with exact figures per iteration:
+//!
+//! ```text
+//! leaks::a_forgotten_buffer: live bytes grew 65,536 B (64.00 KiB) in 4 iterations (tolerance 0 B)
+//! kept alive per iteration, by the line that allocated it:
+//!   tests/leaks.rs:22 (leaks::a_forgotten_buffer::{{closure}})
+//!       1 block, 16,384 B (16.00 KiB) per iteration, float32[64, 64]
+//! live bytes of the test's blocks at the end of each iteration (all allocators):
+//!     1        16,384 B (16.00 KiB)  warm-up
+//!     2        32,768 B (32.00 KiB)  +16,384 B (16.00 KiB)
+//! ...
+//! ```
+//!
+//! Bytes per site are what the code asked for (the 512-byte-rounded block size stands beside
+//! them where it differs). Before it fails it writes its evidence under
+//! `target/vramscope/<test>/` and names the paths: `growth.svg` (a flamegraph of only what grew,
+//! with the metric per iteration), `live.svg`, `snapshot.json` (the test's blocks) and
+//! `report.txt`.
+//!
+//! What counts is the test's scope, in every allocator alive in the process
+//! ([`CachingAllocator::all`]): `device(n)` and the allocators the body builds. So tests running
+//! in parallel under `cargo test` keep their own verdicts. Threads the body spawns count once
+//! they enter the test's scope (`let s = vramscope::current_scope();`, then `let _g = s.enter();`
+//! in the thread); async tasks count when wrapped (`tokio::spawn(s.wrap(task))`, see
+//! [`Scope::wrap`]). The test also fails, saying why, when the body allocated nothing any
+//! vramscope allocator saw (it measured nothing: memory from cudarc or a framework directly is
+//! not seen), and when it ran alone (no other memory test overlapped it) while memory outside
+//! its scope grew at every measured iteration (a thread that never entered the scope; with
+//! neighbours running, such growth could be theirs, and is not judged).
+//!
+//! Stacks name your code as you build it, without frame pointers or other flags: `file:line
+//! (function)` in the dev profile and in release with `debug = "line-tables-only"` (function
+//! names of inlined code read `{closure#0}` there), function names in release without debug
+//! info (a body inlined into the harness is named after the test).
 //!
 //! Keys: `iters` (5), `warmup` (1), `tolerance` (`"0 B"`; bytes with a unit, or blocks),
-//! `metric` (`"live_bytes"`, `"live_blocks"`, or `"reserved_bytes"`, which is process-wide and
-//! so best used alone), `device` (0), `backend` (`"any"`, `"host"`, `"cuda"`: skipped with a
-//! printed reason where missing), `snapshot` (`false`; `true` pins the live tensors the test
-//! keeps with insta after the loop). Other attributes (`#[should_panic]`, `#[ignore]`) are kept
+//! `metric` (`"live_bytes"`, `"live_blocks"`, or `"reserved_bytes"`, which counts whole
+//! allocators and so is best used alone), `device` (0: the device `backend` checks), `backend`
+//! (`"any"`, `"host"`, `"cuda"`: skipped with a printed reason where missing; `"cuda"` runs
+//! with the `cuda` feature on a machine with a device), `snapshot` (`false`; `true` pins what
+//! the test keeps alive, and nothing of its neighbours', with insta after the loop, naming
+//! sites by `file:line` so that the pin reads the same in every profile). Other attributes (`#[should_panic]`, `#[ignore]`) are kept
 //! and `Result` return types work. With an async runtime, put its test attribute first:
 //! `#[tokio::test]` above `#[gpu_mem_test]`, so the runtime's expansion is what repeats.
 //!
 //! [`testing::MemTest`] is the same machinery for custom harnesses, and
 //! [`assert_mem_snapshot!`] pins a deterministic live-tensor report (sites, scopes, dtypes,
-//! shapes, counts; no addresses, timestamps or thread ids) beside the calling test.
+//! shapes, counts; no addresses, timestamps or thread ids) beside the calling test: of a
+//! `MemTest` (its blocks only, stable beside parallel tests), or of a whole allocator (every
+//! block it holds, whoever allocated it: pin a private allocator, not `device(0)`, which tests
+//! running beside yours share).
 //!
 //! ## Allocating
 //!
@@ -132,8 +167,10 @@
 //! slower per allocation).
 //!
 //! Scopes are per thread: [`scope`] guards nest, [`current_scope`] and [`Scope::enter`] carry a
-//! scope into a thread you spawn, and with the cargo feature `tracing`, `ScopeLayer` turns
-//! entered `tracing` spans into scopes.
+//! scope into a thread you spawn, [`Scope::wrap`] into an async task (a guard is tied to its
+//! thread and cannot be held across an `.await` in a `Send` future), and with the cargo
+//! feature `tracing`, `ScopeLayer` turns entered `tracing` spans into scopes, restoring them
+//! by span when spans exit out of order.
 //!
 //! ## Reports
 //!

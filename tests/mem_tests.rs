@@ -144,3 +144,61 @@ fn show_a_report() {
     });
     println!("{}", v.report);
 }
+
+/// A body that allocates nothing a vramscope allocator sees fails with a message saying so,
+/// rather than passing while measuring nothing.
+#[test]
+fn a_body_that_allocates_nothing_fails_and_says_why() {
+    let mut plain = Vec::new();
+    let v = MemTest::new("mem_tests::nothing").iters(2).check(|| plain.push(vec![0u8; 1024]));
+    assert!(!v.passed);
+    assert_eq!(v.allocations, 0);
+    assert!(v.report.contains("the body allocated nothing inside the test's scope"), "{}", v.report);
+    assert!(
+        v.report.contains("memory allocated through cudarc or\n  a framework directly is not seen"),
+        "{}",
+        v.report
+    );
+}
+
+/// Allocators the body builds count like `device(0)`: a leak through a private allocator fails
+/// and names its line; the private allocator's own blocks outside the test do not count.
+#[test]
+fn a_private_allocator_counts() {
+    let private = vramscope::CachingAllocator::new(vramscope::HostBackend::new(1 << 30));
+    let outside = private.alloc::<u8>(&private.default_stream(), 1 << 20).unwrap();
+    let mut kept = Vec::new();
+    let line = line!() + 2;
+    let v = MemTest::new("mem_tests::private").iters(3).check(|| {
+        kept.push(private.alloc::<u16>(&private.default_stream(), 500).unwrap());
+    });
+    assert!(!v.passed);
+    assert_eq!(v.growth, 3 * 1024, "three 1,000-byte requests in 1,024-byte blocks");
+    let site = format!("tests/mem_tests.rs:{line} (mem_tests::a_private_allocator_counts");
+    assert!(v.report.contains(&site), "{site} not in\n{}", v.report);
+    assert!(v.report.contains("1 block, 1,000 B per iteration (in blocks of 1,024 B)"), "{}", v.report);
+    drop(outside);
+}
+
+/// A pin of a memory test (`assert_mem_snapshot!(test)` in a custom harness) shows the test's
+/// blocks in every allocator and nothing of its neighbours'.
+#[test]
+fn a_pin_of_a_test_shows_only_its_blocks() {
+    let a = alloc();
+    let neighbour = a.alloc::<u8>(&a.default_stream(), 4096).unwrap();
+    let private = vramscope::CachingAllocator::new(vramscope::HostBackend::new(1 << 30));
+    let mut kept = Vec::new();
+    let test = MemTest::new("mem_tests::pinned").iters(1).warmup(1);
+    let v = test.check(|| {
+        if kept.is_empty() {
+            kept.push(private.alloc::<f32>(&private.default_stream(), 64).unwrap().with_shape(&[8, 8]).unwrap());
+            kept.push(a.alloc::<f32>(&a.default_stream(), 256).unwrap().with_shape(&[16, 16]).unwrap());
+        }
+    });
+    assert!(v.passed, "{}", v.report);
+    let report = vramscope::testing::snapshot_report(&test);
+    assert!(report.starts_with("1.50 KiB live in 2 blocks from 2 sites\n"), "{report}");
+    assert!(report.contains("float32[8, 8]") && report.contains("float32[16, 16]"), "{report}");
+    assert!(!report.contains("4.00 KiB"), "the neighbour's block is not pinned:\n{report}");
+    drop(neighbour);
+}

@@ -92,6 +92,15 @@ pub(crate) fn is_harness(function: &str, file: Option<&str>) -> bool {
         || file.is_some_and(|f| f.starts_with(OWN_SOURCES) && f[OWN_SOURCES.len()..].starts_with("testing/"))
 }
 
+/// The frame that stands for a memory-test body whose own frames cannot be seen: inlined into
+/// the harness in a build without line tables, where the symbol table names only the harness.
+pub(crate) const INLINED_TEST_BODY: &str = "the memory test's body (inlined; no line tables in this build)";
+
+/// The frame that stands for code of the program inlined into library frames (a spawned
+/// thread's closure inlined into the standard library's thread start, in a build with symbols
+/// only).
+pub(crate) const INLINED_ELSEWHERE: &str = "code inlined into library frames (no line tables in this build)";
+
 /// Resolves instruction pointers to frames, caching every address.
 #[derive(Default)]
 pub(crate) struct Symbolizer {

@@ -146,6 +146,21 @@ impl Tables {
             }
             harness_seen |= harness;
         }
+        // Frames were captured but none is the program's own: its code was inlined into the
+        // harness or the standard library (a build with symbols only), so say so rather than
+        // show no stack.
+        let captured = raw.get(id as usize).is_some_and(|b| !b.is_empty());
+        if captured && frames.is_empty() {
+            let function =
+                if harness_seen { crate::record::INLINED_TEST_BODY } else { crate::record::INLINED_ELSEWHERE };
+            let f = Frame { function: function.to_string(), file: None, line: None };
+            let next = self.frames.len() as u32;
+            let fid = *self.frame_ids.entry(f.clone()).or_insert(next);
+            if fid == next {
+                self.frames.push(f);
+            }
+            frames.push(fid);
+        }
         self.stacks.push(frames);
         let s = (self.stacks.len() - 1) as u32;
         self.stack_ids.insert(id, s);

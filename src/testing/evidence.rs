@@ -61,7 +61,11 @@ fn tally(snap: &Snapshot, path: &[String]) -> BTreeMap<(String, String), Tally> 
     let mut out: BTreeMap<(String, String), Tally> = BTreeMap::new();
     for b in snap.live_blocks() {
         let ctx = b.context.as_ref();
-        let site = report::site_label(report::site_frame(snap, ctx));
+        let mut site = report::site_label(report::site_frame(snap, ctx));
+        if site == crate::record::INLINED_TEST_BODY {
+            let test = path.last().map_or("the test", String::as_str);
+            site = format!("{test} (its body, inlined: build with debug = \"line-tables-only\" for lines)");
+        }
         let scope = ctx
             .and_then(|c| snap.scopes.get(c.scope as usize))
             .map(|p| if p.starts_with(path) { &p[path.len()..] } else { &p[..] })
@@ -139,8 +143,7 @@ fn render_sites(s: &mut String, sites: &[Grown], iters: u64) {
 }
 
 impl Evidence {
-    pub(super) fn new(test: &MemTest, path: &[String], before: &[Snapshot], after: &[Snapshot]) -> Evidence {
-        let _ = test;
+    pub(super) fn new(path: &[String], before: &[Snapshot], after: &[Snapshot]) -> Evidence {
         let pick = |snaps: &[Snapshot], inside: bool| {
             merge(snaps.iter().map(|s| within(s, path, inside)).collect()).unwrap_or_else(|| Snapshot::empty("none"))
         };
@@ -156,10 +159,6 @@ impl Evidence {
     pub(super) fn report(&self, test: &MemTest, v: &Verdict, why: &Failure) -> String {
         let mut s = String::new();
         let iters = test.iters as u64;
-        let warmup = match test.warmup {
-            0 => "no warm-up".to_string(),
-            n => plural(n as u64, "warm-up", "warm-ups"),
-        };
         let unit = |n: u64| match test.metric {
             Metric::LiveBlocks => plural(n, "block", "blocks"),
             _ => exact_and_round(n),
@@ -172,7 +171,7 @@ impl Evidence {
         if why.grew {
             let _ = writeln!(
                 s,
-                "{}: {metric} grew by {} over {} after {warmup} (tolerance {})",
+                "{}: {metric} grew {} in {} (tolerance {})",
                 test.name,
                 unit(v.growth.max(0) as u64),
                 plural(iters, "iteration", "iterations"),
@@ -189,15 +188,15 @@ impl Evidence {
         } else if why.unattributed {
             let _ = writeln!(
                 s,
-                "{}: live memory outside the test's scope grew by {} over {} while the test ran alone",
+                "{}: memory outside the test's scope grew {} in {}",
                 test.name,
                 unit(why.unscoped_growth.max(0) as u64),
                 plural(iters, "iteration", "iterations"),
             );
             s.push_str(
-                "  it was allocated by a thread or task that did not enter the test's scope: carry the scope\n  \
-                 with `let s = vramscope::current_scope();` and `let _g = s.enter();` in the thread, or\n  \
-                 `s.wrap(future)` for an async task. Sites that grew outside the scope:\n",
+                "  the test ran alone, so this is the body's: a thread or task that did not enter the\n  \
+                 test's scope allocated it. Carry the scope: `let s = vramscope::current_scope();`, then\n  \
+                 `let _g = s.enter();` in the thread, or `s.wrap(future)` for a task. Sites that grew:\n",
             );
             render_sites(&mut s, &grown(&self.outside_before, &self.outside_after, &[]), iters);
         } else if why.nothing {
@@ -221,18 +220,23 @@ impl Evidence {
             );
         }
         let _ = writeln!(s, "{metric} of the test's blocks at the end of each iteration (all allocators):");
+        let cell = |n: u64| match test.metric {
+            Metric::LiveBlocks => format!("{:>14}", plural(n, "block", "blocks")),
+            _ if n < 1024 => format!("{:>14}", exact(n)),
+            _ => format!("{:>14} {:<12}", exact(n), format!("({})", fmt_bytes(n))),
+        };
         let mut previous: Option<u64> = None;
         for (i, x) in v.per_iteration.iter().enumerate() {
             let tag = if i < test.warmup {
-                "  warm-up".to_string()
+                "warm-up".to_string()
             } else {
                 match previous {
-                    Some(p) if *x >= p => format!("  +{}", unit(x - p)),
-                    Some(p) => format!("  -{}", unit(p - x)),
+                    Some(p) if *x >= p => format!("+{}", unit(x - p)),
+                    Some(p) => format!("-{}", unit(p - x)),
                     None => String::new(),
                 }
             };
-            let _ = writeln!(s, "  {:>3}  {:>24}{tag}", i + 1, unit(*x));
+            let _ = writeln!(s, "  {:>3}  {:<27} {tag}", i + 1, cell(*x));
             previous = Some(*x);
         }
         s
@@ -259,7 +263,12 @@ impl Evidence {
         let live = report::folded(after, FoldedKind::Live);
         let growth = growth_folded(&report::folded(before, FoldedKind::Live), &live);
         let figures: Vec<String> = v.per_iteration.iter().map(|x| x.to_string()).collect();
-        let subtitle = format!("live bytes of the test at the end of each iteration: {}", figures.join(", "));
+        let metric = match test.metric {
+            Metric::LiveBytes => "live bytes",
+            Metric::LiveBlocks => "live blocks",
+            Metric::ReservedBytes => "reserved bytes",
+        };
+        let subtitle = format!("{metric} of the test at the end of each iteration: {}", figures.join(", "));
         let mut files: Vec<(&str, Vec<u8>)> =
             vec![("report.txt", v.report.as_bytes().to_vec()), ("snapshot.json", after.to_json().into_bytes())];
         let title = format!("{}: memory kept over {} measured iterations", test.name, test.iters);

@@ -329,7 +329,7 @@ impl MemTest {
             Failure { grew, unattributed, nothing, unscoped_allocators: end.unscoped_allocators, unscoped_growth };
         let after = self.snapshots(scope, alone);
         let before = before.unwrap_or_default();
-        let ev = evidence::Evidence::new(self, &path, &before, &after);
+        let ev = evidence::Evidence::new(&path, &before, &after);
         verdict.report = ev.report(self, &verdict, &failure);
         verdict.evidence = ev.write(self, &verdict);
         if !verdict.evidence.is_empty() {

@@ -1,0 +1,33 @@
+//! A memory test that runs alone in its process: growth outside its scope (a thread that never
+//! entered it) can be told apart from a neighbour's, and fails the test with the sites that grew.
+//! Alone in its own test binary on purpose: with other memory tests running beside it, that
+//! growth could be theirs, and is not judged.
+
+use vramscope::testing::MemTest;
+
+#[test]
+fn growth_from_a_thread_outside_the_scope_is_reported_when_alone() {
+    let line = line!() + 7;
+    let v = MemTest::new("mem_test_alone::outside").iters(3).check(|| {
+        // Allocates inside the scope too, so that the body is seen allocating.
+        let a = vramscope::device(0);
+        drop(a.alloc::<u8>(&a.default_stream(), 100).unwrap());
+        std::thread::spawn(|| {
+            let a = vramscope::device(0);
+            std::mem::forget(a.alloc::<u8>(&a.default_stream(), 8192).unwrap());
+        })
+        .join()
+        .unwrap();
+    });
+    assert!(!v.passed, "{}", v.report);
+    assert_eq!(v.growth, 0, "nothing grew inside the scope");
+    assert_eq!(v.unattributed_growth, Some(3 * 8192));
+    assert!(
+        v.report.contains("memory outside the test's scope grew 24,576 B (24.00 KiB) in 3 iterations"),
+        "{}",
+        v.report
+    );
+    let site = format!("tests/mem_test_alone.rs:{line}");
+    assert!(v.report.contains(&site), "{site} not in\n{}", v.report);
+    assert!(v.report.contains("1 block, 8,192 B (8.00 KiB) per iteration"), "{}", v.report);
+}
