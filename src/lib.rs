@@ -25,13 +25,14 @@
 //! memory first, with exact figures per iteration:
 //!
 //! ```text
-//! leaks::a_forgotten_buffer: live bytes grew 65,536 B (64.00 KiB) in 4 iterations (tolerance 0 B)
+//! leaks::a_forgotten_buffer: live bytes grew in 4 iterations
 //! kept alive per iteration, by the line that allocated it:
 //!   tests/leaks.rs:22 (leaks::a_forgotten_buffer::{{closure}})
 //!       1 block, 16,384 B (16.00 KiB) per iteration, float32[64, 64]
-//! live bytes of the test's blocks at the end of each iteration (all allocators):
-//!     1        16,384 B (16.00 KiB)  warm-up
-//!     2        32,768 B (32.00 KiB)  +16,384 B (16.00 KiB)
+//! live bytes grew 65,536 B (64.00 KiB) in 4 iterations (tolerance 0 B);
+//! live bytes of the test's blocks (all allocators) at the end of each iteration:
+//!     1        16,384 B (16.00 KiB)   warm-up
+//!     2        32,768 B (32.00 KiB)   +16,384 B (16.00 KiB)
 //! ...
 //! ```
 //!

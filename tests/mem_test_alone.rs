@@ -23,7 +23,7 @@ fn growth_from_a_thread_outside_the_scope_is_reported_when_alone() {
     assert_eq!(v.growth, 0, "nothing grew inside the scope");
     assert_eq!(v.unattributed_growth, Some(3 * 8192));
     assert!(
-        v.report.contains("memory outside the test's scope grew 24,576 B (24.00 KiB) in 3 iterations"),
+        v.report.contains("memory outside the test's scope grew\n  by 24,576 B (24.00 KiB) in 3 iterations"),
         "{}",
         v.report
     );

@@ -184,13 +184,14 @@ pub(crate) fn restore(id: u32) {
 #[must_use = "the scope ends when the guard is dropped"]
 #[derive(Debug)]
 pub struct ScopeGuard {
-    previous: u32,
+    /// The scope current before, with its counter.
+    previous: (u32, &'static AtomicU64),
     _not_send: PhantomData<*const ()>,
 }
 
 impl Drop for ScopeGuard {
     fn drop(&mut self) {
-        set_current(self.previous);
+        CURRENT.with(|c| c.set(self.previous));
     }
 }
 
@@ -205,8 +206,8 @@ impl Drop for ScopeGuard {
 /// assert_eq!(vramscope::current_scope().path(), ["train"]);
 /// ```
 pub fn scope(name: &str) -> ScopeGuard {
-    let previous = current_id();
-    let entered = child_counted(previous, name);
+    let previous = CURRENT.with(Cell::get);
+    let entered = child_counted(previous.0, name);
     CURRENT.with(|c| c.set(entered));
     ScopeGuard { previous, _not_send: PhantomData }
 }
@@ -233,7 +234,7 @@ impl Scope {
 
     /// Makes this scope current on the calling thread until the guard drops.
     pub fn enter(self) -> ScopeGuard {
-        let previous = current_id();
+        let previous = CURRENT.with(Cell::get);
         set_current(self.0);
         ScopeGuard { previous, _not_send: PhantomData }
     }

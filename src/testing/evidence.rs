@@ -169,14 +169,7 @@ impl Evidence {
             Metric::ReservedBytes => "reserved bytes",
         };
         if why.grew {
-            let _ = writeln!(
-                s,
-                "{}: {metric} grew {} in {} (tolerance {})",
-                test.name,
-                unit(v.growth.max(0) as u64),
-                plural(iters, "iteration", "iterations"),
-                unit(test.tolerance)
-            );
+            let _ = writeln!(s, "{}: {metric} grew in {}", test.name, plural(iters, "iteration", "iterations"));
             let sites = grown(&self.before, &self.after, &self.path);
             if sites.is_empty() {
                 s.push_str("  no allocation site of the test holds more than at the baseline: the growth is in\n");
@@ -186,17 +179,15 @@ impl Evidence {
                 render_sites(&mut s, &sites, iters);
             }
         } else if why.unattributed {
+            let _ = writeln!(s, "{}: memory outside the test's scope grew", test.name);
             let _ = writeln!(
                 s,
-                "{}: memory outside the test's scope grew {} in {}",
-                test.name,
+                "  by {} in {}. The test ran alone, so this is the body's: a thread or task\n  \
+                 that did not enter the test's scope allocated it. Carry the scope:\n  \
+                 `let s = vramscope::current_scope();`, then `let _g = s.enter();` in the thread, or\n  \
+                 `s.wrap(future)` for a task. Kept alive per iteration, by the line that allocated it:",
                 unit(why.unscoped_growth.max(0) as u64),
                 plural(iters, "iteration", "iterations"),
-            );
-            s.push_str(
-                "  the test ran alone, so this is the body's: a thread or task that did not enter the\n  \
-                 test's scope allocated it. Carry the scope: `let s = vramscope::current_scope();`, then\n  \
-                 `let _g = s.enter();` in the thread, or `s.wrap(future)` for a task. Sites that grew:\n",
             );
             render_sites(&mut s, &grown(&self.outside_before, &self.outside_after, &[]), iters);
         } else if why.nothing {
@@ -219,11 +210,18 @@ impl Evidence {
                 plural(why.unscoped_allocators as u64, "allocator", "allocators")
             );
         }
-        let _ = writeln!(s, "{metric} of the test's blocks at the end of each iteration (all allocators):");
+        let _ = writeln!(
+            s,
+            "{metric} grew {} in {} (tolerance {});\n{metric} of the test's blocks (all \
+             allocators) at the end of each iteration:",
+            unit(v.growth.max(0) as u64),
+            plural(iters, "iteration", "iterations"),
+            unit(test.tolerance)
+        );
         let cell = |n: u64| match test.metric {
             Metric::LiveBlocks => format!("{:>14}", plural(n, "block", "blocks")),
             _ if n < 1024 => format!("{:>14}", exact(n)),
-            _ => format!("{:>14} {:<12}", exact(n), format!("({})", fmt_bytes(n))),
+            _ => format!("{:>14} {:<13}", exact(n), format!("({})", fmt_bytes(n))),
         };
         let mut previous: Option<u64> = None;
         for (i, x) in v.per_iteration.iter().enumerate() {
@@ -236,7 +234,7 @@ impl Evidence {
                     None => String::new(),
                 }
             };
-            let _ = writeln!(s, "  {:>3}  {:<27} {tag}", i + 1, cell(*x));
+            let _ = writeln!(s, "  {:>3}  {:<28} {tag}", i + 1, cell(*x));
             previous = Some(*x);
         }
         s

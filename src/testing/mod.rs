@@ -489,8 +489,10 @@ impl SnapshotSource for MemTest {
     }
 }
 
-/// Pins the live tensors of an allocator (or a snapshot) with `insta`: the snapshot file lands
-/// beside the calling test, as with `insta::assert_snapshot!`. The report is deterministic (see
+/// Pins the live tensors of a memory test, an allocator or a snapshot with `insta` (see
+/// [`SnapshotSource`](crate::testing::SnapshotSource) for what each covers: a `MemTest` pins only
+/// its own blocks, an allocator all of its blocks): the snapshot file lands beside the calling
+/// test, as with `insta::assert_snapshot!`. The report is deterministic (see
 /// [`testing::snapshot_report`](crate::testing::snapshot_report)), so a change in what a step
 /// keeps alive shows up as a reviewable diff. Take it once per test, after the work.
 ///
