@@ -202,3 +202,19 @@ fn a_pin_of_a_test_shows_only_its_blocks() {
     assert!(!report.contains("4.00 KiB"), "the neighbour's block is not pinned:\n{report}");
     drop(neighbour);
 }
+
+/// An allocator that records no scopes cannot attribute its blocks: a body that allocates only
+/// there fails as having allocated nothing visible, and the report says which allocators
+/// could not be counted.
+#[test]
+fn allocators_without_scopes_are_named_in_the_report() {
+    let blind = vramscope::CachingAllocator::new(vramscope::HostBackend::new(1 << 30));
+    blind.record_memory_history(vramscope::RecordConfig::off());
+    let mut kept = Vec::new();
+    let v = MemTest::new("mem_tests::blind").iters(2).check(|| {
+        kept.push(blind.alloc::<u8>(&blind.default_stream(), 4096).unwrap());
+    });
+    assert!(!v.passed);
+    assert!(v.report.contains("the body allocated nothing inside the test's scope"), "{}", v.report);
+    assert!(v.report.contains("records no scopes (RecordConfig::scopes is off)"), "{}", v.report);
+}
