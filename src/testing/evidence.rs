@@ -64,7 +64,7 @@ fn tally(snap: &Snapshot, path: &[String]) -> BTreeMap<(String, String), Tally> 
         let mut site = report::site_label(report::site_frame(snap, ctx));
         if site == crate::record::INLINED_TEST_BODY {
             let test = path.last().map_or("the test", String::as_str);
-            site = format!("{test} (its body, inlined: build with debug = \"line-tables-only\" for lines)");
+            site = format!("{test} (its body; no line tables in this build)");
         }
         let scope = ctx
             .and_then(|c| snap.scopes.get(c.scope as usize))
@@ -177,6 +177,9 @@ impl Evidence {
             } else {
                 s.push_str("kept alive per iteration, by the line that allocated it:\n");
                 render_sites(&mut s, &sites, iters);
+                if sites.iter().any(|g| g.site.contains("no line tables")) {
+                    s.push_str("  (for file:line, set `debug = \"line-tables-only\"` in this build's profile)\n");
+                }
             }
         } else if why.unattributed {
             let _ = writeln!(s, "{}: memory outside the test's scope grew", test.name);
