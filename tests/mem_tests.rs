@@ -218,3 +218,19 @@ fn allocators_without_scopes_are_named_in_the_report() {
     assert!(v.report.contains("the body allocated nothing inside the test's scope"), "{}", v.report);
     assert!(v.report.contains("records no scopes (RecordConfig::scopes is off)"), "{}", v.report);
 }
+
+/// Edge values: the largest tolerance passes a leak-free body (no wrap), and more iterations
+/// than the bound is an error naming the bound, not an abort of the test binary.
+#[test]
+fn edge_values_are_checked() {
+    let v = MemTest::new("mem_tests::huge_tolerance").iters(2).tolerance(u64::MAX).check(|| {
+        let a = alloc();
+        drop(a.alloc::<u8>(&a.default_stream(), 100).unwrap());
+    });
+    assert!(v.passed, "{}", v.report);
+    let mut runs = 0;
+    let v = MemTest::new("mem_tests::too_many").iters(1_000_000_000_000).check(|| runs += 1);
+    assert!(!v.passed);
+    assert_eq!(runs, 0, "nothing ran");
+    assert!(v.report.contains("at most 1000000 in all"), "{}", v.report);
+}

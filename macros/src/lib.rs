@@ -12,6 +12,9 @@ use syn::{Expr, ExprLit, ItemFn, Lit, MetaNameValue, ReturnType, Token};
 
 const KEYS: &str = "iters, warmup, tolerance, metric, device, backend, snapshot";
 
+/// The most iterations a memory test runs, warm-up included (`vramscope::testing::MAX_ITERATIONS`).
+const MAX_ITERATIONS: u64 = 1_000_000;
+
 /// Runs a test body for warm-up plus measured iterations and fails, naming the allocation sites
 /// that kept memory alive, when live memory grows. Keys (all optional): `iters = 5`,
 /// `warmup = 1`, `tolerance = "0 B"`, `metric = "live_bytes" | "live_blocks" | "reserved_bytes"`,
@@ -110,11 +113,25 @@ fn parse_options(args: TokenStream2) -> syn::Result<Options> {
             match key.as_str() {
                 "iters" => {
                     o.iters = int(nv, "iters")?;
-                    if o.iters == 0 {
-                        return Err(syn::Error::new_spanned(&nv.value, "`iters` must be at least 1"));
+                    if o.iters == 0 || o.iters > MAX_ITERATIONS {
+                        return Err(syn::Error::new_spanned(
+                            &nv.value,
+                            format!("`iters` takes 1 to {MAX_ITERATIONS} (warm-up and measured iterations together)"),
+                        ));
                     }
                 }
-                "warmup" => o.warmup = int(nv, "warmup")?,
+                "warmup" => {
+                    o.warmup = int(nv, "warmup")?;
+                    if o.warmup >= MAX_ITERATIONS {
+                        return Err(syn::Error::new_spanned(
+                            &nv.value,
+                            format!(
+                                "`warmup` takes 0 to {} (warm-up and measured iterations together)",
+                                MAX_ITERATIONS - 1
+                            ),
+                        ));
+                    }
+                }
                 "device" => o.device = int(nv, "device")?,
                 "tolerance" => o.tolerance = bytes(nv)?,
                 "metric" => {
@@ -148,6 +165,12 @@ fn parse_options(args: TokenStream2) -> syn::Result<Options> {
         if let Err(e) = r {
             push(e);
         }
+    }
+    if errors.is_none() && o.iters + o.warmup > MAX_ITERATIONS {
+        errors = Some(syn::Error::new(
+            Span::call_site(),
+            format!("`warmup` + `iters` is {}: at most {MAX_ITERATIONS} iterations in all", o.iters + o.warmup),
+        ));
     }
     match errors {
         Some(e) => Err(e),

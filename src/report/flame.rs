@@ -35,7 +35,25 @@ fn stack_line(snap: &Snapshot, ctx: Option<&ContextInfo>) -> String {
     if parts.is_empty() {
         parts.push("<no stack>".into());
     }
-    parts.iter().map(|p| p.replace(';', ":")).collect::<Vec<_>>().join(";")
+    parts.iter().map(|p| escape_frame(p)).collect::<Vec<_>>().join(";")
+}
+
+/// A frame as one folded-stack field: `;` (the field separator) becomes `:`, and line breaks
+/// and other control characters are written as escapes (`\n`), so that no frame or scope name
+/// read from a file can start a line of its own or forge a count.
+fn escape_frame(p: &str) -> String {
+    let mut out = String::with_capacity(p.len());
+    for c in p.chars() {
+        match c {
+            ';' => out.push(':'),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push(' '),
+            c if c.is_control() => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 /// Folded stacks (`frame;frame;frame bytes`, one line per distinct stack, sorted), the input
@@ -105,4 +123,49 @@ pub fn differential_flamegraph(before: &str, after: &str, title: &str) -> Result
     .map_err(|e| Error::Usage(format!("{title}: the profiles could not be compared: {e}")))?;
     let diff = String::from_utf8(diff).map_err(|e| Error::Usage(format!("{title}: {e}")))?;
     render(&diff, title)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::Frame;
+    use crate::snapshot::{BlockInfo, BlockState, SegmentInfo};
+
+    /// A hostile frame name cannot forge a folded line: every stack stays one line.
+    #[test]
+    fn frame_names_cannot_forge_lines() {
+        let mut snap = Snapshot::empty("host");
+        snap.frames.push(Frame {
+            function: "train_step\nevil;injected;frame 999999999\nreal".into(),
+            file: None,
+            line: None,
+        });
+        snap.stacks.push(vec![0]);
+        snap.scopes.push(vec!["scope\r\nwith;breaks".into()]);
+        let context = Some(ContextInfo { stack: Some(0), scope: 1, thread: 0, step: 0 });
+        let block = BlockInfo {
+            address: 0,
+            size: 512,
+            requested_size: 512,
+            state: BlockState::ActiveAllocated,
+            dtype: None,
+            shape: None,
+            context,
+        };
+        snap.segments.push(SegmentInfo {
+            address: 0,
+            total_size: 2 << 20,
+            mapped_size: 2 << 20,
+            stream: 0,
+            pool: "small".into(),
+            allocated_size: 512,
+            active_size: 512,
+            requested_size: 512,
+            blocks: vec![block],
+        });
+        let folded = folded(&snap, FoldedKind::Live);
+        assert_eq!(folded, "[scope\\r\\nwith:breaks];train_step\\nevil:injected:frame 999999999\\nreal 512\n");
+        assert_eq!(folded.lines().count(), 1);
+        assert!(flamegraph(&folded, "hostile").is_ok());
+    }
 }

@@ -256,7 +256,7 @@ impl Evidence {
         if std::fs::create_dir_all(&dir).is_err() {
             return Vec::new();
         }
-        let (before, after) = if v.growth > test.tolerance as i64 || v.unattributed_growth.is_none() {
+        let (before, after) = if i128::from(v.growth) > i128::from(test.tolerance) || v.unattributed_growth.is_none() {
             (&self.before, &self.after)
         } else {
             (&self.outside_before, &self.outside_after)

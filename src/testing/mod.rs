@@ -139,7 +139,8 @@ impl MemTest {
         }
     }
 
-    /// Measured iterations (at least 1).
+    /// Measured iterations (at least 1; with the warm-up at most [`MAX_ITERATIONS`], else the
+    /// test is an error saying so).
     pub fn iters(mut self, n: usize) -> Self {
         self.iters = n.max(1);
         self
@@ -225,11 +226,11 @@ impl MemTest {
                 continue;
             }
             let (inside, outside) = alloc.scope_split(scope);
-            m.bytes += inside.bytes;
-            m.blocks += inside.blocks;
-            m.outside_bytes += outside.bytes;
-            m.outside_blocks += outside.blocks;
-            m.reserved += alloc.memory_reserved();
+            m.bytes = m.bytes.saturating_add(inside.bytes);
+            m.blocks = m.blocks.saturating_add(inside.blocks);
+            m.outside_bytes = m.outside_bytes.saturating_add(outside.bytes);
+            m.outside_blocks = m.outside_blocks.saturating_add(outside.blocks);
+            m.reserved = m.reserved.saturating_add(alloc.memory_reserved());
         }
         m
     }
@@ -261,6 +262,12 @@ impl MemTest {
     /// outside its scope grew at every measured iteration (a thread of the body that did not
     /// enter its scope).
     pub fn run<R: Outcome>(&self, mut body: impl FnMut() -> R) -> Result<(Verdict, R)> {
+        let runs = self.warmup.checked_add(self.iters).filter(|n| *n <= MAX_ITERATIONS).ok_or_else(|| {
+            crate::Error::Usage(format!(
+                "{}: {} warm-up and {} measured iterations: at most {MAX_ITERATIONS} in all",
+                self.name, self.warmup, self.iters
+            ))
+        })?;
         // The scope is named after the test: deterministic, so that pinned reports do not
         // change from run to run; test names are unique within a test binary.
         let guard = crate::scope(&self.name);
@@ -270,14 +277,14 @@ impl MemTest {
         let generation = STARTED.fetch_add(1, Ordering::SeqCst) + 1;
         let path = scope.path();
         let alone_so_far = || others_at_start == 0 && STARTED.load(Ordering::SeqCst) == generation;
-        let mut measures = Vec::with_capacity(self.warmup + self.iters + 1);
+        let mut measures = Vec::with_capacity(runs + 1);
         let mut before: Option<Vec<Snapshot>> = None;
         if self.warmup == 0 {
             measures.push(self.measure(scope));
             before = Some(self.snapshots(scope, alone_so_far()));
         }
         let mut last = None;
-        for i in 0..self.warmup + self.iters {
+        for i in 0..runs {
             let out = call_body(&mut body);
             let failed = out.is_failure();
             last = Some(out);
@@ -300,16 +307,20 @@ impl MemTest {
         let baseline = &measures[base_index.min(measures.len() - 1)];
         let end = measures.last().expect("measured at least once");
         let per_iteration: Vec<u64> = measures[usize::from(self.warmup == 0)..].iter().map(|m| self.value(m)).collect();
-        let growth = self.value(end) as i64 - self.value(baseline) as i64;
+        // In i128: no pair of u64 figures and tolerance wraps.
+        let tolerance = i128::from(self.tolerance);
+        let growth = i128::from(self.value(end)) - i128::from(self.value(baseline));
         let measured = &measures[base_index.min(measures.len() - 1)..];
-        let unscoped_growth = self.outside_value(end) as i64 - self.outside_value(baseline) as i64;
+        let unscoped_growth = i128::from(self.outside_value(end)) - i128::from(self.outside_value(baseline));
         let unattributed = alone
             && self.metric != Metric::ReservedBytes
             && measured.len() > 1
-            && unscoped_growth > self.tolerance as i64
+            && unscoped_growth > tolerance
             && measured.windows(2).all(|w| self.outside_value(&w[1]) > self.outside_value(&w[0]));
         let nothing = allocations == 0 && self.metric != Metric::ReservedBytes;
-        let grew = growth > self.tolerance as i64;
+        let grew = growth > tolerance;
+        let clamp = |g: i128| g.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64;
+        let (growth, unscoped_growth) = (clamp(growth), clamp(unscoped_growth));
         let passed = out.is_failure() || !(grew || unattributed || nothing);
         let mut verdict = Verdict {
             name: self.name.clone(),
@@ -411,6 +422,10 @@ fn call_body<R>(body: &mut impl FnMut() -> R) -> R {
     let r = body();
     std::hint::black_box(r)
 }
+
+/// The most iterations (warm-up and measured) a memory test runs: a bound that keeps a typo
+/// (`iters = 1000000000000`) an error rather than a test binary that runs out of memory.
+pub const MAX_ITERATIONS: usize = 1_000_000;
 
 /// What one measurement saw, summed over allocators.
 #[derive(Debug, Default, Clone)]
