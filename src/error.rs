@@ -87,6 +87,8 @@ pub struct OomReport {
     pub backend_message: String,
     /// Where a snapshot was written (see `VRAMSCOPE_OOM_SNAPSHOT`), if one was.
     pub snapshot_path: Option<String>,
+    /// Why no snapshot was written where `VRAMSCOPE_OOM_SNAPSHOT` asked for one.
+    pub snapshot_error: Option<String>,
 }
 
 impl OomReport {
@@ -115,6 +117,9 @@ impl fmt::Display for OomReport {
         )?;
         if let Some(p) = &self.snapshot_path {
             write!(f, "; a snapshot was written to {p}")?;
+        }
+        if let Some(why) = &self.snapshot_error {
+            write!(f, "; no snapshot was written: {why}")?;
         }
         Ok(())
     }
@@ -209,6 +214,7 @@ mod tests {
             largest_free_block: 2 << 20,
             backend_message: "host capacity reached".into(),
             snapshot_path: Some("/tmp/oom.json".into()),
+            snapshot_error: None,
         };
         let m = Error::OutOfMemory(Box::new(r)).to_string();
         for part in

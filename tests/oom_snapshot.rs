@@ -1,28 +1,104 @@
 //! `VRAMSCOPE_OOM_SNAPSHOT`: a complete snapshot is written when an allocation runs out of
-//! memory. (Its own test binary: it sets an environment variable.)
+//! memory, never through or over a link or a special file, and each error names a file that
+//! holds its own snapshot. (Its own test binary, one test: it sets an environment variable.)
+#![cfg(unix)]
 
-use vramscope::{Action, CachingAllocator, Error, HostBackend, Snapshot, OOM_SNAPSHOT_ENV};
+use std::path::{Path, PathBuf};
+use vramscope::{Action, CachingAllocator, Error, HostBackend, OomReport, Snapshot, OOM_SNAPSHOT_ENV};
 
-#[test]
-fn an_oom_writes_a_complete_snapshot() {
-    let dir = std::env::temp_dir().join(format!("vramscope-oom-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    // This binary runs this one test, so no other thread reads the environment meanwhile.
-    std::env::set_var(OOM_SNAPSHOT_ENV, &dir);
+/// Runs an allocator out of memory with 5 live blocks and returns the error's report.
+fn oom(scope: &str) -> (OomReport, String) {
     let alloc = CachingAllocator::new(HostBackend::new(64 << 20));
     let s = alloc.default_stream();
-    let _scope = vramscope::scope("before_oom");
+    let _scope = vramscope::scope(scope);
     let keep: Vec<_> = (0..5).map(|_| alloc.alloc::<u8>(&s, 10 << 20).unwrap()).collect();
     let err = alloc.alloc::<u8>(&s, 40 << 20).unwrap_err();
+    drop(keep);
     let Error::OutOfMemory(report) = &err else { panic!("{err}") };
-    let path = report.snapshot_path.clone().expect("a snapshot was written");
-    assert!(err.to_string().contains(&path));
-    let snap = Snapshot::load(&path).expect("the file is a complete snapshot");
+    ((**report).clone(), err.to_string())
+}
+
+fn no_partials(dir: &Path) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        assert!(!p.to_string_lossy().ends_with(".partial"), "{} left behind", p.display());
+    }
+}
+
+/// A complete snapshot of `scope`'s 5 blocks with the OOM event.
+fn check_snapshot(path: &str, scope: &str) {
+    let snap = Snapshot::load(path).expect("the file is a complete snapshot");
     assert_eq!(snap.live_blocks().count(), 5, "every live block is in it");
     assert!(snap.history.iter().any(|e| e.action == Action::Oom), "with the OOM event");
     let ctx = snap.live_blocks().next().unwrap().context.unwrap();
-    assert_eq!(snap.scopes[ctx.scope as usize], ["before_oom"]);
-    assert!(std::fs::read_dir(&dir).unwrap().all(|e| !e.unwrap().path().to_string_lossy().ends_with(".partial")));
-    drop(keep);
+    assert_eq!(snap.scopes[ctx.scope as usize], [scope]);
+}
+
+#[test]
+fn oom_snapshots_are_complete_and_never_clobber() {
+    let dir = std::env::temp_dir().join(format!("vramscope-oom-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+
+    // A directory: a new file inside it.
+    // This binary runs this one test, so no other thread reads the environment meanwhile.
+    std::env::set_var(OOM_SNAPSHOT_ENV, &dir);
+    let (report, message) = oom("into_a_directory");
+    let path = report.snapshot_path.clone().expect("a snapshot was written");
+    assert!(message.contains(&path));
+    check_snapshot(&path, "into_a_directory");
+    no_partials(&dir);
+
+    // A symbolic link: refused, the link and its target untouched.
+    let target = dir.join("target.txt");
+    std::fs::write(&target, "keep me").unwrap();
+    let link = dir.join("link.json");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    std::env::set_var(OOM_SNAPSHOT_ENV, &link);
+    let (report, message) = oom("link");
+    assert_eq!(report.snapshot_path, None);
+    assert!(message.contains("is a symbolic link"), "{message}");
+    assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), "keep me");
+
+    // A FIFO (a special file): refused up front, still a FIFO, and nothing blocks.
+    let fifo = dir.join("fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: `c` is a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    std::env::set_var(OOM_SNAPSHOT_ENV, &fifo);
+    let (report, message) = oom("fifo");
+    assert_eq!(report.snapshot_path, None);
+    assert!(message.contains("is not a regular file"), "{message}");
+    use std::os::unix::fs::FileTypeExt;
+    assert!(std::fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo());
+
+    // One file path shared by 8 threads running out of memory at once: each error names a
+    // distinct, complete file holding its own snapshot.
+    let shared = dir.join("shared.json");
+    std::env::set_var(OOM_SNAPSHOT_ENV, &shared);
+    let barrier = std::sync::Barrier::new(8);
+    let reports: Vec<(OomReport, String)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..8)
+            .map(|i| {
+                let barrier = &barrier;
+                s.spawn(move || {
+                    barrier.wait();
+                    oom(&format!("thread{i}"))
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let mut paths: Vec<PathBuf> = Vec::new();
+    for (i, (report, message)) in reports.iter().enumerate() {
+        let path = report.snapshot_path.clone().unwrap_or_else(|| panic!("thread {i}: {message}"));
+        check_snapshot(&path, &format!("thread{i}"));
+        paths.push(path.into());
+    }
+    paths.sort();
+    paths.dedup();
+    assert_eq!(paths.len(), 8, "one file per snapshot: {paths:?}");
+    no_partials(&dir);
+
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -5,6 +5,7 @@ mod check;
 pub(crate) mod config;
 mod free_index;
 pub(crate) mod heap;
+mod oom_snapshot;
 mod registry;
 pub(crate) mod stats;
 
@@ -112,7 +113,8 @@ impl Shared {
 }
 
 /// Environment variable naming a file (or directory) to write a JSON snapshot to when an
-/// allocation runs out of memory.
+/// allocation runs out of memory. The file is complete or absent; links and special files are
+/// refused (the error says why); a second snapshot in one process goes to a numbered sibling.
 pub const OOM_SNAPSHOT_ENV: &str = "VRAMSCOPE_OOM_SNAPSHOT";
 
 /// What [`CachingAllocator::scope_usage`] counts.
@@ -323,7 +325,11 @@ impl CachingAllocator {
                     Ok(g) => Some(g),
                     Err(Error::OutOfMemory(mut report)) => {
                         drop(locked);
-                        report.snapshot_path = self.dump_oom_snapshot();
+                        match self.dump_oom_snapshot() {
+                            Some(Ok(path)) => report.snapshot_path = Some(path),
+                            Some(Err(why)) => report.snapshot_error = Some(why),
+                            None => {}
+                        }
                         return Err(Error::OutOfMemory(report));
                     }
                     Err(e) => return Err(e),
@@ -345,26 +351,21 @@ impl CachingAllocator {
     }
 
     /// Where [`OOM_SNAPSHOT_ENV`] asks, writes a snapshot after an out-of-memory error: to the
-    /// path it names, or, if that is a directory, to `oom-<pid>-<n>.json` inside it. The file is
-    /// written beside its destination and renamed into place, so it is either absent or complete.
-    fn dump_oom_snapshot(&self) -> Option<String> {
-        static N: AtomicU64 = AtomicU64::new(0);
+    /// file it names, or, if that is a directory, to a new `oom-<pid>-<n>.json` inside it. The
+    /// file is written beside its destination under a temporary name and renamed into place, so
+    /// it is complete or absent; a link or a special file at the destination is refused; writers
+    /// in this process take turns, and a second snapshot to the same file goes to a numbered
+    /// sibling (`oom-2.json`), so that each error names the file holding its own snapshot.
+    fn dump_oom_snapshot(&self) -> Option<std::result::Result<String, String>> {
         let target = std::path::PathBuf::from(std::env::var_os(OOM_SNAPSHOT_ENV)?);
-        let path = if target.is_dir() {
-            target.join(format!("oom-{}-{}.json", std::process::id(), N.fetch_add(1, Ordering::Relaxed)))
-        } else {
-            target
-        };
-        let tmp = path.with_extension("json.partial");
-        let json = self.snapshot().to_json();
-        let written = std::fs::write(&tmp, json).and_then(|()| std::fs::rename(&tmp, &path));
-        match written {
-            Ok(()) => Some(path.display().to_string()),
-            Err(e) => {
-                self.shared.lock().last_error = Some(format!("writing the OOM snapshot to {}: {e}", path.display()));
-                None
+        let written = oom_snapshot::write(&target, || self.snapshot().to_json());
+        Some(match written {
+            Ok(path) => Ok(path.display().to_string()),
+            Err(why) => {
+                self.shared.lock().last_error = Some(format!("writing the OOM snapshot: {why}"));
+                Err(why)
             }
-        }
+        })
     }
 
     /// Marks `buffer` as used by work on `stream`: when the buffer is dropped, its block is reused

@@ -506,6 +506,7 @@ impl Heap {
             largest_free_block: largest,
             backend_message: cause.to_string(),
             snapshot_path: None,
+            snapshot_error: None,
         }))
     }
 
