@@ -48,13 +48,27 @@ pub fn parse_bytes(s: &str) -> Result<u64> {
     Ok(bytes as u64)
 }
 
+/// An environment variable's text: `None` when unset, an error naming it when it is not UTF-8
+/// (never silently the default).
+fn env_text(key: &str) -> Result<Option<String>> {
+    match std::env::var(key) {
+        Ok(s) => Ok(Some(s)),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(v)) => {
+            Err(Error::Config { key: key.into(), message: format!("{v:?} is not UTF-8 text") })
+        }
+    }
+}
+
 /// Builds the backend [`device`] would use, from the environment.
 fn default_backend(index: usize) -> Result<Arc<dyn Backend>> {
     let _ = index;
-    let kind = std::env::var(BACKEND_ENV).unwrap_or_default();
-    let capacity = match std::env::var(CAPACITY_ENV) {
-        Ok(s) => Some(parse_bytes(&s).map_err(|e| Error::Config { key: CAPACITY_ENV.into(), message: e.to_string() })?),
-        Err(_) => None,
+    let kind = env_text(BACKEND_ENV)?.unwrap_or_default();
+    let capacity = match env_text(CAPACITY_ENV)? {
+        Some(s) => {
+            Some(parse_bytes(&s).map_err(|e| Error::Config { key: CAPACITY_ENV.into(), message: e.to_string() })?)
+        }
+        None => None,
     };
     match kind.trim().to_ascii_lowercase().as_str() {
         #[cfg(feature = "cuda")]

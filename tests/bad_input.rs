@@ -155,3 +155,15 @@ fn hostile_values_are_errors() {
     }
     exercise(&snap);
 }
+
+/// A snapshot from a newer format is an error naming both versions, not a silent partial read.
+#[test]
+fn a_newer_snapshot_version_is_an_error() {
+    let alloc = CachingAllocator::new(SimBackend::new(1 << 30));
+    let keep = alloc.alloc::<u8>(&alloc.default_stream(), 100).unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(&alloc.snapshot().to_json()).unwrap();
+    v["version"] = 99999.into();
+    let e = vramscope::Snapshot::from_bytes(v.to_string().as_bytes(), "future.json").unwrap_err().to_string();
+    assert!(e.contains("future.json") && e.contains("version 99999") && e.contains("up to 1"), "{e}");
+    drop(keep);
+}

@@ -135,3 +135,34 @@ fn reports_refuse_bad_snapshots_with_one_line_and_exit_code_2() {
     }
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// Special files are refused up front (a FIFO without a writer would block forever, `/dev/zero`
+/// never ends), `-o` paths that cannot be written are the user's to fix (exit 2, one line), and
+/// out-of-range numbers are refused by the argument parser.
+#[cfg(unix)]
+#[test]
+fn special_files_outputs_and_numbers_are_exit_code_2() {
+    let dir = std::env::temp_dir().join(format!("vramscope-cli-special-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let fifo = dir.join("fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: `c` is a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let snapshot = fixture("leaky_train.snapshot.pickle");
+    let missing_dir = dir.join("missing/out.txt");
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["summary", fifo.to_str().unwrap()], "not a regular file"),
+        (vec!["summary", "/dev/zero"], "not a regular file"),
+        (vec!["replay", fifo.to_str().unwrap()], "not a regular file"),
+        (vec!["live", &snapshot, "-o", missing_dir.to_str().unwrap()], "cannot write"),
+        (vec!["live", &snapshot, "-o", dir.to_str().unwrap()], "cannot write"),
+        (vec!["replay", &snapshot, "--warm", "18446744073709551615"], "--warm"),
+        (vec!["replay", &snapshot, "--warm", "1000000000000"], "--warm"),
+    ];
+    for (args, expected) in cases {
+        let (code, _, err) = vramscope(&args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(err.contains(expected), "{args:?}: {err}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}

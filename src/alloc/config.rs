@@ -216,6 +216,14 @@ impl AllocatorConfig {
                 return Err(bad("fragmentation_limit_max", format!("{m} must be at least 1")));
             }
         }
+        if let (Some(f), LimitMax::At(m)) = (self.fragmentation_limit, self.fragmentation_limit_max) {
+            if m < f {
+                return Err(bad(
+                    "fragmentation_limit_max",
+                    format!("{m} is below fragmentation_limit {f}: the limit rises up to the maximum, never above it"),
+                ));
+            }
+        }
         if let Some(t) = self.garbage_collection_threshold {
             if !(t > 0.0 && t < 1.0) {
                 return Err(bad("garbage_collection_threshold", format!("{t} must be strictly between 0 and 1")));
@@ -232,6 +240,13 @@ impl AllocatorConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn contradictory_limits_are_an_error() {
+        let e = AllocatorConfig::parse("fragmentation_limit:2,fragmentation_limit_max:1").unwrap_err().to_string();
+        assert!(e.contains("fragmentation_limit_max") && e.contains("below fragmentation_limit 2"), "{e}");
+        assert!(AllocatorConfig::parse("fragmentation_limit:1.1,fragmentation_limit_max:1.1").is_ok());
+    }
 
     #[test]
     fn parses_every_key() {

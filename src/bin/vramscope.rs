@@ -125,9 +125,9 @@ enum Command {
         /// Print one JSON object instead of text.
         #[arg(long)]
         json: bool,
-        /// Warm passes after the cold one (their median time is reported).
-        #[arg(long, default_value_t = 3)]
-        warm: usize,
+        /// Warm passes after the cold one (their median time is reported), at most 100,000.
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(0..=100_000))]
+        warm: u32,
         /// Allocator configuration in `VRAMSCOPE_ALLOC_CONF` form, e.g. `fragmentation_limit:off`
         /// (default: the `VRAMSCOPE_ALLOC_CONF` environment variable).
         #[arg(long)]
@@ -200,12 +200,18 @@ impl From<vramscope::Error> for Failure {
 
 fn emit(out: &Output, text: &str) -> Result<(), Failure> {
     match &out.output {
-        Some(path) => std::fs::write(path, text).map_err(|e| Failure(1, format!("{}: {e}", path.display()))),
+        Some(path) => write_output(path, text.as_bytes()),
         None => {
             print!("{text}");
             Ok(())
         }
     }
+}
+
+/// Writes an output file named with `-o`: a path the user must fix (a missing directory, a
+/// directory, a full device) is exit code 2 with one line.
+fn write_output(path: &std::path::Path, bytes: &[u8]) -> Result<(), Failure> {
+    std::fs::write(path, bytes).map_err(|e| Failure(2, format!("cannot write {}: {e}", path.display())))
 }
 
 fn to_json<T: serde::Serialize>(value: &T) -> Result<String, Failure> {
@@ -252,8 +258,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
             let snap = Snapshot::load(file)?;
             match (to, output) {
                 (Format::Json, output) => emit(&Output { output }, &(snap.to_json() + "\n")),
-                (Format::Pickle, Some(path)) => std::fs::write(&path, snap.to_pytorch_pickle())
-                    .map_err(|e| Failure(1, format!("{}: {e}", path.display()))),
+                (Format::Pickle, Some(path)) => write_output(&path, &snap.to_pytorch_pickle()),
                 (Format::Pickle, None) => Err(Failure(2, "--to pickle writes binary data: name a file with -o".into())),
             }
         }
@@ -274,14 +279,14 @@ fn run(cli: Cli) -> Result<(), Failure> {
                     return Err(Failure(2, "--backend cuda needs vramscope built with the `cuda` feature".into()))
                 }
                 BackendKind::Host => {
-                    let peak = trace.events.iter().map(|e| e.size).sum::<u64>().min(64 << 30);
-                    std::sync::Arc::new(HostBackend::new(capacity.unwrap_or((peak * 4).max(1 << 30))))
+                    let peak = trace.events.iter().fold(0u64, |n, e| n.saturating_add(e.size)).min(64 << 30);
+                    std::sync::Arc::new(HostBackend::new(capacity.unwrap_or(peak.saturating_mul(4).max(1 << 30))))
                 }
             };
             let alloc = CachingAllocator::with_config(backend, config)?;
             alloc.record_memory_history(record.config());
             let mut options = ReplayOptions::default();
-            options.warm_passes = warm;
+            options.warm_passes = warm as usize;
             let report = replay(&alloc, &trace, &options)?;
             if json {
                 println!("{}", serde_json::to_string(&report).map_err(|e| Failure(1, e.to_string()))?);

@@ -47,7 +47,7 @@ impl Trace {
     /// `{"events": [["a"|"f", addr, size, stream], ...]}`.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Trace> {
         let path = path.as_ref();
-        let data = std::fs::read(path).map_err(|error| Error::Io { path: path.display().to_string(), error })?;
+        let data = crate::snapshot::read_input(path)?;
         Self::from_bytes(&data, &path.display().to_string())
     }
 

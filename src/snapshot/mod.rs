@@ -19,6 +19,20 @@ pub(crate) enum FileKind {
     Json,
 }
 
+/// Reads an input file whole: only a regular file (a FIFO would block forever and a device
+/// such as `/dev/zero` never ends).
+pub(crate) fn read_input(path: &std::path::Path) -> crate::error::Result<Vec<u8>> {
+    let name = || path.display().to_string();
+    let io = |error| crate::error::Error::Io { path: name(), error };
+    if !std::fs::metadata(path).map_err(io)?.is_file() {
+        return Err(crate::error::Error::Format {
+            source_name: name(),
+            message: "not a regular file (a directory, device, FIFO or socket): name a file".into(),
+        });
+    }
+    std::fs::read(path).map_err(io)
+}
+
 /// Tells a pickle from JSON, or says why the data is neither.
 pub(crate) fn sniff(data: &[u8], what: &str) -> Result<FileKind, String> {
     match data.iter().find(|b| !b.is_ascii_whitespace()) {

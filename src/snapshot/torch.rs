@@ -65,7 +65,7 @@ impl Snapshot {
     /// Reads a snapshot from a file: vramscope's JSON or a PyTorch snapshot pickle.
     pub fn load(path: impl AsRef<std::path::Path>) -> Result<Snapshot> {
         let path = path.as_ref();
-        let data = std::fs::read(path).map_err(|error| Error::Io { path: path.display().to_string(), error })?;
+        let data = super::read_input(path)?;
         Self::from_bytes(&data, &path.display().to_string())
     }
 
@@ -73,9 +73,22 @@ impl Snapshot {
     pub fn from_bytes(data: &[u8], source: &str) -> Result<Snapshot> {
         match super::sniff(data, "a vramscope JSON snapshot").map_err(|m| bad(source, m))? {
             super::FileKind::Pickle => Self::from_pytorch_pickle(data, source),
-            super::FileKind::Json => serde_json::from_slice(data).map_err(|e| {
-                bad(source, format!("not a vramscope snapshot ({e}); expected the JSON that `snapshot` writes"))
-            }),
+            super::FileKind::Json => {
+                let snap: Snapshot = serde_json::from_slice(data).map_err(|e| {
+                    bad(source, format!("not a vramscope snapshot ({e}); expected the JSON that `snapshot` writes"))
+                })?;
+                if snap.version > super::SNAPSHOT_VERSION {
+                    return Err(bad(
+                        source,
+                        format!(
+                            "snapshot format version {} is newer than this build reads (up to {}): update vramscope",
+                            snap.version,
+                            super::SNAPSHOT_VERSION
+                        ),
+                    ));
+                }
+                Ok(snap)
+            }
         }
     }
 
