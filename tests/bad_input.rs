@@ -167,3 +167,28 @@ fn a_newer_snapshot_version_is_an_error() {
     assert!(e.contains("future.json") && e.contains("version 99999") && e.contains("up to 1"), "{e}");
     drop(keep);
 }
+
+/// Sizes near `u64::MAX` saturate in every sum instead of wrapping to small numbers (or
+/// panicking with overflow checks).
+#[test]
+fn huge_sizes_saturate_in_every_report() {
+    let alloc = CachingAllocator::new(SimBackend::new(1 << 30));
+    let s = alloc.default_stream();
+    let keep = [alloc.alloc::<u8>(&s, 100).unwrap(), alloc.alloc::<u8>(&s, 100).unwrap()];
+    let mut v: serde_json::Value = serde_json::from_str(&alloc.snapshot().to_json()).unwrap();
+    for seg in v["segments"].as_array_mut().unwrap() {
+        seg["total_size"] = (u64::MAX - 7).into();
+        for b in seg["blocks"].as_array_mut().unwrap() {
+            b["size"] = (u64::MAX - 10).into();
+        }
+    }
+    let snap = Snapshot::from_bytes(v.to_string().as_bytes(), "huge.json").unwrap();
+    let live = report::live(&snap);
+    assert_eq!(live.iter().map(|g| g.bytes).max(), Some(u64::MAX), "the two blocks' sum saturates");
+    assert!(report::LiveGroup::render(&live).starts_with("16384.00 PiB"), "{}", report::LiveGroup::render(&live));
+    let _ = report::segments(&snap);
+    let _ = report::diff(&snap, &snap);
+    let _ = report::leaks(&snap);
+    assert!(report::folded(&snap, FoldedKind::Live).contains(&u64::MAX.to_string()));
+    drop(keep);
+}

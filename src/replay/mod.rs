@@ -127,7 +127,7 @@ fn encode(trace: &Trace) -> Encoded {
                 live.insert(e.addr, (slot, e.size));
                 ops.push(Op::Alloc { slot, size: e.size, stream });
                 allocs += 1;
-                cur += e.size;
+                cur = cur.saturating_add(e.size);
                 peak = peak.max(cur);
             }
             TraceOp::Free => match live.remove(&e.addr) {

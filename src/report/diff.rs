@@ -29,8 +29,8 @@ pub fn diff(before: &Snapshot, after: &Snapshot) -> Vec<SiteDelta> {
     for (k, snap) in [before, after].into_iter().enumerate() {
         for g in live(snap) {
             let e = sites.entry((g.site, g.scope)).or_default();
-            e[k].0 += g.bytes;
-            e[k].1 += g.count;
+            e[k].0 = e[k].0.saturating_add(g.bytes);
+            e[k].1 = e[k].1.saturating_add(g.count);
         }
     }
     let mut out: Vec<SiteDelta> = sites

@@ -63,7 +63,8 @@ pub fn folded(snapshot: &Snapshot, kind: FoldedKind) -> String {
     // is formatted once.
     let mut by_ctx: HashMap<(u32, Option<u32>), u64> = HashMap::new();
     let mut add = |ctx: Option<&ContextInfo>, size: u64| {
-        *by_ctx.entry(ctx.map_or((u32::MAX, None), |c| (c.scope, c.stack))).or_default() += size;
+        let n = by_ctx.entry(ctx.map_or((u32::MAX, None), |c| (c.scope, c.stack))).or_default();
+        *n = n.saturating_add(size);
     };
     match kind {
         FoldedKind::Live => snapshot.live_blocks().for_each(|b| add(b.context.as_ref(), b.size)),
@@ -74,7 +75,8 @@ pub fn folded(snapshot: &Snapshot, kind: FoldedKind) -> String {
     let mut lines: BTreeMap<String, u64> = BTreeMap::new();
     for ((scope, stack), size) in by_ctx {
         let ctx = (scope != u32::MAX).then_some(ContextInfo { stack, scope, thread: 0, step: 0 });
-        *lines.entry(stack_line(snapshot, ctx.as_ref())).or_default() += size;
+        let n = lines.entry(stack_line(snapshot, ctx.as_ref())).or_default();
+        *n = n.saturating_add(size);
     }
     lines.into_iter().filter(|(_, n)| *n > 0).map(|(l, n)| format!("{l} {n}\n")).collect()
 }

@@ -94,8 +94,9 @@ pub fn leaks(snapshot: &Snapshot) -> Vec<LeakCandidate> {
             example: (0, std::cmp::Reverse(usize::MAX)),
         });
         s.blocks += 1;
-        s.bytes += e.size;
-        *s.buckets.entry(bucket(i)).or_default() += e.size;
+        s.bytes = s.bytes.saturating_add(e.size);
+        let b = s.buckets.entry(bucket(i)).or_default();
+        *b = b.saturating_add(e.size);
         s.example = s.example.max((e.size, std::cmp::Reverse(i)));
     }
     let mut out: Vec<LeakCandidate> = per_site

@@ -43,8 +43,8 @@ pub fn live(snapshot: &Snapshot) -> Vec<LiveGroup> {
             g.shape = None;
         }
         g.count += 1;
-        g.bytes += b.size;
-        g.requested_bytes += b.requested_size;
+        g.bytes = g.bytes.saturating_add(b.size);
+        g.requested_bytes = g.requested_bytes.saturating_add(b.requested_size);
     }
     let mut out: Vec<LiveGroup> = groups.into_values().collect();
     out.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.site.cmp(&b.site)).then_with(|| a.scope.cmp(&b.scope)));
@@ -55,7 +55,7 @@ impl LiveGroup {
     /// The report as text, one group per line.
     pub fn render(groups: &[LiveGroup]) -> String {
         let mut s = String::new();
-        let total: u64 = groups.iter().map(|g| g.bytes).sum();
+        let total: u64 = groups.iter().map(|g| g.bytes).fold(0, u64::saturating_add);
         let count: u64 = groups.iter().map(|g| g.count).sum();
         let blocks = if count == 1 { "block" } else { "blocks" };
         let sites = if groups.len() == 1 { "site" } else { "sites" };

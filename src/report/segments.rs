@@ -6,17 +6,23 @@ use crate::snapshot::{BlockState, Snapshot};
 /// `.` free.
 pub fn segments(snapshot: &Snapshot) -> String {
     let mut s = String::new();
-    let total: u64 = snapshot.segments.iter().map(|g| g.total_size).sum();
+    let total: u64 = snapshot.segments.iter().map(|g| g.total_size).fold(0, u64::saturating_add);
     s.push_str(&format!("{} segments, {} reserved\n", snapshot.segments.len(), bytes(total)));
     for (i, seg) in snapshot.segments.iter().enumerate() {
-        let used: u64 = seg.blocks.iter().filter(|b| b.state == BlockState::ActiveAllocated).map(|b| b.size).sum();
+        let used: u64 = seg
+            .blocks
+            .iter()
+            .filter(|b| b.state == BlockState::ActiveAllocated)
+            .map(|b| b.size)
+            .fold(0, u64::saturating_add);
         let waste: u64 = seg
             .blocks
             .iter()
             .filter(|b| b.state == BlockState::ActiveAllocated)
             .map(|b| b.size.saturating_sub(b.requested_size))
-            .sum();
-        let free: u64 = seg.blocks.iter().filter(|b| b.state == BlockState::Inactive).map(|b| b.size).sum();
+            .fold(0, u64::saturating_add);
+        let free: u64 =
+            seg.blocks.iter().filter(|b| b.state == BlockState::Inactive).map(|b| b.size).fold(0, u64::saturating_add);
         let largest = seg.blocks.iter().filter(|b| b.state == BlockState::Inactive).map(|b| b.size).max().unwrap_or(0);
         let mut map = vec!['.'; 64];
         for b in &seg.blocks {
@@ -27,7 +33,8 @@ pub fn segments(snapshot: &Snapshot) -> String {
             };
             let span = seg.total_size.max(1) as u128;
             let lo = ((b.address.saturating_sub(seg.address)) as u128 * 64 / span) as usize;
-            let hi = (((b.address.saturating_sub(seg.address) + b.size) as u128 * 64).div_ceil(span)) as usize;
+            let end = b.address.saturating_sub(seg.address) as u128 + b.size as u128;
+            let hi = (end * 64).div_ceil(span).min(64) as usize;
             for m in map.iter_mut().take(hi.min(64)).skip(lo.min(63)) {
                 *m = c;
             }

@@ -217,18 +217,18 @@ fn stats_of(segments: &[SegmentInfo]) -> BTreeMap<String, u64> {
     for pool in ["all", "small_pool", "large_pool"] {
         let segs = segments.iter().filter(|s| pool == "all" || s.pool == pool.trim_end_matches("_pool"));
         let (mut reserved, mut allocated, mut active, mut requested, mut nseg, mut nalloc, mut nactive) =
-            (0, 0, 0, 0, 0, 0, 0);
+            (0u64, 0u64, 0u64, 0u64, 0u64, 0u64, 0u64);
         for s in segs {
             nseg += 1;
-            reserved += s.total_size;
+            reserved = reserved.saturating_add(s.total_size);
             for b in &s.blocks {
                 if b.state == BlockState::ActiveAllocated {
-                    allocated += b.size;
-                    requested += b.requested_size;
+                    allocated = allocated.saturating_add(b.size);
+                    requested = requested.saturating_add(b.requested_size);
                     nalloc += 1;
                 }
                 if b.state != BlockState::Inactive {
-                    active += b.size;
+                    active = active.saturating_add(b.size);
                     nactive += 1;
                 }
             }
