@@ -192,3 +192,26 @@ fn huge_sizes_saturate_in_every_report() {
     assert!(report::folded(&snap, FoldedKind::Live).contains(&u64::MAX.to_string()));
     drop(keep);
 }
+
+#[path = "common/hostile.rs"]
+mod hostile;
+
+/// Pickle bombs: shared references that expand a small file to hundreds of millions of blocks
+/// or frames are refused quickly, naming where; a reference cycle is refused.
+#[test]
+fn pickle_bombs_and_cycles_are_refused() {
+    for (name, data) in [("blocks", hostile::block_bomb(20_000)), ("frames", hostile::frame_bomb(20_000))] {
+        assert!(data.len() < 300_000, "{name}: {} bytes", data.len());
+        let started = std::time::Instant::now();
+        let e = Snapshot::from_bytes(&data, name).unwrap_err().to_string();
+        assert!(e.contains("expands to more than"), "{name}: {e}");
+        assert!(started.elapsed() < std::time::Duration::from_secs(5), "{name}: {:?}", started.elapsed());
+    }
+    // The same shapes at a size real snapshots have load.
+    let snap = Snapshot::from_bytes(&hostile::block_bomb(100), "small").unwrap();
+    assert_eq!(snap.live_blocks().count(), 100 * 100);
+    let snap = Snapshot::from_bytes(&hostile::frame_bomb(100), "small").unwrap();
+    assert_eq!(snap.history.len(), 100);
+    let e = Snapshot::from_bytes(&hostile::cycle(), "cycle").unwrap_err().to_string();
+    assert!(e.contains("reference cycle"), "{e}");
+}

@@ -4,7 +4,9 @@
 //! snapshot never runs code.
 
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::fmt;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::rc::Rc;
 
 /// A value read from a pickle. Containers are shared (`Rc`) because the pickle memo lets one
@@ -94,6 +96,16 @@ impl Value {
                 d.borrow().iter().find(|(k, _)| matches!(k, Value::Str(s) if &**s == key)).map(|(_, v)| v.clone())
             }
             _ => None,
+        }
+    }
+
+    /// How many items a list, tuple or dict holds (0 for anything else), without copying them.
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Value::List(l) => l.borrow().len(),
+            Value::Tuple(t) => t.len(),
+            Value::Dict(d) => d.borrow().len(),
+            _ => 0,
         }
     }
 
@@ -211,10 +223,137 @@ fn long_value(r: &Reader<'_>, bytes: &[u8]) -> Result<Value, PickleError> {
 
 /// Parses a whole pickle and returns the value it stops with.
 pub(crate) fn parse(data: &[u8]) -> Result<Value, PickleError> {
-    let mut r = Reader { data, pos: 0, op_at: 0 };
     let mut stack: Vec<Value> = Vec::new();
-    let mut marks: Vec<usize> = Vec::new();
     let mut memo: Vec<Option<Value>> = Vec::new();
+    let mut shared = false;
+    let result = parse_into(data, &mut stack, &mut memo, &mut shared);
+    // A memo reference can put a container inside itself (`l = []; l.append(l)`): such a value
+    // could never be dropped. Whether the pickle was read or not, a cycle among what it built
+    // is broken (every list and dict emptied) and reported.
+    // Only a container pushed a second time (a memo GET or a DUP) can close a cycle.
+    let cycle = shared && {
+        let roots = memo.iter().flatten().chain(&stack).chain(result.as_ref().ok());
+        has_cycle(roots)
+    };
+    if cycle {
+        let roots = memo.iter().flatten().chain(&stack).chain(result.as_ref().ok());
+        empty_containers(roots);
+        return Err(PickleError {
+            offset: data.len(),
+            message: "the pickle holds a reference cycle (a list or dict inside itself); snapshots never do".into(),
+        });
+    }
+    result
+}
+
+/// The address of a container (`None` for anything else).
+fn container_id(v: &Value) -> Option<usize> {
+    match v {
+        Value::List(l) => Some(Rc::as_ptr(l) as *const u8 as usize),
+        Value::Dict(d) => Some(Rc::as_ptr(d) as *const u8 as usize),
+        Value::Tuple(t) => Some(Rc::as_ptr(t) as *const u8 as usize),
+        _ => None,
+    }
+}
+
+/// Child `i` of a container if it is itself a container: `None` past the end, `Some(None)`
+/// for a child that is not a container (nothing is cloned for those).
+fn child_container(v: &Value, i: usize) -> Option<Option<Value>> {
+    let pick = |c: &Value| container_id(c).map(|_| c.clone());
+    match v {
+        Value::List(l) => l.borrow().get(i).map(pick),
+        Value::Tuple(t) => t.get(i).map(pick),
+        Value::Dict(d) => d.borrow().get(i / 2).map(|(k, v)| pick(if i.is_multiple_of(2) { k } else { v })),
+        _ => None,
+    }
+}
+
+/// Whether any container reachable from `roots` contains itself: an iterative depth-first
+/// search, each container visited once (shared ones are not a cycle).
+fn has_cycle<'a>(roots: impl Iterator<Item = &'a Value>) -> bool {
+    #[derive(PartialEq)]
+    enum Mark {
+        Open,
+        Done,
+    }
+    let mut marks: HashMap<usize, Mark, BuildHasherDefault<AddressHasher>> = HashMap::default();
+    for root in roots {
+        let Some(id) = container_id(root) else { continue };
+        if marks.contains_key(&id) {
+            continue;
+        }
+        marks.insert(id, Mark::Open);
+        let mut path: Vec<(usize, Value, usize)> = vec![(id, root.clone(), 0)];
+        while let Some((id, node, next)) = path.last_mut() {
+            match child_container(node, *next) {
+                Some(child) => {
+                    *next += 1;
+                    let Some(child) = child else { continue };
+                    let cid = container_id(&child).expect("a container");
+                    match marks.get(&cid) {
+                        Some(Mark::Open) => return true,
+                        Some(Mark::Done) => {}
+                        None => {
+                            marks.insert(cid, Mark::Open);
+                            path.push((cid, child, 0));
+                        }
+                    }
+                }
+                None => {
+                    marks.insert(*id, Mark::Done);
+                    path.pop();
+                }
+            }
+        }
+    }
+    false
+}
+
+/// Hashes addresses (multiplicative mixing: their low bits are always zero).
+#[derive(Default)]
+struct AddressHasher(u64);
+
+impl Hasher for AddressHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+    fn write_usize(&mut self, n: usize) {
+        self.0 = (n as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_right(29);
+    }
+}
+
+/// Empties every list and dict reachable from `roots`, which breaks every cycle among them.
+fn empty_containers<'a>(roots: impl Iterator<Item = &'a Value>) {
+    let mut seen = std::collections::HashSet::new();
+    let mut work: Vec<Value> = roots.cloned().collect();
+    while let Some(v) = work.pop() {
+        let Some(id) = container_id(&v) else { continue };
+        if !seen.insert(id) {
+            continue;
+        }
+        match &v {
+            Value::List(l) => work.append(&mut l.borrow_mut()),
+            Value::Dict(d) => work.extend(d.borrow_mut().drain(..).flat_map(|(k, v)| [k, v])),
+            Value::Tuple(t) => work.extend(t.iter().cloned()),
+            _ => {}
+        }
+    }
+}
+
+/// Reads the pickle, leaving what it built in `stack` and `memo` for [`parse`] to check.
+fn parse_into(
+    data: &[u8],
+    stack: &mut Vec<Value>,
+    memo: &mut Vec<Option<Value>>,
+    shared: &mut bool,
+) -> Result<Value, PickleError> {
+    let mut r = Reader { data, pos: 0, op_at: 0 };
+    let mut marks: Vec<usize> = Vec::new();
 
     macro_rules! pop {
         () => {
@@ -419,25 +558,29 @@ pub(crate) fn parse(data: &[u8]) -> Result<Value, PickleError> {
             0x94 => {
                 let v = stack.last().cloned().ok_or_else(|| r.err("MEMOIZE with an empty stack"))?;
                 let idx = memo.len();
-                put(&mut memo, idx, v, &r)?;
+                put(memo, idx, v, &r)?;
             }
             b'q' => {
                 let idx = r.u8()? as usize;
                 let v = stack.last().cloned().ok_or_else(|| r.err("BINPUT with an empty stack"))?;
-                put(&mut memo, idx, v, &r)?;
+                put(memo, idx, v, &r)?;
             }
             b'r' => {
                 let idx = r.u32()? as usize;
                 let v = stack.last().cloned().ok_or_else(|| r.err("LONG_BINPUT with an empty stack"))?;
-                put(&mut memo, idx, v, &r)?;
+                put(memo, idx, v, &r)?;
             }
             b'h' => {
                 let idx = r.u8()? as usize;
-                stack.push(get(&memo, idx, &r)?);
+                let v = get(memo, idx, &r)?;
+                *shared |= container_id(&v).is_some();
+                stack.push(v);
             }
             b'j' => {
                 let idx = r.u32()? as usize;
-                stack.push(get(&memo, idx, &r)?);
+                let v = get(memo, idx, &r)?;
+                *shared |= container_id(&v).is_some();
+                stack.push(v);
             }
             b'0' => {
                 pop!();
@@ -447,6 +590,7 @@ pub(crate) fn parse(data: &[u8]) -> Result<Value, PickleError> {
             }
             b'2' => {
                 let v = stack.last().cloned().ok_or_else(|| r.err("DUP with an empty stack"))?;
+                *shared |= container_id(&v).is_some();
                 stack.push(v);
             }
             b'c' | 0x93 | b'R' | 0x81 | 0x92 | b'b' | b'i' | b'o' => {

@@ -12,6 +12,43 @@ fn bad(source: &str, message: impl Into<String>) -> Error {
     Error::Format { source_name: source.to_string(), message: message.into() }
 }
 
+/// How much work reading a pickle may do: the logical elements it expands to (segments, blocks,
+/// frames, events, and the fields looked up in each), against a budget proportional to its
+/// size. A pickle's memo lets one list appear many times for a few bytes each, so a small file
+/// can stand for billions of blocks; PyTorch's own snapshots expand to about 0.03 elements per
+/// byte (0.025 for resnet_train, 0.030 for leaky_train), far below the budget's 8 per byte.
+struct Budget {
+    left: u64,
+    total: u64,
+}
+
+impl Budget {
+    fn for_bytes(n: usize) -> Budget {
+        let total = 1_000_000u64.saturating_add((n as u64).saturating_mul(8));
+        Budget { left: total, total }
+    }
+
+    /// Spends `n` elements for what is read at `at`, or says the file expands too far.
+    fn spend(&mut self, n: usize, at: &dyn Fn() -> String, source: &str) -> Result<()> {
+        match self.left.checked_sub(n as u64) {
+            Some(left) => {
+                self.left = left;
+                Ok(())
+            }
+            None => Err(bad(
+                source,
+                format!(
+                    "{}: the pickle expands to more than {} elements (8 per byte of the file, plus a \
+                     million): shared references repeat the same data far beyond what a memory \
+                     snapshot holds, refused",
+                    at(),
+                    self.total
+                ),
+            )),
+        }
+    }
+}
+
 /// Frames and stacks interned while reading.
 #[derive(Default)]
 struct Interner {
@@ -23,13 +60,22 @@ struct Interner {
 
 impl Interner {
     /// The stack of a `frames` list; `None` when it is empty or absent.
-    fn stack(&mut self, frames: Option<Value>, at: &dyn Fn() -> String, source: &str) -> Result<Option<u32>> {
-        let Some(list) = frames.as_ref().and_then(Value::items) else { return Ok(None) };
+    fn stack(
+        &mut self,
+        frames: Option<Value>,
+        budget: &mut Budget,
+        at: &dyn Fn() -> String,
+        source: &str,
+    ) -> Result<Option<u32>> {
+        let Some(frames) = frames else { return Ok(None) };
+        budget.spend(frames.len(), at, source)?;
+        let Some(list) = frames.items() else { return Ok(None) };
         if list.is_empty() {
             return Ok(None);
         }
         let mut ids = Vec::with_capacity(list.len());
         for (i, f) in list.iter().enumerate() {
+            budget.spend(f.len(), at, source)?;
             let text = |k: &str| f.get(k).and_then(|v| v.as_str().map(str::to_string));
             let function = text("name").ok_or_else(|| bad(source, format!("{}: frame {i} has no `name`", at())))?;
             let line = f.get("line").and_then(|v| v.as_i128()).and_then(|l| u32::try_from(l).ok());
@@ -96,9 +142,11 @@ impl Snapshot {
     /// `device_traces` of the device with the most events as the history.
     pub fn from_pytorch_pickle(data: &[u8], source: &str) -> Result<Snapshot> {
         let root = pickle::parse(data).map_err(|e| bad(source, e.to_string()))?;
+        let mut budget = Budget::for_bytes(data.len());
         let segments_v = root.get("segments").ok_or_else(|| {
             bad(source, format!("a {} without `segments`: not a PyTorch memory snapshot", root.type_name()))
         })?;
+        budget.spend(segments_v.len(), &|| "segments".to_string(), source)?;
         let segs = segments_v
             .items()
             .ok_or_else(|| bad(source, format!("`segments` is a {}, expected a list", segments_v.type_name())))?;
@@ -107,20 +155,24 @@ impl Snapshot {
         let mut device = None;
         for (si, seg) in segs.iter().enumerate() {
             let at = || format!("segments[{si}]");
+            budget.spend(seg.len(), &at, source)?;
             if device.is_none() {
                 device = seg.get("device").and_then(|d| d.as_i128()).and_then(|d| usize::try_from(d).ok());
             }
-            let blocks_v = seg.get("blocks").and_then(|b| b.items()).unwrap_or_default();
+            let blocks_v = seg.get("blocks");
+            budget.spend(blocks_v.as_ref().map_or(0, Value::len), &at, source)?;
+            let blocks_v = blocks_v.and_then(|b| b.items()).unwrap_or_default();
             let mut blocks = Vec::with_capacity(blocks_v.len());
             for (bi, b) in blocks_v.iter().enumerate() {
                 let at = || format!("segments[{si}].blocks[{bi}]");
+                budget.spend(b.len(), &at, source)?;
                 let state = match b.get("state").as_ref().and_then(Value::as_str) {
                     Some("active_allocated") => BlockState::ActiveAllocated,
                     Some("active_pending_free") => BlockState::ActivePendingFree,
                     Some("inactive") => BlockState::Inactive,
                     other => return Err(bad(source, format!("{}: unknown block state {other:?}", at()))),
                 };
-                let stack = t.stack(b.get("frames"), &at, source)?;
+                let stack = t.stack(b.get("frames"), &mut budget, &at, source)?;
                 blocks.push(BlockInfo {
                     address: uint(b, "address", &at, source)?,
                     size: uint(b, "size", &at, source)?,
@@ -148,7 +200,7 @@ impl Snapshot {
             });
         }
         segments.sort_by_key(|s| s.address);
-        let history = read_history(&root, &mut t, source)?;
+        let history = read_history(&root, &mut t, &mut budget, source)?;
         let stats = stats_of(&segments);
         Ok(Snapshot {
             version: SNAPSHOT_VERSION,
@@ -181,24 +233,27 @@ fn action_of(name: &str) -> Option<Action> {
     })
 }
 
-fn read_history(root: &Value, t: &mut Interner, source: &str) -> Result<Vec<HistoryEntry>> {
+fn read_history(root: &Value, t: &mut Interner, budget: &mut Budget, source: &str) -> Result<Vec<HistoryEntry>> {
     let Some(traces) = root.get("device_traces") else { return Ok(Vec::new()) };
+    budget.spend(traces.len(), &|| "device_traces".to_string(), source)?;
     let traces = traces
         .items()
         .ok_or_else(|| bad(source, format!("`device_traces` is a {}, expected a list", traces.type_name())))?;
-    let Some((d, events)) =
-        traces.iter().enumerate().filter_map(|(d, v)| v.items().map(|e| (d, e))).max_by_key(|(_, e)| e.len())
-    else {
+    let lists = traces.iter().enumerate().filter(|(_, v)| matches!(v, Value::List(_) | Value::Tuple(_)));
+    let Some((d, longest)) = lists.max_by_key(|(_, v)| v.len()) else {
         return Ok(Vec::new());
     };
+    budget.spend(longest.len(), &|| format!("device_traces[{d}]"), source)?;
+    let Some(events) = longest.items() else { return Ok(Vec::new()) };
     let mut out = Vec::with_capacity(events.len());
     let mut t0 = None;
     for (i, e) in events.iter().enumerate() {
         let at = || format!("device_traces[{d}][{i}]");
+        budget.spend(e.len(), &at, source)?;
         let Some(action) = e.get("action").as_ref().and_then(Value::as_str).and_then(action_of) else { continue };
         let time_us = e.get("time_us").and_then(|v| v.as_i128()).unwrap_or(0);
         let start = *t0.get_or_insert(time_us);
-        let stack = t.stack(e.get("frames"), &at, source)?;
+        let stack = t.stack(e.get("frames"), budget, &at, source)?;
         out.push(HistoryEntry {
             action,
             addr: uint(e, "addr", &at, source)?,
