@@ -2,6 +2,20 @@
 
 use std::fmt;
 
+/// Bytes exactly, with thousands separators: `262,144 B`.
+pub(crate) fn fmt_bytes_exact(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3 + 2);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out.push_str(" B");
+    out
+}
+
 /// Formats a byte count the way the reports do: `1.50 GiB`, `512 B`.
 pub(crate) fn fmt_bytes(n: u64) -> String {
     const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
@@ -199,6 +213,11 @@ mod tests {
         assert_eq!(fmt_bytes(1023), "1023 B");
         assert_eq!(fmt_bytes(1536), "1.50 KiB");
         assert_eq!(fmt_bytes(3 << 30), "3.00 GiB");
+        assert_eq!(fmt_bytes_exact(0), "0 B");
+        assert_eq!(fmt_bytes_exact(512), "512 B");
+        assert_eq!(fmt_bytes_exact(1536), "1,536 B");
+        assert_eq!(fmt_bytes_exact(262_144), "262,144 B");
+        assert_eq!(fmt_bytes_exact(1_048_576), "1,048,576 B");
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 use proptest::prelude::*;
 use std::sync::Arc;
-use vramscope::{AllocatorConfig, Buffer, CachingAllocator, EventMode, HostBackend, SimBackend, Stream};
+use vramscope::{Buffer, CachingAllocator, EventMode, HostBackend, SimBackend, Stream};
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -36,14 +36,9 @@ fn op(streams: usize) -> impl Strategy<Value = Op> {
     ]
 }
 
-fn configs() -> impl Strategy<Value = AllocatorConfig> {
-    prop_oneof![
-        Just(AllocatorConfig::default()),
-        Just(AllocatorConfig::parse("fragmentation_limit:off").unwrap()),
-        Just(AllocatorConfig::parse("max_split_size_mb:40,roundup_power2_divisions:4").unwrap()),
-        Just(AllocatorConfig::parse("fragmentation_limit:1.0,release_pages:false").unwrap()),
-    ]
-}
+#[path = "common/configs.rs"]
+mod common_configs;
+use common_configs::configs;
 
 /// No two live buffers overlap.
 fn check_disjoint(live: &[(Buffer<u8>, usize)]) {

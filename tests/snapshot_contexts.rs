@@ -43,14 +43,9 @@ fn op(streams: usize) -> impl Strategy<Value = Op> {
     ]
 }
 
-fn configs() -> impl Strategy<Value = AllocatorConfig> {
-    prop_oneof![
-        Just(AllocatorConfig::default()),
-        Just(AllocatorConfig::parse("fragmentation_limit:off").unwrap()),
-        Just(AllocatorConfig::parse("max_split_size_mb:40,roundup_power2_divisions:4").unwrap()),
-        Just(AllocatorConfig::parse("fragmentation_limit:1.0,release_pages:false").unwrap()),
-    ]
-}
+#[path = "common/configs.rs"]
+mod common_configs;
+use common_configs::configs;
 
 /// What the test itself noted about one allocation.
 #[derive(Debug, Clone, PartialEq)]

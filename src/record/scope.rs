@@ -100,25 +100,8 @@ fn set_current(id: u32) {
 /// Allocations made inside scope `id` or any scope within it, by allocators recording scopes.
 pub(crate) fn allocations_within(id: u32) -> u64 {
     let t = table().lock();
-    let mut total = 0;
-    for (i, node) in t.nodes.iter().enumerate() {
-        let n = node.allocations.load(Ordering::Relaxed);
-        if n == 0 || (i as u32 == ROOT && id != ROOT) {
-            continue;
-        }
-        let mut j = i as u32;
-        loop {
-            if j == id {
-                total += n;
-                break;
-            }
-            if j == ROOT {
-                break;
-            }
-            j = t.nodes.get(j as usize).map_or(ROOT, |n| n.parent);
-        }
-    }
-    total
+    let counts = t.nodes.iter().enumerate().map(|(i, node)| (i as u32, node.allocations.load(Ordering::Relaxed)));
+    counts.filter(|&(i, n)| n > 0 && t.within(i, id)).map(|(_, n)| n).sum()
 }
 
 /// The path of scope `id`, outermost first (`["train", "forward"]`).
@@ -137,18 +120,24 @@ pub(crate) fn path(id: u32) -> Vec<String> {
 
 /// Whether scope `id` is `ancestor` or lies inside it.
 pub(crate) fn is_within(id: u32, ancestor: u32) -> bool {
-    let t = table().lock();
-    let mut i = id;
-    loop {
-        if i == ancestor {
-            return true;
-        }
-        if i == ROOT {
-            return false;
-        }
-        match t.nodes.get(i as usize) {
-            Some(node) => i = node.parent,
-            None => return false,
+    table().lock().within(id, ancestor)
+}
+
+impl Table {
+    /// Whether scope `id` is `ancestor` or lies inside it (under the table's lock).
+    fn within(&self, id: u32, ancestor: u32) -> bool {
+        let mut i = id;
+        loop {
+            if i == ancestor {
+                return true;
+            }
+            if i == ROOT {
+                return false;
+            }
+            match self.nodes.get(i as usize) {
+                Some(node) => i = node.parent,
+                None => return false,
+            }
         }
     }
 }

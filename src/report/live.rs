@@ -1,4 +1,4 @@
-use super::{bytes, scope_label, site_frame, site_label};
+use super::{bytes, plural, scope_label, site_frame, site_label};
 use crate::snapshot::Snapshot;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -57,9 +57,8 @@ impl LiveGroup {
         let mut s = String::new();
         let total: u64 = groups.iter().map(|g| g.bytes).fold(0, u64::saturating_add);
         let count: u64 = groups.iter().map(|g| g.count).sum();
-        let blocks = if count == 1 { "block" } else { "blocks" };
-        let sites = if groups.len() == 1 { "site" } else { "sites" };
-        s.push_str(&format!("{} live in {count} {blocks} from {} {sites}\n", bytes(total), groups.len()));
+        let (blocks, sites) = (plural(count, "block", "blocks"), plural(groups.len() as u64, "site", "sites"));
+        s.push_str(&format!("{} live in {blocks} from {sites}\n", bytes(total)));
         for g in groups {
             let tensor = match (&g.dtype, &g.shape) {
                 (Some(d), Some(sh)) => format!(" {d}{sh:?}"),

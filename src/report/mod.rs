@@ -50,6 +50,11 @@ fn scope_label(snap: &Snapshot, ctx: Option<&ContextInfo>) -> String {
     ctx.and_then(|c| snap.scopes.get(c.scope as usize)).map(|p| p.join("/")).unwrap_or_default()
 }
 
+/// `1 block`, `2 blocks`.
+pub(crate) fn plural(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
 /// Bytes as the reports print them.
 fn bytes(n: u64) -> String {
     crate::error::fmt_bytes(n)

@@ -119,47 +119,43 @@ impl Tables {
         ContextInfo { stack, scope, thread, step: c.step }
     }
 
+    /// The index of `f` in the frame table, added if new.
+    fn frame(&mut self, f: &Frame) -> u32 {
+        let next = self.frames.len() as u32;
+        let fid = *self.frame_ids.entry(f.clone()).or_insert(next);
+        if fid == next {
+            self.frames.push(f.clone());
+        }
+        fid
+    }
+
     fn stack(&mut self, id: u32, raw: &[Box<[usize]>], sym: &mut Symbolizer) -> u32 {
         if let Some(&s) = self.stack_ids.get(&id) {
             return s;
         }
         let mut frames = Vec::new();
         let mut harness_seen = false;
-        for &ip in raw.get(id as usize).map(|b| &b[..]).unwrap_or(&[]) {
+        let ips = raw.get(id as usize).map(|b| &b[..]).unwrap_or(&[]);
+        for &ip in ips {
             let (resolved, harness) = sym.resolve(ip);
             for f in resolved {
-                let next = self.frames.len() as u32;
-                let fid = *self.frame_ids.entry(f.clone()).or_insert(next);
-                if fid == next {
-                    self.frames.push(f.clone());
-                }
-                frames.push(fid);
+                frames.push(self.frame(f));
             }
             // The harness called the test body from here: the body's frames are complete. Where
             // none of them could be seen (a body inlined into the harness, in a build without
             // line tables), the user's test function outside the harness names it instead.
-            if harness && !frames.is_empty() {
-                break;
-            }
+            harness_seen |= harness;
             if harness_seen && !frames.is_empty() {
                 break;
             }
-            harness_seen |= harness;
         }
         // Frames were captured but none is the program's own: its code was inlined into the
         // harness or the standard library (a build with symbols only), so say so rather than
         // show no stack.
-        let captured = raw.get(id as usize).is_some_and(|b| !b.is_empty());
-        if captured && frames.is_empty() {
+        if !ips.is_empty() && frames.is_empty() {
             let function =
                 if harness_seen { crate::record::INLINED_TEST_BODY } else { crate::record::INLINED_ELSEWHERE };
-            let f = Frame { function: function.to_string(), file: None, line: None };
-            let next = self.frames.len() as u32;
-            let fid = *self.frame_ids.entry(f.clone()).or_insert(next);
-            if fid == next {
-                self.frames.push(f);
-            }
-            frames.push(fid);
+            frames.push(self.frame(&Frame { function: function.to_string(), file: None, line: None }));
         }
         self.stacks.push(frames);
         let s = (self.stacks.len() - 1) as u32;

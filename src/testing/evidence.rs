@@ -3,8 +3,8 @@
 
 use super::select::{merge, within};
 use super::{sanitize, Failure, MemTest, Metric, Verdict};
-use crate::error::fmt_bytes;
-use crate::report::{self, FoldedKind};
+use crate::error::{fmt_bytes, fmt_bytes_exact as exact};
+use crate::report::{self, plural, FoldedKind};
 use crate::snapshot::Snapshot;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -20,20 +20,6 @@ pub(super) struct Evidence {
     outside_after: Snapshot,
 }
 
-/// Bytes exactly, with thousands separators: `262,144 B`.
-pub(super) fn exact(n: u64) -> String {
-    let digits = n.to_string();
-    let mut out = String::with_capacity(digits.len() + digits.len() / 3 + 2);
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out.push_str(" B");
-    out
-}
-
 /// Exact bytes, with the rounded figure beside them where it reads easier: `262,144 B (256.00 KiB)`.
 fn exact_and_round(n: u64) -> String {
     if n < 1024 {
@@ -41,10 +27,6 @@ fn exact_and_round(n: u64) -> String {
     } else {
         format!("{} ({})", exact(n), fmt_bytes(n))
     }
-}
-
-fn plural(n: u64, one: &str, many: &str) -> String {
-    format!("{n} {}", if n == 1 { one } else { many })
 }
 
 /// What one allocation site (and scope) holds in one snapshot.
@@ -313,11 +295,6 @@ mod tests {
 
     #[test]
     fn exact_bytes_read_well() {
-        assert_eq!(exact(0), "0 B");
-        assert_eq!(exact(512), "512 B");
-        assert_eq!(exact(1536), "1,536 B");
-        assert_eq!(exact(262_144), "262,144 B");
-        assert_eq!(exact(1_048_576), "1,048,576 B");
         assert_eq!(exact_and_round(262_144), "262,144 B (256.00 KiB)");
         assert_eq!(plural(1, "block", "blocks"), "1 block");
         assert_eq!(plural(2, "block", "blocks"), "2 blocks");

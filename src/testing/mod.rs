@@ -230,7 +230,9 @@ impl MemTest {
             m.blocks = m.blocks.saturating_add(inside.blocks);
             m.outside_bytes = m.outside_bytes.saturating_add(outside.bytes);
             m.outside_blocks = m.outside_blocks.saturating_add(outside.blocks);
-            m.reserved = m.reserved.saturating_add(alloc.memory_reserved());
+            if self.metric == Metric::ReservedBytes {
+                m.reserved = m.reserved.saturating_add(alloc.memory_reserved());
+            }
         }
         m
     }
