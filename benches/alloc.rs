@@ -101,3 +101,29 @@ fn warm_replay_pass(bencher: Bencher, name: &str) {
     replay(&alloc, &trace, &opts).unwrap();
     bencher.bench_local(|| replay(&alloc, &trace, &opts).unwrap().ns_per_op);
 }
+
+/// 40,000 allocations (each freed at once) on one stream, and on 40,000 streams created
+/// beforehand: per-stream state must not make the second quadratic. Each new stream needs
+/// memory of its own: it takes over an idle stream's cached segment or the one the soft limit
+/// would release (after waiting for the old stream), where it used to release one and reserve
+/// another.
+#[divan::bench(args = ["one stream", "new streams"], sample_count = 10)]
+fn streams_40k(bencher: Bencher, streams: &str) {
+    const N: usize = 40_000;
+    bencher
+        .with_inputs(|| {
+            let alloc = allocator(RecordConfig::off());
+            let list: Vec<_> = if streams == "one stream" {
+                vec![alloc.default_stream(); N]
+            } else {
+                (0..N).map(|_| alloc.new_stream().unwrap()).collect()
+            };
+            (alloc, list)
+        })
+        .bench_local_values(|(alloc, list)| {
+            for s in &list {
+                drop(black_box(alloc.alloc::<u8>(s, 512).unwrap()));
+            }
+            (alloc, list)
+        });
+}

@@ -351,3 +351,100 @@ fn default_device_is_shared() {
     assert_eq!(a.backend().name(), "host");
     drop(x);
 }
+
+/// A program that creates streams without end, each allocating and freeing once, holds a
+/// bounded cache: idle streams' whole segments are taken over by new streams (after waiting
+/// for the old stream) or released, whichever configuration.
+#[test]
+fn streams_created_without_end_hold_a_bounded_cache() {
+    for config in ["fragmentation_limit:off", ""] {
+        let alloc =
+            CachingAllocator::with_config(SimBackend::new(80 << 30), AllocatorConfig::parse(config).unwrap()).unwrap();
+        for i in 0..5_000 {
+            let s = alloc.new_stream().unwrap();
+            drop(alloc.alloc::<u8>(&s, 512 + i % 3000).unwrap());
+            if i % 500 == 0 {
+                alloc.check_invariants().unwrap();
+            }
+        }
+        alloc.check_invariants().unwrap();
+        let st = alloc.memory_stats();
+        // At most two sweeps' worth (2 x 64 idle streams) of 2 MiB segments, and the newest.
+        assert!(alloc.memory_reserved() <= 130 * 2 * MIB, "{config}: {} reserved", alloc.memory_reserved());
+        assert!(st["num_segment_adoptions"] > 4_000, "{config}: {st:?}");
+        assert!(st["num_device_alloc"] < 200, "{config}: {} segments reserved", st["num_device_alloc"]);
+    }
+}
+
+/// The backend of the simulated device, logging which streams the allocator waits for.
+#[derive(Debug)]
+struct SyncLog {
+    sim: SimBackend,
+    synced: std::sync::Mutex<Vec<vramscope::RawStream>>,
+}
+
+impl vramscope::Backend for SyncLog {
+    fn name(&self) -> &str {
+        "sync-log"
+    }
+    fn total_memory(&self) -> u64 {
+        self.sim.total_memory()
+    }
+    fn free_memory(&self) -> u64 {
+        self.sim.free_memory()
+    }
+    fn reserve(&self, size: u64) -> Result<u64, vramscope::BackendError> {
+        self.sim.reserve(size)
+    }
+    fn release(&self, addr: u64, size: u64) -> Result<(), vramscope::BackendError> {
+        self.sim.release(addr, size)
+    }
+    fn create_stream(&self) -> Result<vramscope::RawStream, vramscope::BackendError> {
+        self.sim.create_stream()
+    }
+    fn record_event(&self, stream: vramscope::RawStream) -> Result<vramscope::RawEvent, vramscope::BackendError> {
+        self.sim.record_event(stream)
+    }
+    fn event_completed(&self, event: vramscope::RawEvent) -> Result<bool, vramscope::BackendError> {
+        self.sim.event_completed(event)
+    }
+    fn destroy_event(&self, event: vramscope::RawEvent) {
+        self.sim.destroy_event(event)
+    }
+    fn synchronize(&self, stream: vramscope::RawStream) -> Result<(), vramscope::BackendError> {
+        self.synced.lock().unwrap().push(stream);
+        self.sim.synchronize(stream)
+    }
+}
+
+/// Over the soft limit, a request on a stream without cache takes over another stream's whole
+/// cached segment instead of releasing it and reserving a new one, and waits for that stream
+/// first; the history shows the segment leaving one stream and joining the other.
+#[test]
+fn a_segment_taken_over_from_another_stream_waits_for_that_stream() {
+    let backend = Arc::new(SyncLog { sim: SimBackend::new(1 << 30), synced: Default::default() });
+    let alloc = CachingAllocator::new(backend.clone());
+    alloc.record_memory_history(vramscope::RecordConfig::default());
+    let (s1, s2) = (alloc.default_stream(), alloc.new_stream().unwrap());
+    let a = alloc.alloc::<u8>(&s2, 8 * MIB as usize).unwrap();
+    let addr = a.device_ptr();
+    drop(a);
+    backend.synced.lock().unwrap().clear();
+    let b = alloc.alloc::<u8>(&s1, 8 * MIB as usize).unwrap();
+    assert_eq!(b.device_ptr(), addr, "stream 2's cached segment is taken over");
+    assert_eq!(*backend.synced.lock().unwrap(), [s2.raw()], "after waiting for stream 2");
+    let st = alloc.memory_stats();
+    assert_eq!((st["num_segment_adoptions"], st["num_device_alloc"]), (1, 1));
+    let snap = alloc.snapshot();
+    assert_eq!(snap.segments.len(), 1);
+    assert_eq!(snap.segments[0].stream, s1.id(), "the snapshot puts the segment on stream 1");
+    let moves: Vec<_> = snap.history.iter().filter(|h| h.addr == addr).map(|h| (h.action, h.stream)).collect();
+    assert!(
+        moves
+            .windows(2)
+            .any(|w| w[0] == (vramscope::Action::SegmentFree, s2.id())
+                && w[1] == (vramscope::Action::SegmentAlloc, s1.id())),
+        "{moves:?}"
+    );
+    alloc.check_invariants().unwrap();
+}

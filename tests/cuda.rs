@@ -207,6 +207,48 @@ fn a_block_written_by_a_running_kernel_on_another_stream_waits_for_it() {
     alloc.check_invariants().unwrap();
 }
 
+/// A segment taken over from another stream (here: over the soft limit, instead of releasing
+/// it and reserving a new one) is handed out only after the work that stream queued on it is
+/// done: the new owner reads the kernel's whole output, and its own marker survives.
+#[test]
+fn a_segment_taken_over_from_a_stream_with_a_running_kernel_waits_for_it() {
+    let _device = shared_device();
+    let Some(b) = backend() else { return };
+    let module = b.context().load_module(Ptx::from_src(SPIN_PTX)).unwrap();
+    let spin = module.load_function("spin_fill").unwrap();
+    let alloc = CachingAllocator::new(b.clone());
+    let (s1, s2) = (alloc.default_stream(), alloc.new_stream().unwrap());
+    let (n, iters, seed) = (1u32 << 24, 1u32 << 18, 0xad0b7);
+    let mut big = alloc.alloc::<u32>(&s2, n as usize).unwrap();
+    let addr = big.device_ptr();
+    let cu2 = b.stream(s2.raw()).unwrap();
+    let mut launch = cu2.launch_builder(&spin);
+    launch.arg(&mut big).arg(&n).arg(&iters).arg(&seed);
+    // SAFETY: the kernel's parameters match its PTX signature; it writes `n` u32 of `big`,
+    // freed on its own stream (stream-ordered), so only a new owner on stream 2 may reuse it
+    // at once; another stream must wait (checked below).
+    unsafe { launch.launch(LaunchConfig::for_num_elems(n)) }.unwrap();
+    drop(big);
+    let running = !cu2.record_event(None).unwrap().try_is_complete().unwrap();
+    let taken = alloc.alloc::<u32>(&s1, n as usize).unwrap();
+    eprintln!("kernel running when stream 1 asked: {running}");
+    assert_eq!(taken.device_ptr(), addr, "stream 2's segment is taken over");
+    assert_eq!(alloc.memory_stats()["num_segment_adoptions"], 1);
+    let data = taken.to_vec().unwrap();
+    let bad = (0..n).filter(|&i| data[i as usize] != spin_value(i, iters, seed)).count();
+    assert_eq!(bad, 0, "{bad} of {n} elements differ from the kernel's output");
+    let cu1 = b.stream(s1.raw()).unwrap().cu_stream();
+    // SAFETY: `taken` owns the block; the marker is written on its own stream.
+    unsafe { cudarc::driver::sys::cuMemsetD32Async(taken.device_ptr(), 0xABAB_ABAB, n as usize, cu1) }
+        .result()
+        .unwrap();
+    alloc.synchronize(&s1).unwrap();
+    alloc.synchronize(&s2).unwrap();
+    let late = taken.to_vec().unwrap().iter().filter(|&&x| x != 0xABAB_ABAB).count();
+    assert_eq!(late, 0, "the kernel wrote {late} elements after the segment changed hands");
+    alloc.check_invariants().unwrap();
+}
+
 #[test]
 fn device_out_of_memory_is_an_error_and_the_allocator_recovers() {
     let _device = whole_device();

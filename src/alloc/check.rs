@@ -41,6 +41,7 @@ pub(crate) fn check_heap(heap: &Heap) -> std::result::Result<(), String> {
     let mut last: Option<(u64, u64, BlockState)> = None;
     let mut cur_seg = u64::MAX;
     let mut nfree = 0;
+    let mut nwhole = 0;
     heap.for_each_block(|i, seg, b| {
         if err.is_some() {
             return;
@@ -86,11 +87,23 @@ pub(crate) fn check_heap(heap: &Heap) -> std::result::Result<(), String> {
             BlockState::PendingFree => active[p] += b.size,
             BlockState::Free => {
                 nfree += 1;
-                if !heap.free_index_state(i).0 {
+                let (indexed, listed_whole, _, _) = heap.free_index_state(i);
+                if !indexed {
                     err = Some(format!("free block {:#x} is not in the free index", b.addr));
                 }
-                if b.prev != heap::NONE || b.next != heap::NONE {
+                let split = b.prev != heap::NONE || b.next != heap::NONE;
+                if split {
                     split_free[p] += b.size;
+                } else {
+                    nwhole += 1;
+                }
+                let (first, end) = ((b.addr - seg.addr).div_ceil(heap.page), (b.addr + b.size - seg.addr) / heap.page);
+                let mapped = heap.can_unmap() && (first..end).any(|pg| !Heap::is_page_unmapped(seg, pg));
+                if heap.listed_with_mapped_pages(i) != mapped {
+                    err = Some(format!("free block {:#x}: mapped whole pages {mapped} but listed otherwise", b.addr));
+                }
+                if listed_whole == split {
+                    err = Some(format!("free block {:#x}: split {split} but listed as whole {listed_whole}", b.addr));
                 }
             }
         }
@@ -99,9 +112,12 @@ pub(crate) fn check_heap(heap: &Heap) -> std::result::Result<(), String> {
     if let Some(e) = err {
         return Err(e);
     }
-    let indexed = heap.free_index_state(heap::NONE).1;
+    let (_, _, indexed, whole) = heap.free_index_state(heap::NONE);
     if indexed != nfree {
         return Err(format!("the free index holds {indexed} blocks but {nfree} blocks are free"));
+    }
+    if whole != nwhole {
+        return Err(format!("the free index lists {whole} whole segments but {nwhole} free blocks are whole"));
     }
     let st = &heap.stats;
     for (name, stat, recount) in [

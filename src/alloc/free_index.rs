@@ -32,26 +32,72 @@ fn class_of(size: u64) -> usize {
     EXACT_CLASSES + ((e - EXACT_LOG2) as usize) * (1 << SUB_BITS) + m as usize
 }
 
+/// The free lists of one (stream, pool): a head per size class, stored in chunks of 64 classes
+/// that exist only once a class of theirs was used (a stream's blocks usually fall in one to
+/// three chunks), found through a two-level bitmap. About 400 bytes for a stream with free
+/// blocks of one size range, so that many streams cost little; emptied bins are dropped.
 struct Bins {
-    heads: Box<[u32; CLASSES]>,
-    words: [u64; WORDS],
+    /// Which of the `WORDS` 64-class words have a non-empty class.
     summary: [u64; SUMMARY],
+    /// The chunk holding each word's heads and bits (`NO_CHUNK`: never used).
+    chunk_of: [u8; WORDS],
+    chunks: Vec<Chunk>,
+    /// Indexed blocks in these bins.
+    len: u32,
 }
 
+struct Chunk {
+    /// Non-empty classes of this word.
+    bits: u64,
+    heads: [u32; 64],
+}
+
+const NO_CHUNK: u8 = u8::MAX;
+const _: () = assert!(WORDS < NO_CHUNK as usize);
+
 impl Bins {
-    fn new() -> Self {
-        Bins { heads: Box::new([NONE; CLASSES]), words: [0; WORDS], summary: [0; SUMMARY] }
+    fn new() -> Box<Self> {
+        Box::new(Bins { summary: [0; SUMMARY], chunk_of: [NO_CHUNK; WORDS], chunks: Vec::new(), len: 0 })
     }
 
-    fn set(&mut self, c: usize) {
-        self.words[c / 64] |= 1 << (c % 64);
-        self.summary[c / 4096] |= 1 << ((c / 64) % 64);
+    #[inline]
+    fn head(&self, c: usize) -> u32 {
+        match self.chunk_of[c / 64] {
+            NO_CHUNK => NONE,
+            k => self.chunks[k as usize].heads[c % 64],
+        }
     }
 
-    fn clear(&mut self, c: usize) {
-        self.words[c / 64] &= !(1 << (c % 64));
-        if self.words[c / 64] == 0 {
-            self.summary[c / 4096] &= !(1 << ((c / 64) % 64));
+    #[inline]
+    fn chunk_mut(&mut self, c: usize) -> &mut Chunk {
+        let w = c / 64;
+        if self.chunk_of[w] == NO_CHUNK {
+            self.chunk_of[w] = self.chunks.len() as u8;
+            self.chunks.push(Chunk { bits: 0, heads: [NONE; 64] });
+        }
+        &mut self.chunks[self.chunk_of[w] as usize]
+    }
+
+    /// Sets the head of class `c`, keeping the bitmaps in step.
+    #[inline]
+    fn set_head(&mut self, c: usize, head: u32) {
+        let chunk = self.chunk_mut(c);
+        chunk.heads[c % 64] = head;
+        if head == NONE {
+            chunk.bits &= !(1 << (c % 64));
+            if chunk.bits == 0 {
+                self.summary[c / 4096] &= !(1 << ((c / 64) % 64));
+            }
+        } else {
+            chunk.bits |= 1 << (c % 64);
+            self.summary[c / 4096] |= 1 << ((c / 64) % 64);
+        }
+    }
+
+    fn word(&self, w: usize) -> u64 {
+        match self.chunk_of[w] {
+            NO_CHUNK => 0,
+            k => self.chunks[k as usize].bits,
         }
     }
 
@@ -61,7 +107,7 @@ impl Bins {
             return None;
         }
         let w = c / 64;
-        let bits = self.words[w] & (!0u64 << (c % 64));
+        let bits = self.word(w) & (!0u64 << (c % 64));
         if bits != 0 {
             return Some(w * 64 + bits.trailing_zeros() as usize);
         }
@@ -70,7 +116,7 @@ impl Bins {
         loop {
             if sbits != 0 {
                 let word = sw * 64 + sbits.trailing_zeros() as usize;
-                return Some(word * 64 + self.words[word].trailing_zeros() as usize);
+                return Some(word * 64 + self.word(word).trailing_zeros() as usize);
             }
             sw += 1;
             if sw >= SUMMARY {
@@ -89,26 +135,75 @@ struct Entry {
     addr: u64,
     /// `stream * 2 + pool`, or `NONE` when the block is not in the index.
     bin: u32,
+    /// Position in `FreeIndex::members`.
+    member: u32,
+    /// Position in each of `FreeIndex::lists`, or `NONE` when the block is not on it.
+    listed: [u32; LISTS],
 }
 
-const EMPTY: Entry = Entry { prev: NONE, next: NONE, size: 0, addr: 0, bin: NONE };
+const EMPTY: Entry = Entry { prev: NONE, next: NONE, size: 0, addr: 0, bin: NONE, member: NONE, listed: [NONE; LISTS] };
+
+/// What the heap says about a free block when it indexes or changes it; each flag puts the block
+/// on one of the index's dense lists.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Flags {
+    /// The block is its segment's only block: releasing the segment gives back all of it.
+    pub(crate) whole: bool,
+    /// The block covers at least one whole page that is mapped: unmapping can give it back.
+    pub(crate) mapped_pages: bool,
+}
+
+const LISTS: usize = 2;
+
+impl Flags {
+    fn get(self, list: usize) -> bool {
+        [self.whole, self.mapped_pages][list]
+    }
+}
+
+/// Emptied bins kept for reuse, so that a stream whose last free block comes and goes does not
+/// allocate each time.
+const SPARE_BINS: usize = 8;
 
 /// Free blocks of every stream and pool.
+///
+/// Besides the size-class lists, dense lists make walks cost what they find, not every block
+/// that ever was: every indexed block (`members`), the indexed blocks that are a whole segment,
+/// which reclaiming releases first, and those with mapped whole pages, which it unmaps next
+/// (`lists`, by [`Flags`]). Reclaiming runs before every new segment over the soft limit, so a
+/// walk over all free blocks there would make allocation quadratic in the number of streams.
 pub(crate) struct FreeIndex {
-    bins: Vec<Option<Bins>>,
+    bins: Vec<Option<Box<Bins>>>,
+    /// Boxed as in `bins`, so that they move between the two without copying.
+    #[allow(clippy::vec_box)]
+    spare: Vec<Box<Bins>>,
     entries: Vec<Entry>,
-    len: usize,
+    members: Vec<u32>,
+    lists: [Vec<u32>; LISTS],
 }
 
 impl std::fmt::Debug for FreeIndex {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("FreeIndex").field("len", &self.len).finish()
+        f.debug_struct("FreeIndex").field("len", &self.members.len()).field("whole", &self.lists[0].len()).finish()
     }
+}
+
+/// Removes `list[pos]` by moving the last element into its place; returns the moved element,
+/// whose stored position the caller updates.
+fn swap_out(list: &mut Vec<u32>, pos: u32) -> Option<u32> {
+    list.swap_remove(pos as usize);
+    list.get(pos as usize).copied()
 }
 
 impl FreeIndex {
     pub(crate) fn new() -> Self {
-        FreeIndex { bins: Vec::new(), entries: Vec::new(), len: 0 }
+        FreeIndex {
+            bins: Vec::new(),
+            spare: Vec::new(),
+            entries: Vec::new(),
+            members: Vec::new(),
+            lists: Default::default(),
+        }
     }
 
     pub(crate) fn contains(&self, block: u32) -> bool {
@@ -116,20 +211,25 @@ impl FreeIndex {
     }
 
     /// Adds free block `block` of `size` bytes at `addr` for `stream` in `pool` (0 or 1).
-    pub(crate) fn insert(&mut self, block: u32, pool: usize, stream: u32, size: u64, addr: u64) {
+    pub(crate) fn insert(&mut self, block: u32, pool: usize, stream: u32, size: u64, addr: u64, flags: Flags) {
         let bin = stream as usize * 2 + pool;
         if self.bins.len() <= bin {
             self.bins.resize_with(bin + 1, || None);
         }
-        self.bins[bin].get_or_insert_with(Bins::new);
-        let head = self.push_front(bin, class_of(size), block);
+        if self.bins[bin].is_none() {
+            self.bins[bin] = Some(self.spare.pop().unwrap_or_else(Bins::new));
+        }
         let i = block as usize;
         if self.entries.len() <= i {
             self.entries.resize(i + 1, EMPTY);
         }
         debug_assert_eq!(self.entries[i].bin, NONE, "block {block} indexed twice");
-        self.entries[i] = Entry { prev: NONE, next: head, size, addr, bin: bin as u32 };
-        self.len += 1;
+        let head = self.push_front(bin, class_of(size), block);
+        self.bins[bin].as_mut().expect("the bins exist").len += 1;
+        let member = self.members.len() as u32;
+        self.members.push(block);
+        self.entries[i] = Entry { prev: NONE, next: head, size, addr, bin: bin as u32, member, listed: [NONE; LISTS] };
+        self.set_flags(block, flags);
     }
 
     /// Removes `block`; returns whether it was indexed.
@@ -138,10 +238,41 @@ impl FreeIndex {
         if e.bin == NONE {
             return false;
         }
+        self.set_flags(block, Flags::default());
         self.unlink(e);
+        if let Some(moved) = swap_out(&mut self.members, e.member) {
+            self.entries[moved as usize].member = e.member;
+        }
         self.entries[block as usize] = EMPTY;
-        self.len -= 1;
+        let slot = &mut self.bins[e.bin as usize];
+        let bins = slot.as_mut().expect("an indexed block's bins exist");
+        bins.len -= 1;
+        if bins.len == 0 {
+            let mut emptied = slot.take().expect("checked above");
+            if self.spare.len() < SPARE_BINS {
+                // Every list is empty again; the chunks stay allocated for the next stream.
+                emptied.summary = [0; SUMMARY];
+                self.spare.push(emptied);
+            }
+        }
         true
+    }
+
+    /// Puts indexed `block` on the lists its flags name and takes it off the others.
+    pub(crate) fn set_flags(&mut self, block: u32, flags: Flags) {
+        for list in 0..LISTS {
+            let pos = self.entries[block as usize].listed[list];
+            let on = flags.get(list);
+            if on && pos == NONE {
+                self.entries[block as usize].listed[list] = self.lists[list].len() as u32;
+                self.lists[list].push(block);
+            } else if !on && pos != NONE {
+                if let Some(moved) = swap_out(&mut self.lists[list], pos) {
+                    self.entries[moved as usize].listed[list] = pos;
+                }
+                self.entries[block as usize].listed[list] = NONE;
+            }
+        }
     }
 
     /// Makes `block` the head of class `c`'s list in bins `bin` (which exist) and returns the
@@ -149,26 +280,20 @@ impl FreeIndex {
     #[inline]
     fn push_front(&mut self, bin: usize, c: usize, block: u32) -> u32 {
         let bins = self.bins[bin].as_mut().expect("the bins exist");
-        let head = bins.heads[c];
-        if head == NONE {
-            bins.set(c);
-        } else {
+        let head = bins.head(c);
+        if head != NONE {
             self.entries[head as usize].prev = block;
         }
-        bins.heads[c] = block;
+        bins.set_head(c, block);
         head
     }
 
     /// Takes entry `e` (indexed) out of its class's list; the entry itself is left as it was.
     #[inline]
     fn unlink(&mut self, e: Entry) {
-        let bins = self.bins[e.bin as usize].as_mut().expect("an indexed block's bins exist");
         if e.prev == NONE {
-            let c = class_of(e.size);
-            bins.heads[c] = e.next;
-            if e.next == NONE {
-                bins.clear(c);
-            }
+            let bins = self.bins[e.bin as usize].as_mut().expect("an indexed block's bins exist");
+            bins.set_head(class_of(e.size), e.next);
         } else {
             self.entries[e.prev as usize].next = e.next;
         }
@@ -177,9 +302,9 @@ impl FreeIndex {
         }
     }
 
-    /// Changes the size and address of indexed `block`, in place when its class stays the same,
-    /// else by moving it from one list to the other within its bins (no index growth checks).
-    pub(crate) fn update(&mut self, block: u32, size: u64, addr: u64) {
+    /// Changes the size, address and flags of indexed `block`, in place when its class stays
+    /// the same, else by moving it from one list to the other within its bins.
+    pub(crate) fn update(&mut self, block: u32, size: u64, addr: u64, flags: Flags) {
         let e = self.entries[block as usize];
         debug_assert_ne!(e.bin, NONE, "update of a block that is not indexed");
         let new = class_of(size);
@@ -193,6 +318,7 @@ impl FreeIndex {
         let e = &mut self.entries[block as usize];
         e.size = size;
         e.addr = addr;
+        self.set_flags(block, flags);
     }
 
     /// The best-fitting free block of at least `size` bytes for `stream` in `pool`: the
@@ -204,7 +330,7 @@ impl FreeIndex {
         let mut c = class_of(size);
         loop {
             c = bins.next_nonempty(c)?;
-            let head = bins.heads[c];
+            let head = bins.head(c);
             if c < EXACT_CLASSES {
                 return Some((head, self.entries[head as usize].size));
             }
@@ -227,19 +353,32 @@ impl FreeIndex {
         best.map(|(s, _, b)| (b, s))
     }
 
-    /// Every indexed block with its size, in no particular order.
+    /// Every indexed block with its size, in no particular order; time proportional to the
+    /// number of indexed blocks.
     pub(crate) fn iter(&self) -> impl Iterator<Item = (u32, u64)> + '_ {
-        self.entries.iter().enumerate().filter(|(_, e)| e.bin != NONE).map(|(i, e)| (i as u32, e.size))
+        self.members.iter().map(|&b| (b, self.entries[b as usize].size))
+    }
+
+    /// The indexed blocks that are a whole segment, in no particular order.
+    pub(crate) fn whole(&self) -> &[u32] {
+        &self.lists[0]
+    }
+
+    /// The indexed blocks with mapped whole pages, in no particular order.
+    pub(crate) fn with_mapped_pages(&self) -> &[u32] {
+        &self.lists[1]
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.len
+        self.members.len()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const WHOLE: Flags = Flags { whole: true, mapped_pages: false };
 
     #[test]
     fn classes_are_monotonic_and_in_range() {
@@ -257,11 +396,11 @@ mod tests {
     #[test]
     fn best_fit_with_lowest_address() {
         let mut ix = FreeIndex::new();
-        ix.insert(0, 1, 0, 3 << 20, 3000);
-        ix.insert(1, 1, 0, (2 << 20) + 512, 2000);
-        ix.insert(2, 1, 0, (2 << 20) + 512, 1000);
-        ix.insert(3, 1, 1, 2 << 20, 0); // another stream
-        ix.insert(4, 0, 0, 4096, 0); // another pool
+        ix.insert(0, 1, 0, 3 << 20, 3000, Flags::default());
+        ix.insert(1, 1, 0, (2 << 20) + 512, 2000, Flags::default());
+        ix.insert(2, 1, 0, (2 << 20) + 512, 1000, Flags::default());
+        ix.insert(3, 1, 1, 2 << 20, 0, Flags::default()); // another stream
+        ix.insert(4, 0, 0, 4096, 0, Flags::default()); // another pool
         assert_eq!(ix.find(1, 0, 2 << 20), Some((2, (2 << 20) + 512)));
         assert_eq!(ix.find(1, 0, (2 << 20) + 1024), Some((0, 3 << 20)));
         assert_eq!(ix.find(1, 0, 4 << 20), None);
@@ -277,17 +416,17 @@ mod tests {
     #[test]
     fn update_moves_blocks_between_classes() {
         let mut ix = FreeIndex::new();
-        ix.insert(0, 0, 0, 2 << 20, 0);
-        ix.insert(1, 0, 0, 2 << 20, 1 << 30);
-        ix.insert(2, 0, 0, 1 << 20, 1 << 31);
+        ix.insert(0, 0, 0, 2 << 20, 0, Flags::default());
+        ix.insert(1, 0, 0, 2 << 20, 1 << 30, Flags::default());
+        ix.insert(2, 0, 0, 1 << 20, 1 << 31, Flags::default());
         // Split-like shrink of the list head (block 1) into another class, and back.
-        ix.update(1, 1 << 20, (1 << 30) + (1 << 20));
+        ix.update(1, 1 << 20, (1 << 30) + (1 << 20), Flags::default());
         assert_eq!(ix.find(0, 0, (1 << 20) + 512), Some((0, 2 << 20)));
         assert_eq!(ix.find(0, 0, 1 << 20).map(|(_, s)| s), Some(1 << 20));
-        ix.update(0, 512, 0);
+        ix.update(0, 512, 0, Flags::default());
         assert_eq!(ix.find(0, 0, (1 << 20) + 512), None, "both 2 MiB blocks moved out");
         assert_eq!(ix.find(0, 0, 512), Some((0, 512)));
-        ix.update(1, 2 << 20, 1 << 30);
+        ix.update(1, 2 << 20, 1 << 30, Flags::default());
         assert_eq!(ix.find(0, 0, (1 << 20) + 512), Some((1, 2 << 20)));
         assert!(ix.remove(2) && ix.remove(1) && ix.remove(0));
         assert_eq!((ix.len(), ix.find(0, 0, 512)), (0, None));
@@ -296,8 +435,44 @@ mod tests {
     #[test]
     fn finds_across_far_bins() {
         let mut ix = FreeIndex::new();
-        ix.insert(9, 1, 0, 1 << 40, 0);
+        ix.insert(9, 1, 0, 1 << 40, 0, Flags::default());
         assert_eq!(ix.find(1, 0, 1 << 21), Some((9, 1 << 40)));
         assert_eq!(ix.find(1, 0, 512), Some((9, 1 << 40)));
+    }
+
+    #[test]
+    fn whole_segments_and_members_are_tracked() {
+        let mut ix = FreeIndex::new();
+        ix.insert(0, 0, 0, 2 << 20, 0, WHOLE);
+        ix.insert(1, 0, 1, 2 << 20, 1 << 30, WHOLE);
+        ix.insert(2, 0, 1, 4096, 1 << 31, Flags::default());
+        let mut whole = ix.whole().to_vec();
+        whole.sort();
+        assert_eq!(whole, [0, 1]);
+        ix.update(0, 1 << 20, 1 << 20, Flags::default());
+        assert_eq!(ix.whole(), [1]);
+        assert!(ix.remove(1));
+        assert!(ix.whole().is_empty());
+        let mut all: Vec<u32> = ix.iter().map(|(b, _)| b).collect();
+        all.sort();
+        assert_eq!(all, [0, 2]);
+        ix.update(2, 8192, 1 << 31, WHOLE);
+        assert_eq!(ix.whole(), [2]);
+    }
+
+    #[test]
+    fn emptied_streams_give_their_bins_back() {
+        let mut ix = FreeIndex::new();
+        for s in 0..1000 {
+            ix.insert(s, 0, s, 2 << 20, u64::from(s) << 21, WHOLE);
+            assert!(ix.remove(s));
+        }
+        let held = ix.bins.iter().filter(|b| b.is_some()).count();
+        assert_eq!((held, ix.len()), (0, 0));
+        assert!(ix.spare.len() <= SPARE_BINS);
+        // A reused (spare) bin finds nothing left over from its last stream.
+        ix.insert(7, 0, 5000, 4096, 0, Flags::default());
+        assert_eq!(ix.find(0, 5000, 2 << 20), None);
+        assert_eq!(ix.find(0, 5000, 512), Some((7, 4096)));
     }
 }

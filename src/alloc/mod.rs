@@ -284,7 +284,7 @@ impl CachingAllocator {
         let raw = self.shared.backend.create_stream()?;
         let mut heap = self.shared.lock();
         let id = u32::try_from(heap.streams.len()).map_err(|_| Error::Usage("too many streams".into()))?;
-        heap.streams.push(StreamSlot { raw });
+        heap.streams.push(StreamSlot::new(raw));
         Ok(Stream { allocator: self.shared.id, id, raw })
     }
 

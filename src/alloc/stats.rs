@@ -129,6 +129,8 @@ pub(crate) struct Stats {
     pub(crate) num_device_free: u64,
     pub(crate) num_device_map: u64,
     pub(crate) num_device_unmap: u64,
+    /// Cached segments of idle streams handed to another stream instead of a new segment.
+    pub(crate) num_segment_adoptions: u64,
     pub(crate) num_backend_errors: u64,
     /// Times the fragmentation limit rose because holding to it churned (never reset).
     pub(crate) num_limit_raises: u64,
@@ -157,6 +159,7 @@ impl Stats {
         self.num_device_free = 0;
         self.num_device_map = 0;
         self.num_device_unmap = 0;
+        self.num_segment_adoptions = 0;
     }
 
     fn pool_stats_mut(&mut self) -> [&mut PoolStat; 9] {
@@ -205,6 +208,7 @@ impl Stats {
             ("num_device_free", self.num_device_free),
             ("num_device_map", self.num_device_map),
             ("num_device_unmap", self.num_device_unmap),
+            ("num_segment_adoptions", self.num_segment_adoptions),
             ("num_backend_errors", self.num_backend_errors),
             ("num_limit_raises", self.num_limit_raises),
             ("max_split_size", self.max_split_size),

@@ -6,6 +6,7 @@ mod model;
 pub(crate) mod pickle;
 mod pickle_write;
 mod torch;
+mod validate;
 
 pub use build::SNAPSHOT_VERSION;
 pub use model::{BlockInfo, BlockState, ContextInfo, HistoryEntry, SegmentInfo, Snapshot};

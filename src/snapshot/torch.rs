@@ -118,7 +118,13 @@ impl Snapshot {
     /// Reads a snapshot from bytes (JSON or pickle); `source` names them in errors.
     pub fn from_bytes(data: &[u8], source: &str) -> Result<Snapshot> {
         match super::sniff(data, "a vramscope JSON snapshot").map_err(|m| bad(source, m))? {
-            super::FileKind::Pickle => Self::from_pytorch_pickle(data, source),
+            super::FileKind::Pickle => {
+                let snap = Self::from_pytorch_pickle(data, source)?;
+                snap.validate().map_err(|m| {
+                    bad(source, format!("inconsistent PyTorch snapshot (segments counted in address order): {m}"))
+                })?;
+                Ok(snap)
+            }
             super::FileKind::Json => {
                 let snap: Snapshot = serde_json::from_slice(data).map_err(|e| {
                     bad(source, format!("not a vramscope snapshot ({e}); expected the JSON that `snapshot` writes"))
@@ -133,6 +139,7 @@ impl Snapshot {
                         ),
                     ));
                 }
+                snap.validate().map_err(|m| bad(source, format!("inconsistent snapshot: {m}")))?;
                 Ok(snap)
             }
         }

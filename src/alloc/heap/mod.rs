@@ -2,7 +2,8 @@
 //! statistics, and the algorithms over them. Nothing here locks or knows about threads.
 
 use super::config::AllocatorConfig;
-use super::free_index::FreeIndex;
+use super::free_index::{Flags, FreeIndex};
+use pages::Offer;
 
 mod pages;
 use super::stats::{Pool, Stats};
@@ -99,7 +100,19 @@ struct PendingEvent {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct StreamSlot {
     pub(crate) raw: RawStream,
+    /// [`Heap::grows`] at the stream's last allocation.
+    pub(crate) last_alloc: u64,
 }
+
+impl StreamSlot {
+    pub(crate) fn new(raw: RawStream) -> Self {
+        StreamSlot { raw, last_alloc: 0 }
+    }
+}
+
+/// A stream that has not allocated while the allocator reserved this many segments is idle:
+/// its fully free cached segments are released before the next segment is reserved.
+pub(crate) const IDLE_GROWS: u64 = 64;
 
 /// The whole mutable state of one allocator.
 #[derive(Debug)]
@@ -115,6 +128,12 @@ pub(crate) struct Heap {
     free: FreeIndex,
     pending: Vec<PendingEvent>,
     pub(crate) streams: Vec<StreamSlot>,
+    /// Requests that found no cached block (segments reserved or adopted): the clock that
+    /// tells idle streams.
+    grows: u64,
+    /// Whole free segments of streams found idle at the last sweep, for other streams to adopt
+    /// before the next; see [`Heap::release_idle`].
+    adoptable: Vec<u32>,
     pub(crate) stats: Stats,
     /// Peak of allocated bytes since creation, for the fragmentation limit (never reset).
     limit_peak: u64,
@@ -156,7 +175,9 @@ impl Heap {
             free_segment_slots: Vec::new(),
             free: FreeIndex::new(),
             pending: Vec::new(),
-            streams: vec![StreamSlot { raw: 0 }],
+            streams: vec![StreamSlot::new(0)],
+            grows: 0,
+            adoptable: Vec::new(),
             stats,
             limit_peak: 0,
             limit_factor: config.fragmentation_limit,
@@ -260,13 +281,35 @@ impl Heap {
         }
     }
 
+    /// What the free index lists free block `i` under: a whole segment, and whether unmapping
+    /// could give back any of its pages (constant time for blocks smaller than a page).
+    fn free_flags(&self, i: u32) -> Flags {
+        let b = &self.blocks[i as usize];
+        let whole = b.prev == NONE && b.next == NONE;
+        if !self.can_unmap || b.size < self.page {
+            return Flags { whole, mapped_pages: false };
+        }
+        let seg = &self.segments[b.segment as usize];
+        let first = (b.addr - seg.addr).div_ceil(self.page);
+        let end = (b.addr + b.size - seg.addr) / self.page;
+        let unmapped = (first..end).filter(|&p| Self::is_page_unmapped(seg, p)).count() as u64;
+        Flags { whole, mapped_pages: first < end && unmapped < end - first }
+    }
+
+    /// Recomputes the free index's flags of indexed block `i` after its pages changed.
+    pub(super) fn reflag(&mut self, i: u32) {
+        let flags = self.free_flags(i);
+        self.free.set_flags(i, flags);
+    }
+
     /// Puts a free block in the index and counts it.
     fn index_free(&mut self, i: u32) {
         let pool = self.pool_of_block(i);
         let b = &mut self.blocks[i as usize];
         b.state = BlockState::Free;
         let (stream, size, addr) = (b.stream, b.size, b.addr);
-        self.free.insert(i, pool as usize, stream, size, addr);
+        let flags = self.free_flags(i);
+        self.free.insert(i, pool as usize, stream, size, addr, flags);
         self.count_split(i);
     }
 
@@ -296,6 +339,7 @@ impl Heap {
             self.process_pending(backend);
         }
         let pool = Self::pool_of(size);
+        self.streams[stream as usize].last_alloc = self.grows;
         let hot = self.hot;
         let block =
             if hot != NONE && self.blocks[hot as usize].size == size && self.blocks[hot as usize].stream == stream {
@@ -406,7 +450,8 @@ impl Heap {
         b.addr += size;
         b.size = remaining;
         let (addr, size) = (b.addr, b.size);
-        self.free.update(i, size, addr);
+        let flags = self.free_flags(i);
+        self.free.update(i, size, addr, flags);
         self.count_split(i);
         Ok(a)
     }
@@ -419,8 +464,20 @@ impl Heap {
         })?;
         let exact = size.next_multiple_of(self.page);
         self.note_regrowth(size);
+        self.grows += 1;
+        if self.grows.is_multiple_of(IDLE_GROWS) {
+            self.release_idle(backend);
+        }
+        if let Some(b) = self.adopt(backend, Offer::Idle, pool, stream, size..=u64::MAX) {
+            return Ok(b);
+        }
         let limit = self.soft_limit(backend, size);
         if self.reserved() + seg_size > limit {
+            // Over the limit, reclaiming would release other streams' whole cached segments to
+            // make room for a new one: take one of those over instead when it fits.
+            if let Some(b) = self.adopt(backend, Offer::Whole, pool, stream, size..=seg_size.max(exact)) {
+                return Ok(b);
+            }
             self.reclaim(backend, seg_size, limit);
             if self.reserved() + seg_size > limit {
                 // Over-allocating for amortization must not set a new peak.
@@ -615,7 +672,8 @@ impl Heap {
             }
             let b = &self.blocks[prev as usize];
             let (addr, size) = (b.addr, b.size);
-            self.free.update(prev, size, addr);
+            let flags = self.free_flags(prev);
+            self.free.update(prev, size, addr, flags);
             self.count_split(prev);
         } else if next_free {
             self.uncount_split(next);
@@ -632,7 +690,8 @@ impl Heap {
                 self.blocks[prev as usize].next = next;
             }
             self.drop_block(i);
-            self.free.update(next, new_size, addr);
+            let flags = self.free_flags(next);
+            self.free.update(next, new_size, addr, flags);
             self.count_split(next);
         } else {
             self.index_free(i);
@@ -731,9 +790,21 @@ impl Heap {
         }
     }
 
-    /// Whether free block `i` is in the free index, and how many blocks the index holds.
-    pub(crate) fn free_index_state(&self, i: u32) -> (bool, usize) {
-        (self.free.contains(i), self.free.len())
+    /// Whether free block `i` is in the free index and there listed as a whole segment, and
+    /// how many blocks, and whole segments, the index holds (for the invariant checks: the
+    /// lookups are linear).
+    pub(crate) fn free_index_state(&self, i: u32) -> (bool, bool, usize, usize) {
+        (self.free.contains(i), self.free.whole().contains(&i), self.free.len(), self.free.whole().len())
+    }
+
+    /// Whether the allocator unmaps the pages under free blocks.
+    pub(crate) fn can_unmap(&self) -> bool {
+        self.can_unmap
+    }
+
+    /// Whether free block `i` is on the free index's list of blocks with mapped whole pages.
+    pub(crate) fn listed_with_mapped_pages(&self, i: u32) -> bool {
+        self.free.with_mapped_pages().contains(&i)
     }
 
     /// Whether page `p` of live segment `seg` is unmapped.
@@ -826,7 +897,7 @@ mod tests {
         assert_eq!(h.free.len(), 1);
         // A request on another stream does not take it.
         h.free(&sim, big.block, None);
-        h.streams.push(StreamSlot { raw: 1 });
+        h.streams.push(StreamSlot::new(1));
         let other = h.alloc(&sim, 1, 4096, None).unwrap();
         assert_ne!(other.addr, big.addr);
         for g in [a, other] {

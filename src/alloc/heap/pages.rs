@@ -5,6 +5,15 @@ use super::Heap;
 use crate::backend::Backend;
 use crate::error::BackendError;
 
+/// Where [`Heap::adopt`] looks for a segment to take over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Offer {
+    /// The idle streams' segments offered by the last sweep.
+    Idle,
+    /// Any whole cached segment: over the soft limit, the reclaim would release it anyway.
+    Whole,
+}
+
 impl Heap {
     pub(crate) fn reserved(&self) -> u64 {
         self.stats.reserved_bytes.current()
@@ -48,13 +57,8 @@ impl Heap {
     /// Gives cached memory back until `reserved + need <= limit` or nothing is left to give:
     /// whole free segments first (smallest first), then the pages under free holes.
     pub(super) fn reclaim(&mut self, backend: &dyn Backend, need: u64, limit: u64) {
-        let mut whole: Vec<(u64, u64, u32)> = self
-            .free
-            .iter()
-            .filter(|&(b, _)| !self.is_split(b))
-            .map(|(b, _)| {
-                (self.segments[self.blocks[b as usize].segment as usize].mapped, self.blocks[b as usize].addr, b)
-            })
+        let mut whole: Vec<(u64, u64, u32)> = (self.free.whole().iter())
+            .map(|&b| (self.segments[self.blocks[b as usize].segment as usize].mapped, self.blocks[b as usize].addr, b))
             .collect();
         whole.sort_unstable();
         for (_, _, b) in whole {
@@ -68,8 +72,9 @@ impl Heap {
         }
         if self.can_unmap && self.reserved() + need > limit {
             // Largest holes first: they give back the most pages per call.
-            let mut holes: Vec<(u64, u64, u32)> =
-                self.free.iter().map(|(b, size)| (size, self.blocks[b as usize].addr, b)).collect();
+            let mut holes: Vec<(u64, u64, u32)> = (self.free.with_mapped_pages().iter())
+                .map(|&b| (self.blocks[b as usize].size, self.blocks[b as usize].addr, b))
+                .collect();
             holes.sort_unstable_by(|x, y| y.cmp(x));
             for (_, _, b) in holes {
                 if self.reserved() + need <= limit {
@@ -83,16 +88,100 @@ impl Heap {
         }
     }
 
+    /// Whether free block `b` is a whole cached segment of a stream that is idle: one that has
+    /// not allocated during the last [`IDLE_GROWS`](super::IDLE_GROWS) requests that found no
+    /// cached block.
+    fn idle_whole(&self, b: u32) -> bool {
+        let blk = &self.blocks[b as usize];
+        blk.state == super::BlockState::Free
+            && blk.prev == super::NONE
+            && blk.next == super::NONE
+            && self.streams[blk.stream as usize].last_alloc + super::IDLE_GROWS <= self.grows
+    }
+
+    /// The sweep, every `IDLE_GROWS` requests that found no cached block: releases the idle
+    /// streams' whole segments that the last sweep offered for adoption and nobody took, and
+    /// offers those of the streams idle now. A program creating streams without end thus holds
+    /// the cache of at most about `2 * IDLE_GROWS` idle streams, and a sweep costs less than
+    /// one step per request on average.
+    pub(super) fn release_idle(&mut self, backend: &dyn Backend) {
+        for b in std::mem::take(&mut self.adoptable) {
+            if self.idle_whole(b) {
+                self.release_segment_of(backend, b);
+            }
+        }
+        let idle: Vec<u32> = self.free.whole().iter().copied().filter(|&b| self.idle_whole(b)).collect();
+        self.adoptable = idle;
+    }
+
+    /// Instead of reserving a new segment for `sizes.start()` bytes on `stream`, takes over a
+    /// whole cached segment (of a size in `sizes`) of another stream, after waiting for that
+    /// stream's work so that nothing it queued can still touch the memory. Looks at the last few
+    /// candidates of `offer` only, so that a request costs constant time.
+    pub(super) fn adopt(
+        &mut self,
+        backend: &dyn Backend,
+        offer: Offer,
+        pool: super::Pool,
+        stream: u32,
+        sizes: std::ops::RangeInclusive<u64>,
+    ) -> Option<u32> {
+        const LOOK: usize = 8;
+        let len = match offer {
+            Offer::Idle => self.adoptable.len(),
+            Offer::Whole => self.free.whole().len(),
+        };
+        let mut k = len;
+        while k > len.saturating_sub(LOOK) {
+            k -= 1;
+            let b = match offer {
+                Offer::Idle => self.adoptable[k],
+                Offer::Whole => self.free.whole()[k],
+            };
+            if offer == Offer::Idle && !self.idle_whole(b) {
+                self.adoptable.swap_remove(k);
+                continue;
+            }
+            let blk = &self.blocks[b as usize];
+            if blk.pool != pool || !sizes.contains(&blk.size) || blk.stream == stream {
+                continue;
+            }
+            let old = blk.stream;
+            if let Err(e) = backend.synchronize(self.streams[old as usize].raw) {
+                self.stats.num_backend_errors += 1;
+                self.last_error = Some(format!("synchronizing an idle stream to adopt its segment: {e}"));
+                return None;
+            }
+            if offer == Offer::Idle {
+                self.adoptable.swap_remove(k);
+            }
+            self.unindex_free(b);
+            let s = self.blocks[b as usize].segment;
+            let seg = &mut self.segments[s as usize];
+            seg.stream = stream;
+            let (addr, seg_size) = (seg.addr, seg.size);
+            self.blocks[b as usize].stream = stream;
+            // In the history the segment leaves one stream and joins the other, so that a
+            // replay of the trace sees it where the snapshot does; no backend call is made.
+            self.recorder.event(crate::record::Action::SegmentFree, addr, seg_size, old, None);
+            self.recorder.event(crate::record::Action::SegmentAlloc, addr, seg_size, stream, None);
+            self.index_free(b);
+            self.stats.num_segment_adoptions += 1;
+            return Some(b);
+        }
+        None
+    }
+
     /// Releases everything cached: every fully free segment and, with `pages`, the pages under
     /// the other free blocks.
     pub(crate) fn release_cache(&mut self, backend: &dyn Backend, pages: bool) {
         self.synchronize_pending(backend);
-        let whole: Vec<u32> = self.free.iter().map(|(b, _)| b).filter(|&b| !self.is_split(b)).collect();
+        let whole = self.free.whole().to_vec();
         for b in whole {
             self.release_segment_of(backend, b);
         }
         if pages && self.can_unmap {
-            let holes: Vec<u32> = self.free.iter().map(|(b, _)| b).collect();
+            let holes = self.free.with_mapped_pages().to_vec();
             for b in holes {
                 self.unmap_block(backend, b);
             }
@@ -153,6 +242,7 @@ impl Heap {
         }
         if any {
             self.blocks[b as usize].unmapped = true;
+            self.reflag(b);
         }
         any
     }
