@@ -188,22 +188,33 @@ fn a_block_written_by_a_running_kernel_on_another_stream_waits_for_it() {
         started.elapsed(),
         others.len()
     );
-    // A synchronous copy does not wait for stream 2 (a non-blocking stream): had the block come
-    // back early, unwritten zeros would show.
-    let data = reused.to_vec().unwrap();
+    assert_handed_over_after_the_kernel(&b, &alloc, &reused, (s1, s2), (n, iters, seed));
+}
+
+/// The proof that `owner` (on stream `s1`) got memory the spin kernel on `s2` wrote only after
+/// the kernel finished. A synchronous copy does not wait for stream 2 (a non-blocking stream):
+/// had the memory come early, unwritten or stale values would show. And nothing of the kernel
+/// lands after the new owner's writes: a marker written on `s1` reads back whole once both
+/// streams are done.
+fn assert_handed_over_after_the_kernel(
+    b: &CudaBackend,
+    alloc: &CachingAllocator,
+    owner: &vramscope::Buffer<u32>,
+    (s1, s2): (vramscope::Stream, vramscope::Stream),
+    (n, iters, seed): (u32, u32, u32),
+) {
+    let data = owner.to_vec().unwrap();
     let bad = (0..n).filter(|&i| data[i as usize] != spin_value(i, iters, seed)).count();
     assert_eq!(bad, 0, "{bad} of {n} elements differ from the kernel's output");
-    // And nothing of the kernel lands after the new owner's writes: fill the block on its own
-    // stream, wait for both streams, and read the marker back whole.
     let cu1 = b.stream(s1.raw()).unwrap().cu_stream();
-    // SAFETY: `reused` owns the block; the marker is written on its own stream.
-    unsafe { cudarc::driver::sys::cuMemsetD32Async(reused.device_ptr(), 0xABAB_ABAB, n as usize, cu1) }
+    // SAFETY: `owner` owns the memory; the marker is written on its own stream.
+    unsafe { cudarc::driver::sys::cuMemsetD32Async(owner.device_ptr(), 0xABAB_ABAB, n as usize, cu1) }
         .result()
         .unwrap();
     alloc.synchronize(&s1).unwrap();
     alloc.synchronize(&s2).unwrap();
-    let late = reused.to_vec().unwrap().iter().filter(|&&x| x != 0xABAB_ABAB).count();
-    assert_eq!(late, 0, "the kernel wrote {late} elements after the block was handed out again");
+    let late = owner.to_vec().unwrap().iter().filter(|&&x| x != 0xABAB_ABAB).count();
+    assert_eq!(late, 0, "the kernel wrote {late} elements after the memory changed hands");
     alloc.check_invariants().unwrap();
 }
 
@@ -234,19 +245,7 @@ fn a_segment_taken_over_from_a_stream_with_a_running_kernel_waits_for_it() {
     eprintln!("kernel running when stream 1 asked: {running}");
     assert_eq!(taken.device_ptr(), addr, "stream 2's segment is taken over");
     assert_eq!(alloc.memory_stats()["num_segment_adoptions"], 1);
-    let data = taken.to_vec().unwrap();
-    let bad = (0..n).filter(|&i| data[i as usize] != spin_value(i, iters, seed)).count();
-    assert_eq!(bad, 0, "{bad} of {n} elements differ from the kernel's output");
-    let cu1 = b.stream(s1.raw()).unwrap().cu_stream();
-    // SAFETY: `taken` owns the block; the marker is written on its own stream.
-    unsafe { cudarc::driver::sys::cuMemsetD32Async(taken.device_ptr(), 0xABAB_ABAB, n as usize, cu1) }
-        .result()
-        .unwrap();
-    alloc.synchronize(&s1).unwrap();
-    alloc.synchronize(&s2).unwrap();
-    let late = taken.to_vec().unwrap().iter().filter(|&&x| x != 0xABAB_ABAB).count();
-    assert_eq!(late, 0, "the kernel wrote {late} elements after the segment changed hands");
-    alloc.check_invariants().unwrap();
+    assert_handed_over_after_the_kernel(&b, &alloc, &taken, (s1, s2), (n, iters, seed));
 }
 
 #[test]
