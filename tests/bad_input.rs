@@ -238,3 +238,41 @@ fn pickle_bombs_and_cycles_are_refused() {
     let e = Snapshot::from_bytes(&hostile::cycle(), "cycle").unwrap_err().to_string();
     assert!(e.contains("reference cycle"), "{e}");
 }
+
+/// A file can name one long stack and one long scope path from every block; the reports work
+/// each out once, so that they stay linear in the file's size (100,000 blocks sharing a stack
+/// of 10,000 library frames took a billion steps when each block walked its stack).
+#[test]
+fn reports_stay_linear_when_blocks_share_a_long_stack() {
+    let (blocks, depth) = (100_000u64, 10_000u64);
+    let frames: Vec<_> = (0..depth)
+        .map(|i| serde_json::json!({"function": format!("f{i}"), "file": "/x/site-packages/lib.py", "line": i}))
+        .collect();
+    let ctx = serde_json::json!({"stack": 0, "scope": 1, "thread": 0, "step": 0});
+    let block_list: Vec<_> = (0..blocks)
+        .map(|i| {
+            serde_json::json!({"address": i * 512, "size": 512, "requested_size": 512,
+                               "state": "active_allocated", "context": ctx})
+        })
+        .collect();
+    let snap = serde_json::json!({
+        "version": 1, "device": 0, "backend": "sim",
+        "segments": [{"address": 0, "total_size": blocks * 512, "mapped_size": blocks * 512, "stream": 0,
+                      "pool": "large", "allocated_size": blocks * 512, "active_size": blocks * 512,
+                      "requested_size": blocks * 512, "blocks": block_list}],
+        "history": [], "history_dropped": 0,
+        "frames": frames, "stacks": [(0..depth).collect::<Vec<_>>()],
+        "scopes": [[], (0..depth).map(|i| format!("scope{i}")).collect::<Vec<_>>()],
+        "threads": ["main"], "stats": {}
+    });
+    let snap = Snapshot::from_bytes(snap.to_string().as_bytes(), "long-stack.json").unwrap();
+    let started = std::time::Instant::now();
+    let live = report::live(&snap);
+    assert_eq!((live.len(), live[0].count, live[0].site.as_str()), (1, blocks, "<no stack>"));
+    let _ = report::leaks(&snap);
+    let _ = report::diff(&snap, &snap);
+    let _ = report::segments(&snap);
+    assert_eq!(report::folded(&snap, FoldedKind::Live).lines().count(), 1);
+    let took = started.elapsed();
+    assert!(took < std::time::Duration::from_secs(10), "{took:?}");
+}

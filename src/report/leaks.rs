@@ -1,4 +1,5 @@
-use super::{bytes, is_library, scope_label, site_frame};
+use super::labels::Labels;
+use super::{bytes, is_library};
 use crate::record::{Action, Frame};
 use crate::snapshot::{ContextInfo, Snapshot};
 use serde::Serialize;
@@ -83,11 +84,15 @@ pub fn leaks(snapshot: &Snapshot) -> Vec<LeakCandidate> {
         /// The largest surviving allocation (size, then earliest), for callers and scope.
         example: (u64, std::cmp::Reverse<usize>),
     }
-    let mut per_site: BTreeMap<Frame, Site> = BTreeMap::new();
+    let mut labels = Labels::new(snapshot);
+    let mut per_site: BTreeMap<u32, Site> = BTreeMap::new();
     for &i in live.values() {
         let e = &hist[i];
-        let Some(frame) = site_frame(snapshot, e.context.as_ref()) else { continue };
-        let s = per_site.entry(frame.clone()).or_insert(Site {
+        let site = labels.site(e.context.as_ref());
+        if labels.site_frame(site).is_none() {
+            continue;
+        }
+        let s = per_site.entry(site).or_insert(Site {
             blocks: 0,
             bytes: 0,
             buckets: BTreeMap::new(),
@@ -102,7 +107,8 @@ pub fn leaks(snapshot: &Snapshot) -> Vec<LeakCandidate> {
     let mut out: Vec<LeakCandidate> = per_site
         .into_iter()
         .filter(|(_, s)| s.buckets.len() as u32 >= 3.max(steps.div_ceil(2)))
-        .map(|(frame, s)| {
+        .map(|(site, s)| {
+            let frame = labels.site_frame(site).expect("sites without a frame were left out").clone();
             let ctx = hist[s.example.1 .0].context;
             let callers = ctx
                 .and_then(|c| c.stack)
@@ -120,7 +126,10 @@ pub fn leaks(snapshot: &Snapshot) -> Vec<LeakCandidate> {
                 site: frame.to_string(),
                 frame,
                 callers,
-                scope: scope_label(snapshot, ctx.as_ref()),
+                scope: {
+                    let scope = labels.scope(ctx.as_ref());
+                    labels.scope_label(scope).to_string()
+                },
                 blocks: s.blocks,
                 bytes: s.bytes,
                 bytes_per_step: s.bytes / u64::from(steps.max(1)),

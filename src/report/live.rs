@@ -1,4 +1,5 @@
-use super::{bytes, plural, scope_label, site_frame, site_label};
+use super::labels::Labels;
+use super::{bytes, plural};
 use crate::snapshot::Snapshot;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -25,14 +26,14 @@ pub struct LiveGroup {
 
 /// Live tensors grouped by allocation site and scope, largest first.
 pub fn live(snapshot: &Snapshot) -> Vec<LiveGroup> {
-    let mut groups: BTreeMap<(String, String, Option<String>), LiveGroup> = BTreeMap::new();
+    let mut labels = Labels::new(snapshot);
+    let mut groups: BTreeMap<(u32, u32, Option<&str>), LiveGroup> = BTreeMap::new();
     for b in snapshot.live_blocks() {
         let ctx = b.context.as_ref();
-        let site = site_label(site_frame(snapshot, ctx));
-        let scope = scope_label(snapshot, ctx);
-        let g = groups.entry((site.clone(), scope.clone(), b.dtype.clone())).or_insert_with(|| LiveGroup {
-            site,
-            scope,
+        let (site, scope) = (labels.site(ctx), labels.scope(ctx));
+        let g = groups.entry((site, scope, b.dtype.as_deref())).or_insert_with(|| LiveGroup {
+            site: labels.site_label(site).to_string(),
+            scope: labels.scope_label(scope).to_string(),
             dtype: b.dtype.clone(),
             shape: b.shape.clone(),
             count: 0,

@@ -6,6 +6,7 @@
 
 mod diff;
 mod flame;
+mod labels;
 mod leaks;
 mod live;
 mod segments;
@@ -43,11 +44,6 @@ pub(crate) fn site_frame<'a>(snap: &'a Snapshot, ctx: Option<&ContextInfo>) -> O
 /// `file:line (function)`, or `<no stack>`.
 pub(crate) fn site_label(frame: Option<&Frame>) -> String {
     frame.map_or_else(|| "<no stack>".to_string(), |f| f.to_string())
-}
-
-/// The scope path of a context, `a/b`, or empty.
-fn scope_label(snap: &Snapshot, ctx: Option<&ContextInfo>) -> String {
-    ctx.and_then(|c| snap.scopes.get(c.scope as usize)).map(|p| p.join("/")).unwrap_or_default()
 }
 
 /// `1 block`, `2 blocks`.

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# A bounded fuzzing run of every target, as CI runs it: `bash fuzz/run.sh [SECONDS_PER_TARGET]`
+# (default 90). Needs the nightly toolchain (`cargo +nightly`); cargo-fuzz is installed if
+# missing. Seeds, copied into fuzz/corpus (not committed) where a run keeps what it finds new:
+# the small PyTorch fixtures, the hostile inputs and the configuration strings in fuzz/seeds. A crash fails the
+# run and leaves its input in fuzz/artifacts/<target>/.
+set -euo pipefail
+cd "$(dirname "$0")"
+seconds=${1:-90}
+if ! cargo +nightly --version >/dev/null 2>&1; then
+  echo "fuzz: skipped, no nightly toolchain (cargo +nightly) on this machine"
+  exit 0
+fi
+if ! cargo fuzz --version >/dev/null 2>&1; then
+  cargo install cargo-fuzz --locked --quiet
+fi
+cargo +nightly fuzz build -O
+# Seeds: the small fixtures (the 2.4 MB ResNet snapshot would slow every mutation down).
+declare -A seeds=(
+  [snapshot]="../fixtures/torch/leaky_train.snapshot.pickle ../fixtures/hostile/*"
+  [replay]="../fixtures/torch/leaky_train.snapshot.pickle ../fixtures/torch/leaky_train.trace.json"
+  [config]="seeds/config/*"
+)
+mkdir -p logs
+for target in snapshot replay config; do
+  mkdir -p "corpus/$target"
+  # shellcheck disable=SC2086
+  cp -n ${seeds[$target]} "corpus/$target/"
+  echo "fuzz: $target for ${seconds}s"
+  # shellcheck disable=SC2086
+  status=0
+  cargo +nightly fuzz run -O "$target" "corpus/$target" -- \
+    -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 \
+    >"logs/$target.log" 2>&1 || status=$?
+  grep -E "^(#[0-9]+ +DONE|stat::number_of_executed_units|stat::peak_rss_mb)" "logs/$target.log" || true
+  if [ "$status" != 0 ]; then
+    tail -40 "logs/$target.log"
+    echo "fuzz: $target failed (exit $status); the input is in fuzz/artifacts/$target/"
+    exit 1
+  fi
+done
