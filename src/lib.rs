@@ -112,6 +112,12 @@
 //! Streams: a freed block is reused at once on the stream it was allocated on. A block used on
 //! another stream ([`CachingAllocator::record_stream`]) is reused only after an event recorded on
 //! that stream at free time has completed.
+//! A whole cached segment changes stream in two cases, after the allocator waited for its old
+//! stream: over the fragmentation limit, where reclaiming would otherwise release it, and when
+//! its stream is idle (it has not allocated during the last 64 requests that needed a new
+//! segment); idle streams' whole segments nobody takes are released at the next sweep, so that
+//! a program creating streams without end keeps a bounded cache. Each stream with a live block
+//! holds at least one segment of its own (2 MiB for small blocks), as in PyTorch.
 //!
 //! Out of memory: when the backend refuses, the allocator releases its whole cache and retries
 //! once, then returns [`Error::OutOfMemory`] with the request, the device's capacity and free

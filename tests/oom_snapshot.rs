@@ -36,6 +36,7 @@ fn check_snapshot(path: &str, scope: &str) {
 
 #[test]
 fn oom_snapshots_are_complete_and_never_clobber() {
+    // (Steps: a directory, a link, a FIFO, one path shared by 8 threads, a full disk.)
     let dir = std::env::temp_dir().join(format!("vramscope-oom-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
 
@@ -99,6 +100,30 @@ fn oom_snapshots_are_complete_and_never_clobber() {
     paths.dedup();
     assert_eq!(paths.len(), 8, "one file per snapshot: {paths:?}");
     no_partials(&dir);
+
+    // A full disk (a file size limit of 4 KiB, which makes writes fail as ENOSPC would): the
+    // error says why, no file appears and no temporary is left behind.
+    let full = dir.join("full");
+    std::fs::create_dir_all(&full).unwrap();
+    std::env::set_var(OOM_SNAPSHOT_ENV, &full);
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: plain system calls on valid pointers; SIGXFSZ ignored so that the write fails
+    // with EFBIG instead of ending the process; both are restored below.
+    let before = unsafe {
+        assert_eq!(libc::getrlimit(libc::RLIMIT_FSIZE, &mut limit), 0);
+        let small = libc::rlimit { rlim_cur: 4096, rlim_max: limit.rlim_max };
+        assert_eq!(libc::setrlimit(libc::RLIMIT_FSIZE, &small), 0);
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN)
+    };
+    let (report, message) = oom("full");
+    // SAFETY: as above, restoring what was there.
+    unsafe {
+        libc::setrlimit(libc::RLIMIT_FSIZE, &limit);
+        libc::signal(libc::SIGXFSZ, before);
+    }
+    assert_eq!(report.snapshot_path, None, "{message}");
+    assert!(message.contains("writing") && message.contains("too large"), "{message}");
+    assert_eq!(std::fs::read_dir(&full).unwrap().count(), 0, "nothing left in {}", full.display());
 
     std::fs::remove_dir_all(&dir).ok();
 }
