@@ -152,3 +152,33 @@ fn handles_and_buffers_dropped_concurrently_free_everything() {
         assert_eq!(sim.used_memory(), 0, "its cached segments were released");
     }
 }
+
+/// The drops of the interleaving that leaked the allocator (handle A dropped while no buffer
+/// exists, while handle B allocates, drops itself, then drops its buffer), started together
+/// 2,000 times. The leak needed A's thread to pause between unlocking and decrementing, a window
+/// of a few instructions this test hardly ever hits (it passed on the old code); the fix closes
+/// it by construction (every decrement that leaves other references is made under the lock),
+/// and this test holds the protocol to freeing everything in the orders it does hit.
+#[test]
+fn a_handle_dropped_while_another_allocates_and_goes_frees_everything() {
+    for _ in 0..2_000 {
+        let sim = Arc::new(SimBackend::new(1 << 30));
+        let a = CachingAllocator::new(sim.clone());
+        let b = a.clone();
+        let barrier = std::sync::Barrier::new(2);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                barrier.wait();
+                drop(a);
+            });
+            s.spawn(|| {
+                barrier.wait();
+                let buf = b.alloc::<u8>(&b.default_stream(), 4096).unwrap();
+                drop(b);
+                drop(buf);
+            });
+        });
+        assert_eq!(Arc::strong_count(&sim), 1, "the allocator (and its backend reference) was freed");
+        assert_eq!(sim.used_memory(), 0, "its cached segments were released");
+    }
+}

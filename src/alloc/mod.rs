@@ -43,8 +43,14 @@ pub(crate) struct Shared {
 /// Buffers do not hold an `Arc` each (two atomic operations per allocation): they count
 /// themselves in `buffers` under the lock they take anyway, and while any exist (or handles
 /// do), `keepalive` holds one strong reference for all of them. It is dropped when the last
-/// buffer goes with no handle left, or the last handle goes with no buffer left; both
-/// decisions are made under the lock, where every handle's final decrement also happens.
+/// buffer goes with no handle left, or the last handle goes with no buffer left.
+///
+/// The invariant, true whenever the lock is free: `keepalive` is set while `buffers > 0`, and
+/// the strong count is the number of handles plus one for `keepalive`. Every change to either
+/// count that another party could act on is made under the lock: buffers count themselves
+/// there, and a handle's drop decrements there unless it holds the only reference (then no
+/// one else can clone it or allocate). So each decision to drop `keepalive` sees every other
+/// handle and buffer.
 pub(crate) struct Locked {
     heap: Heap,
     buffers: usize,
@@ -180,15 +186,22 @@ impl Drop for CachingAllocator {
         // SAFETY: `ptr` came from `Arc::into_raw` and our strong reference keeps it alive.
         let shared = unsafe { &*ptr };
         let mut locked = shared.heap.lock();
+        // Every decrement that leaves other references is made under the lock, so that whoever
+        // decides next (a handle's or the last buffer's drop) counts it. Made after unlocking,
+        // it raced: with no buffer, handle B could allocate, drop itself, then drop its buffer
+        // between our unlock and our decrement; the buffer's drop still counted us, kept
+        // `keepalive`, and the allocator was never freed.
         let released = match &locked.keepalive {
-            // No buffer made since `keepalive` was last dropped: an ordinary `Arc` drop.
-            None => None,
+            // The only reference, with no buffer (none was made since `keepalive` last went):
+            // nobody can clone it or allocate, so it is dropped after unlocking.
+            // SAFETY: `ptr` came from `Arc::into_raw` of the reference we still hold; the
+            // `Arc` rebuilt to read the count is never dropped.
+            None if Arc::strong_count(&ManuallyDrop::new(unsafe { Arc::from_raw(ptr) })) == 1 => None,
             // This handle and `keepalive` are the last references and no buffer is left.
             Some(k) if locked.buffers == 0 && Arc::strong_count(k) == 2 => locked.keepalive.take(),
-            Some(_) => {
-                // `keepalive` outlives this decrement, which is made under the lock so that a
-                // concurrent last handle counts it.
-                // SAFETY: our reference is one of at least two (ours and `keepalive`).
+            _ => {
+                // SAFETY: our reference is one of at least two (ours and another handle or
+                // `keepalive`), so the allocation outlives this decrement and the guard.
                 unsafe { Arc::decrement_strong_count(ptr) };
                 return;
             }
