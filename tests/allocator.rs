@@ -383,7 +383,8 @@ struct SyncLog {
     synced: std::sync::Mutex<Vec<vramscope::RawStream>>,
 }
 
-impl vramscope::Backend for SyncLog {
+// SAFETY: every call goes to the simulated backend, which keeps the promises.
+unsafe impl vramscope::Backend for SyncLog {
     fn name(&self) -> &str {
         "sync-log"
     }
@@ -396,8 +397,9 @@ impl vramscope::Backend for SyncLog {
     fn reserve(&self, size: u64) -> Result<u64, vramscope::BackendError> {
         self.sim.reserve(size)
     }
-    fn release(&self, addr: u64, size: u64) -> Result<(), vramscope::BackendError> {
-        self.sim.release(addr, size)
+    unsafe fn release(&self, addr: u64, size: u64) -> Result<(), vramscope::BackendError> {
+        // SAFETY: the caller's promise, passed on.
+        unsafe { self.sim.release(addr, size) }
     }
     fn create_stream(&self) -> Result<vramscope::RawStream, vramscope::BackendError> {
         self.sim.create_stream()

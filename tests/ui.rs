@@ -1,6 +1,9 @@
-//! Compile errors of `#[gpu_mem_test]`, pinned with trybuild.
+//! Compile errors, pinned with trybuild: `#[gpu_mem_test]`'s, an over-aligned element type, and
+//! releasing backend memory outside `unsafe`.
 
 #[test]
-fn gpu_mem_test_errors() {
-    trybuild::TestCases::new().compile_fail("tests/ui/*.rs");
+fn compile_errors() {
+    let t = trybuild::TestCases::new();
+    t.compile_fail("tests/ui/*.rs");
+    t.pass("tests/ui/pass/*.rs");
 }

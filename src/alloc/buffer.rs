@@ -13,7 +13,8 @@ use std::ptr::NonNull;
 /// # Safety
 ///
 /// Implementors must be plain data: `Copy`, no padding, no pointers, and valid for any bit
-/// pattern.
+/// pattern. Blocks are aligned to 512 bytes: allocating a type aligned to more is a compile
+/// error of [`CachingAllocator::alloc`](crate::CachingAllocator::alloc).
 pub unsafe trait Pod: Copy + Send + Sync + 'static {
     /// The dtype name reports use (`float32`, `int64`, ...).
     const DTYPE: &'static str;
@@ -166,8 +167,9 @@ impl<T: Pod> Buffer<T> {
     pub fn as_host_slice(&self) -> Result<&[T]> {
         let p = self.host_ptr()?;
         // SAFETY: `p` points at this buffer's block, which holds at least `len * size_of::<T>()`
-        // initialized bytes (host segments are zeroed when reserved), is aligned to 512 bytes,
-        // and is not handed to any other buffer while `self` lives. `T: Pod` accepts any bytes.
+        // initialized bytes and is aligned to 512 bytes (the `Backend` contract on `host_ptr`,
+        // blocks being 512-aligned), so to `T` (`alloc` refuses types aligned to more), and is
+        // not handed to any other buffer while `self` lives. `T: Pod` accepts any bytes.
         // Shared access is tied to `&self`; writes need `&mut self`.
         Ok(unsafe { std::slice::from_raw_parts(p, self.len) })
     }

@@ -318,8 +318,15 @@ impl CachingAllocator {
     /// A length of zero allocates nothing and always succeeds.
     ///
     /// Fails with [`Error::OutOfMemory`] when the backend cannot supply the memory even after
-    /// the allocator released its cache and retried.
+    /// the allocator released its cache and retried. Element types aligned to more than 512
+    /// bytes (the blocks' alignment) are refused at compile time.
     pub fn alloc<T: Pod>(&self, stream: &Stream, len: usize) -> Result<Buffer<T>> {
+        const {
+            assert!(
+                std::mem::align_of::<T>() <= heap::MIN_BLOCK as usize,
+                "vramscope blocks are aligned to 512 bytes: element types aligned to more cannot be allocated"
+            )
+        };
         self.check_stream(stream)?;
         let bytes = (len as u64).checked_mul(std::mem::size_of::<T>() as u64).ok_or_else(|| {
             Error::InvalidRequest(format!("{len} elements of {} bytes overflow 64 bits", std::mem::size_of::<T>()))

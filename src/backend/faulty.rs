@@ -131,7 +131,9 @@ impl<B: Backend> FaultyBackend<B> {
     }
 }
 
-impl<B: Backend> Backend for FaultyBackend<B> {
+// SAFETY: every call goes to the inner backend, which keeps its promises; failing a request
+// (an error) promises nothing.
+unsafe impl<B: Backend> Backend for FaultyBackend<B> {
     fn name(&self) -> &str {
         self.inner.name()
     }
@@ -148,8 +150,9 @@ impl<B: Backend> Backend for FaultyBackend<B> {
         self.check(size)?;
         self.inner.reserve(size)
     }
-    fn release(&self, addr: u64, size: u64) -> Result<(), BackendError> {
-        self.inner.release(addr, size)
+    unsafe fn release(&self, addr: u64, size: u64) -> Result<(), BackendError> {
+        // SAFETY: the caller's promise, passed on; segments are the inner backend's.
+        unsafe { self.inner.release(addr, size) }
     }
     fn can_unmap(&self) -> bool {
         self.inner.can_unmap()
@@ -157,8 +160,9 @@ impl<B: Backend> Backend for FaultyBackend<B> {
     fn costly_segments(&self) -> bool {
         self.inner.costly_segments()
     }
-    fn unmap(&self, addr: u64, len: u64) -> Result<(), BackendError> {
-        self.inner.unmap(addr, len)
+    unsafe fn unmap(&self, addr: u64, len: u64) -> Result<(), BackendError> {
+        // SAFETY: the caller's promise, passed on.
+        unsafe { self.inner.unmap(addr, len) }
     }
     fn map(&self, addr: u64, len: u64) -> Result<(), BackendError> {
         self.check(len)?;

@@ -43,7 +43,25 @@ pub type RawEvent = u64;
 /// Backends that can map and unmap physical pages inside a reserved range (virtual memory
 /// management, as CUDA's `cuMemMap`) say so with [`can_unmap`](Backend::can_unmap); the
 /// allocator then gives back the pages under large free holes instead of growing.
-pub trait Backend: Send + Sync + fmt::Debug + 'static {
+///
+/// # Safety
+///
+/// The allocator hands memory to safe code ([`Buffer::as_host_slice`](crate::Buffer::as_host_slice),
+/// reuse across streams) on the strength of what the backend says, so implementors promise,
+/// as for [`GlobalAlloc`](std::alloc::GlobalAlloc):
+///
+/// - [`reserve`](Backend::reserve) returns the base of `size` bytes of address space aligned to
+///   [`page_size`](Backend::page_size) (at least 512), overlapping no other segment not yet
+///   released, usable until [`release`](Backend::release)d.
+/// - [`host_ptr`](Backend::host_ptr), where it returns `Some(p)` for an address inside a
+///   reserved, mapped segment, gives a pointer valid for reads and writes of the rest of that
+///   segment until it is released or the page unmapped, to initialized bytes, aligned as the
+///   device address is (modulo 512), and not reachable by the backend's other segments.
+/// - An event that [`event_completed`](Backend::event_completed) reports done, and a
+///   [`synchronize`](Backend::synchronize) that returns `Ok`, mean that every piece of work
+///   queued on the stream before the event (or the call) has finished touching memory: the
+///   allocator then hands that memory to other work.
+pub unsafe trait Backend: Send + Sync + fmt::Debug + 'static {
     /// A short name for reports: `host`, `sim`, `cuda`.
     fn name(&self) -> &str;
 
@@ -64,7 +82,15 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
 
     /// Returns a segment obtained from [`reserve`](Backend::reserve). Pages of it that were
     /// unmapped stay unmapped; the backend frees what is still mapped.
-    fn release(&self, addr: u64, size: u64) -> Result<(), BackendError>;
+    ///
+    /// # Safety
+    ///
+    /// `addr` and `size` are those of a segment this backend reserved and has not released,
+    /// and nothing on the host uses any of its memory any more (no buffer, no pointer from
+    /// [`host_ptr`](Backend::host_ptr)). Device work queued before the call may still touch
+    /// it (a block freed on its stream is free at once): the backend waits for that work
+    /// before the memory can go to anyone else, as `cuMemFree` does.
+    unsafe fn release(&self, addr: u64, size: u64) -> Result<(), BackendError>;
 
     /// Whether reserving and releasing segments is costly next to serving a request from the
     /// cache: on CUDA `cuMemAlloc` takes tens of microseconds and `cuMemFree` synchronizes the
@@ -81,7 +107,13 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
 
     /// Gives back the physical memory of whole pages `[addr, addr + len)` inside a segment,
     /// keeping the addresses reserved.
-    fn unmap(&self, addr: u64, len: u64) -> Result<(), BackendError> {
+    ///
+    /// # Safety
+    ///
+    /// The pages lie inside a segment this backend reserved and has not released, are mapped,
+    /// and nothing on the host uses their memory any more; queued device work is waited for
+    /// by the backend (as for [`release`](Backend::release)).
+    unsafe fn unmap(&self, addr: u64, len: u64) -> Result<(), BackendError> {
         let _ = (addr, len);
         Err(BackendError::Unsupported("unmap"))
     }

@@ -196,7 +196,9 @@ impl Heap {
             let seg = &self.segments[s as usize];
             (seg.addr, seg.size, seg.pool, seg.mapped)
         };
-        if let Err(e) = backend.release(addr, size) {
+        // SAFETY: `b` is free and indexed, so no buffer holds any of the segment (its only
+        // block), and the segment is live, reserved from this backend with this size.
+        if let Err(e) = unsafe { backend.release(addr, size) } {
             self.stats.num_backend_errors += 1;
             self.last_error = Some(format!("releasing segment {addr:#x}: {e}"));
             return false;
@@ -231,7 +233,9 @@ impl Heap {
         let mut any = false;
         for (start, stop) in self.page_runs(s, first, end, false) {
             let (addr, len) = (base + start * self.page, (stop - start) * self.page);
-            if let Err(e) = backend.unmap(addr, len) {
+            // SAFETY: whole pages inside free block `b` of a live segment, mapped (the runs
+            // asked for), so no buffer holds any of their bytes.
+            if let Err(e) = unsafe { backend.unmap(addr, len) } {
                 self.stats.num_backend_errors += 1;
                 self.last_error = Some(format!("unmapping {len} bytes at {addr:#x}: {e}"));
                 break;

@@ -179,7 +179,11 @@ impl CudaBackend {
     }
 }
 
-impl Backend for CudaBackend {
+// SAFETY: segments come from `cuMemAlloc` or from reserved address ranges with physical pages
+// mapped (`cuMemAddressReserve`, `cuMemMap`), disjoint and aligned to the page size; there is no
+// host pointer; events and synchronization are CUDA's, which complete after the work queued
+// before them.
+unsafe impl Backend for CudaBackend {
     fn name(&self) -> &str {
         "cuda"
     }
@@ -211,14 +215,14 @@ impl Backend for CudaBackend {
         reserved.map_err(|e| for_request(e, size))
     }
 
-    fn release(&self, addr: u64, size: u64) -> Result<(), BackendError> {
+    unsafe fn release(&self, addr: u64, size: u64) -> Result<(), BackendError> {
         self.bind()?;
         if let Some(pages) = &self.pages {
             self.synchronize_device()?;
             return pages.lock().release(addr, size);
         }
-        // SAFETY: `addr` came from `cuMemAlloc` in `reserve` and is freed once; the allocator
-        // releases a segment only when no block of it is in use or awaited by any stream.
+        // SAFETY: the caller promises a segment of ours (from `cuMemAlloc` in `reserve`), not
+        // released before, that nothing uses any more.
         unsafe { result::free_sync(addr) }.map_err(|e| driver("cuMemFree", e))
     }
 
@@ -230,7 +234,7 @@ impl Backend for CudaBackend {
         self.pages.is_some()
     }
 
-    fn unmap(&self, addr: u64, len: u64) -> Result<(), BackendError> {
+    unsafe fn unmap(&self, addr: u64, len: u64) -> Result<(), BackendError> {
         let Some(pages) = &self.pages else { return Err(BackendError::Unsupported("unmap with cuMemAlloc segments")) };
         self.bind()?;
         // A block the allocator considers free may still be read or written by work queued on
