@@ -71,15 +71,15 @@ fn default_backend(index: usize) -> Result<Arc<dyn Backend>> {
         None => None,
     };
     match kind.trim().to_ascii_lowercase().as_str() {
-        #[cfg(feature = "cuda")]
+        #[cfg(feature = "cuda-backend")]
         "cuda" => Ok(Arc::new(crate::backend::CudaBackend::new(index)?)),
         // Without a choice: the CUDA device where the feature is on and one is present.
-        #[cfg(feature = "cuda")]
+        #[cfg(feature = "cuda-backend")]
         "" => match crate::backend::CudaBackend::new(index) {
             Ok(b) => Ok(Arc::new(b)),
             Err(_) => Ok(Arc::new(HostBackend::new(capacity.unwrap_or(DEFAULT_HOST_CAPACITY)))),
         },
-        #[cfg(not(feature = "cuda"))]
+        #[cfg(not(feature = "cuda-backend"))]
         "" => Ok(Arc::new(HostBackend::new(capacity.unwrap_or(DEFAULT_HOST_CAPACITY)))),
         "host" => Ok(Arc::new(HostBackend::new(capacity.unwrap_or(DEFAULT_HOST_CAPACITY)))),
         "sim" => Ok(Arc::new(SimBackend::new(capacity.unwrap_or(DEFAULT_SIM_CAPACITY)))),

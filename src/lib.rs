@@ -206,6 +206,13 @@
 //!   streams, reuse across streams gated by CUDA events. [`device`] picks it when a device is
 //!   present. Its segment calls are costly, so the fragmentation limit rises on churn there
 //!   ([`LimitMax::Auto`]).
+//!
+//!   Feature `cuda` builds on its own: it asks cudarc for CUDA 12.8 bindings and, unless
+//!   something else asks for a linking mode, loads the driver at run time. Beside candle, burn
+//!   or mistral.rs, which choose cudarc's CUDA version and linking mode themselves (candle:
+//!   `dynamic-linking` and the toolkit's version), use feature `cuda-backend` instead: the same
+//!   backend, choosing neither, so that cargo's union of features stays one that cudarc
+//!   accepts.
 //! - [`HostBackend`]: host memory with a capacity limit; buffers hold real data. The default
 //!   without a GPU.
 //! - [`SimBackend`]: address space only, any capacity, for replaying traces of any size.
@@ -244,8 +251,8 @@ pub use alloc::{
 pub use backend::{
     Backend, EventMode, FaultPlan, FaultyBackend, HostBackend, RawEvent, RawStream, SimBackend, DEFAULT_PAGE_SIZE,
 };
-#[cfg(feature = "cuda")]
-#[cfg_attr(docsrs, doc(cfg(feature = "cuda")))]
+#[cfg(feature = "cuda-backend")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cuda-backend")))]
 pub use backend::{CudaBackend, CudaSegments, CUDA_SEGMENTS_ENV};
 pub use device::{
     device, parse_bytes, try_device, BACKEND_ENV, CAPACITY_ENV, DEFAULT_HOST_CAPACITY, DEFAULT_SIM_CAPACITY,

@@ -1,6 +1,6 @@
 //! The CUDA backend on a real device (feature `cuda`). Every test prints why it is skipped and
 //! returns where there is no driver or device, so the suite passes on machines without a GPU.
-#![cfg(feature = "cuda")]
+#![cfg(feature = "cuda-backend")]
 
 use cudarc::driver::{result, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;

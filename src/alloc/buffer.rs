@@ -42,7 +42,7 @@ pub struct Buffer<T> {
     len: usize,
     stream: Stream,
     /// The `cudarc` stream, looked up on first use by cudarc's traits.
-    #[cfg(feature = "cuda")]
+    #[cfg(feature = "cuda-backend")]
     cuda_stream: std::sync::OnceLock<std::sync::Arc<cudarc::driver::CudaStream>>,
     _marker: PhantomData<T>,
 }
@@ -70,7 +70,7 @@ impl<T: Pod> Buffer<T> {
             addr,
             len,
             stream,
-            #[cfg(feature = "cuda")]
+            #[cfg(feature = "cuda-backend")]
             cuda_stream: std::sync::OnceLock::new(),
             _marker: PhantomData,
         }
@@ -86,7 +86,7 @@ impl<T: Pod> Buffer<T> {
             addr: 0,
             len: 0,
             stream,
-            #[cfg(feature = "cuda")]
+            #[cfg(feature = "cuda-backend")]
             cuda_stream: std::sync::OnceLock::new(),
             _marker: PhantomData,
         }
@@ -257,7 +257,7 @@ impl<T> Drop for Buffer<T> {
 /// [`CachingAllocator::record_stream`](crate::CachingAllocator::record_stream), or the block may
 /// be reused on its own stream before that work is done. These traits are for buffers of the
 /// CUDA backend: using one from another backend with cudarc panics with a message saying so.
-#[cfg(feature = "cuda")]
+#[cfg(feature = "cuda-backend")]
 mod cuda_traits {
     use super::Buffer;
     use cudarc::driver::{

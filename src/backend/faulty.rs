@@ -189,7 +189,7 @@ unsafe impl<B: Backend> Backend for FaultyBackend<B> {
     fn copy_to_device(&self, addr: u64, src: &[u8]) -> Result<(), BackendError> {
         self.inner.copy_to_device(addr, src)
     }
-    #[cfg(feature = "cuda")]
+    #[cfg(feature = "cuda-backend")]
     fn cuda_stream(&self, stream: RawStream) -> Option<std::sync::Arc<cudarc::driver::CudaStream>> {
         self.inner.cuda_stream(stream)
     }

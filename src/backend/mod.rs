@@ -9,13 +9,13 @@
 //!   of any size and for benchmarking the allocator alone;
 //! - [`FaultyBackend`]: wraps another backend and fails chosen segment requests.
 
-#[cfg(feature = "cuda")]
+#[cfg(feature = "cuda-backend")]
 mod cuda;
 mod faulty;
 mod host;
 mod sim;
 
-#[cfg(feature = "cuda")]
+#[cfg(feature = "cuda-backend")]
 pub use cuda::{CudaBackend, CudaSegments, CUDA_SEGMENTS_ENV};
 pub use faulty::{FaultPlan, FaultyBackend};
 pub use host::HostBackend;
@@ -147,7 +147,7 @@ pub unsafe trait Backend: Send + Sync + fmt::Debug + 'static {
     }
 
     /// The `cudarc` stream behind a raw stream, on the CUDA backend.
-    #[cfg(feature = "cuda")]
+    #[cfg(feature = "cuda-backend")]
     fn cuda_stream(&self, stream: RawStream) -> Option<std::sync::Arc<cudarc::driver::CudaStream>> {
         let _ = stream;
         None

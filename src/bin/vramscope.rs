@@ -272,9 +272,9 @@ fn run(cli: Cli) -> Result<(), Failure> {
                 capacity.map(|c| vramscope::parse_bytes(&c)).transpose().map_err(|e| Failure(2, e.to_string()))?;
             let backend: std::sync::Arc<dyn Backend> = match backend {
                 BackendKind::Sim => std::sync::Arc::new(SimBackend::new(capacity.unwrap_or(80 << 30))),
-                #[cfg(feature = "cuda")]
+                #[cfg(feature = "cuda-backend")]
                 BackendKind::Cuda => std::sync::Arc::new(vramscope::CudaBackend::new(0)?),
-                #[cfg(not(feature = "cuda"))]
+                #[cfg(not(feature = "cuda-backend"))]
                 BackendKind::Cuda => {
                     return Err(Failure(2, "--backend cuda needs vramscope built with the `cuda` feature".into()))
                 }

@@ -187,12 +187,12 @@ impl MemTest {
     /// Why the test cannot run here, if it cannot.
     pub fn skip_reason(&self) -> Option<String> {
         match self.backend {
-            #[cfg(not(feature = "cuda"))]
+            #[cfg(not(feature = "cuda-backend"))]
             BackendRequirement::Cuda => Some(format!(
                 "{}: skipped, it needs a CUDA device and this build has no CUDA backend (vramscope's `cuda` feature)",
                 self.name
             )),
-            #[cfg(feature = "cuda")]
+            #[cfg(feature = "cuda-backend")]
             BackendRequirement::Cuda => match crate::try_device(self.device) {
                 Ok(a) if a.backend().name() == "cuda" => None,
                 Ok(a) => Some(format!(

@@ -54,7 +54,7 @@ impl CudaSegments {
 /// [`Buffer::to_vec`](crate::Buffer::to_vec), which copy synchronously.
 ///
 /// ```no_run
-/// # #[cfg(feature = "cuda")] {
+/// # #[cfg(feature = "cuda-backend")] {
 /// use vramscope::{CachingAllocator, CudaBackend};
 /// let alloc = CachingAllocator::new(CudaBackend::new(0)?);
 /// let mut x = alloc.alloc::<f32>(&alloc.default_stream(), 1024)?;
@@ -98,6 +98,33 @@ fn for_request(e: BackendError, requested: u64) -> BackendError {
     }
 }
 
+/// Whether the CUDA driver library can be loaded, asked of the dynamic loader before `cudarc`
+/// is: with cudarc's `dynamic-loading` (vramscope's choice where no crate chose a linking
+/// mode) a missing library would be a panic inside cudarc; with `dynamic-linking` (candle's)
+/// it is loaded already and this finds it.
+fn driver_library_present() -> bool {
+    #[cfg(unix)]
+    {
+        ["libcuda.so.1", "libcuda.so"].iter().any(|name| {
+            let name = std::ffi::CString::new(*name).expect("no NUL in the name");
+            // SAFETY: `name` is a NUL-terminated string; loading the driver library runs its
+            // initializers, as cudarc's own loading would; the handle is closed at once (the
+            // library stays loaded while anything else holds it).
+            unsafe {
+                let handle = libc::dlopen(name.as_ptr(), libc::RTLD_LAZY | libc::RTLD_LOCAL);
+                if !handle.is_null() {
+                    libc::dlclose(handle);
+                }
+                !handle.is_null()
+            }
+        })
+    }
+    #[cfg(not(unix))]
+    {
+        true
+    }
+}
+
 impl CudaBackend {
     /// Opens device `ordinal` with the segments [`CUDA_SEGMENTS_ENV`] names (`cuMemAlloc`
     /// ones when it is unset). A missing driver library or device is an error, not a panic
@@ -109,8 +136,7 @@ impl CudaBackend {
     /// Opens device `ordinal` with the given kind of segments. [`CudaSegments::Virtual`] on a
     /// device without virtual memory management is an error.
     pub fn with_segments(ordinal: usize, segments: CudaSegments) -> Result<Self, Error> {
-        // SAFETY: only tries to open the driver library by its usual names.
-        if !unsafe { sys::is_culib_present() } {
+        if !driver_library_present() {
             return Err(Error::Backend(BackendError::Other(
                 "the CUDA driver library (libcuda.so) was not found: install the NVIDIA driver, or use the host backend"
                     .into(),
