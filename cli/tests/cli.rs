@@ -12,7 +12,7 @@ fn vramscope(args: &[&str]) -> (i32, String, String) {
 }
 
 fn fixture(name: &str) -> String {
-    format!("{}/fixtures/torch/{name}", env!("CARGO_MANIFEST_DIR"))
+    format!("{}/../fixtures/torch/{name}", env!("CARGO_MANIFEST_DIR"))
 }
 
 #[test]

@@ -272,9 +272,9 @@ fn run(cli: Cli) -> Result<(), Failure> {
                 capacity.map(|c| vramscope::parse_bytes(&c)).transpose().map_err(|e| Failure(2, e.to_string()))?;
             let backend: std::sync::Arc<dyn Backend> = match backend {
                 BackendKind::Sim => std::sync::Arc::new(SimBackend::new(capacity.unwrap_or(80 << 30))),
-                #[cfg(feature = "cuda-backend")]
+                #[cfg(feature = "cuda")]
                 BackendKind::Cuda => std::sync::Arc::new(vramscope::CudaBackend::new(0)?),
-                #[cfg(not(feature = "cuda-backend"))]
+                #[cfg(not(feature = "cuda"))]
                 BackendKind::Cuda => {
                     return Err(Failure(2, "--backend cuda needs vramscope built with the `cuda` feature".into()))
                 }

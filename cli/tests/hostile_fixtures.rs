@@ -8,7 +8,7 @@ use serde_json::json;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-#[path = "common/hostile.rs"]
+#[path = "../../tests/common/hostile.rs"]
 mod hostile;
 
 /// A small, consistent vramscope JSON snapshot: one 2 MiB segment with two live blocks, each
@@ -114,7 +114,7 @@ fn inputs() -> Vec<(&'static str, Vec<u8>, &'static str, Expect)> {
 }
 
 fn dir() -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/hostile")
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/hostile")
 }
 
 #[test]
