@@ -95,6 +95,12 @@
 //! [`device`] gives the process-wide allocator of a device, for code that does not want to pass
 //! an allocator around.
 //!
+//! Streams are passed by value or by reference; [`CachingAllocator::alloc_shaped`] allocates a
+//! tensor of a shape in one call (reports then show its dtype and shape);
+//! [`Buffer::allocator`] gives back the allocator a buffer came from (to grow a KV cache on
+//! the buffer's [`stream`](Buffer::stream) without carrying the allocator). Element types are
+//! the primitive integers and floats, and `half::f16`/`half::bf16` with feature `half`.
+//!
 //! ## How the allocator works
 //!
 //! Memory comes from a [`Backend`] in *segments*; the allocator splits them into *blocks*,

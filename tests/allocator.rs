@@ -450,3 +450,34 @@ fn a_segment_taken_over_from_another_stream_waits_for_that_stream() {
     );
     alloc.check_invariants().unwrap();
 }
+
+/// The papercuts of a small inference engine: a shaped allocation in one call, streams by
+/// value or reference, a buffer that gives back its allocator (to grow a KV cache), and
+/// half-precision element types (feature `half`).
+#[test]
+fn shaped_allocations_streams_by_value_and_a_buffers_allocator() {
+    let alloc = CachingAllocator::new(HostBackend::new(1 << 30));
+    let s = alloc.new_stream().unwrap();
+    let kv = alloc.alloc_shaped::<f32>(s, &[2, 4, 64]).unwrap();
+    let meta = kv.tensor_meta().unwrap();
+    assert_eq!((kv.len(), meta.dtype.as_str(), meta.shape), (512, "float32", vec![2, 4, 64]));
+    assert!(alloc.alloc_shaped::<f32>(s, &[usize::MAX, 2]).is_err(), "an overflowing shape is an error");
+    // Growing the cache from the buffer alone, on the buffer's stream.
+    let owner = kv.allocator();
+    assert!(owner.same_allocator(&alloc));
+    let grown = owner.alloc_shaped::<f32>(kv.stream(), &[2, 8, 64]).unwrap();
+    assert_eq!(grown.stream(), s);
+    drop(kv);
+    drop(alloc);
+    drop(owner);
+    // The buffer alone keeps the allocator alive; its allocator() is a working handle.
+    let again = grown.allocator();
+    assert_eq!(again.memory_allocated(), 4096);
+    drop(grown);
+    assert_eq!(again.memory_allocated(), 0);
+    #[cfg(feature = "half")]
+    {
+        let h = again.alloc_shaped::<half::bf16>(again.default_stream(), &[3]).unwrap();
+        assert_eq!((h.num_bytes(), h.tensor_meta().unwrap().dtype.as_str()), (6, "bfloat16"));
+    }
+}

@@ -29,6 +29,9 @@ macro_rules! pod {
 pod!(u8 => "uint8", i8 => "int8", u16 => "uint16", i16 => "int16", u32 => "uint32", i32 => "int32",
      u64 => "uint64", i64 => "int64", u128 => "uint128", i128 => "int128", f32 => "float32", f64 => "float64",
      usize => "uint64", isize => "int64");
+#[cfg(feature = "half")]
+#[cfg_attr(docsrs, doc(cfg(feature = "half")))]
+pod!(half::f16 => "float16", half::bf16 => "bfloat16");
 
 /// A typed allocation of `len` values of `T`, returned by
 /// [`CachingAllocator::alloc`](crate::CachingAllocator::alloc). Dropping it returns its block.
@@ -143,6 +146,23 @@ impl<T: Pod> Buffer<T> {
             self.shared().lock().blocks[b as usize].extra.get_or_insert_with(Box::default).meta = Some(meta);
         }
         Ok(self)
+    }
+
+    /// A handle to the allocator this buffer came from, for growing or replacing it (a KV
+    /// cache) without carrying the allocator around. The buffer's [`stream`](Self::stream) is
+    /// the stream it was allocated on.
+    pub fn allocator(&self) -> super::CachingAllocator {
+        let ptr = self.shared.as_ptr().cast_const();
+        // SAFETY: `ptr` is the `Arc<Shared>` allocation the buffer's allocator was made from;
+        // this live buffer keeps it alive (`keepalive` is set while it is counted), so adding a
+        // strong reference and wrapping it is sound. The new handle counts as a handle in the
+        // keep-alive protocol (`Locked`): made while a buffer exists, it cannot race a decision
+        // to drop `keepalive`, which needs `buffers == 0`.
+        let shared = unsafe {
+            std::sync::Arc::increment_strong_count(ptr);
+            std::sync::Arc::from_raw(ptr)
+        };
+        super::CachingAllocator { shared: std::mem::ManuallyDrop::new(shared) }
     }
 
     /// The tensor description set with [`with_shape`](Self::with_shape), if any.

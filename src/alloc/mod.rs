@@ -138,12 +138,19 @@ pub struct ScopeUsage {
 /// A stream of one allocator: blocks freed on it are reused on it at once; blocks used on
 /// other streams (see [`CachingAllocator::record_stream`]) wait for those streams first.
 ///
-/// Streams are cheap handles (`Copy`); they belong to the allocator that made them.
+/// Streams are cheap handles (`Copy`); they belong to the allocator that made them. Methods
+/// taking a stream accept it by value or by reference (`impl Into<Stream>`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Stream {
     pub(crate) allocator: u64,
     pub(crate) id: u32,
     pub(crate) raw: u64,
+}
+
+impl From<&Stream> for Stream {
+    fn from(s: &Stream) -> Stream {
+        *s
+    }
 }
 
 impl Stream {
@@ -320,7 +327,8 @@ impl CachingAllocator {
     /// Fails with [`Error::OutOfMemory`] when the backend cannot supply the memory even after
     /// the allocator released its cache and retried. Element types aligned to more than 512
     /// bytes (the blocks' alignment) are refused at compile time.
-    pub fn alloc<T: Pod>(&self, stream: &Stream, len: usize) -> Result<Buffer<T>> {
+    pub fn alloc<T: Pod>(&self, stream: impl Into<Stream>, len: usize) -> Result<Buffer<T>> {
+        let stream = &stream.into();
         const {
             assert!(
                 std::mem::align_of::<T>() <= heap::MIN_BLOCK as usize,
@@ -370,6 +378,23 @@ impl CachingAllocator {
         })
     }
 
+    /// Allocates a tensor of `shape` on `stream`: [`alloc`](Self::alloc) of the shape's element
+    /// count and [`Buffer::with_shape`] in one call.
+    ///
+    /// ```
+    /// # use vramscope::{CachingAllocator, HostBackend};
+    /// let alloc = CachingAllocator::new(HostBackend::new(1 << 30));
+    /// let kv = alloc.alloc_shaped::<f32>(alloc.default_stream(), &[2, 8, 128])?;
+    /// assert_eq!((kv.len(), kv.tensor_meta().unwrap().shape), (2 * 8 * 128, vec![2, 8, 128]));
+    /// # Ok::<(), vramscope::Error>(())
+    /// ```
+    pub fn alloc_shaped<T: Pod>(&self, stream: impl Into<Stream>, shape: &[usize]) -> Result<Buffer<T>> {
+        let len = shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)).ok_or_else(|| {
+            Error::InvalidRequest(format!("shape {shape:?} has more elements than the address space can hold"))
+        })?;
+        self.alloc::<T>(stream, len)?.with_shape(shape)
+    }
+
     /// Where [`OOM_SNAPSHOT_ENV`] asks, writes a snapshot after an out-of-memory error: to the
     /// file it names, or, if that is a directory, to a new `oom-<pid>-<n>.json` inside it. The
     /// file is written beside its destination under a temporary name and renamed into place, so
@@ -391,7 +416,8 @@ impl CachingAllocator {
     /// Marks `buffer` as used by work on `stream`: when the buffer is dropped, its block is reused
     /// only after the work queued on `stream` up to that moment is done (an event is recorded
     /// on `stream` at drop time).
-    pub fn record_stream<T>(&self, buffer: &Buffer<T>, stream: &Stream) -> Result<()> {
+    pub fn record_stream<T>(&self, buffer: &Buffer<T>, stream: impl Into<Stream>) -> Result<()> {
+        let stream = &stream.into();
         self.check_stream(stream)?;
         if !std::ptr::eq(buffer.shared.as_ptr(), Arc::as_ptr(&self.shared)) {
             return Err(Error::Usage("the buffer belongs to another allocator".into()));
@@ -403,7 +429,8 @@ impl CachingAllocator {
     }
 
     /// Blocks until the work queued on `stream` is done and completes the frees that waited on it.
-    pub fn synchronize(&self, stream: &Stream) -> Result<()> {
+    pub fn synchronize(&self, stream: impl Into<Stream>) -> Result<()> {
+        let stream = &stream.into();
         self.check_stream(stream)?;
         self.shared.backend.synchronize(stream.raw)?;
         self.shared.lock().process_pending(&*self.shared.backend);

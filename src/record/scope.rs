@@ -304,6 +304,12 @@ pub fn current_scope() -> Scope {
 
 /// Marks the start of iteration (step, epoch) `n`, process-wide: allocations made from now on
 /// record `n`, so that reports can tell what each step allocated.
+///
+/// Unlike scopes, which are per thread, the step is one value for the whole process: a
+/// training loop's step is the program's, and the data-loader or worker threads that allocate
+/// for it should record the same step without being told. Two loops stepping independently in
+/// one process (two tests on parallel threads) overwrite each other's step; memory tests do not
+/// use it (they count per scope).
 pub fn step(n: u64) {
     STEP.store(n, Ordering::Relaxed);
 }
