@@ -170,7 +170,7 @@ fn record_stream_delays_reuse_until_the_other_stream_passes_the_free() {
     let s2 = alloc.new_stream().unwrap();
     let a = alloc.alloc::<u8>(&s1, 8 * MIB as usize).unwrap();
     let addr = a.device_ptr();
-    alloc.record_stream(&a, &s2).unwrap();
+    alloc.record_stream(&a, s2).unwrap();
     drop(a);
     let st = alloc.memory_stats();
     assert_eq!(st["allocated_bytes.all.current"], 0, "live bytes drop at once");
@@ -178,7 +178,7 @@ fn record_stream_delays_reuse_until_the_other_stream_passes_the_free() {
     let b = alloc.alloc::<u8>(&s1, 8 * MIB as usize).unwrap();
     assert_ne!(b.device_ptr(), addr, "the block is not reused while stream 2 may still use it");
     drop(b);
-    alloc.synchronize(&s2).unwrap();
+    alloc.synchronize(s2).unwrap();
     assert_eq!(alloc.memory_stats()["active_bytes.all.current"], 0);
     let c = alloc.alloc::<u8>(&s1, 8 * MIB as usize).unwrap();
     assert!(c.device_ptr() == addr || alloc.memory_stats()["num_device_alloc"] == 2);
@@ -219,7 +219,7 @@ fn streams_and_buffers_of_another_allocator_are_refused() {
     let sb = b.new_stream().unwrap();
     assert!(matches!(a.alloc::<u8>(&sb, 10), Err(Error::Usage(_))));
     let buf = b.alloc::<u8>(&b.default_stream(), 10).unwrap();
-    assert!(matches!(a.record_stream(&buf, &a.default_stream()), Err(Error::Usage(_))));
+    assert!(matches!(a.record_stream(&buf, a.default_stream()), Err(Error::Usage(_))));
 }
 
 #[test]

@@ -117,7 +117,7 @@ fn a_block_used_on_another_stream_waits_for_that_work() {
         // the block out of use until stream 2 passes this work (what this test checks).
         unsafe { result::memset_d8_async(addr, v + 1, bytes, cu2) }.unwrap();
     }
-    alloc.record_stream(&big, &s2).unwrap();
+    alloc.record_stream(&big, s2).unwrap();
     drop(big);
     let mut others = Vec::new();
     let reused = loop {
@@ -128,14 +128,14 @@ fn a_block_used_on_another_stream_waits_for_that_work() {
         // Kept, so that the only way back to `addr` is the allocator deciding stream 2 passed.
         others.push(x);
         if others.len() == 8 {
-            alloc.synchronize(&s2).unwrap();
+            alloc.synchronize(s2).unwrap();
         }
         assert!(others.len() < 16, "the block never came back after stream 2 was synchronized");
     };
     // SAFETY: `reused` owns the block; the marker is written on its own stream.
     unsafe { result::memset_d8_async(reused.device_ptr(), 0xAB, bytes, cu1) }.unwrap();
-    alloc.synchronize(&s1).unwrap();
-    alloc.synchronize(&s2).unwrap();
+    alloc.synchronize(s1).unwrap();
+    alloc.synchronize(s2).unwrap();
     let mut data = vec![0u8; bytes];
     b.copy_from_device(reused.device_ptr(), &mut data).unwrap();
     let overwritten = data.iter().filter(|&&x| x != 0xAB).count();
@@ -165,7 +165,7 @@ fn a_block_written_by_a_running_kernel_on_another_stream_waits_for_it() {
     // SAFETY: the kernel's parameters match its PTX signature; it writes `n` u32 of `big`,
     // which the allocator keeps out of use until stream 2 passes the kernel (checked below).
     unsafe { launch.launch(LaunchConfig::for_num_elems(n)) }.unwrap();
-    alloc.record_stream(&big, &s2).unwrap();
+    alloc.record_stream(&big, s2).unwrap();
     drop(big);
     // Whether the kernel still runs now depends on what else the device does (another test's
     // synchronizing call can hold this thread up until it is done); it is reported, and the
@@ -211,8 +211,8 @@ fn assert_handed_over_after_the_kernel(
     unsafe { cudarc::driver::sys::cuMemsetD32Async(owner.device_ptr(), 0xABAB_ABAB, n as usize, cu1) }
         .result()
         .unwrap();
-    alloc.synchronize(&s1).unwrap();
-    alloc.synchronize(&s2).unwrap();
+    alloc.synchronize(s1).unwrap();
+    alloc.synchronize(s2).unwrap();
     let late = owner.to_vec().unwrap().iter().filter(|&&x| x != 0xABAB_ABAB).count();
     assert_eq!(late, 0, "the kernel wrote {late} elements after the memory changed hands");
     alloc.check_invariants().unwrap();

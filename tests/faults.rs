@@ -98,7 +98,7 @@ fn many_threads_move_buffers_across_threads_and_streams() {
                         }
                         8 if !mine.is_empty() => {
                             let b = &mine[(next() as usize) % mine.len()];
-                            alloc.record_stream(b, &streams[(next() % 4) as usize]).unwrap();
+                            alloc.record_stream(b, streams[(next() % 4) as usize]).unwrap();
                         }
                         9 if i % 50 == 0 => sim.complete_events(),
                         _ => {}

@@ -62,9 +62,9 @@ fn run_ops(alloc: &CachingAllocator, sim: &SimBackend, streams: &[Stream], ops: 
             Op::Free(i) if !live.is_empty() => drop(live.swap_remove(i % live.len())),
             Op::RecordStream { buffer, stream } if !live.is_empty() => {
                 let (b, _) = &live[buffer % live.len()];
-                alloc.record_stream(b, &streams[*stream]).unwrap();
+                alloc.record_stream(b, streams[*stream]).unwrap();
             }
-            Op::Synchronize(s) => alloc.synchronize(&streams[*s]).unwrap(),
+            Op::Synchronize(s) => alloc.synchronize(streams[*s]).unwrap(),
             Op::CompleteEvents => sim.complete_events(),
             Op::EmptyCache => alloc.empty_cache(),
             _ => {}
@@ -124,9 +124,9 @@ proptest! {
                             Op::Alloc { stream, bytes } => live.push(alloc.alloc::<u8>(&streams[*stream], *bytes).unwrap()),
                             Op::Free(i) if !live.is_empty() => drop(live.swap_remove(i % live.len())),
                             Op::RecordStream { buffer, stream } if !live.is_empty() => {
-                                alloc.record_stream(&live[buffer % live.len()], &streams[*stream]).unwrap();
+                                alloc.record_stream(&live[buffer % live.len()], streams[*stream]).unwrap();
                             }
-                            Op::Synchronize(s) => alloc.synchronize(&streams[*s]).unwrap(),
+                            Op::Synchronize(s) => alloc.synchronize(streams[*s]).unwrap(),
                             Op::CompleteEvents => sim.complete_events(),
                             Op::EmptyCache => alloc.empty_cache(),
                             _ => {}

@@ -142,10 +142,10 @@ fn actions_follow_pytorch() {
     let s2 = alloc.new_stream().unwrap();
     let a = alloc.alloc::<u8>(&s1, 4096).unwrap();
     let b = alloc.alloc::<u8>(&s1, 4096).unwrap();
-    alloc.record_stream(&b, &s2).unwrap();
+    alloc.record_stream(&b, s2).unwrap();
     drop(a);
     drop(b);
-    alloc.synchronize(&s2).unwrap();
+    alloc.synchronize(s2).unwrap();
     alloc.empty_cache();
     sim.set_plan(FaultPlan::From(0));
     assert!(alloc.alloc::<u8>(&s1, 1 << 20).is_err());

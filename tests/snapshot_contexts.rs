@@ -120,9 +120,9 @@ fn run_one_thread(config: AllocatorConfig, ops: &[Op]) {
             }
             Op::Free(i) if !live.is_empty() => drop(live.swap_remove(i % live.len())),
             Op::RecordStream { buffer, stream } if !live.is_empty() => {
-                alloc.record_stream(&live[buffer % live.len()], &streams[*stream]).unwrap();
+                alloc.record_stream(&live[buffer % live.len()], streams[*stream]).unwrap();
             }
-            Op::Synchronize(s) => alloc.synchronize(&streams[*s]).unwrap(),
+            Op::Synchronize(s) => alloc.synchronize(streams[*s]).unwrap(),
             Op::CompleteEvents => sim.complete_events(),
             Op::EmptyCache => alloc.empty_cache(),
             Op::Check => check(&alloc.snapshot(), &noted, live.len()),
@@ -170,9 +170,9 @@ proptest! {
                                 drop(b);
                             }
                             Op::RecordStream { buffer, stream } if !live.is_empty() => {
-                                alloc.record_stream(&live[buffer % live.len()], &streams[*stream]).unwrap();
+                                alloc.record_stream(&live[buffer % live.len()], streams[*stream]).unwrap();
                             }
-                            Op::Synchronize(s) => alloc.synchronize(&streams[*s]).unwrap(),
+                            Op::Synchronize(s) => alloc.synchronize(streams[*s]).unwrap(),
                             Op::CompleteEvents => sim.complete_events(),
                             Op::EmptyCache => alloc.empty_cache(),
                             // Other threads allocate meanwhile: check only the blocks noted
