@@ -78,6 +78,14 @@ impl Bins {
         &mut self.chunks[self.chunk_of[w] as usize]
     }
 
+    /// Replaces the head of non-empty class `c` by another block (the bitmaps stay as they are).
+    #[inline]
+    fn replace_head(&mut self, c: usize, head: u32) {
+        let k = self.chunk_of[c / 64];
+        debug_assert!(k != NO_CHUNK && head != NONE);
+        self.chunks[k as usize].heads[c % 64] = head;
+    }
+
     /// Sets the head of class `c`, keeping the bitmaps in step.
     #[inline]
     fn set_head(&mut self, c: usize, head: u32) {
@@ -135,13 +143,11 @@ struct Entry {
     addr: u64,
     /// `stream * 2 + pool`, or `NONE` when the block is not in the index.
     bin: u32,
-    /// Position in `FreeIndex::members`.
-    member: u32,
     /// Position in each of `FreeIndex::lists`, or `NONE` when the block is not on it.
     listed: [u32; LISTS],
 }
 
-const EMPTY: Entry = Entry { prev: NONE, next: NONE, size: 0, addr: 0, bin: NONE, member: NONE, listed: [NONE; LISTS] };
+const EMPTY: Entry = Entry { prev: NONE, next: NONE, size: 0, addr: 0, bin: NONE, listed: [NONE; LISTS] };
 
 /// What the heap says about a free block when it indexes or changes it; each flag puts the block
 /// on one of the index's dense lists.
@@ -167,9 +173,9 @@ const SPARE_BINS: usize = 8;
 
 /// Free blocks of every stream and pool.
 ///
-/// Besides the size-class lists, dense lists make walks cost what they find, not every block
-/// that ever was: every indexed block (`members`), the indexed blocks that are a whole segment,
-/// which reclaiming releases first, and those with mapped whole pages, which it unmaps next
+/// Besides the size-class lists, dense lists make the reclaiming walks cost what they find,
+/// not every block that ever was: the indexed blocks that are a whole segment, which
+/// reclaiming releases first, and those with mapped whole pages, which it unmaps next
 /// (`lists`, by [`Flags`]). Reclaiming runs before every new segment over the soft limit, so a
 /// walk over all free blocks there would make allocation quadratic in the number of streams.
 pub(crate) struct FreeIndex {
@@ -178,13 +184,13 @@ pub(crate) struct FreeIndex {
     #[allow(clippy::vec_box)]
     spare: Vec<Box<Bins>>,
     entries: Vec<Entry>,
-    members: Vec<u32>,
+    len: usize,
     lists: [Vec<u32>; LISTS],
 }
 
 impl std::fmt::Debug for FreeIndex {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("FreeIndex").field("len", &self.members.len()).field("whole", &self.lists[0].len()).finish()
+        f.debug_struct("FreeIndex").field("len", &self.len).field("whole", &self.lists[0].len()).finish()
     }
 }
 
@@ -197,13 +203,7 @@ fn swap_out(list: &mut Vec<u32>, pos: u32) -> Option<u32> {
 
 impl FreeIndex {
     pub(crate) fn new() -> Self {
-        FreeIndex {
-            bins: Vec::new(),
-            spare: Vec::new(),
-            entries: Vec::new(),
-            members: Vec::new(),
-            lists: Default::default(),
-        }
+        FreeIndex { bins: Vec::new(), spare: Vec::new(), entries: Vec::new(), len: 0, lists: Default::default() }
     }
 
     pub(crate) fn contains(&self, block: u32) -> bool {
@@ -226,9 +226,8 @@ impl FreeIndex {
         debug_assert_eq!(self.entries[i].bin, NONE, "block {block} indexed twice");
         let head = self.push_front(bin, class_of(size), block);
         self.bins[bin].as_mut().expect("the bins exist").len += 1;
-        let member = self.members.len() as u32;
-        self.members.push(block);
-        self.entries[i] = Entry { prev: NONE, next: head, size, addr, bin: bin as u32, member, listed: [NONE; LISTS] };
+        self.len += 1;
+        self.entries[i] = Entry { prev: NONE, next: head, size, addr, bin: bin as u32, listed: [NONE; LISTS] };
         self.set_flags(block, flags);
     }
 
@@ -240,9 +239,7 @@ impl FreeIndex {
         }
         self.set_flags(block, Flags::default());
         self.unlink(e);
-        if let Some(moved) = swap_out(&mut self.members, e.member) {
-            self.entries[moved as usize].member = e.member;
-        }
+        self.len -= 1;
         self.entries[block as usize] = EMPTY;
         let slot = &mut self.bins[e.bin as usize];
         let bins = slot.as_mut().expect("an indexed block's bins exist");
@@ -259,6 +256,7 @@ impl FreeIndex {
     }
 
     /// Puts indexed `block` on the lists its flags name and takes it off the others.
+    #[inline]
     pub(crate) fn set_flags(&mut self, block: u32, flags: Flags) {
         for list in 0..LISTS {
             let pos = self.entries[block as usize].listed[list];
@@ -282,9 +280,11 @@ impl FreeIndex {
         let bins = self.bins[bin].as_mut().expect("the bins exist");
         let head = bins.head(c);
         if head != NONE {
+            bins.replace_head(c, block);
             self.entries[head as usize].prev = block;
+        } else {
+            bins.set_head(c, block);
         }
-        bins.set_head(c, block);
         head
     }
 
@@ -293,7 +293,11 @@ impl FreeIndex {
     fn unlink(&mut self, e: Entry) {
         if e.prev == NONE {
             let bins = self.bins[e.bin as usize].as_mut().expect("an indexed block's bins exist");
-            bins.set_head(class_of(e.size), e.next);
+            if e.next != NONE {
+                bins.replace_head(class_of(e.size), e.next);
+            } else {
+                bins.set_head(class_of(e.size), NONE);
+            }
         } else {
             self.entries[e.prev as usize].next = e.next;
         }
@@ -353,10 +357,10 @@ impl FreeIndex {
         best.map(|(s, _, b)| (b, s))
     }
 
-    /// Every indexed block with its size, in no particular order; time proportional to the
-    /// number of indexed blocks.
+    /// Every indexed block with its size, in no particular order (for out-of-memory reports:
+    /// it walks every entry).
     pub(crate) fn iter(&self) -> impl Iterator<Item = (u32, u64)> + '_ {
-        self.members.iter().map(|&b| (b, self.entries[b as usize].size))
+        self.entries.iter().enumerate().filter(|(_, e)| e.bin != NONE).map(|(i, e)| (i as u32, e.size))
     }
 
     /// The indexed blocks that are a whole segment, in no particular order.
@@ -370,7 +374,7 @@ impl FreeIndex {
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.members.len()
+        self.len
     }
 }
 
@@ -441,7 +445,7 @@ mod tests {
     }
 
     #[test]
-    fn whole_segments_and_members_are_tracked() {
+    fn whole_segments_and_holes_are_listed() {
         let mut ix = FreeIndex::new();
         ix.insert(0, 0, 0, 2 << 20, 0, WHOLE);
         ix.insert(1, 0, 1, 2 << 20, 1 << 30, WHOLE);

@@ -290,10 +290,12 @@ impl Heap {
             return Flags { whole, mapped_pages: false };
         }
         let seg = &self.segments[b.segment as usize];
-        let first = (b.addr - seg.addr).div_ceil(self.page);
-        let end = (b.addr + b.size - seg.addr) / self.page;
-        let unmapped = (first..end).filter(|&p| Self::is_page_unmapped(seg, p)).count() as u64;
-        Flags { whole, mapped_pages: first < end && unmapped < end - first }
+        // The page is a power of two: shifts, not divisions (this runs on every merge).
+        let (shift, mask) = (self.page.trailing_zeros(), self.page - 1);
+        let first = (b.addr - seg.addr + mask) >> shift;
+        let end = (b.addr + b.size - seg.addr) >> shift;
+        // Usually the first page answers: holes are unmapped whole or not at all.
+        Flags { whole, mapped_pages: (first..end).any(|p| !Self::is_page_unmapped(seg, p)) }
     }
 
     /// Recomputes the free index's flags of indexed block `i` after its pages changed.
