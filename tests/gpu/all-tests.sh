@@ -21,3 +21,8 @@ for run in 1 2; do
   VRAMSCOPE_CUDA_SEGMENTS=virtual .gpu/bin/cuda > "$OUT/virtual$run-cuda.log" 2>&1
   echo "virtual segments run $run: rc=$? $(grep -m1 '^test result' "$OUT/virtual$run-cuda.log")"
 done 2>&1 | tee -a "$OUT/summary.txt"
+# fixtures/beside-candle built with `--features candle` (see its Cargo.toml), when packed.
+if [ -x .gpu/beside-candle ]; then
+  LD_LIBRARY_PATH=/usr/local/cuda-13.0/lib64 .gpu/beside-candle > "$OUT/beside-candle.log" 2>&1
+  echo "beside-candle: rc=$? $(tr '\n' ' ' < "$OUT/beside-candle.log")"
+fi 2>&1 | tee -a "$OUT/summary.txt"
