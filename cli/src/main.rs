@@ -10,7 +10,7 @@ use vramscope::{
 };
 
 #[derive(Parser)]
-#[command(name = "vramscope", version, about = "GPU memory you can see and test")]
+#[command(name = "vramscope", version, about = "GPU memory you can see and test", max_term_width = 100)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -201,10 +201,19 @@ impl From<vramscope::Error> for Failure {
 fn emit(out: &Output, text: &str) -> Result<(), Failure> {
     match &out.output {
         Some(path) => write_output(path, text.as_bytes()),
-        None => {
-            print!("{text}");
-            Ok(())
-        }
+        None => print(text),
+    }
+}
+
+/// Writes to standard output. A reader that stopped reading (`| head`) ends the command
+/// quietly, as it does for other command-line tools, instead of a panic.
+fn print(text: &str) -> Result<(), Failure> {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    match stdout.write_all(text.as_bytes()).and_then(|()| stdout.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        Err(e) => Err(Failure(1, format!("writing to standard output: {e}"))),
     }
 }
 
@@ -252,6 +261,9 @@ fn run(cli: Cli) -> Result<(), Failure> {
                 Some(b) => report::differential_flamegraph(&report::folded(&Snapshot::load(b)?, kind), &after, &title)?,
                 None => report::flamegraph(&after, &title)?,
             };
+            if out.output.is_none() && std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+                return Err(Failure(2, "a flamegraph is an SVG file: name one with -o (e.g. -o live.svg)".into()));
+            }
             emit(&out, &svg)
         }
         Command::Convert { file, to, output } => {
@@ -288,30 +300,41 @@ fn run(cli: Cli) -> Result<(), Failure> {
             let mut options = ReplayOptions::default();
             options.warm_passes = warm as usize;
             let report = replay(&alloc, &trace, &options)?;
+            let mut text = String::new();
             if json {
-                println!("{}", serde_json::to_string(&report).map_err(|e| Failure(1, e.to_string()))?);
+                text = serde_json::to_string(&report).map_err(|e| Failure(1, e.to_string()))? + "\n";
             } else {
-                let gb = |b: u64| b as f64 / 1e9;
-                println!("trace            {}", report.trace);
-                println!("backend          {}", report.backend);
-                println!(
+                // (Writing to a String cannot fail.)
+                use std::fmt::Write;
+                let _ = writeln!(text, "trace            {}", report.trace);
+                let _ = writeln!(text, "backend          {}", report.backend);
+                let _ = writeln!(
+                    text,
                     "recording        {}",
                     record.to_possible_value().map_or("?".into(), |v| v.get_name().to_string())
                 );
-                println!(
+                let _ = writeln!(
+                    text,
                     "ops              {} ({} allocs, {} frees, {} skipped)",
                     report.ops, report.allocs, report.frees, report.skipped
                 );
-                println!("ns/op (cold)     {:.1}", report.cold_ns_per_op);
-                println!("ns/op (warm)     {:.1}", report.ns_per_op);
-                println!("peak live        {} B ({:.3} GB)", report.peak_live_bytes, gb(report.peak_live_bytes));
-                println!(
-                    "peak reserved    {} B ({:.3} GB, {:.3}x live)",
+                let _ = writeln!(text, "ns/op (cold)     {:.1}", report.cold_ns_per_op);
+                let _ = writeln!(text, "ns/op (warm)     {:.1}", report.ns_per_op);
+                let _ = writeln!(
+                    text,
+                    "peak live        {} B ({})",
+                    report.peak_live_bytes,
+                    report::format_bytes(report.peak_live_bytes)
+                );
+                let _ = writeln!(
+                    text,
+                    "peak reserved    {} B ({}, {:.3}x live)",
                     report.peak_reserved_bytes,
-                    gb(report.peak_reserved_bytes),
+                    report::format_bytes(report.peak_reserved_bytes),
                     report.fragmentation
                 );
-                println!(
+                let _ = writeln!(
+                    text,
                     "backend calls    {} segments ({} in the last warm pass), {} page maps/unmaps ({}), {} retries",
                     report.device_allocs,
                     report.warm_device_allocs,
@@ -319,12 +342,12 @@ fn run(cli: Cli) -> Result<(), Failure> {
                     report.warm_device_maps,
                     report.alloc_retries
                 );
-                match report.fragmentation_limit {
-                    Some(f) => println!("limit in force   {f:.2}x peak allocated"),
-                    None => println!("limit in force   none"),
-                }
+                let _ = match report.fragmentation_limit {
+                    Some(f) => writeln!(text, "limit in force   {f:.2}x peak allocated"),
+                    None => writeln!(text, "limit in force   none"),
+                };
             }
-            Ok(())
+            print(&text)
         }
     }
 }

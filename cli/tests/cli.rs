@@ -166,3 +166,67 @@ fn special_files_outputs_and_numbers_are_exit_code_2() {
     }
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A reader that stops early (`| head`) ends the command quietly: exit code 0, nothing on
+/// standard error (it used to panic with "failed printing to stdout: Broken pipe").
+#[test]
+fn a_closed_pipe_ends_the_command_quietly() {
+    use std::io::Read;
+    use std::process::Stdio;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_vramscope"))
+        .args(["convert", &fixture("resnet_train.snapshot.pickle")])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Read a little, as `head -c 100` would, then close the pipe; the JSON is megabytes long.
+    let mut first = [0u8; 100];
+    child.stdout.as_mut().unwrap().read_exact(&mut first).unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!((out.status.code(), stderr.as_ref()), (Some(0), ""));
+}
+
+/// Every report and every help text fits a 100-column terminal (file paths in site names
+/// aside, which are as long as the program's paths).
+#[test]
+fn reports_and_help_fit_100_columns() {
+    let f = fixture("resnet_train.snapshot.pickle");
+    let g = fixture("leaky_train.snapshot.pickle");
+    let mut runs: Vec<Vec<&str>> = vec![vec!["--help"]];
+    for c in ["summary", "live", "leaks", "diff", "segments", "folded", "flamegraph", "convert", "replay"] {
+        runs.push(vec![c, "--help"]);
+    }
+    for file in [&f, &g] {
+        for c in ["summary", "live", "leaks", "segments"] {
+            runs.push(vec![c, file]);
+        }
+        runs.push(vec!["replay", file, "--warm", "1"]);
+    }
+    runs.push(vec!["diff", &g, &f]);
+    for args in runs {
+        let (code, out, err) = vramscope(&args);
+        assert_eq!(code, 0, "{args:?}: {err}");
+        for line in out.lines() {
+            // Site names hold the program's own paths; the rest must fit.
+            let fixed = line.split("scripts/").next().unwrap_or(line).split("/tmp/").next().unwrap_or(line);
+            assert!(fixed.chars().count() <= 100, "{args:?}: {} columns: {line}", line.chars().count());
+        }
+    }
+}
+
+/// `flamegraph` without `-o` on a terminal says to name a file instead of pouring SVG into it
+/// (run under `script`, which gives the command a terminal, where `script` exists).
+#[test]
+fn a_flamegraph_is_not_poured_into_a_terminal() {
+    let bin = env!("CARGO_BIN_EXE_vramscope");
+    let cmd = format!("{bin} flamegraph {}", fixture("leaky_train.snapshot.pickle"));
+    let Ok(out) = Command::new("script").args(["-qec", &cmd, "/dev/null"]).output() else {
+        eprintln!("skipped: no `script` to give the command a terminal");
+        return;
+    };
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(2), "{text}");
+    assert!(text.contains("name one with -o") && !text.contains("<svg"), "{text}");
+}

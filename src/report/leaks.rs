@@ -150,24 +150,31 @@ impl LeakCandidate {
             return "no leak candidates: no allocation site keeps growing\n".to_string();
         }
         let n = candidates.len();
-        let mut s = format!("{n} leak candidate{} (live blocks that keep growing)\n", if n == 1 { "" } else { "s" });
+        let mut s = format!(
+            "{n} leak candidate{}: allocation sites whose live blocks keep growing\n",
+            if n == 1 { "" } else { "s" }
+        );
+        if candidates.iter().any(|c| c.unit == "window") {
+            s.push_str("(no step markers: the history is cut into 10 windows of equal time)\n");
+        }
         for c in candidates {
             s.push_str(&format!(
-                "{:>12}/{} {:>12} in {:>5} blocks, grew in {:>2} of {} {}s  {}\n",
+                "\n{}\n  +{} per {}: {} in {} block{} still live; grew in {} of {} {}s\n",
+                c.site,
                 bytes(c.bytes_per_step),
                 c.unit,
                 bytes(c.bytes),
                 c.blocks,
+                if c.blocks == 1 { "" } else { "s" },
                 c.growing_steps,
                 c.steps,
                 c.unit,
-                c.site
             ));
             for caller in &c.callers {
-                s.push_str(&format!("{:>48}called from {caller}\n", ""));
+                s.push_str(&format!("  called from {caller}\n"));
             }
             if !c.scope.is_empty() {
-                s.push_str(&format!("{:>48}in scope {}\n", "", c.scope));
+                s.push_str(&format!("  in scope {}\n", c.scope));
             }
         }
         s

@@ -55,3 +55,9 @@ pub(crate) fn plural(n: u64, one: &str, many: &str) -> String {
 fn bytes(n: u64) -> String {
     crate::error::fmt_bytes(n)
 }
+
+/// Bytes as every report prints them, in binary units with two decimals (`1.50 MiB`, `512 B`),
+/// for tools that print next to them.
+pub fn format_bytes(n: u64) -> String {
+    bytes(n)
+}

@@ -7,7 +7,11 @@ use crate::snapshot::{BlockState, Snapshot};
 pub fn segments(snapshot: &Snapshot) -> String {
     let mut s = String::new();
     let total: u64 = snapshot.segments.iter().map(|g| g.total_size).fold(0, u64::saturating_add);
-    s.push_str(&format!("{} segments, {} reserved\n", snapshot.segments.len(), bytes(total)));
+    s.push_str(&format!(
+        "{} segments, {} reserved (sN: stream N; # allocated, ~ awaiting a stream, . free)\n",
+        snapshot.segments.len(),
+        bytes(total)
+    ));
     for (i, seg) in snapshot.segments.iter().enumerate() {
         let used: u64 = seg
             .blocks
@@ -39,17 +43,19 @@ pub fn segments(snapshot: &Snapshot) -> String {
                 *m = c;
             }
         }
+        // Two lines of at most 100 columns: figures, then the map with the largest free block.
         s.push_str(&format!(
-            "#{i:<4} {:<5} stream {:<2} {:>11}  used {:>11}  free {:>11}  waste {:>10}  largest free {:>11}  {} blocks\n      [{}]\n",
+            "#{i:<4} {:<5} s{:<3} {:>11}  used {:>11}  free {:>11}  waste {:>11} {:>6} {}\n      [{}]  largest free {}\n",
             seg.pool,
             seg.stream,
             bytes(seg.total_size),
             bytes(used),
             bytes(free),
             bytes(waste),
-            bytes(largest),
             seg.blocks.len(),
-            map.into_iter().collect::<String>()
+            if seg.blocks.len() == 1 { "block" } else { "blocks" },
+            map.into_iter().collect::<String>(),
+            bytes(largest),
         ));
     }
     s

@@ -149,7 +149,7 @@ impl Heap {
             let old = blk.stream;
             if let Err(e) = backend.synchronize(self.streams[old as usize].raw) {
                 self.stats.num_backend_errors += 1;
-                self.last_error = Some(format!("synchronizing an idle stream to adopt its segment: {e}"));
+                self.last_error = Some(format!("synchronizing stream {old} to take over its cached segment: {e}"));
                 return None;
             }
             if offer == Offer::Idle {
