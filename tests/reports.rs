@@ -111,9 +111,48 @@ fn pickles_written_for_pytorch_read_back_the_same() {
         assert_eq!(again.segments, snap.segments, "{name}");
         assert_eq!(again.frames, snap.frames, "{name}");
         assert_eq!(again.stacks, snap.stacks, "{name}");
-        assert_eq!(again.history.len(), snap.history.len(), "{name}");
+        assert_eq!(again.history, snap.history, "{name}: every event, its time included");
+        assert_eq!(again.time_origin_us, snap.time_origin_us, "{name}");
         assert_eq!(report::leaks(&again), report::leaks(&snap), "{name}");
+        // And through our JSON: the times survive (they used to become 0, 1970 in the viewer).
+        let json = Snapshot::from_bytes(snap.to_json().as_bytes(), "json").unwrap();
+        assert_eq!((json.time_origin_us, &json.history), (snap.time_origin_us, &snap.history), "{name}");
+        // The fixtures were recorded in 2026 (fixtures/torch/README.md): the origin is a date
+        // then, in microseconds since the epoch.
+        let year = 1970 + snap.time_origin_us / 1_000_000 / 86_400 / 365;
+        assert!((2025..=2027).contains(&year), "{name}: time origin {} is in {year}", snap.time_origin_us);
     }
+}
+
+/// vramscope's own pickles carry real times (microseconds since the epoch, as PyTorch's) and
+/// every free as PyTorch records it: `free_requested`, then `free_completed`.
+#[test]
+fn own_pickles_have_real_times_and_requested_frees() {
+    use vramscope::{Action, RecordConfig};
+    let before = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_micros() as u64;
+    let alloc = CachingAllocator::new(SimBackend::new(1 << 30));
+    alloc.record_memory_history(RecordConfig::default());
+    let x = alloc.alloc::<u8>(alloc.default_stream(), 100).unwrap();
+    let addr = x.device_ptr();
+    drop(x);
+    let snap = alloc.snapshot();
+    let after = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_micros() as u64;
+    assert!((before..=after).contains(&snap.time_origin_us), "{} not in {before}..={after}", snap.time_origin_us);
+    let blocks = |s: &Snapshot| -> Vec<Action> {
+        s.history
+            .iter()
+            .filter(|e| e.addr == addr && !matches!(e.action, Action::SegmentAlloc))
+            .map(|e| e.action)
+            .collect()
+    };
+    assert_eq!(
+        blocks(&snap),
+        [Action::Alloc, Action::FreeCompleted],
+        "recorded: a free nothing held up completes at once"
+    );
+    let back = Snapshot::from_pytorch_pickle(&snap.to_pytorch_pickle(), "own").unwrap();
+    assert_eq!(blocks(&back), [Action::Alloc, Action::FreeRequested, Action::FreeCompleted]);
+    assert_eq!(back.time_origin_us, snap.time_origin_us + snap.history[0].time_ns / 1000);
 }
 
 #[test]

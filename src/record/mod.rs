@@ -223,11 +223,21 @@ pub(crate) struct Recorder {
 pub(crate) struct Clock {
     start: Instant,
     start_ticks: u64,
+    /// Microseconds since the Unix epoch at `start` (0 if the system clock is before it).
+    origin_us: u64,
 }
 
 impl Clock {
     pub(crate) fn new() -> Self {
-        Clock { start: Instant::now(), start_ticks: ticks() }
+        let origin_us = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+        Clock { start: Instant::now(), start_ticks: ticks(), origin_us }
+    }
+
+    /// Microseconds since the Unix epoch when the clock started.
+    pub(crate) fn origin_us(&self) -> u64 {
+        self.origin_us
     }
 
     /// Raw ticks since the clock started.

@@ -8,7 +8,7 @@ use crate::record::{scope_path, thread_name, Action, Context, Event, Frame, Symb
 use std::collections::HashMap;
 
 /// The version of the snapshot model written by this build.
-pub const SNAPSHOT_VERSION: u32 = 1;
+pub const SNAPSHOT_VERSION: u32 = 2;
 
 struct Raw {
     device: usize,
@@ -220,6 +220,7 @@ impl CachingAllocator {
             scopes: t.scopes,
             threads: t.threads,
             stats: raw.stats,
+            time_origin_us: raw.clock.origin_us(),
         }
     }
 }

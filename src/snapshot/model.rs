@@ -32,6 +32,10 @@ pub struct Snapshot {
     pub threads: Vec<String>,
     /// The allocator's statistics, with PyTorch's key names.
     pub stats: BTreeMap<String, u64>,
+    /// Microseconds since the Unix epoch at which the history's `time_ns` count from: when
+    /// recording started, or PyTorch's first event. 0 where unknown (format version 1).
+    #[serde(default)]
+    pub time_origin_us: u64,
 }
 
 /// One segment.
@@ -120,7 +124,7 @@ pub struct HistoryEntry {
     pub size: u64,
     /// Allocator-local stream.
     pub stream: u32,
-    /// Nanoseconds since recording started.
+    /// Nanoseconds since [`Snapshot::time_origin_us`].
     pub time_ns: u64,
     /// Who, where recorded for this action.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -142,6 +146,7 @@ impl Snapshot {
             scopes: vec![Vec::new()],
             threads: Vec::new(),
             stats: BTreeMap::new(),
+            time_origin_us: 0,
         }
     }
 

@@ -2,7 +2,7 @@
 //! `torch.cuda._memory_viz` and PyTorch's memory_viz page (protocol 4, integers of at most 8
 //! bytes, only dicts, lists, tuples, strings, numbers, booleans and `None`).
 
-use super::model::{BlockState, ContextInfo, Snapshot};
+use super::model::{BlockState, ContextInfo, HistoryEntry, Snapshot};
 use crate::record::Action;
 
 /// Pickle opcodes used here.
@@ -166,10 +166,10 @@ impl Snapshot {
             });
             w.str("device_traces");
             w.list([()], |w, ()| {
-                w.list(&self.history, |w, e| {
+                w.list(self.pytorch_trace(), |w, (action, e)| {
                     w.dict(|w| {
                         w.str("action");
-                        w.str(action_name(e.action));
+                        w.str(action_name(action));
                         w.str("addr");
                         w.uint(e.addr);
                         w.str("size");
@@ -177,7 +177,7 @@ impl Snapshot {
                         w.str("stream");
                         w.uint(u64::from(e.stream));
                         w.str("time_us");
-                        w.uint(e.time_ns / 1000);
+                        w.uint(self.time_origin_us.saturating_add(e.time_ns / 1000));
                         w.str("compile_context");
                         w.str("N/A");
                         w.str("user_metadata");
@@ -201,6 +201,25 @@ impl Snapshot {
         });
         w.0.push(op::STOP);
         w.0
+    }
+
+    /// The history as PyTorch's trace has it: every free is a `free_requested` followed by a
+    /// `free_completed` (immediately where nothing waited), while vramscope records only the
+    /// completion of a free that nothing held up. Without the request, PyTorch's viewer draws
+    /// such a block as waiting on another stream until the end.
+    fn pytorch_trace(&self) -> impl Iterator<Item = (Action, &HistoryEntry)> + '_ {
+        let mut requested = std::collections::HashSet::new();
+        self.history.iter().flat_map(move |e| {
+            let request = match e.action {
+                Action::FreeRequested => {
+                    requested.insert(e.addr);
+                    None
+                }
+                Action::FreeCompleted if !requested.remove(&e.addr) => Some((Action::FreeRequested, e)),
+                _ => None,
+            };
+            request.into_iter().chain(std::iter::once((e.action, e)))
+        })
     }
 
     /// PyTorch's frame list, innermost first: the stack, then the scopes innermost first.

@@ -207,7 +207,7 @@ impl Snapshot {
             });
         }
         segments.sort_by_key(|s| s.address);
-        let history = read_history(&root, &mut t, &mut budget, source)?;
+        let (history, time_origin_us) = read_history(&root, &mut t, &mut budget, source)?;
         let stats = stats_of(&segments);
         Ok(Snapshot {
             version: SNAPSHOT_VERSION,
@@ -221,6 +221,7 @@ impl Snapshot {
             scopes: vec![Vec::new()],
             threads: vec!["unknown".into()],
             stats,
+            time_origin_us,
         })
     }
 }
@@ -240,18 +241,20 @@ fn action_of(name: &str) -> Option<Action> {
     })
 }
 
-fn read_history(root: &Value, t: &mut Interner, budget: &mut Budget, source: &str) -> Result<Vec<HistoryEntry>> {
-    let Some(traces) = root.get("device_traces") else { return Ok(Vec::new()) };
+/// The trace of the device with the most events, and its first event's `time_us` (the origin
+/// of the entries' `time_ns`).
+fn read_history(root: &Value, t: &mut Interner, budget: &mut Budget, source: &str) -> Result<(Vec<HistoryEntry>, u64)> {
+    let Some(traces) = root.get("device_traces") else { return Ok((Vec::new(), 0)) };
     budget.spend(traces.len(), &|| "device_traces".to_string(), source)?;
     let traces = traces
         .items()
         .ok_or_else(|| bad(source, format!("`device_traces` is a {}, expected a list", traces.type_name())))?;
     let lists = traces.iter().enumerate().filter(|(_, v)| matches!(v, Value::List(_) | Value::Tuple(_)));
     let Some((d, longest)) = lists.max_by_key(|(_, v)| v.len()) else {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), 0));
     };
     budget.spend(longest.len(), &|| format!("device_traces[{d}]"), source)?;
-    let Some(events) = longest.items() else { return Ok(Vec::new()) };
+    let Some(events) = longest.items() else { return Ok((Vec::new(), 0)) };
     let mut out = Vec::with_capacity(events.len());
     let mut t0 = None;
     for (i, e) in events.iter().enumerate() {
@@ -266,11 +269,13 @@ fn read_history(root: &Value, t: &mut Interner, budget: &mut Budget, source: &st
             addr: uint(e, "addr", &at, source)?,
             size: uint(e, "size", &at, source)?,
             stream: u32::try_from(uint(e, "stream", &at, source).unwrap_or(0) % (1 << 32)).unwrap_or(0),
-            time_ns: u64::try_from((time_us - start).max(0) * 1000).unwrap_or(u64::MAX),
+            // Saturating: a hostile file's times may be any 128-bit integers, in any order.
+            time_ns: u64::try_from(time_us.saturating_sub(start).max(0).saturating_mul(1000)).unwrap_or(u64::MAX),
             context: context(stack),
         });
     }
-    Ok(out)
+    let origin = t0.map_or(0, |t: i128| u64::try_from(t.max(0)).unwrap_or(u64::MAX));
+    Ok((out, origin))
 }
 
 /// The current-value statistics a PyTorch snapshot implies (it carries no counters).
