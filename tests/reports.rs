@@ -155,16 +155,23 @@ fn own_pickles_have_real_times_and_requested_frees() {
     assert_eq!(back.time_origin_us, snap.time_origin_us + snap.history[0].time_ns / 1000);
 }
 
+/// Scopes travel where PyTorch carries user annotations: each trace entry's `user_metadata`
+/// (`outer/inner`); read back, the blocks get their allocation's scope, and no fake frames.
 #[test]
-fn own_pickles_carry_scopes_as_frames() {
+fn own_pickles_carry_scopes_as_user_metadata() {
     let alloc = CachingAllocator::new(SimBackend::new(1 << 30));
+    alloc.record_memory_history(vramscope::RecordConfig::default());
     let _outer = vramscope::scope("outer");
-    let x = alloc.alloc::<u8>(&alloc.default_stream(), 100).unwrap();
+    let _inner = vramscope::scope("inner");
+    let x = alloc.alloc::<u8>(alloc.default_stream(), 100).unwrap();
     let bytes = alloc.snapshot().to_pytorch_pickle();
     let back = Snapshot::from_pytorch_pickle(&bytes, "own").unwrap();
     let block = back.live_blocks().next().unwrap();
-    let frames: Vec<_> = back.stack_frames(block.context.unwrap().stack.unwrap()).collect();
-    let last = frames.last().unwrap();
-    assert_eq!((last.function.as_str(), last.file.as_deref()), ("outer", Some("<scope>")));
+    let ctx = block.context.unwrap();
+    assert_eq!(back.scopes[ctx.scope as usize], ["outer", "inner"]);
+    assert!(back.stack_frames(ctx.stack.unwrap()).all(|f| f.file.as_deref() != Some("<scope>")));
+    let alloc_event = back.history.iter().find(|e| e.addr == x.device_ptr() && e.action == vramscope::Action::Alloc);
+    assert_eq!(back.scopes[alloc_event.unwrap().context.unwrap().scope as usize], ["outer", "inner"]);
+    assert_eq!(report::live(&back)[0].scope, "outer/inner");
     drop(x);
 }

@@ -164,6 +164,7 @@ mod tests {
             active_size: 512,
             requested_size: 512,
             blocks: vec![block],
+            context: None,
         });
         let folded = folded(&snap, FoldedKind::Live);
         assert_eq!(folded, "[scope\\r\\nwith:breaks];train_step\\nevil:injected:frame 999999999\\nreal 512\n");

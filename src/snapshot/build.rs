@@ -40,6 +40,7 @@ fn copy(heap: &Heap) -> Raw {
                 active_size: 0,
                 requested_size: 0,
                 blocks: Vec::new(),
+                context: None,
             };
             segments.push((info, Vec::new()));
         }
@@ -206,6 +207,7 @@ impl CachingAllocator {
                 stream: e.stream,
                 time_ns: to_ns(e.ticks),
                 context: e.context().map(|c| t.context(c, &raw, &mut sym)),
+                compile_context: None,
             })
             .collect();
         Snapshot {
@@ -221,6 +223,8 @@ impl CachingAllocator {
             threads: t.threads,
             stats: raw.stats,
             time_origin_us: raw.clock.origin_us(),
+            allocator_settings: None,
+            external_annotations: Vec::new(),
         }
     }
 }

@@ -36,6 +36,12 @@ pub struct Snapshot {
     /// recording started, or PyTorch's first event. 0 where unknown (format version 1).
     #[serde(default)]
     pub time_origin_us: u64,
+    /// PyTorch's `allocator_settings`, as read from its snapshot (kept to be written back).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocator_settings: Option<serde_json::Value>,
+    /// PyTorch's `external_annotations` (profiler ranges with their times), kept as read.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub external_annotations: Vec<serde_json::Value>,
 }
 
 /// One segment.
@@ -60,6 +66,9 @@ pub struct SegmentInfo {
     pub requested_size: u64,
     /// Blocks in address order.
     pub blocks: Vec<BlockInfo>,
+    /// Who made the segment, where known (PyTorch records the stack that reserved it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<ContextInfo>,
 }
 
 /// The state of a block, with PyTorch's names.
@@ -129,6 +138,9 @@ pub struct HistoryEntry {
     /// Who, where recorded for this action.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context: Option<ContextInfo>,
+    /// PyTorch's `compile_context` of the event (`N/A` outside `torch.compile`), kept as read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compile_context: Option<String>,
 }
 
 impl Snapshot {
@@ -147,6 +159,8 @@ impl Snapshot {
             threads: Vec::new(),
             stats: BTreeMap::new(),
             time_origin_us: 0,
+            allocator_settings: None,
+            external_annotations: Vec::new(),
         }
     }
 

@@ -22,6 +22,7 @@ mod op {
     pub(super) const BINUNICODE: u8 = b'X';
     pub(super) const NEWTRUE: u8 = 0x88;
     pub(super) const NEWFALSE: u8 = 0x89;
+    pub(super) const NONE: u8 = b'N';
 }
 
 /// Items per `APPENDS`, as in Python's pickler.
@@ -61,6 +62,29 @@ impl W {
             self.0.extend_from_slice(&(s.len() as u32).to_le_bytes());
         }
         self.0.extend_from_slice(s.as_bytes());
+    }
+
+    /// A value kept as read from a PyTorch snapshot (dicts, lists, strings, numbers, booleans,
+    /// `None`), written back as the same pickle values.
+    fn json(&mut self, v: &serde_json::Value) {
+        use serde_json::Value as J;
+        match v {
+            J::Null => self.0.push(op::NONE),
+            J::Bool(b) => self.bool(*b),
+            J::Number(n) => match (n.as_i64(), n.as_u64()) {
+                (Some(i), _) => self.int(i),
+                (_, Some(u)) => self.uint(u),
+                _ => self.float(n.as_f64().unwrap_or(0.0)),
+            },
+            J::String(s) => self.str(s),
+            J::Array(items) => self.list(items, |w, x| w.json(x)),
+            J::Object(m) => self.dict(|w| {
+                for (k, x) in m {
+                    w.str(k);
+                    w.json(x);
+                }
+            }),
+        }
     }
 
     fn bool(&mut self, b: bool) {
@@ -111,9 +135,11 @@ fn action_name(a: Action) -> &'static str {
 }
 
 impl Snapshot {
-    /// The snapshot as a pickle in PyTorch's `torch.cuda.memory._snapshot()` schema. Scopes
-    /// appear as outermost frames named after the scope with the file `<scope>`, so that
-    /// PyTorch's viewers show them; threads and steps have no place in that schema.
+    /// The snapshot as a pickle in PyTorch's `torch.cuda.memory._snapshot()` schema. Scopes go
+    /// where PyTorch carries user annotations, each trace entry's `user_metadata` (the path's
+    /// names joined by `/`); what was read from a PyTorch snapshot (settings, annotations,
+    /// segment stacks, compile contexts, times) is written back as it was. Threads and steps
+    /// have no place in that schema.
     pub fn to_pytorch_pickle(&self) -> Vec<u8> {
         let mut w = W(Vec::with_capacity(1 << 16));
         w.0.extend_from_slice(&[op::PROTO, 4]);
@@ -142,7 +168,7 @@ impl Snapshot {
                     w.str("is_expandable");
                     w.bool(seg.mapped_size != seg.total_size);
                     w.str("frames");
-                    w.list(std::iter::empty::<()>(), |_, _| {});
+                    self.write_frames(w, seg.context.as_ref());
                     w.str("blocks");
                     w.list(&seg.blocks, |w, b| {
                         w.dict(|w| {
@@ -179,25 +205,29 @@ impl Snapshot {
                         w.str("time_us");
                         w.uint(self.time_origin_us.saturating_add(e.time_ns / 1000));
                         w.str("compile_context");
-                        w.str("N/A");
+                        w.str(e.compile_context.as_deref().unwrap_or("N/A"));
                         w.str("user_metadata");
-                        w.str("");
+                        w.str(&self.user_metadata(e.context.as_ref()));
                         w.str("frames");
                         self.write_frames(w, e.context.as_ref());
                     })
                 })
             });
             w.str("allocator_settings");
-            w.dict(|w| {
-                w.str("PYTORCH_CUDA_ALLOC_CONF");
-                w.str("");
-                w.str("garbage_collection_threshold");
-                w.float(0.0);
-                w.str("expandable_segments");
-                w.bool(false);
-            });
+            match &self.allocator_settings {
+                // PyTorch's, as read.
+                Some(settings) => w.json(settings),
+                None => w.dict(|w| {
+                    w.str("PYTORCH_CUDA_ALLOC_CONF");
+                    w.str("");
+                    w.str("garbage_collection_threshold");
+                    w.float(0.0);
+                    w.str("expandable_segments");
+                    w.bool(false);
+                }),
+            }
             w.str("external_annotations");
-            w.list(std::iter::empty::<()>(), |_, _| {});
+            w.list(&self.external_annotations, |w, a| w.json(a));
         });
         w.0.push(op::STOP);
         w.0
@@ -222,11 +252,9 @@ impl Snapshot {
         })
     }
 
-    /// PyTorch's frame list, innermost first: the stack, then the scopes innermost first.
+    /// PyTorch's frame list of a context's stack, innermost first.
     fn write_frames(&self, w: &mut W, ctx: Option<&ContextInfo>) {
         let stack: Vec<_> = ctx.and_then(|c| c.stack).map(|s| self.stack_frames(s).collect()).unwrap_or_default();
-        let scopes: Vec<&String> =
-            ctx.and_then(|c| self.scopes.get(c.scope as usize)).map(|p| p.iter().rev().collect()).unwrap_or_default();
         w.list(stack, |w, f| {
             w.dict(|w| {
                 w.str("name");
@@ -237,20 +265,90 @@ impl Snapshot {
                 w.uint(u64::from(f.line.unwrap_or(0)));
             })
         });
-        if !scopes.is_empty() {
-            // Extend the list just written (it is on top of the stack) with the scopes.
-            w.0.push(op::MARK);
-            for s in scopes {
-                w.dict(|w| {
-                    w.str("name");
-                    w.str(s);
-                    w.str("filename");
-                    w.str("<scope>");
-                    w.str("line");
-                    w.int(0);
-                });
+    }
+
+    /// The scope path of a context as PyTorch's `user_metadata` string: names joined by `/`.
+    fn user_metadata(&self, ctx: Option<&ContextInfo>) -> String {
+        ctx.and_then(|c| self.scopes.get(c.scope as usize)).map(|p| p.join("/")).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::pickle::{self, Value};
+    use super::super::Snapshot;
+
+    /// Where two parsed pickles differ, field by field (dict keys in any order; the segments
+    /// list in address order, as vramscope keeps it).
+    fn diff(a: &Value, b: &Value, path: &str, out: &mut Vec<String>) {
+        if out.len() > 20 {
+            return;
+        }
+        match (a, b) {
+            (Value::Dict(x), Value::Dict(y)) => {
+                let (x, y) = (x.borrow(), y.borrow());
+                let key = |k: &Value| k.as_str().map(str::to_string).unwrap_or_else(|| format!("{k:?}"));
+                let ys: std::collections::HashMap<String, &Value> = y.iter().map(|(k, v)| (key(k), v)).collect();
+                if x.len() != y.len() {
+                    out.push(format!("{path}: {} keys against {}", x.len(), y.len()));
+                }
+                for (k, v) in x.iter() {
+                    match ys.get(&key(k)) {
+                        Some(w) => diff(v, w, &format!("{path}.{}", key(k)), out),
+                        None => out.push(format!("{path}.{}: missing", key(k))),
+                    }
+                }
             }
-            w.0.push(op::APPENDS);
+            (Value::List(_) | Value::Tuple(_), Value::List(_) | Value::Tuple(_)) => {
+                let (mut x, mut y) = (a.items().unwrap(), b.items().unwrap());
+                if path.ends_with("segments") {
+                    let addr = |s: &Value| s.get("address").and_then(|v| v.as_i128()).unwrap_or(0);
+                    x.sort_by_key(addr);
+                    y.sort_by_key(addr);
+                }
+                if x.len() != y.len() {
+                    out.push(format!("{path}: {} items against {}", x.len(), y.len()));
+                }
+                for (i, (v, w)) in x.iter().zip(&y).enumerate() {
+                    diff(v, w, &format!("{path}[{i}]"), out);
+                }
+            }
+            (Value::Int(x), Value::Int(y)) if x == y => {}
+            (Value::Float(x), Value::Float(y)) if x == y => {}
+            (Value::Bool(x), Value::Bool(y)) if x == y => {}
+            (Value::Str(x), Value::Str(y)) if x == y => {}
+            (Value::None, Value::None) => {}
+            _ => out.push(format!("{path}: {a:?} against {b:?}")),
+        }
+    }
+
+    /// A PyTorch snapshot read and written back (directly, and through vramscope's JSON) parses
+    /// to the same values, field by field: settings, annotations, segment stacks, every trace
+    /// entry with its time, compile context and metadata.
+    #[test]
+    fn pytorch_fixtures_round_trip_losslessly() {
+        for name in ["leaky_train", "resnet_train"] {
+            let path = format!("{}/fixtures/torch/{name}.snapshot.pickle", env!("CARGO_MANIFEST_DIR"));
+            let original = std::fs::read(&path).unwrap();
+            let snap = Snapshot::from_bytes(&original, name).unwrap();
+            let through_json = Snapshot::from_bytes(snap.to_json().as_bytes(), name).unwrap();
+            for (how, written) in [("direct", snap.to_pytorch_pickle()), ("json", through_json.to_pytorch_pickle())] {
+                let (a, b) = (pickle::parse(&original).unwrap(), pickle::parse(&written).unwrap());
+                let mut out = Vec::new();
+                diff(&a, &b, "", &mut out);
+                assert!(out.is_empty(), "{name} ({how}):\n{}", out.join("\n"));
+            }
+            // The comparison sees a change of one microsecond in the times.
+            let mut shifted = snap.clone();
+            shifted.time_origin_us += 1;
+            let mut out = Vec::new();
+            diff(
+                &pickle::parse(&original).unwrap(),
+                &pickle::parse(&shifted.to_pytorch_pickle()).unwrap(),
+                "",
+                &mut out,
+            );
+            assert!(out.iter().any(|d| d.contains("time_us")), "{name}: {out:?}");
         }
     }
 }

@@ -56,9 +56,28 @@ struct Interner {
     frame_ids: HashMap<Frame, u32>,
     stacks: Vec<Vec<u32>>,
     stack_ids: HashMap<Vec<u32>, u32>,
+    /// Scope paths from PyTorch's `user_metadata` strings (`a/b`); index 0 is the root.
+    scopes: Vec<Vec<String>>,
+    scope_ids: HashMap<String, u32>,
 }
 
 impl Interner {
+    fn new() -> Self {
+        Interner { scopes: vec![Vec::new()], scope_ids: HashMap::from([(String::new(), 0)]), ..Default::default() }
+    }
+
+    /// The scope of a trace entry's `user_metadata` (vramscope writes scope paths there, `/`
+    /// between names); the root for an empty or absent one.
+    fn scope(&mut self, meta: Option<Value>) -> u32 {
+        let Some(text) = meta.as_ref().and_then(Value::as_str).filter(|t| !t.is_empty()) else { return 0 };
+        let next = self.scopes.len() as u32;
+        let id = *self.scope_ids.entry(text.to_string()).or_insert(next);
+        if id == next {
+            self.scopes.push(text.split('/').map(str::to_string).collect());
+        }
+        id
+    }
+
     /// The stack of a `frames` list; `None` when it is empty or absent.
     fn stack(
         &mut self,
@@ -104,7 +123,57 @@ fn uint(v: &Value, key: &str, at: &dyn Fn() -> String, source: &str) -> Result<u
 }
 
 fn context(stack: Option<u32>) -> Option<ContextInfo> {
-    stack.map(|s| ContextInfo { stack: Some(s), scope: 0, thread: 0, step: 0 })
+    context_in(stack, 0)
+}
+
+fn context_in(stack: Option<u32>, scope: u32) -> Option<ContextInfo> {
+    (stack.is_some() || scope != 0).then_some(ContextInfo { stack, scope, thread: 0, step: 0 })
+}
+
+/// Nesting allowed in the free-form parts kept as read (settings, annotations).
+pub(super) const MAX_DEPTH: usize = 32;
+
+/// A pickle value as JSON, for the parts of a PyTorch snapshot kept as read; every element
+/// counts against the budget, and nesting is bounded.
+fn to_json(
+    v: &Value,
+    depth: usize,
+    budget: &mut Budget,
+    at: &dyn Fn() -> String,
+    source: &str,
+) -> Result<serde_json::Value> {
+    use serde_json::Value as J;
+    if depth > MAX_DEPTH {
+        return Err(bad(source, format!("{}: nested more than {MAX_DEPTH} deep", at())));
+    }
+    budget.spend(v.len().max(1), at, source)?;
+    Ok(match v {
+        Value::None => J::Null,
+        Value::Bool(b) => J::Bool(*b),
+        Value::Int(i) => match (i64::try_from(*i), u64::try_from(*i)) {
+            (Ok(n), _) => J::from(n),
+            (_, Ok(n)) => J::from(n),
+            _ => return Err(bad(source, format!("{}: integer {i} does not fit 64 bits", at()))),
+        },
+        Value::Float(f) => serde_json::Number::from_f64(*f).map_or(J::Null, J::Number),
+        Value::Str(s) => J::String(s.to_string()),
+        Value::Bytes(b) => J::Array(b.iter().map(|&x| J::from(x)).collect()),
+        Value::List(_) | Value::Tuple(_) => {
+            let items = v.items().unwrap_or_default();
+            J::Array(items.iter().map(|x| to_json(x, depth + 1, budget, at, source)).collect::<Result<_>>()?)
+        }
+        Value::Dict(d) => {
+            let mut m = serde_json::Map::new();
+            for (k, x) in d.borrow().iter() {
+                let key = match k {
+                    Value::Str(s) => s.to_string(),
+                    other => other.as_i128().map_or_else(|| format!("{other:?}"), |n| n.to_string()),
+                };
+                m.insert(key, to_json(x, depth + 1, budget, at, source)?);
+            }
+            J::Object(m)
+        }
+    })
 }
 
 impl Snapshot {
@@ -157,7 +226,7 @@ impl Snapshot {
         let segs = segments_v
             .items()
             .ok_or_else(|| bad(source, format!("`segments` is a {}, expected a list", segments_v.type_name())))?;
-        let mut t = Interner::default();
+        let mut t = Interner::new();
         let mut segments = Vec::with_capacity(segs.len());
         let mut device = None;
         for (si, seg) in segs.iter().enumerate() {
@@ -191,6 +260,7 @@ impl Snapshot {
                 });
             }
             let total_size = uint(seg, "total_size", &at, source)?;
+            let made_by = t.stack(seg.get("frames"), &mut budget, &at, source)?;
             segments.push(SegmentInfo {
                 address: uint(seg, "address", &at, source)?,
                 total_size,
@@ -204,10 +274,32 @@ impl Snapshot {
                 active_size: uint(seg, "active_size", &at, source).unwrap_or(0),
                 requested_size: uint(seg, "requested_size", &at, source).unwrap_or(0),
                 blocks,
+                context: context(made_by),
             });
         }
         segments.sort_by_key(|s| s.address);
         let (history, time_origin_us) = read_history(&root, &mut t, &mut budget, source)?;
+        // A block's scope is its allocation's (the trace carries scopes, the blocks do not).
+        let mut scope_at: HashMap<u64, u32> = HashMap::new();
+        for e in history.iter().filter(|e| e.action == Action::Alloc) {
+            scope_at.insert(e.addr, e.context.map_or(0, |c| c.scope));
+        }
+        for b in segments.iter_mut().flat_map(|s| s.blocks.iter_mut()) {
+            let scope =
+                if b.state == BlockState::Inactive { 0 } else { scope_at.get(&b.address).copied().unwrap_or(0) };
+            b.context = context_in(b.context.and_then(|c| c.stack), scope);
+        }
+        let settings = match root.get("allocator_settings") {
+            Some(v) => Some(to_json(&v, 0, &mut budget, &|| "allocator_settings".into(), source)?),
+            None => None,
+        };
+        let annotations = match root.get("external_annotations") {
+            Some(v) => match to_json(&v, 0, &mut budget, &|| "external_annotations".into(), source)? {
+                serde_json::Value::Array(items) => items,
+                other => vec![other],
+            },
+            None => Vec::new(),
+        };
         let stats = stats_of(&segments);
         Ok(Snapshot {
             version: SNAPSHOT_VERSION,
@@ -218,10 +310,12 @@ impl Snapshot {
             history_dropped: 0,
             frames: t.frames,
             stacks: t.stacks,
-            scopes: vec![Vec::new()],
+            scopes: t.scopes,
             threads: vec!["unknown".into()],
             stats,
             time_origin_us,
+            allocator_settings: settings,
+            external_annotations: annotations,
         })
     }
 }
@@ -264,6 +358,8 @@ fn read_history(root: &Value, t: &mut Interner, budget: &mut Budget, source: &st
         let time_us = e.get("time_us").and_then(|v| v.as_i128()).unwrap_or(0);
         let start = *t0.get_or_insert(time_us);
         let stack = t.stack(e.get("frames"), budget, &at, source)?;
+        let scope = t.scope(e.get("user_metadata"));
+        let compile_context = e.get("compile_context").and_then(|c| c.as_str().map(str::to_string));
         out.push(HistoryEntry {
             action,
             addr: uint(e, "addr", &at, source)?,
@@ -271,7 +367,9 @@ fn read_history(root: &Value, t: &mut Interner, budget: &mut Budget, source: &st
             stream: u32::try_from(uint(e, "stream", &at, source).unwrap_or(0) % (1 << 32)).unwrap_or(0),
             // Saturating: a hostile file's times may be any 128-bit integers, in any order.
             time_ns: u64::try_from(time_us.saturating_sub(start).max(0).saturating_mul(1000)).unwrap_or(u64::MAX),
-            context: context(stack),
+            context: context_in(stack, scope),
+            // "N/A" (outside torch.compile) is what the writer puts where there is none.
+            compile_context: compile_context.filter(|c| c != "N/A"),
         });
     }
     let origin = t0.map_or(0, |t: i128| u64::try_from(t.max(0)).unwrap_or(u64::MAX));

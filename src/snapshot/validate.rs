@@ -57,6 +57,17 @@ impl Snapshot {
                 self.check_context(c, &|| format!("history[{hi}]"))?;
             }
         }
+        for (si, seg) in self.segments.iter().enumerate() {
+            if let Some(c) = &seg.context {
+                self.check_context(c, &|| format!("segments[{si}]"))?;
+            }
+        }
+        if let Some(settings) = &self.allocator_settings {
+            check_depth(settings, "allocator_settings")?;
+        }
+        for (i, a) in self.external_annotations.iter().enumerate() {
+            check_depth(a, &format!("external_annotations[{i}]"))?;
+        }
         for (ki, stack) in self.stacks.iter().enumerate() {
             if let Some(fi) = stack.iter().position(|&f| f as usize >= self.frames.len()) {
                 return Err(format!(
@@ -84,6 +95,23 @@ impl Snapshot {
         check("scope", c.scope, self.scopes.len(), true)?;
         check("thread", c.thread, self.threads.len(), true)
     }
+}
+
+/// The kept-as-read parts nest at most as deep as the pickle reader accepts, so that what
+/// vramscope writes it can read back.
+fn check_depth(v: &serde_json::Value, at: &str) -> Result<(), String> {
+    let mut stack = vec![(v, 0usize)];
+    while let Some((v, depth)) = stack.pop() {
+        if depth > super::torch::MAX_DEPTH {
+            return Err(format!("{at}: nested more than {} deep", super::torch::MAX_DEPTH));
+        }
+        match v {
+            serde_json::Value::Array(items) => stack.extend(items.iter().map(|x| (x, depth + 1))),
+            serde_json::Value::Object(m) => stack.extend(m.values().map(|x| (x, depth + 1))),
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
