@@ -52,6 +52,8 @@ fn main() -> vramscope::Result<()> {
     let mut kept = Vec::new(); // the leak: a list that keeps every step's output alive
     let mut live = Vec::new();
     let _train = vramscope::scope("train");
+    // Live memory before the first step (the weights): each step is compared with the one before.
+    let start = alloc.memory_allocated();
     for step in 0..STEPS {
         vramscope::step(step as u64);
         let _step = vramscope::scope("step");
@@ -68,6 +70,8 @@ fn main() -> vramscope::Result<()> {
         let loss: f32 = y.as_host_slice()?.iter().map(|v| v * v).sum::<f32>() / y.len() as f32;
         if step % 2 == 0 {
             kept.push(y); // bug: `y` should be dropped with `x` and `h`
+        } else {
+            drop(y);
         }
         drop((x, h));
         live.push(alloc.memory_allocated());
@@ -77,9 +81,12 @@ fn main() -> vramscope::Result<()> {
             alloc.memory_reserved()
         );
     }
-    let growth: Vec<i64> = live.windows(2).map(|w| w[1] as i64 - w[0] as i64).collect();
-    let grew = growth.iter().filter(|&&g| g > 0).count();
-    println!("\nlive memory grew in {grew} of {} steps, by {} bytes", growth.len(), live[STEPS - 1] - live[0]);
+    let before = std::iter::once(start).chain(live.iter().copied());
+    let grew = before.zip(&live).filter(|(b, &a)| a > *b).count();
+    println!(
+        "\nlive memory grew in {grew} of {STEPS} steps, by {}",
+        vramscope::report::format_bytes(live[STEPS - 1] - start)
+    );
 
     let snapshot = alloc.snapshot();
     let leaks = vramscope::report::leaks(&snapshot);

@@ -175,3 +175,41 @@ fn own_pickles_carry_scopes_as_user_metadata() {
     assert_eq!(report::live(&back)[0].scope, "outer/inner");
     drop(x);
 }
+
+/// The leak finder on the corpus of real PyTorch programs (fixtures/torch/corpus): it names
+/// exactly the lines the ground truth names (computed by running each program beside its fixed
+/// twin), on the tuning part and on the held-out part, and its output is pinned.
+#[test]
+fn leak_finder_matches_the_corpus_ground_truth() {
+    let dir = format!("{}/fixtures/torch/corpus", env!("CARGO_MANIFEST_DIR"));
+    let truth: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(format!("{dir}/ground_truth.json")).unwrap()).unwrap();
+    let mut scores = std::collections::BTreeMap::new();
+    for p in truth["programs"].as_array().unwrap() {
+        let name = p["program"].as_str().unwrap();
+        let held_out = std::path::Path::new(&format!("{dir}/held_out/{name}.snapshot.pickle")).exists();
+        let file = if held_out { format!("{dir}/held_out/{name}") } else { format!("{dir}/{name}") };
+        let snap = Snapshot::load(format!("{file}.snapshot.pickle")).unwrap();
+        let leaks = report::leaks(&snap);
+        let mut found: Vec<u64> = leaks
+            .iter()
+            .filter(|c| c.frame.file.as_deref() == Some("corpus/programs.py"))
+            .map(|c| u64::from(c.frame.line.unwrap()))
+            .collect();
+        found.sort();
+        let mut expected: Vec<u64> =
+            p["leaking_lines"].as_array().unwrap().iter().map(|l| l["line"].as_u64().unwrap()).collect();
+        expected.sort();
+        assert_eq!(leaks.len(), found.len(), "{name}: a site outside the program was named: {leaks:?}");
+        let part = if held_out { "held out" } else { "tuning" };
+        let (tp, fp, fn_) = scores.entry(part).or_insert((0, 0, 0));
+        *tp += found.iter().filter(|l| expected.contains(l)).count();
+        *fp += found.iter().filter(|l| !expected.contains(l)).count();
+        *fn_ += expected.iter().filter(|l| !found.contains(l)).count();
+        insta::assert_snapshot!(format!("corpus_{name}"), report::LeakCandidate::render(&leaks));
+    }
+    for (part, (tp, fp, fn_)) in &scores {
+        eprintln!("{part}: {tp} leaking lines named, {fp} named wrongly, {fn_} missed");
+        assert_eq!((*fp, *fn_), (0, 0), "{part}: precision and recall must both be 1");
+    }
+}

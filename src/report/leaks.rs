@@ -3,13 +3,14 @@ use super::{bytes, is_library};
 use crate::record::{Action, Frame};
 use crate::snapshot::{ContextInfo, Snapshot};
 use serde::Serialize;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
-/// An allocation site whose live blocks keep growing.
+/// An allocation site whose live memory keeps growing.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[non_exhaustive]
 pub struct LeakCandidate {
-    /// `file:line (function)` of the allocating code.
+    /// `file:line (function)` of the allocating code: the innermost frame of the program
+    /// itself (library frames such as `torch/nn/modules/linear.py` are skipped).
     pub site: String,
     /// The site's frame.
     pub frame: Frame,
@@ -22,124 +23,218 @@ pub struct LeakCandidate {
     pub blocks: u64,
     /// Their bytes.
     pub bytes: u64,
-    /// Bytes added per step (or per time window), on average.
+    /// Bytes the site's floor of live memory rose by per step, on average over the steps from
+    /// its first rise to the end of the history.
     pub bytes_per_step: u64,
-    /// Steps (or windows) in which surviving blocks were allocated, of `steps`.
+    /// Blocks it gained per step, likewise (a growing cache may gain bytes with no new block).
+    pub blocks_per_step: f64,
+    /// Windows (`unit`) in which the floor rose, of `steps`.
     pub growing_steps: u32,
-    /// Steps (or windows) the history spans.
+    /// Windows the history is cut into.
     pub steps: u32,
-    /// `step` where the program marked steps, else `window` (a tenth of the history's time).
+    /// The first and last step (the numbers passed to `vramscope::step`) or window (from 1)
+    /// whose memory was kept: a window's allocations show in the floor of the next one.
+    pub grew_from: u64,
+    /// See `grew_from`.
+    pub grew_until: u64,
+    /// `step` where the program marked steps, else `window` (a tenth of the history's events).
     pub unit: &'static str,
+    /// Program steps per window where no steps were marked, estimated from the history: the
+    /// number of times a loop body's sites allocate (see [`leaks`]); 1 with step markers.
+    pub steps_per_window: f64,
 }
 
-/// Time windows used where the history has no step markers.
-const WINDOWS: u32 = 10;
+/// Windows the history is cut into where it has no step markers.
+const WINDOWS: usize = 10;
+/// Windows at most where steps are marked.
+const MAX_STEP_WINDOWS: u64 = 100;
 
-/// Sites whose live memory keeps growing: blocks allocated there and still live at the end of
-/// the history, allocated across at least half of the steps (or time windows, where no step
-/// markers exist) and at least three of them. A site that allocated once (model weights) or
-/// whose blocks are freed (temporaries) is not a candidate; blocks without a program frame are
-/// left out. Largest growth first.
+/// Sites whose live memory keeps growing, largest growth first.
+///
+/// The history is replayed and cut into windows: one per step where the program marked steps
+/// (`vramscope::step`), else ten windows of equal numbers of events (not of equal time: the
+/// first steps of a PyTorch program are slow). For each allocation site (the innermost frame
+/// of the program itself) the *floor* of its live bytes in each window is taken: the least it
+/// held at any moment of the window. Temporaries, however large, are freed within a step and
+/// do not raise the floor; memory kept across steps does. A site leaks when its floor rises
+/// in at least three windows and in at least half of the windows from its first rise to the
+/// end, and never falls: memory that is kept and never given back. A cache filled once or
+/// state created at one step rises once; gradients accumulated and freed, a KV cache freed
+/// per request, or a sliding window fall again. Where no steps were marked, the number of
+/// steps per window is estimated as the most common number of allocations among the sites
+/// that allocate in every window (a loop body's sites allocate once per step), so that the
+/// figures are per step.
 pub fn leaks(snapshot: &Snapshot) -> Vec<LeakCandidate> {
-    // Replay the history to find the allocations that survive it.
-    let mut live: HashMap<u64, usize> = HashMap::new();
-    let mut allocs = Vec::new();
-    for (i, e) in snapshot.history.iter().enumerate() {
-        match e.action {
-            Action::Alloc => {
-                live.insert(e.addr, i);
-                allocs.push(i);
-            }
-            Action::FreeRequested | Action::FreeCompleted => {
-                live.remove(&e.addr);
-            }
-            _ => {}
-        }
-    }
-    if allocs.is_empty() {
+    let hist = &snapshot.history;
+    if !hist.iter().any(|e| e.action == Action::Alloc) {
         return Vec::new();
     }
-    let hist = &snapshot.history;
     let step_of = |i: usize| hist[i].context.map_or(0, |c: ContextInfo| c.step);
-    let (min_step, max_step) =
-        allocs.iter().fold((u64::MAX, 0), |(lo, hi), &i| (lo.min(step_of(i)), hi.max(step_of(i))));
+    let allocs = || (0..hist.len()).filter(|&i| hist[i].action == Action::Alloc);
+    let (min_step, max_step) = allocs().fold((u64::MAX, 0), |(lo, hi), i| (lo.min(step_of(i)), hi.max(step_of(i))));
     let by_step = max_step > min_step && max_step - min_step >= 2;
-    let (t0, t1) = (hist[allocs[0]].time_ns, hist[*allocs.last().expect("not empty")].time_ns);
-    let steps: u32 = if by_step { (max_step - min_step + 1).min(u64::from(u32::MAX)) as u32 } else { WINDOWS };
-    let bucket = |i: usize| -> u32 {
+    // One window per step, up to MAX_STEP_WINDOWS (then steps are grouped): the floors cost
+    // sites x windows.
+    let marked = max_step.saturating_sub(min_step).saturating_add(1);
+    let windows = if by_step { marked.min(MAX_STEP_WINDOWS) as usize } else { WINDOWS };
+    let window_of = |i: usize| -> usize {
         if by_step {
-            (step_of(i) - min_step) as u32
+            let k = u128::from(step_of(i).max(min_step) - min_step) * windows as u128 / u128::from(marked);
+            (k as usize).min(windows - 1)
         } else {
-            // Saturating: a hand-edited or hostile history need not run forward in time.
-            let span = t1.saturating_sub(t0).max(1) as u128;
-            ((hist[i].time_ns.saturating_sub(t0) as u128 * u128::from(WINDOWS)) / (span + 1))
-                .min(u128::from(WINDOWS - 1)) as u32
+            (i * windows / hist.len()).min(windows - 1)
         }
     };
-    // Per site: surviving bytes per bucket.
-    struct Site {
-        blocks: u64,
-        bytes: u64,
-        buckets: BTreeMap<u32, u64>,
-        /// The largest surviving allocation (size, then earliest), for callers and scope.
-        example: (u64, std::cmp::Reverse<usize>),
-    }
     let mut labels = Labels::new(snapshot);
-    let mut per_site: BTreeMap<u32, Site> = BTreeMap::new();
-    for &i in live.values() {
-        let e = &hist[i];
-        let site = labels.site(e.context.as_ref());
-        if labels.site_frame(site).is_none() {
+    // Per site: live bytes and blocks now, and per window the floor (bytes, blocks).
+    struct Site {
+        bytes: u64,
+        blocks: u64,
+        floors: Vec<(u64, u64)>,
+        allocations: u64,
+        windows_allocating: Vec<bool>,
+        /// The largest surviving allocation (size, then earliest), for callers and scope.
+        example: Option<(u64, std::cmp::Reverse<usize>)>,
+    }
+    let mut sites: HashMap<u32, Site> = HashMap::new();
+    let mut live: HashMap<u64, (u32, u64, usize)> = HashMap::new();
+    let mut window = 0;
+    for (i, e) in hist.iter().enumerate() {
+        let w = window_of(i).max(window);
+        if w != window {
+            // A new window starts from what each site holds now.
+            for s in sites.values_mut() {
+                for k in window + 1..=w {
+                    s.floors[k] = (s.bytes, s.blocks);
+                }
+            }
+            window = w;
+        }
+        let touched = match e.action {
+            Action::Alloc => {
+                let site = labels.site(e.context.as_ref());
+                let s = sites.entry(site).or_insert_with(|| Site {
+                    bytes: 0,
+                    blocks: 0,
+                    floors: vec![(0, 0); windows],
+                    allocations: 0,
+                    windows_allocating: vec![false; windows],
+                    example: None,
+                });
+                s.bytes = s.bytes.saturating_add(e.size);
+                s.blocks += 1;
+                s.allocations += 1;
+                s.windows_allocating[w] = true;
+                if let Some((old_site, old_size, _)) = live.insert(e.addr, (site, e.size, i)) {
+                    // An address allocated twice without a free in between (a trimmed
+                    // history): the older block is gone.
+                    if let Some(o) = sites.get_mut(&old_site) {
+                        o.bytes = o.bytes.saturating_sub(old_size);
+                        o.blocks = o.blocks.saturating_sub(1);
+                    }
+                }
+                Some(site)
+            }
+            Action::FreeRequested | Action::FreeCompleted => match live.remove(&e.addr) {
+                Some((site, size, _)) => {
+                    let s = sites.get_mut(&site).expect("a live block's site exists");
+                    s.bytes = s.bytes.saturating_sub(size);
+                    s.blocks = s.blocks.saturating_sub(1);
+                    Some(site)
+                }
+                None => None,
+            },
+            _ => None,
+        };
+        if let Some(site) = touched {
+            let s = sites.get_mut(&site).expect("just touched");
+            let f = &mut s.floors[w];
+            f.0 = f.0.min(s.bytes);
+            f.1 = f.1.min(s.blocks);
+        }
+    }
+    for s in sites.values_mut() {
+        for k in window + 1..windows {
+            s.floors[k] = (s.bytes, s.blocks);
+        }
+    }
+    for &(site, size, i) in live.values() {
+        let s = sites.get_mut(&site).expect("a live block's site exists");
+        s.example = s.example.max(Some((size, std::cmp::Reverse(i))));
+    }
+    let steps_per_window = if by_step {
+        marked as f64 / windows as f64
+    } else {
+        // The loop body's sites allocate in every window, once per step.
+        let mut counts: HashMap<u64, u32> = HashMap::new();
+        for s in sites.values().filter(|s| s.windows_allocating.iter().all(|&a| a)) {
+            *counts.entry(s.allocations).or_default() += 1;
+        }
+        let per_run = counts.into_iter().max_by_key(|&(n, c)| (c, n)).map_or(windows as u64, |(n, _)| n);
+        (per_run as f64 / windows as f64).max(1.0 / windows as f64)
+    };
+    let mut out = Vec::new();
+    for (site, s) in &sites {
+        let Some(frame) = labels.site_frame(*site) else { continue };
+        let mut prev = (0u64, 0u64);
+        let (mut rises, mut first, mut last, mut fell) = (0u32, None, 0u32, false);
+        for (k, &f) in s.floors.iter().enumerate() {
+            if f.0 > prev.0 {
+                rises += 1;
+                first.get_or_insert(k as u32);
+                last = k as u32;
+            } else if f.0 < prev.0 && first.is_some() {
+                fell = true;
+            }
+            prev = f;
+        }
+        let Some(first) = first else { continue };
+        let span = windows as u32 - first;
+        if fell || rises < 3 || rises * 2 < span {
             continue;
         }
-        let s = per_site.entry(site).or_insert(Site {
-            blocks: 0,
-            bytes: 0,
-            buckets: BTreeMap::new(),
-            example: (0, std::cmp::Reverse(usize::MAX)),
-        });
-        s.blocks += 1;
-        s.bytes = s.bytes.saturating_add(e.size);
-        let b = s.buckets.entry(bucket(i)).or_default();
-        *b = b.saturating_add(e.size);
-        s.example = s.example.max((e.size, std::cmp::Reverse(i)));
-    }
-    let mut out: Vec<LeakCandidate> = per_site
-        .into_iter()
-        .filter(|(_, s)| s.buckets.len() as u32 >= 3.max(steps.div_ceil(2)))
-        .map(|(site, s)| {
-            let frame = labels.site_frame(site).expect("sites without a frame were left out").clone();
-            let ctx = hist[s.example.1 .0].context;
-            let callers = ctx
-                .and_then(|c| c.stack)
-                .map(|st| {
-                    snapshot
-                        .stack_frames(st)
-                        .filter(|f| !is_library(f))
-                        .skip(1)
-                        .take(3)
-                        .map(|f| f.to_string())
-                        .collect()
-                })
-                .unwrap_or_default();
-            LeakCandidate {
-                site: frame.to_string(),
-                frame,
-                callers,
-                scope: {
-                    let scope = labels.scope(ctx.as_ref());
-                    labels.scope_label(scope).to_string()
-                },
-                blocks: s.blocks,
-                bytes: s.bytes,
-                bytes_per_step: s.bytes / u64::from(steps.max(1)),
-                growing_steps: s.buckets.len() as u32,
-                steps,
-                unit: if by_step { "step" } else { "window" },
+        let base = if first == 0 { (0, 0) } else { s.floors[first as usize - 1] };
+        // The window whose allocations raised the floor of window `w` is the one before it.
+        let kept_from = |w: u32| -> u64 {
+            let k = u64::from(w.saturating_sub(1));
+            if by_step {
+                min_step + (u128::from(k) * u128::from(marked) / windows as u128) as u64
+            } else {
+                k + 1
             }
-        })
-        .collect();
-    out.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.site.cmp(&b.site)));
+        };
+        let top = s.floors[windows - 1];
+        let steps_grown = f64::from(span) * steps_per_window;
+        let Some((_, std::cmp::Reverse(example))) = s.example else { continue };
+        let ctx = hist[example].context;
+        let callers = ctx
+            .and_then(|c| c.stack)
+            .map(|st| {
+                snapshot.stack_frames(st).filter(|f| !is_library(f)).skip(1).take(3).map(|f| f.to_string()).collect()
+            })
+            .unwrap_or_default();
+        let scope = {
+            let id = labels.scope(ctx.as_ref());
+            labels.scope_label(id).to_string()
+        };
+        out.push(LeakCandidate {
+            site: frame.to_string(),
+            frame: frame.clone(),
+            callers,
+            scope,
+            blocks: s.blocks,
+            bytes: s.bytes,
+            bytes_per_step: ((top.0 - base.0) as f64 / steps_grown.max(1.0)).round() as u64,
+            blocks_per_step: ((top.1.saturating_sub(base.1)) as f64 / steps_grown.max(1.0) * 100.0).round() / 100.0,
+            growing_steps: rises,
+            steps: windows as u32,
+            grew_from: kept_from(first),
+            grew_until: kept_from(last),
+            unit: if by_step { "step" } else { "window" },
+            steps_per_window,
+        });
+    }
+    out.sort_by(|a, b| b.bytes_per_step.cmp(&a.bytes_per_step).then_with(|| a.site.cmp(&b.site)));
     out
 }
 
@@ -147,28 +242,37 @@ impl LeakCandidate {
     /// The report as text.
     pub fn render(candidates: &[LeakCandidate]) -> String {
         if candidates.is_empty() {
-            return "no leak candidates: no allocation site keeps growing\n".to_string();
+            return "no leak candidates: no allocation site keeps memory that grows step after step\n".to_string();
         }
         let n = candidates.len();
         let mut s = format!(
-            "{n} leak candidate{}: allocation sites whose live blocks keep growing\n",
+            "{n} leak candidate{}: the lines that allocated memory which is kept and keeps growing\n",
             if n == 1 { "" } else { "s" }
         );
-        if candidates.iter().any(|c| c.unit == "window") {
-            s.push_str("(no step markers: the history is cut into 10 windows of equal time)\n");
+        if let Some(c) = candidates.iter().find(|c| c.unit == "window") {
+            s.push_str(&format!(
+                "(no step markers: the history is cut into {} windows of equal numbers of events,\n\
+                 about {:.1} steps each, estimated from how often the loop's lines allocate)\n",
+                c.steps, c.steps_per_window
+            ));
         }
         for c in candidates {
             s.push_str(&format!(
-                "\n{}\n  +{} per {}: {} in {} block{} still live; grew in {} of {} {}s\n",
+                "\n{}\n  +{} and {} block{} per step; {} in {} block{} live at the end\n  \
+                 kept memory from {} of {} {}s ({}s {} to {})\n",
                 c.site,
                 bytes(c.bytes_per_step),
-                c.unit,
+                c.blocks_per_step,
+                if c.blocks_per_step == 1.0 { "" } else { "s" },
                 bytes(c.bytes),
                 c.blocks,
                 if c.blocks == 1 { "" } else { "s" },
                 c.growing_steps,
                 c.steps,
                 c.unit,
+                c.unit,
+                c.grew_from,
+                c.grew_until,
             ));
             for caller in &c.callers {
                 s.push_str(&format!("  called from {caller}\n"));
