@@ -23,8 +23,9 @@ pub struct LeakCandidate {
     pub blocks: u64,
     /// Their bytes.
     pub bytes: u64,
-    /// Bytes the site's floor of live memory rose by per step, on average over the steps from
-    /// its first rise to the end of the history.
+    /// Bytes the site's floor of live memory rose by per step, from its first rise to the end
+    /// of the history, leaving out one-time jumps (a rise of over four times the median rise).
+    /// Where no steps were marked this is an estimate (windows hold about `steps_per_window`).
     pub bytes_per_step: u64,
     /// Blocks it gained per step, likewise (a growing cache may gain bytes with no new block).
     pub blocks_per_step: f64,
@@ -63,7 +64,11 @@ const MAX_STEP_WINDOWS: u64 = 100;
 /// per request, or a sliding window fall again. Where no steps were marked, the number of
 /// steps per window is estimated as the most common number of allocations among the sites
 /// that allocate in every window (a loop body's sites allocate once per step), so that the
-/// figures are per step.
+/// figures are per step. The figures are rough where no steps were marked, while the lines
+/// named do not depend on them: on the corpus of `fixtures/torch/corpus`, bytes per step are
+/// within 15% of the ground truth for 5 of its 9 leaking lines and 2% to 46% of it for the
+/// others (PyTorch's trace gives requested bytes, 4 for a scalar in a 512-byte block; and the
+/// estimate counts steps several times where a loop's lines allocate several tensors a step).
 pub fn leaks(snapshot: &Snapshot) -> Vec<LeakCandidate> {
     let hist = &snapshot.history;
     if !hist.iter().any(|e| e.action == Action::Alloc) {
@@ -170,7 +175,10 @@ pub fn leaks(snapshot: &Snapshot) -> Vec<LeakCandidate> {
         for s in sites.values().filter(|s| s.windows_allocating.iter().all(|&a| a)) {
             *counts.entry(s.allocations).or_default() += 1;
         }
-        let per_run = counts.into_iter().max_by_key(|&(n, c)| (c, n)).map_or(windows as u64, |(n, _)| n);
+        // The most common count; between equally common ones the smaller (a line that allocates
+        // several tensors per step counts several times).
+        let per_run =
+            counts.into_iter().max_by_key(|&(n, c)| (c, std::cmp::Reverse(n))).map_or(windows as u64, |(n, _)| n);
         (per_run as f64 / windows as f64).max(1.0 / windows as f64)
     };
     let mut out = Vec::new();
@@ -178,8 +186,10 @@ pub fn leaks(snapshot: &Snapshot) -> Vec<LeakCandidate> {
         let Some(frame) = labels.site_frame(*site) else { continue };
         let mut prev = (0u64, 0u64);
         let (mut rises, mut first, mut last, mut fell) = (0u32, None, 0u32, false);
+        let mut steps_up: Vec<(u64, u64)> = Vec::new();
         for (k, &f) in s.floors.iter().enumerate() {
             if f.0 > prev.0 {
+                steps_up.push((f.0 - prev.0, f.1.saturating_sub(prev.1)));
                 rises += 1;
                 first.get_or_insert(k as u32);
                 last = k as u32;
@@ -193,7 +203,7 @@ pub fn leaks(snapshot: &Snapshot) -> Vec<LeakCandidate> {
         if fell || rises < 3 || rises * 2 < span {
             continue;
         }
-        let base = if first == 0 { (0, 0) } else { s.floors[first as usize - 1] };
+
         // The window whose allocations raised the floor of window `w` is the one before it.
         let kept_from = |w: u32| -> u64 {
             let k = u64::from(w.saturating_sub(1));
@@ -203,8 +213,18 @@ pub fn leaks(snapshot: &Snapshot) -> Vec<LeakCandidate> {
                 k + 1
             }
         };
-        let top = s.floors[windows - 1];
-        let steps_grown = f64::from(span) * steps_per_window;
+        // Per step: the rises summed, leaving out one-time jumps (a rise over four times the
+        // median rise: a library's workspace allocated by the same line in the first step),
+        // over the steps from the first rise to the end.
+        let median = |mut v: Vec<u64>| -> u64 {
+            v.sort_unstable();
+            v[v.len() / 2]
+        };
+        let typical = median(steps_up.iter().map(|r| r.0).collect());
+        let kept: Vec<&(u64, u64)> = steps_up.iter().filter(|r| r.0 <= typical.saturating_mul(4)).collect();
+        let steps_grown = (f64::from(span) * steps_per_window).max(1.0);
+        let bytes_per_step = kept.iter().map(|r| r.0 as f64).sum::<f64>() / steps_grown;
+        let blocks_per_step = kept.iter().map(|r| r.1 as f64).sum::<f64>() / steps_grown;
         let Some((_, std::cmp::Reverse(example))) = s.example else { continue };
         let ctx = hist[example].context;
         let callers = ctx
@@ -224,8 +244,8 @@ pub fn leaks(snapshot: &Snapshot) -> Vec<LeakCandidate> {
             scope,
             blocks: s.blocks,
             bytes: s.bytes,
-            bytes_per_step: ((top.0 - base.0) as f64 / steps_grown.max(1.0)).round() as u64,
-            blocks_per_step: ((top.1.saturating_sub(base.1)) as f64 / steps_grown.max(1.0) * 100.0).round() / 100.0,
+            bytes_per_step: bytes_per_step.round() as u64,
+            blocks_per_step: (blocks_per_step * 100.0).round() / 100.0,
             growing_steps: rises,
             steps: windows as u32,
             grew_from: kept_from(first),
