@@ -301,6 +301,10 @@ impl LeakCandidate {
                 s.push_str(&format!("  in scope {}\n", c.scope));
             }
         }
+        s.push_str(
+            "\nEach line named allocated memory that stays alive; what keeps it is where its results go:\n\
+             a list, dict or cache that is never emptied, a hook or closure, a tensor with its graph.\n",
+        );
         s
     }
 }
