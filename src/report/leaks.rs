@@ -136,6 +136,8 @@ pub fn leaks(snapshot: &Snapshot) -> Vec<LeakCandidate> {
                     if let Some(o) = sites.get_mut(&old_site) {
                         o.bytes = o.bytes.saturating_sub(old_size);
                         o.blocks = o.blocks.saturating_sub(1);
+                        let f = &mut o.floors[w];
+                        *f = (f.0.min(o.bytes), f.1.min(o.blocks));
                     }
                 }
                 Some(site)
