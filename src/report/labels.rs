@@ -2,12 +2,22 @@
 //! per block: a file may name one long stack or scope from a million blocks, and the reports
 //! must stay linear in the file's size.
 
-use super::{is_library, site_label};
+use super::{site_frame, site_label};
 use crate::record::Frame;
 use crate::snapshot::{ContextInfo, Snapshot};
 use std::collections::HashMap;
 
 const UNSEEN: u32 = u32::MAX;
+
+/// The id of `label` in `ids`, adding `item(label)` to `items` when it is new.
+fn intern<T>(ids: &mut HashMap<String, u32>, items: &mut Vec<T>, label: String, item: impl FnOnce(String) -> T) -> u32 {
+    let next = items.len() as u32;
+    let id = *ids.entry(label.clone()).or_insert(next);
+    if id == next {
+        items.push(item(label));
+    }
+    id
+}
 
 /// Small ids for the distinct sites (by label) and scope paths of one snapshot. Site 0 is
 /// `<no stack>` and scope 0 the empty path.
@@ -42,13 +52,8 @@ impl<'a> Labels<'a> {
         if known != UNSEEN {
             return known;
         }
-        let frame = self.snap.stack_frames(stack).find(|f| !is_library(f));
-        let label = site_label(frame);
-        let next = self.sites.len() as u32;
-        let id = *self.site_ids.entry(label.clone()).or_insert(next);
-        if id == next {
-            self.sites.push((label, frame));
-        }
+        let frame = site_frame(self.snap, ctx);
+        let id = intern(&mut self.site_ids, &mut self.sites, site_label(frame), |label| (label, frame));
         self.site_of_stack[stack as usize] = id;
         id
     }
@@ -60,12 +65,7 @@ impl<'a> Labels<'a> {
         if known != UNSEEN {
             return known;
         }
-        let label = self.snap.scopes[index as usize].join("/");
-        let next = self.scopes.len() as u32;
-        let id = *self.scope_ids.entry(label.clone()).or_insert(next);
-        if id == next {
-            self.scopes.push(label);
-        }
+        let id = intern(&mut self.scope_ids, &mut self.scopes, self.snap.scope_path(ctx), |label| label);
         self.scope_of_index[index as usize] = id;
         id
     }

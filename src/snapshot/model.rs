@@ -164,6 +164,12 @@ impl Snapshot {
         }
     }
 
+    /// The scope path of a context as reports and PyTorch's `user_metadata` write it: the
+    /// names joined by `/`, empty for the root or no context.
+    pub(crate) fn scope_path(&self, ctx: Option<&ContextInfo>) -> String {
+        ctx.and_then(|c| self.scopes.get(c.scope as usize)).map(|p| p.join("/")).unwrap_or_default()
+    }
+
     /// The frames of stack `index`, innermost first.
     pub fn stack_frames(&self, index: u32) -> impl Iterator<Item = &Frame> {
         self.stacks.get(index as usize).into_iter().flatten().filter_map(|&f| self.frames.get(f as usize))

@@ -207,7 +207,7 @@ impl Snapshot {
                         w.str("compile_context");
                         w.str(e.compile_context.as_deref().unwrap_or("N/A"));
                         w.str("user_metadata");
-                        w.str(&self.user_metadata(e.context.as_ref()));
+                        w.str(&self.scope_path(e.context.as_ref()));
                         w.str("frames");
                         self.write_frames(w, e.context.as_ref());
                     })
@@ -265,11 +265,6 @@ impl Snapshot {
                 w.uint(u64::from(f.line.unwrap_or(0)));
             })
         });
-    }
-
-    /// The scope path of a context as PyTorch's `user_metadata` string: names joined by `/`.
-    fn user_metadata(&self, ctx: Option<&ContextInfo>) -> String {
-        ctx.and_then(|c| self.scopes.get(c.scope as usize)).map(|p| p.join("/")).unwrap_or_default()
     }
 }
 
