@@ -16,6 +16,13 @@ fn main() {
 /// from 2,000 functions, in 64 MiB segments, built through the JSON form (the model is
 /// non-exhaustive outside the crate).
 fn synthetic(blocks: usize, stacks: usize) -> Snapshot {
+    synthetic_with_history(blocks, stacks, 0)
+}
+
+/// As [`synthetic`], with a history of `steps` training steps before the snapshot: each step
+/// allocates and frees 100 temporaries of 1 MiB from the stacks in turn and keeps one 4 KiB
+/// block (a leak), so that the leak finder has 201 events a step to replay.
+fn synthetic_with_history(blocks: usize, stacks: usize, steps: usize) -> Snapshot {
     let frames: Vec<serde_json::Value> = (0..2000)
         .map(|i| serde_json::json!({"function": format!("model::layer{}::op{}", i / 40, i % 40), "file": format!("src/layer{}.rs", i / 40), "line": 10 + i % 400}))
         .collect();
@@ -37,7 +44,22 @@ fn synthetic(blocks: usize, stacks: usize) -> Snapshot {
                 "allocated_size": (n as u64) * (256 << 10), "active_size": (n as u64) * (256 << 10), "requested_size": (n as u64) * 250_000, "blocks": bl})
         })
         .collect();
-    let doc = serde_json::json!({"version": 1, "device": 0, "backend": "synthetic", "segments": segments, "history": [],
+    let mut history = Vec::new();
+    let event = |action: &str, addr: u64, size: u64, stack: usize, t: usize| {
+        serde_json::json!({"action": action, "addr": addr, "size": size, "stream": 0, "time_ns": t as u64 * 1000,
+            "context": {"stack": (stack % stacks) as u32, "scope": 0, "thread": 0, "step": 0}})
+    };
+    for step in 0..steps {
+        let t = step * 201;
+        for k in 0..100 {
+            history.push(event("alloc", 0x10_0000_0000 + (k as u64) * (1 << 20), 1 << 20, k, t + k));
+        }
+        for k in 0..100 {
+            history.push(event("free_completed", 0x10_0000_0000 + (k as u64) * (1 << 20), 1 << 20, k, t + 100 + k));
+        }
+        history.push(event("alloc", 0x20_0000_0000 + (step as u64) * 4096, 4096, stacks - 1, t + 200));
+    }
+    let doc = serde_json::json!({"version": 1, "device": 0, "backend": "synthetic", "segments": segments, "history": history,
         "history_dropped": 0, "frames": frames, "stacks": stack_list, "scopes": [[]], "threads": ["main"], "stats": {}});
     serde_json::from_value(doc).expect("a valid snapshot")
 }
@@ -64,11 +86,56 @@ fn json_1m_live_blocks(bencher: Bencher) {
 
 #[divan::bench(sample_count = 3, sample_size = 1)]
 fn read_pytorch_pickle_100mb(bencher: Bencher) {
+    let bytes = pickle_100mb();
+    bencher.bench(|| black_box(Snapshot::from_pytorch_pickle(bytes, "bench").unwrap().segments.len()));
+}
+
+/// `vramscope leaks` on the pickle above: reading it and finding leaks (it has no history, so
+/// this is the reading plus the finder's setup).
+#[divan::bench(sample_count = 3, sample_size = 1)]
+fn leaks_pytorch_pickle_100mb(bencher: Bencher) {
+    let bytes = pickle_100mb();
+    bencher.bench(|| {
+        let snap = Snapshot::from_pytorch_pickle(bytes, "bench").unwrap();
+        black_box(report::leaks(&snap).len())
+    });
+}
+
+/// `vramscope leaks` on a pickle of about the same size with a history: 10,000 live blocks
+/// and 350 steps of 100 temporaries and one leaked block (70,350 trace entries).
+#[divan::bench(sample_count = 3, sample_size = 1)]
+fn leaks_pytorch_pickle_with_history(bencher: Bencher) {
     static P: OnceLock<Vec<u8>> = OnceLock::new();
     let bytes = P.get_or_init(|| {
-        let p = synthetic(110_000, 10_000).to_pytorch_pickle();
-        eprintln!("pickle of {} bytes", p.len());
+        let p = synthetic_with_history(10_000, 10_000, 350).to_pytorch_pickle();
+        eprintln!("pickle with history: {} bytes", p.len());
+        dump("with_history.pickle", &p);
         p
     });
-    bencher.bench(|| black_box(Snapshot::from_pytorch_pickle(bytes, "bench").unwrap().segments.len()));
+    bencher.bench(|| {
+        let snap = Snapshot::from_pytorch_pickle(bytes, "bench").unwrap();
+        let found = report::leaks(&snap);
+        assert_eq!(found.len(), 1, "the one leaking line");
+        black_box(found.len())
+    });
+}
+
+/// The pickle of 110,000 live blocks with 12-frame stacks (about 99 MB).
+fn pickle_100mb() -> &'static [u8] {
+    static P: OnceLock<Vec<u8>> = OnceLock::new();
+    P.get_or_init(|| {
+        let p = synthetic(110_000, 10_000).to_pytorch_pickle();
+        eprintln!("pickle of {} bytes", p.len());
+        dump("100mb.pickle", &p);
+        p
+    })
+}
+
+/// Writes a benchmark's input under `$VRAMSCOPE_BENCH_DUMP` (a folder) when it is set, for
+/// timing the command line on the same files.
+fn dump(name: &str, bytes: &[u8]) {
+    if let Some(dir) = std::env::var_os("VRAMSCOPE_BENCH_DUMP") {
+        let path = std::path::Path::new(&dir).join(name);
+        std::fs::write(&path, bytes).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+    }
 }
