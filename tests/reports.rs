@@ -157,23 +157,33 @@ fn own_pickles_have_real_times_and_requested_frees() {
 
 /// Scopes travel where PyTorch carries user annotations: each trace entry's `user_metadata`
 /// (`outer/inner`); read back, the blocks get their allocation's scope, and no fake frames.
+/// A tensor's dtype and shape travel as block keys of their own; a plain buffer has none.
 #[test]
-fn own_pickles_carry_scopes_as_user_metadata() {
+fn own_pickles_carry_scopes_dtypes_and_shapes() {
     let alloc = CachingAllocator::new(SimBackend::new(1 << 30));
     alloc.record_memory_history(vramscope::RecordConfig::default());
     let _outer = vramscope::scope("outer");
     let _inner = vramscope::scope("inner");
     let x = alloc.alloc::<u8>(alloc.default_stream(), 100).unwrap();
-    let bytes = alloc.snapshot().to_pytorch_pickle();
+    let kv = alloc.alloc_shaped::<f32>(alloc.default_stream(), &[2, 8, 128]).unwrap();
+    let snap = alloc.snapshot();
+    let bytes = snap.to_pytorch_pickle();
     let back = Snapshot::from_pytorch_pickle(&bytes, "own").unwrap();
-    let block = back.live_blocks().next().unwrap();
+    let described = |s: &Snapshot| -> Vec<(u64, Option<String>, Option<Vec<usize>>)> {
+        s.live_blocks().map(|b| (b.address, b.dtype.clone(), b.shape.clone())).collect()
+    };
+    let tensor = (kv.device_ptr(), Some("float32".to_string()), Some(vec![2, 8, 128]));
+    assert!(described(&snap).contains(&tensor), "{:?}", described(&snap));
+    assert_eq!(described(&back), described(&snap));
+    assert!(described(&back).contains(&(x.device_ptr(), None, None)));
+    let block = back.live_blocks().find(|b| b.address == x.device_ptr()).unwrap();
     let ctx = block.context.unwrap();
     assert_eq!(back.scopes[ctx.scope as usize], ["outer", "inner"]);
     assert!(back.stack_frames(ctx.stack.unwrap()).all(|f| f.file.as_deref() != Some("<scope>")));
     let alloc_event = back.history.iter().find(|e| e.addr == x.device_ptr() && e.action == vramscope::Action::Alloc);
     assert_eq!(back.scopes[alloc_event.unwrap().context.unwrap().scope as usize], ["outer", "inner"]);
-    assert_eq!(report::live(&back)[0].scope, "outer/inner");
-    drop(x);
+    assert!(report::live(&back).iter().all(|g| g.scope == "outer/inner"));
+    drop((x, kv));
 }
 
 /// The leak finder on the corpus of real PyTorch programs (fixtures/torch/corpus): it names

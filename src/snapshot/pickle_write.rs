@@ -137,7 +137,8 @@ fn action_name(a: Action) -> &'static str {
 impl Snapshot {
     /// The snapshot as a pickle in PyTorch's `torch.cuda.memory._snapshot()` schema. Scopes go
     /// where PyTorch carries user annotations, each trace entry's `user_metadata` (the path's
-    /// names joined by `/`); what was read from a PyTorch snapshot (settings, annotations,
+    /// names joined by `/`); blocks described as tensors carry `dtype` and `shape` keys, which
+    /// PyTorch's tools ignore and vramscope reads back; what was read from a PyTorch snapshot (settings, annotations,
     /// segment stacks, compile contexts, times) is written back as it was. Threads and steps
     /// have no place in that schema.
     pub fn to_pytorch_pickle(&self) -> Vec<u8> {
@@ -186,6 +187,16 @@ impl Snapshot {
                             });
                             w.str("frames");
                             self.write_frames(w, b.context.as_ref());
+                            // Not in PyTorch's schema (its viewer reads only the keys it
+                            // knows): the tensor's description, where vramscope had one.
+                            if let Some(dtype) = &b.dtype {
+                                w.str("dtype");
+                                w.str(dtype);
+                            }
+                            if let Some(shape) = &b.shape {
+                                w.str("shape");
+                                w.list(shape, |w, &d| w.uint(d as u64));
+                            }
                         })
                     });
                 })

@@ -122,6 +122,37 @@ fn uint(v: &Value, key: &str, at: &dyn Fn() -> String, source: &str) -> Result<u
         .ok_or_else(|| bad(source, format!("{}: `{key}` is {x:?}, expected a non-negative integer below 2^64", at())))
 }
 
+/// A block's `dtype`, which vramscope writes for blocks described as tensors (PyTorch does not).
+fn tensor_dtype(b: &Value, at: &dyn Fn() -> String, source: &str) -> Result<Option<String>> {
+    match b.get("dtype") {
+        None | Some(Value::None) => Ok(None),
+        Some(v) => match v.as_str() {
+            Some(s) => Ok(Some(s.to_string())),
+            None => Err(bad(source, format!("{}: `dtype` is a {}, expected a string", at(), v.type_name()))),
+        },
+    }
+}
+
+/// A block's `shape` (see [`tensor_dtype`]), its dimensions counted against the budget.
+fn tensor_shape(b: &Value, budget: &mut Budget, at: &dyn Fn() -> String, source: &str) -> Result<Option<Vec<usize>>> {
+    let v = match b.get("shape") {
+        None | Some(Value::None) => return Ok(None),
+        Some(v) => v,
+    };
+    let dims =
+        v.items().ok_or_else(|| bad(source, format!("{}: `shape` is a {}, expected a list", at(), v.type_name())))?;
+    budget.spend(dims.len(), at, source)?;
+    dims.iter()
+        .enumerate()
+        .map(|(i, d)| {
+            d.as_i128()
+                .and_then(|n| usize::try_from(n).ok())
+                .ok_or_else(|| bad(source, format!("{}: `shape[{i}]` is {d:?}, expected a non-negative integer", at())))
+        })
+        .collect::<Result<Vec<_>>>()
+        .map(Some)
+}
+
 fn context(stack: Option<u32>) -> Option<ContextInfo> {
     context_in(stack, 0)
 }
@@ -254,8 +285,8 @@ impl Snapshot {
                     size: uint(b, "size", &at, source)?,
                     requested_size: uint(b, "requested_size", &at, source).unwrap_or(0),
                     state,
-                    dtype: None,
-                    shape: None,
+                    dtype: tensor_dtype(b, &at, source)?,
+                    shape: tensor_shape(b, &mut budget, &at, source)?,
                     context: context(stack),
                 });
             }
