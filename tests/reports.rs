@@ -223,3 +223,21 @@ fn leak_finder_matches_the_corpus_ground_truth() {
         assert_eq!((*fp, *fn_), (0, 0), "{part}: precision and recall must both be 1");
     }
 }
+
+/// An out-of-memory event carries the device's free bytes, as PyTorch's `oom` trace entries do
+/// (`device_free`, no address; its viewer prints it), and reads back from that form.
+#[test]
+fn oom_events_carry_the_free_bytes_as_pytorch_does() {
+    let alloc = CachingAllocator::new(SimBackend::new(64 << 20));
+    alloc.record_memory_history(vramscope::RecordConfig::default());
+    let x = alloc.alloc::<u8>(alloc.default_stream(), 20 << 20).unwrap();
+    let free = vramscope::Backend::free_memory(&**alloc.backend());
+    assert!(alloc.alloc::<u8>(alloc.default_stream(), 100 << 20).is_err());
+    let snap = alloc.snapshot();
+    let oom = |s: &Snapshot| s.history.iter().find(|e| e.action == vramscope::Action::Oom).map(|e| (e.addr, e.size));
+    assert_eq!(oom(&snap), Some((free, 100 << 20)));
+    let bytes = snap.to_pytorch_pickle();
+    let back = Snapshot::from_pytorch_pickle(&bytes, "own").unwrap();
+    assert_eq!(oom(&back), Some((free, 100 << 20)), "read back from `device_free`");
+    drop(x);
+}

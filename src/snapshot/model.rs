@@ -127,7 +127,8 @@ pub struct ContextInfo {
 pub struct HistoryEntry {
     /// What happened.
     pub action: Action,
-    /// Block or segment address.
+    /// Block or segment address; for [`Action::Oom`], the bytes the device still had free
+    /// (PyTorch's `device_free`).
     pub addr: u64,
     /// Bytes.
     pub size: u64,

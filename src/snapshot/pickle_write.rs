@@ -207,7 +207,9 @@ impl Snapshot {
                     w.dict(|w| {
                         w.str("action");
                         w.str(action_name(action));
-                        w.str("addr");
+                        // An `oom` entry's address is the device's free bytes, PyTorch's
+                        // `device_free` (its viewer prints it).
+                        w.str(if action == Action::Oom { "device_free" } else { "addr" });
                         w.uint(e.addr);
                         w.str("size");
                         w.uint(e.size);

@@ -393,7 +393,12 @@ fn read_history(root: &Value, t: &mut Interner, budget: &mut Budget, source: &st
         let compile_context = e.get("compile_context").and_then(|c| c.as_str().map(str::to_string));
         out.push(HistoryEntry {
             action,
-            addr: uint(e, "addr", &at, source)?,
+            // PyTorch's `oom` entries have no address but the bytes the device had free.
+            addr: if action == Action::Oom {
+                uint(e, "device_free", &at, source).or_else(|_| uint(e, "addr", &at, source)).unwrap_or(0)
+            } else {
+                uint(e, "addr", &at, source)?
+            },
             size: uint(e, "size", &at, source)?,
             stream: u32::try_from(uint(e, "stream", &at, source).unwrap_or(0) % (1 << 32)).unwrap_or(0),
             // Saturating: a hostile file's times may be any 128-bit integers, in any order.

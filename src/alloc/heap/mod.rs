@@ -552,7 +552,8 @@ impl Heap {
 
     fn oom(&mut self, backend: &dyn Backend, requested: u64, rounded: u64, cause: BackendError) -> Error {
         self.stats.num_ooms += 1;
-        self.recorder.event(Action::Oom, 0, requested, 0, None);
+        // PyTorch's `oom` entry: the address is the bytes the device still had free.
+        self.recorder.event(Action::Oom, backend.free_memory(), requested, 0, None);
         let largest = self.largest_free();
         Error::OutOfMemory(Box::new(OomReport {
             device: self.device,
