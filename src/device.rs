@@ -18,34 +18,11 @@ pub const DEFAULT_SIM_CAPACITY: u64 = 80 << 30;
 
 static DEVICES: OnceLock<Mutex<BTreeMap<usize, CachingAllocator>>> = OnceLock::new();
 
-/// Parses a byte size with an optional unit: `1024`, `512 KiB`, `8GiB`, `2 GB`, `1.5MiB`.
+/// Parses a byte size with an optional unit: `1024`, `512 KiB`, `8GiB`, `2 GB`, `1.5MiB` (see
+/// [`units::parse_byte_size`](crate::units::parse_byte_size), which this wraps in an error
+/// naming the text).
 pub fn parse_bytes(s: &str) -> Result<u64> {
-    let t = s.trim();
-    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let unit = unit.trim();
-    let mult: u64 = match unit.to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kb" => 1_000,
-        "kib" => 1 << 10,
-        "m" | "mb" => 1_000_000,
-        "mib" => 1 << 20,
-        "g" | "gb" => 1_000_000_000,
-        "gib" => 1 << 30,
-        "t" | "tb" => 1_000_000_000_000,
-        "tib" => 1 << 40,
-        _ => {
-            return Err(Error::InvalidRequest(format!(
-                "`{s}`: unknown unit `{unit}`; accepted: B, KB, KiB, MB, MiB, GB, GiB, TB, TiB"
-            )))
-        }
-    };
-    let v: f64 = num.parse().map_err(|_| Error::InvalidRequest(format!("`{s}` is not a byte size (e.g. 8GiB)")))?;
-    let bytes = v * mult as f64;
-    if !(bytes.is_finite() && bytes >= 0.0 && bytes < u64::MAX as f64) {
-        return Err(Error::InvalidRequest(format!("`{s}` is out of range")));
-    }
-    Ok(bytes as u64)
+    crate::units::parse_byte_size(s).map_err(|e| Error::InvalidRequest(format!("`{s}`: {e}")))
 }
 
 /// An environment variable's text: `None` when unset, an error naming it when it is not UTF-8

@@ -249,6 +249,7 @@ pub mod replay;
 pub mod report;
 mod snapshot;
 pub mod testing;
+pub mod units;
 
 pub use alloc::{
     AllocatorConfig, Buffer, CachingAllocator, IntoBackend, LimitMax, Pod, ScopeUsage, Stream, TensorMeta,
@@ -266,6 +267,12 @@ pub use device::{
 pub use error::{BackendError, Error, OomReport, Result};
 #[doc(hidden)]
 pub use insta as __insta;
+
+/// What `#[gpu_mem_test]` and `assert_mem_snapshot!` expand to; not an API.
+#[doc(hidden)]
+pub mod __macro_support {
+    pub use crate::units::parse_byte_size;
+}
 #[cfg(feature = "tracing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tracing")))]
 pub use record::ScopeLayer;

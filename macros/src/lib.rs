@@ -5,7 +5,7 @@
 
 use proc_macro::TokenStream;
 use proc_macro2::{Span, TokenStream as TokenStream2};
-use quote::quote;
+use quote::{quote, quote_spanned};
 use syn::parse::Parser;
 use syn::punctuated::Punctuated;
 use syn::{Expr, ExprLit, ItemFn, Lit, MetaNameValue, ReturnType, Token};
@@ -17,7 +17,8 @@ const MAX_ITERATIONS: u64 = 1_000_000;
 
 /// Runs a test body for warm-up plus measured iterations and fails, naming the allocation sites
 /// that kept memory alive, when live memory grows. Keys (all optional): `iters = 5`,
-/// `warmup = 1`, `tolerance = "0 B"`, `metric = "live_bytes" | "live_blocks" | "reserved_bytes"`,
+/// `warmup = 1`, `tolerance = "0 B"` (bytes: a number, or a text read at compile time by
+/// `vramscope::units::parse_byte_size`, e.g. `"64 KiB"`), `metric = "live_bytes" | "live_blocks" | "reserved_bytes"`,
 /// `device = 0`, `backend = "any" | "host" | "cuda"`, `snapshot = false`.
 #[proc_macro_attribute]
 pub fn gpu_mem_test(args: TokenStream, item: TokenStream) -> TokenStream {
@@ -30,7 +31,7 @@ pub fn gpu_mem_test(args: TokenStream, item: TokenStream) -> TokenStream {
 struct Options {
     iters: u64,
     warmup: u64,
-    tolerance: u64,
+    tolerance: TokenStream2,
     metric: &'static str,
     device: u64,
     backend: &'static str,
@@ -62,43 +63,40 @@ fn one_of(nv: &MetaNameValue, key: &str, accepted: &[&'static str]) -> syn::Resu
     Err(syn::Error::new_spanned(&nv.value, format!("`{key}` takes one of {list}")))
 }
 
-/// Bytes with an optional unit: `"0 B"`, `"4 KiB"`, `"1.5MiB"`, `"2 GB"`, or a whole number.
-fn bytes(nv: &MetaNameValue) -> syn::Result<u64> {
-    let err = || {
-        syn::Error::new_spanned(
+/// The tolerance: a whole number of bytes, or a text that vramscope's byte-size parser (a
+/// `const fn`, the one behind `VRAMSCOPE_CAPACITY` and the command line) reads at compile
+/// time: `"0 B"`, `"4 KiB"`, `"1.5MiB"`, `"2 GB"`. A text it refuses fails the build there,
+/// with its message, at the text.
+fn bytes(nv: &MetaNameValue) -> syn::Result<TokenStream2> {
+    match lit(nv) {
+        Some(Lit::Int(i)) => {
+            let n = i.base10_parse::<u64>()?;
+            Ok(quote!(#n))
+        }
+        Some(Lit::Str(s)) => Ok(quote_spanned! {s.span()=> {
+            const TOLERANCE: u64 = match ::vramscope::__macro_support::parse_byte_size(#s) {
+                ::core::result::Result::Ok(bytes) => bytes,
+                ::core::result::Result::Err(e) => ::core::panic!("{}", e.message()),
+            };
+            TOLERANCE
+        }}),
+        _ => Err(syn::Error::new_spanned(
             &nv.value,
-            "`tolerance` takes bytes with a unit, e.g. `tolerance = \"64 KiB\"` (B, KB, KiB, MB, MiB, GB, GiB), or a whole number",
-        )
-    };
-    let text = match lit(nv) {
-        Some(Lit::Str(s)) => s.value(),
-        Some(Lit::Int(i)) => return i.base10_parse::<u64>(),
-        _ => return Err(err()),
-    };
-    let t = text.trim();
-    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1.0,
-        "kb" => 1e3,
-        "kib" => 1024.0,
-        "mb" => 1e6,
-        "mib" => 1048576.0,
-        "gb" => 1e9,
-        "gib" => 1073741824.0,
-        _ => return Err(err()),
-    };
-    let v: f64 = num.parse().map_err(|_| err())?;
-    let b = v * mult;
-    if !(b.is_finite() && b >= 0.0 && b < u64::MAX as f64) {
-        return Err(err());
+            "`tolerance` takes bytes with a unit, e.g. `tolerance = \"64 KiB\"`, or a whole number",
+        )),
     }
-    Ok(b as u64)
 }
 
 fn parse_options(args: TokenStream2) -> syn::Result<Options> {
-    let mut o =
-        Options { iters: 5, warmup: 1, tolerance: 0, metric: "LiveBytes", device: 0, backend: "Any", snapshot: false };
+    let mut o = Options {
+        iters: 5,
+        warmup: 1,
+        tolerance: quote!(0u64),
+        metric: "LiveBytes",
+        device: 0,
+        backend: "Any",
+        snapshot: false,
+    };
     let list = Punctuated::<MetaNameValue, Token![,]>::parse_terminated.parse2(args).map_err(|e| {
         syn::Error::new(e.span(), format!("expected `key = value` pairs separated by commas; accepted keys: {KEYS}"))
     })?;
@@ -210,7 +208,10 @@ fn expand(args: TokenStream2, item: TokenStream2) -> syn::Result<TokenStream2> {
         ReturnType::Default => quote!(|| #block),
         ReturnType::Type(_, ty) => quote!(|| -> #ty #block),
     };
-    let (iters, warmup, tolerance, device) = (o.iters as usize, o.warmup as usize, o.tolerance, o.device as usize);
+    let (iters, warmup, tolerance, device) = (o.iters as usize, o.warmup as usize, &o.tolerance, o.device as usize);
+    // At module level, so that a refused tolerance fails every build, not only `cargo test`
+    // (test functions are left out of other builds before constants are evaluated).
+    let tolerance_const = syn::Ident::new(&format!("__VRAMSCOPE_TOLERANCE_{name}"), Span::call_site());
     let metric = syn::Ident::new(o.metric, Span::call_site());
     let backend = syn::Ident::new(o.backend, Span::call_site());
     let snapshot = if o.snapshot {
@@ -219,13 +220,16 @@ fn expand(args: TokenStream2, item: TokenStream2) -> syn::Result<TokenStream2> {
         quote!()
     };
     Ok(quote! {
+        #[doc(hidden)]
+        #[allow(dead_code, non_upper_case_globals)]
+        const #tolerance_const: u64 = #tolerance;
         #(#attrs)*
         #test_attr
         #vis #sig {
             let __vramscope_test = ::vramscope::testing::MemTest::new(::core::concat!(::core::module_path!(), "::", ::core::stringify!(#name)))
                 .iters(#iters)
                 .warmup(#warmup)
-                .tolerance(#tolerance)
+                .tolerance(#tolerance_const)
                 .metric(::vramscope::testing::Metric::#metric)
                 .device(#device)
                 .backend(::vramscope::testing::BackendRequirement::#backend);

@@ -21,3 +21,10 @@ fn main() {
     assert_eq!(slice.as_ptr() as usize % 512, 0);
     assert_eq!(slice.len(), 3);
 }
+
+// Every unit the byte-size parser accepts works in a tolerance.
+#[vramscope::gpu_mem_test(iters = 2, warmup = 1, tolerance = "1.5 kib")]
+fn tolerance_in_any_case() {}
+
+#[vramscope::gpu_mem_test(iters = 2, warmup = 1, tolerance = 4096)]
+fn tolerance_as_a_number() {}
