@@ -251,6 +251,11 @@ mod snapshot;
 pub mod testing;
 pub mod units;
 
+/// Typed allocator statistics ([`CachingAllocator::stats`]) and PyTorch's key names for them.
+pub mod stats {
+    pub use crate::alloc::{Counter, MemoryStats, PoolCounters};
+}
+
 pub use alloc::{
     AllocatorConfig, Buffer, CachingAllocator, IntoBackend, LimitMax, Pod, ScopeUsage, Stream, TensorMeta,
     ALLOC_CONF_ENV, OOM_SNAPSHOT_ENV,

@@ -24,7 +24,7 @@ fn freed_blocks_are_cached_and_reused() {
     assert_eq!(alloc.memory_reserved(), 20 * MIB, "a 3 MiB request gets a 20 MiB segment");
     let b = alloc.alloc::<u8>(&s, 3 * MIB as usize).unwrap();
     assert_eq!(b.device_ptr(), addr, "the cached block is reused");
-    assert_eq!(alloc.memory_stats()["num_device_alloc"], 1);
+    assert_eq!(alloc.stats().num_device_alloc, 1);
 }
 
 #[test]
@@ -35,11 +35,11 @@ fn requests_round_to_512_and_pools_split_at_1_mib() {
     let b = alloc.alloc::<u8>(&s, 513).unwrap();
     let c = alloc.alloc::<u8>(&s, MIB as usize).unwrap();
     let d = alloc.alloc::<u8>(&s, MIB as usize + 1).unwrap();
-    let st = alloc.memory_stats();
-    assert_eq!(st["allocated_bytes.small_pool.current"], 512 + 1024 + MIB);
-    assert_eq!(st["allocated_bytes.large_pool.current"], MIB + 512);
-    assert_eq!(st["requested_bytes.all.current"], 1 + 513 + MIB + MIB + 1);
-    assert_eq!(st["segment.small_pool.current"], 1, "small blocks share one 2 MiB segment");
+    let st = alloc.stats();
+    assert_eq!(st.allocated_bytes.small_pool.current, 512 + 1024 + MIB);
+    assert_eq!(st.allocated_bytes.large_pool.current, MIB + 512);
+    assert_eq!(st.requested_bytes.all.current, 1 + 513 + MIB + MIB + 1);
+    assert_eq!(st.segment.small_pool.current, 1, "small blocks share one 2 MiB segment");
     assert_eq!(b.device_ptr(), a.device_ptr() + 512, "blocks are split from the front");
     drop((a, b, c, d));
 }
@@ -55,7 +55,7 @@ fn the_fragmentation_limit_gives_cache_back_before_growing() {
     // A cached block that does not fit is released before a new segment is reserved.
     let b = alloc.alloc::<u8>(&s, 6 * MIB as usize).unwrap();
     assert_eq!(alloc.memory_reserved(), 6 * MIB);
-    assert_eq!(alloc.memory_stats()["num_device_free"], 1);
+    assert_eq!(alloc.stats().num_device_free, 1);
     drop(b);
     // Below the peak, segments are sized for reuse as PyTorch sizes them.
     let small = alloc.alloc::<u8>(&s, 3 * MIB as usize).unwrap();
@@ -79,14 +79,14 @@ fn holes_are_unmapped_instead_of_growing_where_the_backend_can() {
     drop(middle);
     // 18 MiB does not fit in the 16 MiB hole: its pages are unmapped rather than exceeding the limit.
     let other = alloc.alloc::<u8>(&s, 18 * MIB as usize).unwrap();
-    let st = alloc.memory_stats();
-    assert!(st["num_device_unmap"] >= 1, "{st:#?}");
+    let st = alloc.stats();
+    assert!(st.num_device_unmap >= 1, "{st:#?}");
     assert_eq!(alloc.memory_reserved(), 42 * MIB);
     assert_eq!(sim.used_memory(), 42 * MIB);
     alloc.check_invariants().unwrap();
     // The hole's pages are mapped again when it is reused.
     let again = alloc.alloc::<u8>(&s, 16 * MIB as usize).unwrap();
-    assert!(alloc.memory_stats()["num_device_map"] >= 1);
+    assert!(alloc.stats().num_device_map >= 1);
     assert_eq!(alloc.memory_reserved(), 58 * MIB);
     alloc.check_invariants().unwrap();
     drop((head, tail, other, again));
@@ -119,7 +119,7 @@ fn merging_restores_whole_segments() {
     let alloc = CachingAllocator::new(SimBackend::new(1 << 30));
     let s = alloc.default_stream();
     let bufs: Vec<_> = (0..8).map(|_| alloc.alloc::<u8>(&s, 4096).unwrap()).collect();
-    assert_eq!(alloc.memory_stats()["inactive_split_bytes.all.current"], 2 * MIB - 8 * 4096);
+    assert_eq!(alloc.stats().inactive_split_bytes.all.current, 2 * MIB - 8 * 4096);
     // Free every other block, then the rest: merges from both sides.
     let (even, odd): (Vec<_>, Vec<_>) = bufs.into_iter().enumerate().partition(|(i, _)| i % 2 == 0);
     drop(even);
@@ -139,11 +139,11 @@ fn max_split_size_keeps_oversize_blocks_whole() {
     drop(alloc.alloc::<u8>(&s, 64 * MIB as usize).unwrap());
     // A small request must not take the cached 64 MiB block.
     let small = alloc.alloc::<u8>(&s, 2 * MIB as usize).unwrap();
-    assert_eq!(alloc.memory_stats()["num_device_alloc"], 2);
-    assert_eq!(alloc.memory_stats()["oversize_segments.current"], 1);
+    assert_eq!(alloc.stats().num_device_alloc, 2);
+    assert_eq!(alloc.stats().oversize_segments.current, 1);
     drop(small);
     let big = alloc.alloc::<u8>(&s, 60 * MIB as usize).unwrap();
-    assert_eq!(alloc.memory_stats()["oversize_allocations.current"], 1);
+    assert_eq!(alloc.stats().oversize_allocations.current, 1);
     drop(big);
     alloc.check_invariants().unwrap();
 }
@@ -172,16 +172,16 @@ fn record_stream_delays_reuse_until_the_other_stream_passes_the_free() {
     let addr = a.device_ptr();
     alloc.record_stream(&a, s2).unwrap();
     drop(a);
-    let st = alloc.memory_stats();
-    assert_eq!(st["allocated_bytes.all.current"], 0, "live bytes drop at once");
-    assert_eq!(st["active_bytes.all.current"], 8 * MIB, "but the block stays active");
+    let st = alloc.stats();
+    assert_eq!(st.allocated_bytes.all.current, 0, "live bytes drop at once");
+    assert_eq!(st.active_bytes.all.current, 8 * MIB, "but the block stays active");
     let b = alloc.alloc::<u8>(&s1, 8 * MIB as usize).unwrap();
     assert_ne!(b.device_ptr(), addr, "the block is not reused while stream 2 may still use it");
     drop(b);
     alloc.synchronize(s2).unwrap();
-    assert_eq!(alloc.memory_stats()["active_bytes.all.current"], 0);
+    assert_eq!(alloc.stats().active_bytes.all.current, 0);
     let c = alloc.alloc::<u8>(&s1, 8 * MIB as usize).unwrap();
-    assert!(c.device_ptr() == addr || alloc.memory_stats()["num_device_alloc"] == 2);
+    assert!(c.device_ptr() == addr || alloc.stats().num_device_alloc == 2);
     alloc.check_invariants().unwrap();
 }
 
@@ -257,9 +257,9 @@ fn peaks_reset() {
     assert_eq!(alloc.max_memory_allocated(), 0);
     assert_eq!(alloc.max_memory_reserved(), alloc.memory_reserved());
     alloc.reset_accumulated_stats();
-    let st = alloc.memory_stats();
-    assert_eq!(st["allocation.all.allocated"], 0);
-    assert_eq!(st["allocation.all.freed"], 0);
+    let st = alloc.stats();
+    assert_eq!(st.allocation.all.allocated, 0);
+    assert_eq!(st.allocation.all.freed, 0);
 }
 
 #[test]
@@ -274,7 +274,7 @@ fn out_of_memory_releases_the_cache_retries_then_reports() {
     // releasing the cache can succeed.
     drop(alloc.alloc::<u8>(&s, 60 * MIB as usize).unwrap());
     let keep = alloc.alloc::<u8>(&s, 70 * MIB as usize).unwrap();
-    assert_eq!(alloc.memory_stats()["num_alloc_retries"], 1);
+    assert_eq!(alloc.stats().num_alloc_retries, 1);
     let e = alloc.alloc::<u8>(&s, 40 * MIB as usize).unwrap_err();
     let Error::OutOfMemory(report) = &e else { panic!("expected OOM, got {e}") };
     assert_eq!(report.requested, 40 * MIB);
@@ -286,7 +286,7 @@ fn out_of_memory_releases_the_cache_retries_then_reports() {
     {
         assert!(msg.contains(part), "{part:?} missing from: {msg}");
     }
-    assert_eq!(alloc.memory_stats()["num_ooms"], 1);
+    assert_eq!(alloc.stats().num_ooms, 1);
     drop(keep);
     drop(alloc.alloc::<u8>(&s, 90 * MIB as usize).expect("memory is usable again after buffers drop"));
     alloc.check_invariants().unwrap();
@@ -325,7 +325,7 @@ fn every_request_failing_is_an_oom_and_nothing_leaks() {
     let e = alloc.alloc::<u8>(&s, 100).unwrap_err();
     assert!(matches!(e, Error::OutOfMemory(_)));
     assert_eq!(faulty.injected(), 2, "one request and one retry");
-    assert_eq!(alloc.memory_stats()["num_ooms"], 1);
+    assert_eq!(alloc.stats().num_ooms, 1);
     assert_eq!(alloc.memory_reserved(), 0);
     assert_eq!(faulty.inner().used_memory(), 0);
 }
@@ -368,11 +368,11 @@ fn streams_created_without_end_hold_a_bounded_cache() {
             }
         }
         alloc.check_invariants().unwrap();
-        let st = alloc.memory_stats();
+        let st = alloc.stats();
         // At most two sweeps' worth (2 x 64 idle streams) of 2 MiB segments, and the newest.
         assert!(alloc.memory_reserved() <= 130 * 2 * MIB, "{config}: {} reserved", alloc.memory_reserved());
-        assert!(st["num_segment_adoptions"] > 4_000, "{config}: {st:?}");
-        assert!(st["num_device_alloc"] < 200, "{config}: {} segments reserved", st["num_device_alloc"]);
+        assert!(st.num_segment_adoptions > 4_000, "{config}: {st:?}");
+        assert!(st.num_device_alloc < 200, "{config}: {} segments reserved", st.num_device_alloc);
     }
 }
 
@@ -435,8 +435,8 @@ fn a_segment_taken_over_from_another_stream_waits_for_that_stream() {
     let b = alloc.alloc::<u8>(&s1, 8 * MIB as usize).unwrap();
     assert_eq!(b.device_ptr(), addr, "stream 2's cached segment is taken over");
     assert_eq!(*backend.synced.lock().unwrap(), [s2.raw()], "after waiting for stream 2");
-    let st = alloc.memory_stats();
-    assert_eq!((st["num_segment_adoptions"], st["num_device_alloc"]), (1, 1));
+    let st = alloc.stats();
+    assert_eq!((st.num_segment_adoptions, st.num_device_alloc), (1, 1));
     let snap = alloc.snapshot();
     assert_eq!(snap.segments.len(), 1);
     assert_eq!(snap.segments[0].stream, s1.id(), "the snapshot puts the segment on stream 1");

@@ -120,14 +120,14 @@ fn many_threads_move_buffers_across_threads_and_streams() {
     sim.complete_events();
     alloc.synchronize_all().unwrap();
     alloc.check_invariants().unwrap();
-    let st = alloc.memory_stats();
-    assert_eq!(st["allocated_bytes.all.current"], 0);
-    assert_eq!(st["active_bytes.all.current"], 0);
-    assert_eq!(st["allocation.all.allocated"], st["allocation.all.freed"]);
-    assert!(st["allocation.all.allocated"] > (THREADS * OPS / 3) as u64);
+    let st = alloc.stats();
+    assert_eq!(st.allocated_bytes.all.current, 0);
+    assert_eq!(st.active_bytes.all.current, 0);
+    assert_eq!(st.allocation.all.allocated, st.allocation.all.freed);
+    assert!(st.allocation.all.allocated > (THREADS * OPS / 3) as u64);
     alloc.empty_cache();
     assert_eq!(sim.used_memory(), 0);
-    eprintln!("{} allocations by {THREADS} threads", st["allocation.all.allocated"]);
+    eprintln!("{} allocations by {THREADS} threads", st.allocation.all.allocated);
 }
 
 #[test]

@@ -74,7 +74,7 @@ fn run_ops(alloc: &CachingAllocator, sim: &SimBackend, streams: &[Stream], ops: 
         }
         check_disjoint(&live);
         let live_bytes: u64 = live.iter().map(|(b, _)| b.num_bytes()).sum();
-        assert_eq!(alloc.memory_stats()["requested_bytes.all.current"], live_bytes);
+        assert_eq!(alloc.stats().requested_bytes.all.current, live_bytes);
         assert!(alloc.memory_allocated() >= live_bytes);
         assert!(alloc.memory_reserved() >= alloc.memory_allocated());
     }
@@ -86,12 +86,12 @@ fn finish(alloc: &CachingAllocator, sim: &SimBackend) {
     sim.complete_events();
     alloc.empty_cache();
     alloc.check_invariants().unwrap();
-    let stats = alloc.memory_stats();
-    assert_eq!(stats["reserved_bytes.all.current"], 0, "{stats:#?}");
-    assert_eq!(stats["active_bytes.all.current"], 0);
-    assert_eq!(stats["segment.all.current"], 0);
+    let stats = alloc.stats();
+    assert_eq!(stats.reserved_bytes.all.current, 0, "{stats:#?}");
+    assert_eq!(stats.active_bytes.all.current, 0);
+    assert_eq!(stats.segment.all.current, 0);
     assert_eq!(sim.used_memory(), 0, "the backend still holds memory");
-    assert_eq!(stats["allocation.all.allocated"], stats["allocation.all.freed"]);
+    assert_eq!(stats.allocation.all.allocated, stats.allocation.all.freed);
 }
 
 proptest! {

@@ -8,6 +8,7 @@ pub(crate) mod heap;
 mod oom_snapshot;
 mod registry;
 pub(crate) mod stats;
+pub use stats::{Counter, MemoryStats, PoolCounters};
 
 pub use buffer::{Buffer, Pod};
 pub use config::{AllocatorConfig, LimitMax, ALLOC_CONF_ENV};
@@ -487,11 +488,17 @@ impl CachingAllocator {
         self.shared.lock().stats.reset_accumulated();
     }
 
+    /// All statistics, typed: current, peak, allocated and freed of every counter, per pool.
+    pub fn stats(&self) -> MemoryStats {
+        self.shared.lock().stats.public()
+    }
+
     /// All statistics with PyTorch's key names (`allocated_bytes.all.current`,
     /// `reserved_bytes.large_pool.peak`, `num_alloc_retries`, ...), plus vramscope's
-    /// `num_device_map`, `num_device_unmap` and `num_backend_errors`.
+    /// `num_device_map`, `num_device_unmap` and `num_backend_errors`: the map of
+    /// [`MemoryStats::to_pytorch_map`] over [`CachingAllocator::stats`].
     pub fn memory_stats(&self) -> BTreeMap<String, u64> {
-        self.shared.lock().stats.to_map()
+        self.stats().to_pytorch_map()
     }
 
     /// The statistics as PyTorch's `memory_summary()` table.

@@ -39,6 +39,159 @@ impl Stat {
     }
 }
 
+/// One statistic: its value now, its peak, and the totals it rose and fell by since the
+/// totals were last reset ([`CachingAllocator::reset_accumulated_stats`](crate::CachingAllocator::reset_accumulated_stats)).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct Counter {
+    /// The value now.
+    pub current: u64,
+    /// The highest value since the peaks were last reset.
+    pub peak: u64,
+    /// The total it rose by.
+    pub allocated: u64,
+    /// The total it fell by.
+    pub freed: u64,
+}
+
+impl From<&Stat> for Counter {
+    fn from(s: &Stat) -> Counter {
+        Counter { current: s.current, peak: s.peak, allocated: s.allocated, freed: s.freed() }
+    }
+}
+
+/// A statistic for both pools together and for each pool (requests of at most 1 MiB go to the
+/// small pool), as PyTorch keeps them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct PoolCounters {
+    /// Both pools.
+    pub all: Counter,
+    /// Blocks of at most 1 MiB.
+    pub small_pool: Counter,
+    /// The others.
+    pub large_pool: Counter,
+}
+
+impl From<&PoolStat> for PoolCounters {
+    fn from(s: &PoolStat) -> PoolCounters {
+        PoolCounters { all: (&s.all).into(), small_pool: (&s.pools[0]).into(), large_pool: (&s.pools[1]).into() }
+    }
+}
+
+/// Everything an allocator counts, with the meanings of PyTorch's `torch.cuda.memory_stats()`;
+/// [`MemoryStats::to_pytorch_map`] gives PyTorch's flat map with its key names.
+///
+/// ```
+/// use vramscope::{CachingAllocator, HostBackend};
+/// let alloc = CachingAllocator::new(HostBackend::new(1 << 30));
+/// let x = alloc.alloc::<f32>(alloc.default_stream(), 1000)?;
+/// let stats = alloc.stats();
+/// assert_eq!(stats.allocation.all.current, 1);
+/// assert_eq!(stats.allocated_bytes.all.current, 4096);
+/// assert_eq!(stats.to_pytorch_map()["allocated_bytes.all.current"], 4096);
+/// # drop(x);
+/// # Ok::<(), vramscope::Error>(())
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct MemoryStats {
+    /// Blocks handed out to live buffers.
+    pub allocation: PoolCounters,
+    /// Segments held from the backend.
+    pub segment: PoolCounters,
+    /// Blocks allocated, or dropped and waiting for other streams before they can be reused.
+    pub active: PoolCounters,
+    /// Free blocks that are part of a split segment (not releasable).
+    pub inactive_split: PoolCounters,
+    /// Bytes of the blocks handed out (rounded sizes).
+    pub allocated_bytes: PoolCounters,
+    /// Bytes held from the backend.
+    pub reserved_bytes: PoolCounters,
+    /// Bytes of active blocks.
+    pub active_bytes: PoolCounters,
+    /// Bytes of inactive split blocks.
+    pub inactive_split_bytes: PoolCounters,
+    /// Bytes callers asked for, before rounding.
+    pub requested_bytes: PoolCounters,
+    /// Allocations of at least `max_split_size` bytes.
+    pub oversize_allocations: Counter,
+    /// Segments of at least `max_split_size` bytes.
+    pub oversize_segments: Counter,
+    /// Requests that failed once and were retried after releasing the cache.
+    pub num_alloc_retries: u64,
+    /// Requests that failed for lack of memory.
+    pub num_ooms: u64,
+    /// Times every stream was synchronized (to release cached memory).
+    pub num_sync_all_streams: u64,
+    /// Segments reserved from the backend.
+    pub num_device_alloc: u64,
+    /// Segments returned to the backend.
+    pub num_device_free: u64,
+    /// Page mappings (vramscope's; not in PyTorch's map).
+    pub num_device_map: u64,
+    /// Page unmappings (vramscope's).
+    pub num_device_unmap: u64,
+    /// Idle streams' cached segments handed to another stream instead of a new segment
+    /// (vramscope's).
+    pub num_segment_adoptions: u64,
+    /// Backend calls that failed other than for lack of memory (vramscope's).
+    pub num_backend_errors: u64,
+    /// Times the fragmentation limit rose because holding to it churned (vramscope's; never
+    /// reset).
+    pub num_limit_raises: u64,
+    /// The `max_split_size` in force (`u64::MAX` without one).
+    pub max_split_size: u64,
+}
+
+impl MemoryStats {
+    /// PyTorch's flat map, with its key names (`allocated_bytes.all.current`,
+    /// `reserved_bytes.large_pool.peak`, `num_alloc_retries`, ...) and vramscope's own counters
+    /// beside them. The only place the names are written.
+    pub fn to_pytorch_map(&self) -> BTreeMap<String, u64> {
+        let mut m = BTreeMap::new();
+        let mut counter = |name: String, c: &Counter| {
+            for (field, v) in [("current", c.current), ("peak", c.peak), ("allocated", c.allocated), ("freed", c.freed)]
+            {
+                m.insert(format!("{name}.{field}"), v);
+            }
+        };
+        for (name, s) in [
+            ("allocation", &self.allocation),
+            ("segment", &self.segment),
+            ("active", &self.active),
+            ("inactive_split", &self.inactive_split),
+            ("allocated_bytes", &self.allocated_bytes),
+            ("reserved_bytes", &self.reserved_bytes),
+            ("active_bytes", &self.active_bytes),
+            ("inactive_split_bytes", &self.inactive_split_bytes),
+            ("requested_bytes", &self.requested_bytes),
+        ] {
+            for (pool, c) in [("all", &s.all), ("small_pool", &s.small_pool), ("large_pool", &s.large_pool)] {
+                counter(format!("{name}.{pool}"), c);
+            }
+        }
+        counter("oversize_allocations".into(), &self.oversize_allocations);
+        counter("oversize_segments".into(), &self.oversize_segments);
+        for (k, v) in [
+            ("num_alloc_retries", self.num_alloc_retries),
+            ("num_ooms", self.num_ooms),
+            ("num_sync_all_streams", self.num_sync_all_streams),
+            ("num_device_alloc", self.num_device_alloc),
+            ("num_device_free", self.num_device_free),
+            ("num_device_map", self.num_device_map),
+            ("num_device_unmap", self.num_device_unmap),
+            ("num_segment_adoptions", self.num_segment_adoptions),
+            ("num_backend_errors", self.num_backend_errors),
+            ("num_limit_raises", self.num_limit_raises),
+            ("max_split_size", self.max_split_size),
+        ] {
+            m.insert(k.to_string(), v);
+        }
+        m
+    }
+}
+
 /// Which pool a block belongs to: requests of at most 1 MiB go to the small pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(crate) enum Pool {
@@ -89,15 +242,6 @@ impl PoolStat {
         self.all.reset_totals();
         for p in &mut self.pools {
             p.reset_totals();
-        }
-    }
-
-    fn export(&self, name: &str, out: &mut BTreeMap<String, u64>) {
-        for (pool, s) in [("all", &self.all), ("small_pool", &self.pools[0]), ("large_pool", &self.pools[1])] {
-            out.insert(format!("{name}.{pool}.current"), s.current);
-            out.insert(format!("{name}.{pool}.peak"), s.peak);
-            out.insert(format!("{name}.{pool}.allocated"), s.allocated);
-            out.insert(format!("{name}.{pool}.freed"), s.freed());
         }
     }
 }
@@ -176,46 +320,37 @@ impl Stats {
         ]
     }
 
+    /// The public, typed copy.
+    pub(crate) fn public(&self) -> MemoryStats {
+        MemoryStats {
+            allocation: (&self.allocation).into(),
+            segment: (&self.segment).into(),
+            active: (&self.active).into(),
+            inactive_split: (&self.inactive_split).into(),
+            allocated_bytes: (&self.allocated_bytes).into(),
+            reserved_bytes: (&self.reserved_bytes).into(),
+            active_bytes: (&self.active_bytes).into(),
+            inactive_split_bytes: (&self.inactive_split_bytes).into(),
+            requested_bytes: (&self.requested_bytes).into(),
+            oversize_allocations: (&self.oversize_allocations).into(),
+            oversize_segments: (&self.oversize_segments).into(),
+            num_alloc_retries: self.num_alloc_retries,
+            num_ooms: self.num_ooms,
+            num_sync_all_streams: self.num_sync_all_streams,
+            num_device_alloc: self.num_device_alloc,
+            num_device_free: self.num_device_free,
+            num_device_map: self.num_device_map,
+            num_device_unmap: self.num_device_unmap,
+            num_segment_adoptions: self.num_segment_adoptions,
+            num_backend_errors: self.num_backend_errors,
+            num_limit_raises: self.num_limit_raises,
+            max_split_size: self.max_split_size,
+        }
+    }
+
     /// The flat map of PyTorch's `torch.cuda.memory_stats()`, with the same key names.
     pub(crate) fn to_map(&self) -> BTreeMap<String, u64> {
-        let mut m = BTreeMap::new();
-        for (name, s) in [
-            ("allocation", &self.allocation),
-            ("segment", &self.segment),
-            ("active", &self.active),
-            ("inactive_split", &self.inactive_split),
-            ("allocated_bytes", &self.allocated_bytes),
-            ("reserved_bytes", &self.reserved_bytes),
-            ("active_bytes", &self.active_bytes),
-            ("inactive_split_bytes", &self.inactive_split_bytes),
-            ("requested_bytes", &self.requested_bytes),
-        ] {
-            s.export(name, &mut m);
-        }
-        for (name, s) in
-            [("oversize_allocations", &self.oversize_allocations), ("oversize_segments", &self.oversize_segments)]
-        {
-            m.insert(format!("{name}.current"), s.current);
-            m.insert(format!("{name}.peak"), s.peak);
-            m.insert(format!("{name}.allocated"), s.allocated);
-            m.insert(format!("{name}.freed"), s.freed());
-        }
-        for (k, v) in [
-            ("num_alloc_retries", self.num_alloc_retries),
-            ("num_ooms", self.num_ooms),
-            ("num_sync_all_streams", self.num_sync_all_streams),
-            ("num_device_alloc", self.num_device_alloc),
-            ("num_device_free", self.num_device_free),
-            ("num_device_map", self.num_device_map),
-            ("num_device_unmap", self.num_device_unmap),
-            ("num_segment_adoptions", self.num_segment_adoptions),
-            ("num_backend_errors", self.num_backend_errors),
-            ("num_limit_raises", self.num_limit_raises),
-            ("max_split_size", self.max_split_size),
-        ] {
-            m.insert(k.to_string(), v);
-        }
-        m
+        self.public().to_pytorch_map()
     }
 }
 
@@ -318,18 +453,47 @@ mod tests {
 
     #[test]
     fn stat_tracks_peak_and_totals() {
-        let mut s = PoolStat::default();
+        let mut st = Stats::default();
+        let s = &mut st.allocated_bytes;
         s.inc(Pool::Small, 10);
         s.inc(Pool::Large, 5);
         s.dec(Pool::Small, 10);
         assert_eq!((s.current(), s.peak()), (5, 15));
-        let mut m = BTreeMap::new();
-        s.export("x", &mut m);
-        assert_eq!(m["x.small_pool.freed"], 10);
-        assert_eq!(m["x.large_pool.current"], 5);
-        assert_eq!(m["x.all.allocated"], 15);
-        s.reset_peak();
-        assert_eq!(s.peak(), 5);
+        let typed = st.public().allocated_bytes;
+        assert_eq!(typed.small_pool, Counter { current: 0, peak: 10, allocated: 10, freed: 10 });
+        assert_eq!(typed.large_pool, Counter { current: 5, peak: 5, allocated: 5, freed: 0 });
+        assert_eq!(typed.all, Counter { current: 5, peak: 15, allocated: 15, freed: 10 });
+        let m = st.to_map();
+        assert_eq!(m["allocated_bytes.small_pool.freed"], 10);
+        assert_eq!(m["allocated_bytes.large_pool.current"], 5);
+        assert_eq!(m["allocated_bytes.all.allocated"], 15);
+        st.reset_peaks();
+        assert_eq!(st.allocated_bytes.peak(), 5);
+        st.reset_accumulated();
+        assert_eq!(st.public().allocated_bytes.all, Counter { current: 5, peak: 5, allocated: 0, freed: 0 });
+    }
+
+    /// The map has PyTorch's keys (those `torch.cuda.memory_stats()` returns) and vramscope's,
+    /// each once: 9 pooled statistics x 3 pools x 4 figures, 2 unpooled x 4, 11 counts.
+    #[test]
+    fn the_map_has_pytorchs_key_names() {
+        let m = Stats::default().public().to_pytorch_map();
+        assert_eq!(m.len(), 9 * 3 * 4 + 2 * 4 + 11);
+        for key in [
+            "allocated_bytes.all.current",
+            "reserved_bytes.large_pool.peak",
+            "inactive_split_bytes.small_pool.freed",
+            "requested_bytes.all.allocated",
+            "oversize_segments.current",
+            "num_alloc_retries",
+            "num_ooms",
+            "num_sync_all_streams",
+            "num_device_alloc",
+            "num_device_free",
+            "max_split_size",
+        ] {
+            assert!(m.contains_key(key), "{key}");
+        }
     }
 
     #[test]

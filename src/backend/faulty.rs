@@ -66,7 +66,7 @@ impl FaultPlan {
 /// let s = alloc.default_stream();
 /// let buf = alloc.alloc::<u8>(&s, 4 << 20).unwrap();
 /// assert_eq!(faulty.injected(), 1);
-/// assert_eq!(alloc.memory_stats()["num_alloc_retries"], 1);
+/// assert_eq!(alloc.stats().num_alloc_retries, 1);
 ///
 /// // Fail everything from now on: the request is an out-of-memory error.
 /// faulty.set_plan(FaultPlan::From(0));

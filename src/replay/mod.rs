@@ -21,7 +21,7 @@ mod trace;
 
 pub use trace::{Trace, TraceEvent, TraceOp};
 
-use crate::alloc::{Buffer, CachingAllocator, Stream};
+use crate::alloc::{Buffer, CachingAllocator, MemoryStats, Stream};
 use crate::error::Result;
 use serde::Serialize;
 use std::collections::HashMap;
@@ -170,24 +170,23 @@ pub fn replay(alloc: &CachingAllocator, trace: &Trace, options: &ReplayOptions) 
     for _ in 1..enc.streams.len() {
         streams.push(alloc.new_stream()?);
     }
-    let before = alloc.memory_stats();
+    let before = alloc.stats();
     alloc.reset_peak_stats();
     let cold = run_pass(alloc, &enc, &streams)?;
     let mut warm = Vec::with_capacity(options.warm_passes);
     let (mut warm_device_allocs, mut warm_device_maps) = (0, 0);
-    let maps = |m: &std::collections::BTreeMap<String, u64>| m["num_device_map"] + m["num_device_unmap"];
+    let maps = |m: &MemoryStats| m.num_device_map + m.num_device_unmap;
     for _ in 0..options.warm_passes {
-        let a = alloc.memory_stats();
+        let a = alloc.stats();
         warm.push(run_pass(alloc, &enc, &streams)?);
-        let b = alloc.memory_stats();
-        warm_device_allocs = b["num_device_alloc"] - a["num_device_alloc"];
+        let b = alloc.stats();
+        warm_device_allocs = b.num_device_alloc - a.num_device_alloc;
         warm_device_maps = maps(&b) - maps(&a);
     }
     warm.sort_by(f64::total_cmp);
     let ops = enc.ops.len().max(1) as f64;
     let warm_ns = if warm.is_empty() { cold } else { warm[warm.len() / 2] };
-    let after = alloc.memory_stats();
-    let delta = |k: &str| after[k] - before[k];
+    let after = alloc.stats();
     let peak_reserved = alloc.max_memory_reserved();
     Ok(ReplayReport {
         trace: trace.source.clone(),
@@ -201,11 +200,11 @@ pub fn replay(alloc: &CachingAllocator, trace: &Trace, options: &ReplayOptions) 
         peak_live_bytes: enc.peak_live,
         peak_reserved_bytes: peak_reserved,
         fragmentation: if enc.peak_live == 0 { 0.0 } else { peak_reserved as f64 / enc.peak_live as f64 },
-        device_allocs: delta("num_device_alloc"),
+        device_allocs: after.num_device_alloc - before.num_device_alloc,
         warm_device_allocs,
-        device_maps: delta("num_device_map") + delta("num_device_unmap"),
+        device_maps: maps(&after) - maps(&before),
         warm_device_maps,
         fragmentation_limit: alloc.fragmentation_limit(),
-        alloc_retries: delta("num_alloc_retries"),
+        alloc_retries: after.num_alloc_retries - before.num_alloc_retries,
     })
 }
