@@ -27,6 +27,33 @@ pub enum Action {
     Snapshot,
 }
 
+impl Action {
+    /// Every action with PyTorch's name for it, in declaration order (the recorder encodes an
+    /// action as its index here): the one table that the pickle reader and writer use, and
+    /// that serde's names are tested against.
+    pub(crate) const ALL: [(Action, &'static str); 9] = [
+        (Action::Alloc, "alloc"),
+        (Action::FreeRequested, "free_requested"),
+        (Action::FreeCompleted, "free_completed"),
+        (Action::SegmentAlloc, "segment_alloc"),
+        (Action::SegmentFree, "segment_free"),
+        (Action::SegmentMap, "segment_map"),
+        (Action::SegmentUnmap, "segment_unmap"),
+        (Action::Oom, "oom"),
+        (Action::Snapshot, "snapshot"),
+    ];
+
+    /// PyTorch's name: `alloc`, `free_requested`, `segment_map`, ...
+    pub fn name(self) -> &'static str {
+        Action::ALL[self as usize].1
+    }
+
+    /// The action PyTorch calls `name`, if any.
+    pub fn from_name(name: &str) -> Option<Action> {
+        Action::ALL.iter().find(|(_, n)| *n == name).map(|&(a, _)| a)
+    }
+}
+
 /// Where an allocation was made: stack, scope and thread, interned per allocator (a program
 /// has a bounded number of them, whatever it runs for).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -62,29 +89,17 @@ pub(crate) struct Event {
     pub(crate) stream: u32,
 }
 
-const ACTIONS: [Action; 9] = [
-    Action::Alloc,
-    Action::FreeRequested,
-    Action::FreeCompleted,
-    Action::SegmentAlloc,
-    Action::SegmentFree,
-    Action::SegmentMap,
-    Action::SegmentUnmap,
-    Action::Oom,
-    Action::Snapshot,
-];
-
 impl Event {
     #[inline]
     pub(crate) fn new(action: Action, addr: u64, size: u64, stream: u32, ticks: u64, ctx: Option<Context>) -> Self {
-        let code = ACTIONS.iter().position(|&a| a == action).unwrap_or(0) as u64;
+        let code = action as u64;
         let size = size.min((1 << SIZE_BITS) - 1);
         let (site, step) = ctx.map_or((NO_SITE, 0), |c| (c.site, c.step));
         Event { addr, size_action: size | code << SIZE_BITS, ticks, step, site, stream }
     }
 
     pub(crate) fn action(&self) -> Action {
-        ACTIONS[(self.size_action >> SIZE_BITS) as usize % ACTIONS.len()]
+        Action::ALL[(self.size_action >> SIZE_BITS) as usize % Action::ALL.len()].0
     }
 
     pub(crate) fn size(&self) -> u64 {
@@ -166,11 +181,17 @@ mod tests {
     #[test]
     fn events_pack_action_size_and_context() {
         assert_eq!(std::mem::size_of::<Event>(), 40);
-        for a in ACTIONS {
+        for (a, _) in Action::ALL {
             let e = Event::new(a, 1, 12345, 2, 3, Some(Context { site: 4, step: 5 }));
             assert_eq!((e.action(), e.size(), e.context()), (a, 12345, Some(Context { site: 4, step: 5 })));
         }
         assert_eq!(Event::new(Action::Oom, 0, u64::MAX, 0, 0, None).size(), (1 << SIZE_BITS) - 1);
+        for (i, &(a, name)) in Action::ALL.iter().enumerate() {
+            assert_eq!(a as usize, i, "the table is in declaration order");
+            assert_eq!(Event::new(a, 0, 1, 0, 0, None).action(), a);
+            assert_eq!(serde_json::to_string(&a).unwrap(), format!("\"{name}\""), "serde's name is the table's");
+            assert_eq!(Action::from_name(name), Some(a));
+        }
         assert!(Event::new(Action::Oom, 0, 0, 0, 0, None).context().is_none());
     }
 

@@ -120,27 +120,13 @@ impl W {
     }
 }
 
-fn action_name(a: Action) -> &'static str {
-    match a {
-        Action::Alloc => "alloc",
-        Action::FreeRequested => "free_requested",
-        Action::FreeCompleted => "free_completed",
-        Action::SegmentAlloc => "segment_alloc",
-        Action::SegmentFree => "segment_free",
-        Action::SegmentMap => "segment_map",
-        Action::SegmentUnmap => "segment_unmap",
-        Action::Oom => "oom",
-        Action::Snapshot => "snapshot",
-    }
-}
-
 impl Snapshot {
     /// The snapshot as a pickle in PyTorch's `torch.cuda.memory._snapshot()` schema. Scopes go
     /// where PyTorch carries user annotations, each trace entry's `user_metadata` (the path's
     /// names joined by `/`); blocks described as tensors carry `dtype` and `shape` keys, which
-    /// PyTorch's tools ignore and vramscope reads back; what was read from a PyTorch snapshot (settings, annotations,
-    /// segment stacks, compile contexts, times) is written back as it was. Threads and steps
-    /// have no place in that schema.
+    /// PyTorch's tools ignore and vramscope reads back; what was read from a PyTorch snapshot
+    /// (settings, annotations, segment stacks, compile contexts, times) is written back as it
+    /// was. Threads and steps have no place in that schema.
     pub fn to_pytorch_pickle(&self) -> Vec<u8> {
         let mut w = W(Vec::with_capacity(1 << 16));
         w.0.extend_from_slice(&[op::PROTO, 4]);
@@ -206,7 +192,7 @@ impl Snapshot {
                 w.list(self.pytorch_trace(), |w, (action, e)| {
                     w.dict(|w| {
                         w.str("action");
-                        w.str(action_name(action));
+                        w.str(action.name());
                         // An `oom` entry's address is the device's free bytes, PyTorch's
                         // `device_free` (its viewer prints it).
                         w.str(if action == Action::Oom { "device_free" } else { "addr" });

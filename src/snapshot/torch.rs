@@ -351,21 +351,6 @@ impl Snapshot {
     }
 }
 
-fn action_of(name: &str) -> Option<Action> {
-    Some(match name {
-        "alloc" => Action::Alloc,
-        "free_requested" => Action::FreeRequested,
-        "free_completed" => Action::FreeCompleted,
-        "segment_alloc" => Action::SegmentAlloc,
-        "segment_free" => Action::SegmentFree,
-        "segment_map" => Action::SegmentMap,
-        "segment_unmap" => Action::SegmentUnmap,
-        "oom" => Action::Oom,
-        "snapshot" => Action::Snapshot,
-        _ => return None,
-    })
-}
-
 /// The trace of the device with the most events, and its first event's `time_us` (the origin
 /// of the entries' `time_ns`).
 fn read_history(root: &Value, t: &mut Interner, budget: &mut Budget, source: &str) -> Result<(Vec<HistoryEntry>, u64)> {
@@ -385,7 +370,9 @@ fn read_history(root: &Value, t: &mut Interner, budget: &mut Budget, source: &st
     for (i, e) in events.iter().enumerate() {
         let at = || format!("device_traces[{d}][{i}]");
         budget.spend(e.len(), &at, source)?;
-        let Some(action) = e.get("action").as_ref().and_then(Value::as_str).and_then(action_of) else { continue };
+        let Some(action) = e.get("action").as_ref().and_then(Value::as_str).and_then(Action::from_name) else {
+            continue;
+        };
         let time_us = e.get("time_us").and_then(|v| v.as_i128()).unwrap_or(0);
         let start = *t0.get_or_insert(time_us);
         let stack = t.stack(e.get("frames"), budget, &at, source)?;
