@@ -253,7 +253,7 @@ pub mod units;
 
 /// Typed allocator statistics ([`CachingAllocator::stats`]) and PyTorch's key names for them.
 pub mod stats {
-    pub use crate::alloc::{Counter, MemoryStats, PoolCounters};
+    pub use crate::alloc::{Counter, MemoryStats, Pool, PoolCounters};
 }
 
 pub use alloc::{
@@ -285,5 +285,7 @@ pub use record::{
     current_scope, current_step, frame_pointers_available, scope, step, Action, ContextLevel, Frame, RecordConfig,
     Scope, ScopeGuard, Scoped, StackMode, MAX_STACK_DEPTH,
 };
-pub use snapshot::{BlockInfo, BlockState, ContextInfo, HistoryEntry, SegmentInfo, Snapshot, SNAPSHOT_VERSION};
+pub use snapshot::{
+    BlockInfo, BlockState, ContextInfo, HistoryEntry, SegmentInfo, SegmentSummary, Snapshot, SNAPSHOT_VERSION,
+};
 pub use vramscope_macros::gpu_mem_test;

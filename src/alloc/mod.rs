@@ -8,7 +8,7 @@ pub(crate) mod heap;
 mod oom_snapshot;
 mod registry;
 pub(crate) mod stats;
-pub use stats::{Counter, MemoryStats, PoolCounters};
+pub use stats::{Counter, MemoryStats, Pool, PoolCounters};
 
 pub use buffer::{Buffer, Pod};
 pub use config::{AllocatorConfig, LimitMax, ALLOC_CONF_ENV};

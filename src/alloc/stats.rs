@@ -192,11 +192,32 @@ impl MemoryStats {
     }
 }
 
-/// Which pool a block belongs to: requests of at most 1 MiB go to the small pool.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub(crate) enum Pool {
+/// Which pool a block or segment belongs to: requests of at most 1 MiB go to the small pool
+/// (in 2 MiB segments), the others to the large pool. Written `small` and `large`, as
+/// PyTorch's `segment_type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Pool {
+    /// Blocks of at most 1 MiB.
     Small = 0,
+    /// The others.
     Large = 1,
+}
+
+impl Pool {
+    /// `small` or `large`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Pool::Small => "small",
+            Pool::Large => "large",
+        }
+    }
+}
+
+impl std::fmt::Display for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.name())
+    }
 }
 
 /// A statistic kept for all pools together and for each pool.

@@ -159,7 +159,7 @@ mod tests {
             total_size: 2 << 20,
             mapped_size: 2 << 20,
             stream: 0,
-            pool: "small".into(),
+            pool: crate::alloc::Pool::Small,
             allocated_size: 512,
             active_size: 512,
             requested_size: 512,

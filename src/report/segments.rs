@@ -13,21 +13,7 @@ pub fn segments(snapshot: &Snapshot) -> String {
         bytes(total)
     ));
     for (i, seg) in snapshot.segments.iter().enumerate() {
-        let used: u64 = seg
-            .blocks
-            .iter()
-            .filter(|b| b.state == BlockState::ActiveAllocated)
-            .map(|b| b.size)
-            .fold(0, u64::saturating_add);
-        let waste: u64 = seg
-            .blocks
-            .iter()
-            .filter(|b| b.state == BlockState::ActiveAllocated)
-            .map(|b| b.size.saturating_sub(b.requested_size))
-            .fold(0, u64::saturating_add);
-        let free: u64 =
-            seg.blocks.iter().filter(|b| b.state == BlockState::Inactive).map(|b| b.size).fold(0, u64::saturating_add);
-        let largest = seg.blocks.iter().filter(|b| b.state == BlockState::Inactive).map(|b| b.size).max().unwrap_or(0);
+        let sum = seg.summary();
         let mut map = vec!['.'; 64];
         for b in &seg.blocks {
             let c = match b.state {
@@ -49,13 +35,13 @@ pub fn segments(snapshot: &Snapshot) -> String {
             seg.pool,
             seg.stream,
             bytes(seg.total_size),
-            bytes(used),
-            bytes(free),
-            bytes(waste),
+            bytes(sum.allocated),
+            bytes(sum.free),
+            bytes(sum.waste),
             seg.blocks.len(),
             if seg.blocks.len() == 1 { "block" } else { "blocks" },
             map.into_iter().collect::<String>(),
-            bytes(largest),
+            bytes(sum.largest_free),
         ));
     }
     s

@@ -32,10 +32,7 @@ fn copy(heap: &Heap) -> Raw {
                 total_size: seg.size,
                 mapped_size: seg.mapped,
                 stream: seg.stream,
-                pool: match seg.pool {
-                    crate::alloc::stats::Pool::Small => "small".into(),
-                    crate::alloc::stats::Pool::Large => "large".into(),
-                },
+                pool: seg.pool,
                 allocated_size: 0,
                 active_size: 0,
                 requested_size: 0,
@@ -50,13 +47,6 @@ fn copy(heap: &Heap) -> Raw {
             heap::BlockState::PendingFree => BlockState::ActivePendingFree,
             heap::BlockState::Free => BlockState::Inactive,
         };
-        if state == BlockState::ActiveAllocated {
-            s.allocated_size += b.size;
-            s.requested_size += b.requested;
-        }
-        if state != BlockState::Inactive {
-            s.active_size += b.size;
-        }
         let meta = b.extra.as_ref().and_then(|e| e.meta.as_ref());
         s.blocks.push(BlockInfo {
             address: b.addr,
@@ -70,6 +60,10 @@ fn copy(heap: &Heap) -> Raw {
         contexts.push(b.ctx);
     });
     segments.sort_by_key(|(s, _)| s.address);
+    for (s, _) in &mut segments {
+        let sum = s.summary();
+        (s.allocated_size, s.active_size, s.requested_size) = (sum.allocated, sum.active, sum.requested);
+    }
     let rec = &heap.recorder;
     Raw {
         device: heap.device,

@@ -9,7 +9,7 @@ mod torch;
 mod validate;
 
 pub use build::SNAPSHOT_VERSION;
-pub use model::{BlockInfo, BlockState, ContextInfo, HistoryEntry, SegmentInfo, Snapshot};
+pub use model::{BlockInfo, BlockState, ContextInfo, HistoryEntry, SegmentInfo, SegmentSummary, Snapshot};
 
 /// What a file's first byte says it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -56,8 +56,8 @@ pub struct SegmentInfo {
     pub mapped_size: u64,
     /// Allocator-local stream.
     pub stream: u32,
-    /// `small` or `large`.
-    pub pool: String,
+    /// The pool (`small` or `large` in JSON and pickles).
+    pub pool: crate::alloc::Pool,
     /// Bytes in allocated blocks.
     pub allocated_size: u64,
     /// Bytes in allocated or pending-free blocks.
@@ -69,6 +69,57 @@ pub struct SegmentInfo {
     /// Who made the segment, where known (PyTorch records the stack that reserved it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context: Option<ContextInfo>,
+}
+
+/// What a segment's blocks add up to ([`SegmentInfo::summary`]), sums saturating at
+/// `u64::MAX` (a hostile file may claim any sizes).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SegmentSummary {
+    /// Bytes of allocated blocks (rounded sizes).
+    pub allocated: u64,
+    /// Bytes of allocated blocks and of those waiting for another stream.
+    pub active: u64,
+    /// Bytes the allocated blocks' callers asked for.
+    pub requested: u64,
+    /// Rounding waste of the allocated blocks: `allocated - requested`, block by block.
+    pub waste: u64,
+    /// Bytes of free blocks.
+    pub free: u64,
+    /// The largest free block.
+    pub largest_free: u64,
+    /// Allocated blocks.
+    pub allocated_blocks: u64,
+    /// Allocated and waiting blocks.
+    pub active_blocks: u64,
+}
+
+impl SegmentInfo {
+    /// Sums over the segment's blocks: the one place they are computed (the snapshot's own
+    /// `allocated_size`, `active_size` and `requested_size`, the statistics a PyTorch snapshot
+    /// implies, and the `segments` report all come from here).
+    pub fn summary(&self) -> SegmentSummary {
+        let mut s = SegmentSummary::default();
+        for b in &self.blocks {
+            match b.state {
+                BlockState::ActiveAllocated => {
+                    s.allocated = s.allocated.saturating_add(b.size);
+                    s.requested = s.requested.saturating_add(b.requested_size);
+                    s.waste = s.waste.saturating_add(b.size.saturating_sub(b.requested_size));
+                    s.allocated_blocks += 1;
+                }
+                BlockState::ActivePendingFree => {}
+                BlockState::Inactive => {
+                    s.free = s.free.saturating_add(b.size);
+                    s.largest_free = s.largest_free.max(b.size);
+                    continue;
+                }
+            }
+            s.active = s.active.saturating_add(b.size);
+            s.active_blocks += 1;
+        }
+        s
+    }
 }
 
 /// The state of a block, with PyTorch's names.

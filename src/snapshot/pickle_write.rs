@@ -147,7 +147,7 @@ impl Snapshot {
                         w.uint(v);
                     }
                     w.str("segment_type");
-                    w.str(if seg.pool == "small" { "small" } else { "large" });
+                    w.str(seg.pool.name());
                     w.str("segment_pool_id");
                     w.int(0);
                     w.int(0);

@@ -4,6 +4,7 @@
 use super::build::SNAPSHOT_VERSION;
 use super::model::{BlockInfo, BlockState, ContextInfo, HistoryEntry, SegmentInfo, Snapshot};
 use super::pickle::{self, Value};
+use crate::alloc::Pool;
 use crate::error::{Error, Result};
 use crate::record::{Action, Frame};
 use std::collections::{BTreeMap, HashMap};
@@ -298,8 +299,8 @@ impl Snapshot {
                 mapped_size: total_size,
                 stream: u32::try_from(uint(seg, "stream", &at, source).unwrap_or(0) % (1 << 32)).unwrap_or(0),
                 pool: match seg.get("segment_type").as_ref().and_then(Value::as_str) {
-                    Some("small") => "small".into(),
-                    _ => "large".into(),
+                    Some("small") => Pool::Small,
+                    _ => Pool::Large,
                 },
                 allocated_size: uint(seg, "allocated_size", &at, source).unwrap_or(0),
                 active_size: uint(seg, "active_size", &at, source).unwrap_or(0),
@@ -402,35 +403,19 @@ fn read_history(root: &Value, t: &mut Interner, budget: &mut Budget, source: &st
 /// The current-value statistics a PyTorch snapshot implies (it carries no counters).
 fn stats_of(segments: &[SegmentInfo]) -> BTreeMap<String, u64> {
     let mut m = BTreeMap::new();
-    for pool in ["all", "small_pool", "large_pool"] {
-        let segs = segments.iter().filter(|s| pool == "all" || s.pool == pool.trim_end_matches("_pool"));
-        let (mut reserved, mut allocated, mut active, mut requested, mut nseg, mut nalloc, mut nactive) =
-            (0u64, 0u64, 0u64, 0u64, 0u64, 0u64, 0u64);
-        for s in segs {
-            nseg += 1;
-            reserved = reserved.saturating_add(s.total_size);
-            for b in &s.blocks {
-                if b.state == BlockState::ActiveAllocated {
-                    allocated = allocated.saturating_add(b.size);
-                    requested = requested.saturating_add(b.requested_size);
-                    nalloc += 1;
-                }
-                if b.state != BlockState::Inactive {
-                    active = active.saturating_add(b.size);
-                    nactive += 1;
-                }
+    for (name, pool) in [("all", None), ("small_pool", Some(Pool::Small)), ("large_pool", Some(Pool::Large))] {
+        let mut total = [0u64; 7];
+        for seg in segments.iter().filter(|s| pool.is_none_or(|p| s.pool == p)) {
+            let s = seg.summary();
+            let figures = [seg.total_size, s.allocated, s.active, s.requested, 1, s.allocated_blocks, s.active_blocks];
+            for (t, f) in total.iter_mut().zip(figures) {
+                *t = t.saturating_add(f);
             }
         }
-        for (k, v) in [
-            ("reserved_bytes", reserved),
-            ("allocated_bytes", allocated),
-            ("active_bytes", active),
-            ("requested_bytes", requested),
-            ("segment", nseg),
-            ("allocation", nalloc),
-            ("active", nactive),
-        ] {
-            m.insert(format!("{k}.{pool}.current"), v);
+        let keys =
+            ["reserved_bytes", "allocated_bytes", "active_bytes", "requested_bytes", "segment", "allocation", "active"];
+        for (k, v) in keys.into_iter().zip(total) {
+            m.insert(format!("{k}.{name}.current"), v);
         }
     }
     m
