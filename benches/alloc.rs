@@ -4,7 +4,7 @@
 
 use divan::{black_box, Bencher};
 use vramscope::replay::{replay, ReplayOptions, Trace};
-use vramscope::{CachingAllocator, RecordConfig, SimBackend, StackMode};
+use vramscope::{backend::SimBackend, record::RecordConfig, record::StackMode, CachingAllocator};
 
 fn main() {
     divan::main();

@@ -7,7 +7,7 @@
 use cudarc::driver::{CudaContext, CudaStream};
 use divan::{black_box, Bencher};
 use std::sync::{Arc, OnceLock};
-use vramscope::{CachingAllocator, CudaBackend, RecordConfig};
+use vramscope::{backend::CudaBackend, record::RecordConfig, CachingAllocator};
 
 static ALLOC: OnceLock<CachingAllocator> = OnceLock::new();
 static RECORDING: OnceLock<CachingAllocator> = OnceLock::new();

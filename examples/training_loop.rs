@@ -8,7 +8,7 @@
 //! cargo run --release --example training_loop
 //! ```
 
-use vramscope::{Buffer, CachingAllocator, HostBackend};
+use vramscope::{backend::HostBackend, Buffer, CachingAllocator};
 
 const BATCH: usize = 16;
 const WIDTH: usize = 1024;

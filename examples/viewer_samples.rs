@@ -6,7 +6,9 @@
 //!
 //! `cargo run --example viewer_samples -- DIR` (default `target/vramscope/viewer_samples`)
 
-use vramscope::{AllocatorConfig, Buffer, CachingAllocator, EventMode, RecordConfig, SimBackend};
+use vramscope::{
+    backend::EventMode, backend::SimBackend, config::AllocatorConfig, record::RecordConfig, Buffer, CachingAllocator,
+};
 
 fn main() -> vramscope::Result<()> {
     let dir = std::env::args()

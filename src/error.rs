@@ -48,7 +48,7 @@ pub enum Error {
     Backend(BackendError),
     /// A configuration string (`VRAMSCOPE_ALLOC_CONF` or [`AllocatorConfig::parse`]) was malformed.
     ///
-    /// [`AllocatorConfig::parse`]: crate::AllocatorConfig::parse
+    /// [`AllocatorConfig::parse`]: crate::config::AllocatorConfig::parse
     Config {
         /// The key whose value was wrong, or the unknown key.
         key: String,
@@ -169,7 +169,7 @@ impl From<BackendError> for Error {
     }
 }
 
-/// An error reported by a [`Backend`](crate::Backend).
+/// An error reported by a [`Backend`](crate::backend::Backend).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum BackendError {

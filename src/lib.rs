@@ -78,7 +78,7 @@
 //! ## Allocating
 //!
 //! ```
-//! use vramscope::{CachingAllocator, HostBackend};
+//! use vramscope::{CachingAllocator, backend::HostBackend};
 //!
 //! let alloc = CachingAllocator::new(HostBackend::new(1 << 30));
 //! let stream = alloc.default_stream();
@@ -138,7 +138,7 @@
 //! serde data, symbolized.
 //!
 //! ```
-//! use vramscope::{CachingAllocator, HostBackend};
+//! use vramscope::{CachingAllocator, backend::HostBackend};
 //! let alloc = CachingAllocator::new(HostBackend::new(1 << 30));
 //! let _epoch = vramscope::scope("epoch");
 //! vramscope::step(7);
@@ -237,55 +237,65 @@
 //! [`replay`] replays a PyTorch snapshot's or a compact trace's allocations through the
 //! allocator and measures time per operation and peak memory; the `vramscope replay` command
 //! does the same from the command line.
+//!
+//! ## Where things are
+//!
+//! At the root: the allocator ([`CachingAllocator`], [`Buffer`], [`Stream`], [`Pod`]),
+//! [`device`], scopes ([`scope`], [`step`], [`Scope`]), the [`Snapshot`], [`Error`], and the
+//! macros. Then one module each for [`backend`]s, [`config`]uration, [`record`]ing, the
+//! [`snapshot`] model, [`report`]s, [`stats`], [`replay`] and memory [`testing`].
+//!
+//! [`Backend`]: backend::Backend
+//! [`HostBackend`]: backend::HostBackend
+//! [`SimBackend`]: backend::SimBackend
+//! [`FaultyBackend`]: backend::FaultyBackend
+//! [`AllocatorConfig`]: config::AllocatorConfig
+//! [`AllocatorConfig::fragmentation_limit`]: config::AllocatorConfig::fragmentation_limit
+//! [`AllocatorConfig::fragmentation_limit_max`]: config::AllocatorConfig::fragmentation_limit_max
+//! [`LimitMax::Auto`]: config::LimitMax::Auto
+//! [`RecordConfig`]: record::RecordConfig
+//! [`StackMode::Fast`]: record::StackMode::Fast
+//! [`StackMode::Full`]: record::StackMode::Full
+//! [`ContextLevel`]: record::ContextLevel
+//! [`frame_pointers_available`]: record::frame_pointers_available
 
 #![warn(missing_docs, unreachable_pub)]
 
 mod alloc;
-mod backend;
+pub mod backend;
 mod device;
-mod error;
-mod record;
+pub mod error;
+pub mod record;
 pub mod replay;
 pub mod report;
-mod snapshot;
+pub mod snapshot;
 pub mod testing;
-pub mod units;
+mod units;
 
 /// Typed allocator statistics ([`CachingAllocator::stats`]) and PyTorch's key names for them.
 pub mod stats {
     pub use crate::alloc::{Counter, MemoryStats, Pool, PoolCounters};
 }
 
-pub use alloc::{
-    AllocatorConfig, Buffer, CachingAllocator, IntoBackend, LimitMax, Pod, ScopeUsage, Stream, TensorMeta,
-    ALLOC_CONF_ENV, OOM_SNAPSHOT_ENV,
-};
-pub use backend::{
-    Backend, EventMode, FaultPlan, FaultyBackend, HostBackend, RawEvent, RawStream, SimBackend, DEFAULT_PAGE_SIZE,
-};
-#[cfg(feature = "cuda-backend")]
-#[cfg_attr(docsrs, doc(cfg(feature = "cuda-backend")))]
-pub use backend::{CudaBackend, CudaSegments, CUDA_SEGMENTS_ENV};
-pub use device::{
-    device, parse_bytes, try_device, BACKEND_ENV, CAPACITY_ENV, DEFAULT_HOST_CAPACITY, DEFAULT_SIM_CAPACITY,
-};
-pub use error::{BackendError, Error, OomReport, Result};
-#[doc(hidden)]
-pub use insta as __insta;
+/// How allocators are configured: [`AllocatorConfig`](config::AllocatorConfig) (also read from
+/// `VRAMSCOPE_ALLOC_CONF`), the environment variables that choose the default devices and
+/// OOM snapshots, and the byte-size parser they all use.
+pub mod config {
+    pub use crate::alloc::{AllocatorConfig, LimitMax, ALLOC_CONF_ENV, OOM_SNAPSHOT_ENV};
+    pub use crate::device::{parse_bytes, BACKEND_ENV, CAPACITY_ENV, DEFAULT_HOST_CAPACITY, DEFAULT_SIM_CAPACITY};
+    pub use crate::units::{parse_byte_size, ByteSizeError};
+}
+
+pub use alloc::{Buffer, CachingAllocator, Pod, ScopeUsage, Stream, TensorMeta};
+pub use device::{device, try_device};
+pub use error::{Error, Result};
+pub use record::{current_scope, scope, step, Scope, ScopeGuard};
+pub use snapshot::Snapshot;
+pub use vramscope_macros::gpu_mem_test;
 
 /// What `#[gpu_mem_test]` and `assert_mem_snapshot!` expand to; not an API.
 #[doc(hidden)]
 pub mod __macro_support {
     pub use crate::units::parse_byte_size;
+    pub use insta;
 }
-#[cfg(feature = "tracing")]
-#[cfg_attr(docsrs, doc(cfg(feature = "tracing")))]
-pub use record::ScopeLayer;
-pub use record::{
-    current_scope, current_step, frame_pointers_available, scope, step, Action, ContextLevel, Frame, RecordConfig,
-    Scope, ScopeGuard, Scoped, StackMode, MAX_STACK_DEPTH,
-};
-pub use snapshot::{
-    BlockInfo, BlockState, ContextInfo, HistoryEntry, SegmentInfo, SegmentSummary, Snapshot, SNAPSHOT_VERSION,
-};
-pub use vramscope_macros::gpu_mem_test;

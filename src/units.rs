@@ -80,7 +80,7 @@ const fn unit_is(text: &[u8], start: usize, end: usize, unit: &str) -> bool {
 /// result is exact (no floating point), rounded down to whole bytes.
 ///
 /// ```
-/// use vramscope::units::{parse_byte_size, ByteSizeError};
+/// use vramscope::config::{parse_byte_size, ByteSizeError};
 /// assert_eq!(parse_byte_size("1.5MiB"), Ok(1_572_864));
 /// assert_eq!(parse_byte_size(" 2 GB "), Ok(2_000_000_000));
 /// assert_eq!(parse_byte_size("5 parsecs"), Err(ByteSizeError::UnknownUnit));

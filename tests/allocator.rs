@@ -2,7 +2,8 @@
 
 use std::sync::Arc;
 use vramscope::{
-    AllocatorConfig, CachingAllocator, Error, EventMode, FaultPlan, FaultyBackend, HostBackend, SimBackend,
+    backend::EventMode, backend::FaultPlan, backend::FaultyBackend, backend::HostBackend, backend::SimBackend,
+    config::AllocatorConfig, CachingAllocator, Error,
 };
 
 const MIB: u64 = 1 << 20;
@@ -380,11 +381,11 @@ fn streams_created_without_end_hold_a_bounded_cache() {
 #[derive(Debug)]
 struct SyncLog {
     sim: SimBackend,
-    synced: std::sync::Mutex<Vec<vramscope::RawStream>>,
+    synced: std::sync::Mutex<Vec<vramscope::backend::RawStream>>,
 }
 
 // SAFETY: every call goes to the simulated backend, which keeps the promises.
-unsafe impl vramscope::Backend for SyncLog {
+unsafe impl vramscope::backend::Backend for SyncLog {
     fn name(&self) -> &str {
         "sync-log"
     }
@@ -394,26 +395,29 @@ unsafe impl vramscope::Backend for SyncLog {
     fn free_memory(&self) -> u64 {
         self.sim.free_memory()
     }
-    fn reserve(&self, size: u64) -> Result<u64, vramscope::BackendError> {
+    fn reserve(&self, size: u64) -> Result<u64, vramscope::error::BackendError> {
         self.sim.reserve(size)
     }
-    unsafe fn release(&self, addr: u64, size: u64) -> Result<(), vramscope::BackendError> {
+    unsafe fn release(&self, addr: u64, size: u64) -> Result<(), vramscope::error::BackendError> {
         // SAFETY: the caller's promise, passed on.
         unsafe { self.sim.release(addr, size) }
     }
-    fn create_stream(&self) -> Result<vramscope::RawStream, vramscope::BackendError> {
+    fn create_stream(&self) -> Result<vramscope::backend::RawStream, vramscope::error::BackendError> {
         self.sim.create_stream()
     }
-    fn record_event(&self, stream: vramscope::RawStream) -> Result<vramscope::RawEvent, vramscope::BackendError> {
+    fn record_event(
+        &self,
+        stream: vramscope::backend::RawStream,
+    ) -> Result<vramscope::backend::RawEvent, vramscope::error::BackendError> {
         self.sim.record_event(stream)
     }
-    fn event_completed(&self, event: vramscope::RawEvent) -> Result<bool, vramscope::BackendError> {
+    fn event_completed(&self, event: vramscope::backend::RawEvent) -> Result<bool, vramscope::error::BackendError> {
         self.sim.event_completed(event)
     }
-    fn destroy_event(&self, event: vramscope::RawEvent) {
+    fn destroy_event(&self, event: vramscope::backend::RawEvent) {
         self.sim.destroy_event(event)
     }
-    fn synchronize(&self, stream: vramscope::RawStream) -> Result<(), vramscope::BackendError> {
+    fn synchronize(&self, stream: vramscope::backend::RawStream) -> Result<(), vramscope::error::BackendError> {
         self.synced.lock().unwrap().push(stream);
         self.sim.synchronize(stream)
     }
@@ -426,7 +430,7 @@ unsafe impl vramscope::Backend for SyncLog {
 fn a_segment_taken_over_from_another_stream_waits_for_that_stream() {
     let backend = Arc::new(SyncLog { sim: SimBackend::new(1 << 30), synced: Default::default() });
     let alloc = CachingAllocator::new(backend.clone());
-    alloc.record_memory_history(vramscope::RecordConfig::default());
+    alloc.record_memory_history(vramscope::record::RecordConfig::default());
     let (s1, s2) = (alloc.default_stream(), alloc.new_stream().unwrap());
     let a = alloc.alloc::<u8>(&s2, 8 * MIB as usize).unwrap();
     let addr = a.device_ptr();
@@ -442,10 +446,8 @@ fn a_segment_taken_over_from_another_stream_waits_for_that_stream() {
     assert_eq!(snap.segments[0].stream, s1.id(), "the snapshot puts the segment on stream 1");
     let moves: Vec<_> = snap.history.iter().filter(|h| h.addr == addr).map(|h| (h.action, h.stream)).collect();
     assert!(
-        moves
-            .windows(2)
-            .any(|w| w[0] == (vramscope::Action::SegmentFree, s2.id())
-                && w[1] == (vramscope::Action::SegmentAlloc, s1.id())),
+        moves.windows(2).any(|w| w[0] == (vramscope::record::Action::SegmentFree, s2.id())
+            && w[1] == (vramscope::record::Action::SegmentAlloc, s1.id())),
         "{moves:?}"
     );
     alloc.check_invariants().unwrap();

@@ -5,7 +5,7 @@ use vramscope::Buffer;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrapped_tasks_allocate_inside_the_scope_on_any_worker() {
-    let alloc = vramscope::CachingAllocator::new(vramscope::HostBackend::new(1 << 30));
+    let alloc = vramscope::CachingAllocator::new(vramscope::backend::HostBackend::new(1 << 30));
     let _g = vramscope::scope("async_scopes::outer");
     let here = vramscope::current_scope();
     let tasks: Vec<_> = (0..8)
@@ -33,7 +33,7 @@ async fn wrapped_tasks_allocate_inside_the_scope_on_any_worker() {
 #[test]
 fn a_memory_test_sees_wrapped_tasks() {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let alloc = vramscope::CachingAllocator::new(vramscope::HostBackend::new(1 << 30));
+    let alloc = vramscope::CachingAllocator::new(vramscope::backend::HostBackend::new(1 << 30));
     let mut kept = Vec::new();
     let v = MemTest::new("async_scopes::leaky").iters(3).check(|| {
         let here = vramscope::current_scope();

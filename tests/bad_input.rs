@@ -5,7 +5,7 @@
 use proptest::prelude::*;
 use vramscope::replay::{replay, ReplayOptions, Trace};
 use vramscope::report::{self, FoldedKind};
-use vramscope::{AllocatorConfig, CachingAllocator, SimBackend, Snapshot};
+use vramscope::{backend::SimBackend, config::AllocatorConfig, CachingAllocator, Snapshot};
 
 fn fixture_bytes(name: &str) -> &'static [u8] {
     use std::sync::OnceLock;
@@ -164,7 +164,7 @@ fn a_newer_snapshot_version_is_an_error() {
     let mut v: serde_json::Value = serde_json::from_str(&alloc.snapshot().to_json()).unwrap();
     v["version"] = 99999.into();
     let e = vramscope::Snapshot::from_bytes(v.to_string().as_bytes(), "future.json").unwrap_err().to_string();
-    let up_to = format!("up to {}", vramscope::SNAPSHOT_VERSION);
+    let up_to = format!("up to {}", vramscope::snapshot::SNAPSHOT_VERSION);
     assert!(e.contains("future.json") && e.contains("version 99999") && e.contains(&up_to), "{e}");
     drop(keep);
 }

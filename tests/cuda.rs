@@ -6,7 +6,7 @@ use cudarc::driver::{result, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
-use vramscope::{Backend, CachingAllocator, CudaBackend, CudaSegments, Error};
+use vramscope::{backend::Backend, backend::CudaBackend, backend::CudaSegments, CachingAllocator, Error};
 
 /// A kernel that spins for a chosen number of steps per element, then writes a value the host
 /// can compute (see the file).

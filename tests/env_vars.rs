@@ -8,7 +8,7 @@ use std::os::unix::ffi::OsStrExt;
 #[test]
 fn non_utf8_settings_are_errors() {
     let garbage = OsStr::from_bytes(b"ho\xffst");
-    for (k, key) in [vramscope::BACKEND_ENV, vramscope::CAPACITY_ENV].into_iter().enumerate() {
+    for (k, key) in [vramscope::config::BACKEND_ENV, vramscope::config::CAPACITY_ENV].into_iter().enumerate() {
         // This binary runs this one test, so no other thread reads the environment meanwhile.
         std::env::set_var(key, garbage);
         let e = vramscope::try_device(100 + k).unwrap_err().to_string();

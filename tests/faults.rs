@@ -3,7 +3,10 @@
 
 use std::sync::Arc;
 use vramscope::replay::{replay, ReplayOptions, Trace};
-use vramscope::{Action, CachingAllocator, Error, EventMode, FaultPlan, FaultyBackend, SimBackend};
+use vramscope::{
+    backend::EventMode, backend::FaultPlan, backend::FaultyBackend, backend::SimBackend, record::Action,
+    CachingAllocator, Error,
+};
 
 fn fixture(name: &str) -> Trace {
     Trace::from_file(format!("{}/fixtures/torch/{name}.trace.json", env!("CARGO_MANIFEST_DIR"))).unwrap()

@@ -74,9 +74,9 @@ async fn composes_with_tokio_test_below_it() {
 
 #[test]
 fn assert_mem_snapshot_pins_an_allocators_live_tensors() {
-    let alloc = vramscope::CachingAllocator::new(vramscope::SimBackend::new(1 << 30));
-    let mut rec = vramscope::RecordConfig::default();
-    rec.stacks = vramscope::StackMode::Off;
+    let alloc = vramscope::CachingAllocator::new(vramscope::backend::SimBackend::new(1 << 30));
+    let mut rec = vramscope::record::RecordConfig::default();
+    rec.stacks = vramscope::record::StackMode::Off;
     alloc.record_memory_history(rec);
     let _m = vramscope::scope("model");
     let w = alloc.alloc::<f32>(&alloc.default_stream(), 4096).unwrap().with_shape(&[64, 64]).unwrap();

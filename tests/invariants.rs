@@ -3,7 +3,7 @@
 
 use proptest::prelude::*;
 use std::sync::Arc;
-use vramscope::{Buffer, CachingAllocator, EventMode, HostBackend, SimBackend, Stream};
+use vramscope::{backend::EventMode, backend::HostBackend, backend::SimBackend, Buffer, CachingAllocator, Stream};
 
 #[derive(Debug, Clone)]
 enum Op {

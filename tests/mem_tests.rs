@@ -165,7 +165,7 @@ fn a_body_that_allocates_nothing_fails_and_says_why() {
 /// and names its line; the private allocator's own blocks outside the test do not count.
 #[test]
 fn a_private_allocator_counts() {
-    let private = vramscope::CachingAllocator::new(vramscope::HostBackend::new(1 << 30));
+    let private = vramscope::CachingAllocator::new(vramscope::backend::HostBackend::new(1 << 30));
     let outside = private.alloc::<u8>(&private.default_stream(), 1 << 20).unwrap();
     let mut kept = Vec::new();
     let line = line!() + 2;
@@ -186,7 +186,7 @@ fn a_private_allocator_counts() {
 fn a_pin_of_a_test_shows_only_its_blocks() {
     let a = alloc();
     let neighbour = a.alloc::<u8>(&a.default_stream(), 4096).unwrap();
-    let private = vramscope::CachingAllocator::new(vramscope::HostBackend::new(1 << 30));
+    let private = vramscope::CachingAllocator::new(vramscope::backend::HostBackend::new(1 << 30));
     let mut kept = Vec::new();
     let test = MemTest::new("mem_tests::pinned").iters(1).warmup(1);
     let v = test.check(|| {
@@ -208,8 +208,8 @@ fn a_pin_of_a_test_shows_only_its_blocks() {
 /// could not be counted.
 #[test]
 fn allocators_without_scopes_are_named_in_the_report() {
-    let blind = vramscope::CachingAllocator::new(vramscope::HostBackend::new(1 << 30));
-    blind.record_memory_history(vramscope::RecordConfig::off());
+    let blind = vramscope::CachingAllocator::new(vramscope::backend::HostBackend::new(1 << 30));
+    blind.record_memory_history(vramscope::record::RecordConfig::off());
     let mut kept = Vec::new();
     let v = MemTest::new("mem_tests::blind").iters(2).check(|| {
         kept.push(blind.alloc::<u8>(&blind.default_stream(), 4096).unwrap());

@@ -4,7 +4,9 @@
 #![cfg(unix)]
 
 use std::path::{Path, PathBuf};
-use vramscope::{Action, CachingAllocator, Error, HostBackend, OomReport, Snapshot, OOM_SNAPSHOT_ENV};
+use vramscope::{
+    backend::HostBackend, config::OOM_SNAPSHOT_ENV, error::OomReport, record::Action, CachingAllocator, Error, Snapshot,
+};
 
 /// Runs an allocator out of memory with 5 live blocks and returns the error's report.
 fn oom(scope: &str) -> (OomReport, String) {

@@ -1,7 +1,7 @@
 //! Trace replay: the fixture traces and synthetic workloads the allocator was not tuned on.
 
 use vramscope::replay::{replay, ReplayOptions, Trace, TraceEvent, TraceOp};
-use vramscope::{AllocatorConfig, CachingAllocator, HostBackend, SimBackend};
+use vramscope::{backend::HostBackend, backend::SimBackend, config::AllocatorConfig, CachingAllocator};
 
 fn fixture(name: &str) -> String {
     format!("{}/fixtures/torch/{name}", env!("CARGO_MANIFEST_DIR"))
@@ -60,7 +60,7 @@ fn costly_segments_settle_without_warm_backend_calls() {
             let r = replay(&alloc, &trace, &ReplayOptions::default()).unwrap();
             alloc.check_invariants().unwrap();
             let limit = r.fragmentation_limit.unwrap();
-            assert!(limit > 1.05 && limit <= vramscope::LimitMax::AUTO_CEILING, "{name}: limit {limit}");
+            assert!(limit > 1.05 && limit <= vramscope::config::LimitMax::AUTO_CEILING, "{name}: limit {limit}");
             assert_eq!((r.warm_device_allocs, r.warm_device_maps), (0, 0), "{name}, pages {pages}: {r:?}");
             let best = f64::min(pytorch, pool);
             assert!(r.fragmentation <= best + 0.0005, "{name}, pages {pages}: {:.4} > {best}", r.fragmentation);

@@ -1,7 +1,7 @@
 //! Golden tests of every report on the PyTorch fixtures, and the reports' properties.
 
 use vramscope::report::{self, FoldedKind};
-use vramscope::{CachingAllocator, RecordConfig, SimBackend, Snapshot, StackMode};
+use vramscope::{backend::SimBackend, record::RecordConfig, record::StackMode, CachingAllocator, Snapshot};
 
 fn fixture(name: &str) -> Snapshot {
     Snapshot::load(format!("{}/fixtures/torch/{name}.snapshot.pickle", env!("CARGO_MANIFEST_DIR"))).unwrap()
@@ -128,7 +128,7 @@ fn pickles_written_for_pytorch_read_back_the_same() {
 /// every free as PyTorch records it: `free_requested`, then `free_completed`.
 #[test]
 fn own_pickles_have_real_times_and_requested_frees() {
-    use vramscope::{Action, RecordConfig};
+    use vramscope::{record::Action, record::RecordConfig};
     let before = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_micros() as u64;
     let alloc = CachingAllocator::new(SimBackend::new(1 << 30));
     alloc.record_memory_history(RecordConfig::default());
@@ -161,7 +161,7 @@ fn own_pickles_have_real_times_and_requested_frees() {
 #[test]
 fn own_pickles_carry_scopes_dtypes_and_shapes() {
     let alloc = CachingAllocator::new(SimBackend::new(1 << 30));
-    alloc.record_memory_history(vramscope::RecordConfig::default());
+    alloc.record_memory_history(vramscope::record::RecordConfig::default());
     let _outer = vramscope::scope("outer");
     let _inner = vramscope::scope("inner");
     let x = alloc.alloc::<u8>(alloc.default_stream(), 100).unwrap();
@@ -180,7 +180,8 @@ fn own_pickles_carry_scopes_dtypes_and_shapes() {
     let ctx = block.context.unwrap();
     assert_eq!(back.scopes[ctx.scope as usize], ["outer", "inner"]);
     assert!(back.stack_frames(ctx.stack.unwrap()).all(|f| f.file.as_deref() != Some("<scope>")));
-    let alloc_event = back.history.iter().find(|e| e.addr == x.device_ptr() && e.action == vramscope::Action::Alloc);
+    let alloc_event =
+        back.history.iter().find(|e| e.addr == x.device_ptr() && e.action == vramscope::record::Action::Alloc);
     assert_eq!(back.scopes[alloc_event.unwrap().context.unwrap().scope as usize], ["outer", "inner"]);
     assert!(report::live(&back).iter().all(|g| g.scope == "outer/inner"));
     drop((x, kv));
@@ -229,12 +230,13 @@ fn leak_finder_matches_the_corpus_ground_truth() {
 #[test]
 fn oom_events_carry_the_free_bytes_as_pytorch_does() {
     let alloc = CachingAllocator::new(SimBackend::new(64 << 20));
-    alloc.record_memory_history(vramscope::RecordConfig::default());
+    alloc.record_memory_history(vramscope::record::RecordConfig::default());
     let x = alloc.alloc::<u8>(alloc.default_stream(), 20 << 20).unwrap();
-    let free = vramscope::Backend::free_memory(&**alloc.backend());
+    let free = vramscope::backend::Backend::free_memory(&**alloc.backend());
     assert!(alloc.alloc::<u8>(alloc.default_stream(), 100 << 20).is_err());
     let snap = alloc.snapshot();
-    let oom = |s: &Snapshot| s.history.iter().find(|e| e.action == vramscope::Action::Oom).map(|e| (e.addr, e.size));
+    let oom =
+        |s: &Snapshot| s.history.iter().find(|e| e.action == vramscope::record::Action::Oom).map(|e| (e.addr, e.size));
     assert_eq!(oom(&snap), Some((free, 100 << 20)));
     let bytes = snap.to_pytorch_pickle();
     let back = Snapshot::from_pytorch_pickle(&bytes, "own").unwrap();

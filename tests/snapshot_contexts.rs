@@ -9,7 +9,9 @@
 use proptest::prelude::*;
 use std::collections::HashMap;
 use std::sync::Arc;
-use vramscope::{AllocatorConfig, Buffer, CachingAllocator, EventMode, SimBackend, Snapshot, Stream};
+use vramscope::{
+    backend::EventMode, backend::SimBackend, config::AllocatorConfig, Buffer, CachingAllocator, Snapshot, Stream,
+};
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -237,7 +239,7 @@ mod shared {
 /// segment) made before a 64-byte one (a 2 MiB segment) at a lower address.
 #[test]
 fn a_large_then_a_small_allocation_keep_their_own_lines() {
-    let alloc = CachingAllocator::new(vramscope::HostBackend::new(1 << 30));
+    let alloc = CachingAllocator::new(vramscope::backend::HostBackend::new(1 << 30));
     let s = alloc.default_stream();
     let (big, big_line) = (alloc.alloc::<u8>(&s, 3 << 20).unwrap(), line!());
     let (small, small_line) = (alloc.alloc::<f32>(&s, 16).unwrap().with_shape(&[4, 4]).unwrap(), line!());

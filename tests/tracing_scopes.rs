@@ -2,13 +2,13 @@
 #![cfg(feature = "tracing")]
 
 use tracing_subscriber::prelude::*;
-use vramscope::{CachingAllocator, RecordConfig, SimBackend};
+use vramscope::{backend::SimBackend, record::RecordConfig, CachingAllocator};
 
 #[test]
 fn entered_spans_become_scopes() {
     let alloc = CachingAllocator::new(SimBackend::new(1 << 30));
     alloc.record_memory_history(RecordConfig::default());
-    let subscriber = tracing_subscriber::registry().with(vramscope::ScopeLayer::default());
+    let subscriber = tracing_subscriber::registry().with(vramscope::record::ScopeLayer::default());
     let buf = tracing::subscriber::with_default(subscriber, || {
         let _epoch = tracing::info_span!("epoch").entered();
         let b = {
@@ -29,7 +29,7 @@ fn entered_spans_become_scopes() {
 /// exiting first leaves `b` (entered from the root) as the scope, and `b` exiting the root.
 #[test]
 fn out_of_order_exits_restore_scopes_by_span() {
-    let subscriber = tracing_subscriber::registry().with(vramscope::ScopeLayer::default());
+    let subscriber = tracing_subscriber::registry().with(vramscope::record::ScopeLayer::default());
     tracing::subscriber::with_default(subscriber, || {
         let a = tracing::info_span!("a");
         let b = tracing::info_span!("b");

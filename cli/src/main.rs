@@ -6,7 +6,8 @@ use std::process::ExitCode;
 use vramscope::replay::{replay, ReplayOptions, Trace};
 use vramscope::report::{self, FoldedKind};
 use vramscope::{
-    AllocatorConfig, Backend, CachingAllocator, HostBackend, RecordConfig, SimBackend, Snapshot, StackMode,
+    backend::Backend, backend::HostBackend, backend::SimBackend, config::AllocatorConfig, record::RecordConfig,
+    record::StackMode, CachingAllocator, Snapshot,
 };
 
 #[derive(Parser)]
@@ -280,12 +281,14 @@ fn run(cli: Cli) -> Result<(), Failure> {
                 Some(c) => AllocatorConfig::parse(&c)?,
                 None => AllocatorConfig::from_env()?,
             };
-            let capacity =
-                capacity.map(|c| vramscope::parse_bytes(&c)).transpose().map_err(|e| Failure(2, e.to_string()))?;
+            let capacity = capacity
+                .map(|c| vramscope::config::parse_bytes(&c))
+                .transpose()
+                .map_err(|e| Failure(2, e.to_string()))?;
             let backend: std::sync::Arc<dyn Backend> = match backend {
                 BackendKind::Sim => std::sync::Arc::new(SimBackend::new(capacity.unwrap_or(80 << 30))),
                 #[cfg(feature = "cuda")]
-                BackendKind::Cuda => std::sync::Arc::new(vramscope::CudaBackend::new(0)?),
+                BackendKind::Cuda => std::sync::Arc::new(vramscope::backend::CudaBackend::new(0)?),
                 #[cfg(not(feature = "cuda"))]
                 BackendKind::Cuda => {
                     return Err(Failure(2, "--backend cuda needs vramscope built with the `cuda` feature".into()))

@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use vramscope::{AllocatorConfig, CachingAllocator, SimBackend};
+use vramscope::{config::AllocatorConfig, CachingAllocator, backend::SimBackend};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(s) = std::str::from_utf8(data) else { return };

@@ -4,7 +4,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use vramscope::replay::{replay, ReplayOptions, Trace};
-use vramscope::{CachingAllocator, SimBackend};
+use vramscope::{CachingAllocator, backend::SimBackend};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(trace) = Trace::from_bytes(data, "fuzz") else { return };

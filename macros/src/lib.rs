@@ -18,7 +18,7 @@ const MAX_ITERATIONS: u64 = 1_000_000;
 /// Runs a test body for warm-up plus measured iterations and fails, naming the allocation sites
 /// that kept memory alive, when live memory grows. Keys (all optional): `iters = 5`,
 /// `warmup = 1`, `tolerance = "0 B"` (bytes: a number, or a text read at compile time by
-/// `vramscope::units::parse_byte_size`, e.g. `"64 KiB"`), `metric = "live_bytes" | "live_blocks" | "reserved_bytes"`,
+/// `vramscope::config::parse_byte_size`, e.g. `"64 KiB"`), `metric = "live_bytes" | "live_blocks" | "reserved_bytes"`,
 /// `device = 0`, `backend = "any" | "host" | "cuda"`, `snapshot = false`.
 #[proc_macro_attribute]
 pub fn gpu_mem_test(args: TokenStream, item: TokenStream) -> TokenStream {
@@ -215,7 +215,7 @@ fn expand(args: TokenStream2, item: TokenStream2) -> syn::Result<TokenStream2> {
     let metric = syn::Ident::new(o.metric, Span::call_site());
     let backend = syn::Ident::new(o.backend, Span::call_site());
     let snapshot = if o.snapshot {
-        quote!(::vramscope::__insta::assert_snapshot!(__vramscope_test.scope_report());)
+        quote!(::vramscope::__macro_support::insta::assert_snapshot!(__vramscope_test.scope_report());)
     } else {
         quote!()
     };

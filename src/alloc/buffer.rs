@@ -123,7 +123,7 @@ impl<T: Pod> Buffer<T> {
     /// Describes the buffer as a tensor for reports: its dtype is `T`'s, its shape `shape`.
     ///
     /// ```
-    /// # use vramscope::{CachingAllocator, HostBackend};
+    /// # use vramscope::{CachingAllocator, backend::HostBackend};
     /// # let alloc = CachingAllocator::new(HostBackend::new(1 << 30));
     /// # let s = alloc.default_stream();
     /// let x = alloc.alloc::<f32>(&s, 32 * 1024).unwrap().with_shape(&[32, 1024]).unwrap();

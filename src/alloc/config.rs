@@ -15,7 +15,7 @@ const KEYS: &str = "max_split_size_mb, roundup_power2_divisions, garbage_collect
 /// Start from [`Default`] and set fields, or parse PyTorch's string form:
 ///
 /// ```
-/// use vramscope::AllocatorConfig;
+/// use vramscope::config::AllocatorConfig;
 /// let mut c = AllocatorConfig::default();
 /// c.fragmentation_limit = None; // cache like PyTorch
 ///
@@ -72,7 +72,7 @@ impl Default for AllocatorConfig {
 #[non_exhaustive]
 pub enum LimitMax {
     /// Up to [`LimitMax::AUTO_CEILING`] on backends whose segment calls are costly
-    /// ([`Backend::costly_segments`](crate::Backend::costly_segments): CUDA, where
+    /// ([`Backend::costly_segments`](crate::backend::Backend::costly_segments): CUDA, where
     /// `cuMemAlloc` takes tens of microseconds and `cuMemFree` synchronizes the device);
     /// fixed on the others (host, sim), where giving memory back costs next to nothing.
     #[default]

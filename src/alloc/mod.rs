@@ -171,7 +171,7 @@ impl Stream {
 /// Cloning is cheap and gives another handle to the same allocator; it is `Send + Sync`.
 ///
 /// ```
-/// use vramscope::{CachingAllocator, HostBackend};
+/// use vramscope::{CachingAllocator, backend::HostBackend};
 /// let alloc = CachingAllocator::new(HostBackend::new(1 << 30));
 /// let stream = alloc.default_stream();
 /// let x = alloc.alloc::<f32>(&stream, 1024).unwrap();
@@ -383,7 +383,7 @@ impl CachingAllocator {
     /// count and [`Buffer::with_shape`] in one call.
     ///
     /// ```
-    /// # use vramscope::{CachingAllocator, HostBackend};
+    /// # use vramscope::{CachingAllocator, backend::HostBackend};
     /// let alloc = CachingAllocator::new(HostBackend::new(1 << 30));
     /// let kv = alloc.alloc_shaped::<f32>(alloc.default_stream(), &[2, 8, 128])?;
     /// assert_eq!((kv.len(), kv.tensor_meta().unwrap().shape), (2 * 8 * 128, vec![2, 8, 128]));
@@ -470,7 +470,7 @@ impl CachingAllocator {
     /// churn, up to [`AllocatorConfig::fragmentation_limit_max`]; `None` when there is none.
     ///
     /// ```
-    /// use vramscope::{CachingAllocator, SimBackend};
+    /// use vramscope::{CachingAllocator, backend::SimBackend};
     /// let alloc = CachingAllocator::new(SimBackend::new(1 << 30));
     /// assert_eq!(alloc.fragmentation_limit(), Some(1.05));
     /// ```
@@ -534,7 +534,7 @@ impl CachingAllocator {
     /// block counts as outside.
     ///
     /// ```
-    /// use vramscope::{CachingAllocator, HostBackend};
+    /// use vramscope::{CachingAllocator, backend::HostBackend};
     /// let alloc = CachingAllocator::new(HostBackend::new(1 << 30));
     /// let s = alloc.default_stream();
     /// let outside = alloc.alloc::<u8>(&s, 512).unwrap();
@@ -573,7 +573,7 @@ impl CachingAllocator {
     /// [`new`](Self::new) and friends), in the order they were made: what memory tests measure.
     ///
     /// ```
-    /// use vramscope::{CachingAllocator, HostBackend};
+    /// use vramscope::{CachingAllocator, backend::HostBackend};
     /// let mine = CachingAllocator::new(HostBackend::new(64 << 20));
     /// assert!(CachingAllocator::all().iter().any(|a| a.same_allocator(&mine)));
     /// ```

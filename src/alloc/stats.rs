@@ -83,7 +83,7 @@ impl From<&PoolStat> for PoolCounters {
 /// [`MemoryStats::to_pytorch_map`] gives PyTorch's flat map with its key names.
 ///
 /// ```
-/// use vramscope::{CachingAllocator, HostBackend};
+/// use vramscope::{CachingAllocator, backend::HostBackend};
 /// let alloc = CachingAllocator::new(HostBackend::new(1 << 30));
 /// let x = alloc.alloc::<f32>(alloc.default_stream(), 1000)?;
 /// let stats = alloc.stats();

@@ -58,7 +58,7 @@ impl FaultPlan {
 /// the allocator's out-of-memory path and the code above it.
 ///
 /// ```
-/// use vramscope::{CachingAllocator, FaultPlan, FaultyBackend, SimBackend};
+/// use vramscope::{CachingAllocator, backend::FaultPlan, backend::FaultyBackend, backend::SimBackend};
 /// use std::sync::Arc;
 /// // Fail the first memory request only: the allocator's retry (request 1) succeeds.
 /// let faulty = Arc::new(FaultyBackend::new(SimBackend::new(1 << 30), FaultPlan::nth(0)));

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// buffers are written.
 ///
 /// ```
-/// use vramscope::{CachingAllocator, HostBackend};
+/// use vramscope::{CachingAllocator, backend::HostBackend};
 /// let alloc = CachingAllocator::new(HostBackend::new(64 << 20));
 /// let stream = alloc.default_stream();
 /// let mut buf = alloc.alloc::<u32>(&stream, 4).unwrap();

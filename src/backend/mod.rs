@@ -15,7 +15,9 @@ mod faulty;
 mod host;
 mod sim;
 
+pub use crate::alloc::IntoBackend;
 #[cfg(feature = "cuda-backend")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cuda-backend")))]
 pub use cuda::{CudaBackend, CudaSegments, CUDA_SEGMENTS_ENV};
 pub use faulty::{FaultPlan, FaultyBackend};
 pub use host::HostBackend;
@@ -95,7 +97,7 @@ pub unsafe trait Backend: Send + Sync + fmt::Debug + 'static {
     /// Whether reserving and releasing segments is costly next to serving a request from the
     /// cache: on CUDA `cuMemAlloc` takes tens of microseconds and `cuMemFree` synchronizes the
     /// device. The allocator then lets its fragmentation limit rise rather than churn (see
-    /// [`LimitMax::Auto`](crate::LimitMax::Auto)). Default: `false`.
+    /// [`LimitMax::Auto`](crate::config::LimitMax::Auto)). Default: `false`.
     fn costly_segments(&self) -> bool {
         false
     }

@@ -25,7 +25,7 @@ pub enum EventMode {
 /// CUDA's virtual memory management.
 ///
 /// ```
-/// use vramscope::{CachingAllocator, SimBackend};
+/// use vramscope::{CachingAllocator, backend::SimBackend};
 /// let alloc = CachingAllocator::new(SimBackend::new(80 << 30));
 /// let s = alloc.default_stream();
 /// let big = alloc.alloc::<u8>(&s, 40 << 30).unwrap();
@@ -83,7 +83,7 @@ impl SimBackend {
     /// declared models CUDA's `cuMemAlloc` segments.
     ///
     /// ```
-    /// use vramscope::{CachingAllocator, SimBackend};
+    /// use vramscope::{CachingAllocator, backend::SimBackend};
     /// let alloc = CachingAllocator::new(SimBackend::new(1 << 30).with_costly_segments(true));
     /// assert_eq!(alloc.fragmentation_limit(), Some(1.05)); // rises only when it churns
     /// ```

@@ -51,7 +51,7 @@ pub enum ContextLevel {
 /// [`CachingAllocator::record_memory_history`](crate::CachingAllocator::record_memory_history).
 ///
 /// ```
-/// use vramscope::{CachingAllocator, RecordConfig, SimBackend, StackMode};
+/// use vramscope::{CachingAllocator, record::RecordConfig, backend::SimBackend, record::StackMode};
 /// let alloc = CachingAllocator::new(SimBackend::new(1 << 30));
 /// let mut rec = RecordConfig::default();
 /// rec.stacks = StackMode::Full;

@@ -238,7 +238,7 @@ impl Scope {
     /// allocated nothing it could see.
     ///
     /// ```
-    /// let alloc = vramscope::CachingAllocator::new(vramscope::HostBackend::new(64 << 20));
+    /// let alloc = vramscope::CachingAllocator::new(vramscope::backend::HostBackend::new(64 << 20));
     /// let _g = vramscope::scope("counted");
     /// let here = vramscope::current_scope();
     /// let before = here.allocations();

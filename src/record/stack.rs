@@ -192,7 +192,7 @@ fn unwind(out: &mut [usize]) -> usize {
 /// true when this code and its callers were built with frame pointers.
 ///
 /// ```
-/// println!("fast stacks walk frame pointers: {}", vramscope::frame_pointers_available());
+/// println!("fast stacks walk frame pointers: {}", vramscope::record::frame_pointers_available());
 /// ```
 pub fn frame_pointers_available() -> bool {
     frame_pointers_work()
@@ -200,7 +200,19 @@ pub fn frame_pointers_available() -> bool {
 
 fn frame_pointers_work() -> bool {
     static WORKS: OnceLock<bool> = OnceLock::new();
-    *WORKS.get_or_init(calibrate)
+    // On a thread of its own with a known stack: the calibration unwinds, which takes tens of
+    // kilobytes of stack in debug builds, and the first capture of a process may come from a
+    // thread with a small stack, deep in recursion (found by `tests/record.rs` under the
+    // `cuda` feature in the dev profile: a 128 KiB thread overflowed here).
+    *WORKS.get_or_init(|| {
+        std::thread::Builder::new()
+            .name("vramscope-calibrate".into())
+            .stack_size(1 << 20)
+            .spawn(calibrate)
+            .ok()
+            .and_then(|t| t.join().ok())
+            .unwrap_or(false)
+    })
 }
 
 #[inline(never)]

@@ -30,7 +30,7 @@ thread_local! {
 ///
 /// ```
 /// use tracing_subscriber::prelude::*;
-/// let subscriber = tracing_subscriber::registry().with(vramscope::ScopeLayer::default());
+/// let subscriber = tracing_subscriber::registry().with(vramscope::record::ScopeLayer::default());
 /// tracing::subscriber::with_default(subscriber, || {
 ///     let _span = tracing::info_span!("forward").entered();
 ///     assert_eq!(vramscope::current_scope().path(), ["forward"]);

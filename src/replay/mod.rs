@@ -7,7 +7,7 @@
 //!
 //! ```
 //! use vramscope::replay::{replay, ReplayOptions, Trace};
-//! use vramscope::{CachingAllocator, SimBackend};
+//! use vramscope::{CachingAllocator, backend::SimBackend};
 //! let trace = Trace::from_bytes(br#"{"events":[["a",1,3000000,0],["a",2,100,0],["f",1,0,0]]}"#, "t")?;
 //! let alloc = CachingAllocator::new(SimBackend::new(1 << 30));
 //! let report = replay(&alloc, &trace, &ReplayOptions::default())?;

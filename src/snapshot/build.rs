@@ -165,7 +165,7 @@ impl CachingAllocator {
     /// afterwards, each address once per allocator.
     ///
     /// ```
-    /// use vramscope::{CachingAllocator, HostBackend};
+    /// use vramscope::{CachingAllocator, backend::HostBackend};
     /// let alloc = CachingAllocator::new(HostBackend::new(1 << 30));
     /// let x = alloc.alloc::<f32>(&alloc.default_stream(), 256).unwrap();
     /// let snap = alloc.snapshot();

@@ -514,7 +514,7 @@ impl SnapshotSource for MemTest {
 /// keeps alive shows up as a reviewable diff. Take it once per test, after the work.
 ///
 /// ```
-/// let alloc = vramscope::CachingAllocator::new(vramscope::HostBackend::new(1 << 30));
+/// let alloc = vramscope::CachingAllocator::new(vramscope::backend::HostBackend::new(1 << 30));
 /// let _s = vramscope::scope("model");
 /// let w = alloc.alloc::<f32>(&alloc.default_stream(), 1024).unwrap().with_shape(&[32, 32]).unwrap();
 /// let report = vramscope::testing::snapshot_report(&alloc);
@@ -525,9 +525,9 @@ impl SnapshotSource for MemTest {
 #[macro_export]
 macro_rules! assert_mem_snapshot {
     ($source:expr $(,)?) => {
-        $crate::__insta::assert_snapshot!($crate::testing::snapshot_report(&$source))
+        $crate::__macro_support::insta::assert_snapshot!($crate::testing::snapshot_report(&$source))
     };
     ($name:expr, $source:expr $(,)?) => {
-        $crate::__insta::assert_snapshot!($name, $crate::testing::snapshot_report(&$source))
+        $crate::__macro_support::insta::assert_snapshot!($name, $crate::testing::snapshot_report(&$source))
     };
 }

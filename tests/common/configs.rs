@@ -1,7 +1,7 @@
 //! The allocator configurations every property test runs under.
 
 use proptest::prelude::*;
-use vramscope::AllocatorConfig;
+use vramscope::config::AllocatorConfig;
 
 /// The default, no fragmentation limit, PyTorch's split and rounding options, and a fixed limit
 /// without page release.

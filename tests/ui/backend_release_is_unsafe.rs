@@ -1,6 +1,6 @@
 // Releasing a segment is `unsafe`: the caller promises that nothing uses it any more (a
 // buffer of an allocator could still point into it).
-use vramscope::{Backend, HostBackend};
+use vramscope::{backend::Backend, backend::HostBackend};
 
 fn main() {
     let host = HostBackend::new(1 << 30);

@@ -1,6 +1,6 @@
 // A `Pod` type aligned to more than the blocks' 512 bytes cannot be allocated: the slice the
 // buffer gives would be misaligned.
-use vramscope::{CachingAllocator, HostBackend, Pod};
+use vramscope::{CachingAllocator, backend::HostBackend, Pod};
 
 #[derive(Clone, Copy)]
 #[repr(C, align(4096))]

@@ -55,7 +55,7 @@ impl CudaSegments {
 ///
 /// ```no_run
 /// # #[cfg(feature = "cuda-backend")] {
-/// use vramscope::{CachingAllocator, CudaBackend};
+/// use vramscope::{CachingAllocator, backend::CudaBackend};
 /// let alloc = CachingAllocator::new(CudaBackend::new(0)?);
 /// let mut x = alloc.alloc::<f32>(&alloc.default_stream(), 1024)?;
 /// x.copy_from_host(&vec![1.0; 1024])?;

@@ -1,7 +1,7 @@
 // An element type aligned to exactly the blocks' 512 bytes is allocated, and its slice is
 // aligned. (Having a passing case also makes trybuild build rather than check, so that the
 // alignment bound, checked when `alloc` is instantiated, shows in over_aligned_element.rs.)
-use vramscope::{CachingAllocator, HostBackend, Pod};
+use vramscope::{CachingAllocator, backend::HostBackend, Pod};
 
 #[derive(Clone, Copy)]
 #[repr(C, align(512))]
