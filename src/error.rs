@@ -59,6 +59,9 @@ pub enum Error {
     InvalidRequest(String),
     /// A buffer was used with the wrong allocator, stream or backend.
     Usage(String),
+    /// A report could not be produced from what it was given (a flamegraph of an empty
+    /// profile, or one that `inferno` could not draw); the message names the report.
+    Report(String),
     /// A trace or snapshot file could not be read or understood.
     Format {
         /// Where the input came from (a path, or `<memory>`).
@@ -147,6 +150,7 @@ impl fmt::Display for Error {
             Error::Config { key, message } => write!(f, "allocator configuration key `{key}`: {message}"),
             Error::InvalidRequest(m) => write!(f, "invalid request: {m}"),
             Error::Usage(m) => write!(f, "usage error: {m}"),
+            Error::Report(m) => write!(f, "{m}"),
             Error::Format { source_name, message } => write!(f, "{source_name}: {message}"),
             Error::Io { path, error } => write!(f, "{path}: {error}"),
         }

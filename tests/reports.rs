@@ -54,7 +54,7 @@ fn diff_of_two_points_of_a_leaky_run() {
     }
     let d = report::diff(&before, &after);
     insta::assert_snapshot!("leaky_train_diff", report::SiteDelta::render(&d));
-    assert_eq!(d.iter().map(|x| x.change).collect::<Vec<_>>(), ["new", "new"]);
+    assert_eq!(d.iter().map(|x| x.change).collect::<Vec<_>>(), [report::Change::New, report::Change::New]);
     assert!(report::diff(&after, &after).is_empty());
 }
 

@@ -3,12 +3,48 @@ use crate::snapshot::Snapshot;
 use serde::Serialize;
 use std::collections::BTreeMap;
 
+/// Which way a site's live memory went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Change {
+    /// Nothing live before.
+    New,
+    /// More bytes live after.
+    Grew,
+    /// Fewer bytes live after.
+    Shrank,
+    /// Nothing live after.
+    Gone,
+    /// The same bytes in another number of blocks.
+    Changed,
+}
+
+impl Change {
+    /// `new`, `grew`, `shrank`, `gone` or `changed`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Change::New => "new",
+            Change::Grew => "grew",
+            Change::Shrank => "shrank",
+            Change::Gone => "gone",
+            Change::Changed => "changed",
+        }
+    }
+}
+
+impl std::fmt::Display for Change {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.name())
+    }
+}
+
 /// How one allocation site's live memory changed between two snapshots.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
 pub struct SiteDelta {
-    /// `new`, `grew`, `shrank` or `gone`.
-    pub change: &'static str,
+    /// Which way it went.
+    pub change: Change,
     /// `file:line (function)`, or `<no stack>`.
     pub site: String,
     /// Scope path.
@@ -38,11 +74,11 @@ pub fn diff(before: &Snapshot, after: &Snapshot) -> Vec<SiteDelta> {
         .filter(|(_, v)| v[0] != v[1])
         .map(|((site, scope), [(b, cb), (a, ca)])| SiteDelta {
             change: match (b, a) {
-                (0, _) => "new",
-                (_, 0) => "gone",
-                _ if a > b => "grew",
-                _ if a < b => "shrank",
-                _ => "changed",
+                (0, _) => Change::New,
+                (_, 0) => Change::Gone,
+                _ if a > b => Change::Grew,
+                _ if a < b => Change::Shrank,
+                _ => Change::Changed,
             },
             site,
             scope,

@@ -98,12 +98,12 @@ fn render(folded: &str, title: &str) -> Result<String> {
 /// A flamegraph with a subtitle line under the title.
 pub(crate) fn render_with(folded: &str, title: &str, subtitle: Option<&str>) -> Result<String> {
     if folded.trim().is_empty() {
-        return Err(Error::Usage(format!("{title}: nothing to draw, the profile is empty (no bytes in any stack)")));
+        return Err(Error::Report(format!("{title}: nothing to draw, the profile is empty (no bytes in any stack)")));
     }
     let mut svg = Vec::new();
     inferno::flamegraph::from_lines(&mut options(title, subtitle), folded.lines(), &mut svg)
-        .map_err(|e| Error::Usage(format!("{title}: the flamegraph could not be drawn: {e}")))?;
-    String::from_utf8(svg).map_err(|e| Error::Usage(format!("{title}: the flamegraph is not UTF-8: {e}")))
+        .map_err(|e| Error::Report(format!("{title}: the flamegraph could not be drawn: {e}")))?;
+    String::from_utf8(svg).map_err(|e| Error::Report(format!("{title}: the flamegraph is not UTF-8: {e}")))
 }
 
 /// A flamegraph SVG of folded stacks (see [`folded`]); bytes are the counts, colours are
@@ -122,8 +122,9 @@ pub fn differential_flamegraph(before: &str, after: &str, title: &str) -> Result
         after.as_bytes(),
         &mut diff,
     )
-    .map_err(|e| Error::Usage(format!("{title}: the profiles could not be compared: {e}")))?;
-    let diff = String::from_utf8(diff).map_err(|e| Error::Usage(format!("{title}: {e}")))?;
+    .map_err(|e| Error::Report(format!("{title}: the profiles could not be compared: {e}")))?;
+    let diff =
+        String::from_utf8(diff).map_err(|e| Error::Report(format!("{title}: the difference is not UTF-8: {e}")))?;
     render(&diff, title)
 }
 

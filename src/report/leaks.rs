@@ -38,11 +38,31 @@ pub struct LeakCandidate {
     pub grew_from: u64,
     /// See `grew_from`.
     pub grew_until: u64,
-    /// `step` where the program marked steps, else `window` (a tenth of the history's events).
-    pub unit: &'static str,
+    /// Steps where the program marked them, else windows (a tenth of the history's events).
+    pub unit: LeakUnit,
     /// Program steps per window where no steps were marked, estimated from the history: the
     /// number of times a loop body's sites allocate (see [`leaks`]); 1 with step markers.
     pub steps_per_window: f64,
+}
+
+/// What the leak finder cut the history into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum LeakUnit {
+    /// One window per step the program marked (`vramscope::step`).
+    Step,
+    /// A tenth of the history's events, where no steps were marked.
+    Window,
+}
+
+impl std::fmt::Display for LeakUnit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(match self {
+            LeakUnit::Step => "step",
+            LeakUnit::Window => "window",
+        })
+    }
 }
 
 /// Windows the history is cut into where it has no step markers.
@@ -252,7 +272,7 @@ pub fn leaks(snapshot: &Snapshot) -> Vec<LeakCandidate> {
             steps: windows as u32,
             grew_from: kept_from(first),
             grew_until: kept_from(last),
-            unit: if by_step { "step" } else { "window" },
+            unit: if by_step { LeakUnit::Step } else { LeakUnit::Window },
             steps_per_window,
         });
     }
@@ -271,7 +291,7 @@ impl LeakCandidate {
             "{n} leak candidate{}: the lines that allocated memory which is kept and keeps growing\n",
             if n == 1 { "" } else { "s" }
         );
-        if let Some(c) = candidates.iter().find(|c| c.unit == "window") {
+        if let Some(c) = candidates.iter().find(|c| c.unit == LeakUnit::Window) {
             s.push_str(&format!(
                 "(no step markers: the history is cut into {} windows of equal numbers of events,\n\
                  about {:.1} steps each, estimated from how often the loop's lines allocate)\n",

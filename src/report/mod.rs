@@ -11,10 +11,10 @@ mod leaks;
 mod live;
 mod segments;
 
-pub use diff::{diff, SiteDelta};
+pub use diff::{diff, Change, SiteDelta};
 pub(crate) use flame::render_with as flamegraph_with_subtitle;
 pub use flame::{differential_flamegraph, flamegraph, folded, FoldedKind};
-pub use leaks::{leaks, LeakCandidate};
+pub use leaks::{leaks, LeakCandidate, LeakUnit};
 pub use live::{live, LiveGroup};
 pub use segments::segments;
 
