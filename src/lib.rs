@@ -265,6 +265,7 @@ mod alloc;
 pub mod backend;
 mod device;
 pub mod error;
+mod intern;
 pub mod record;
 pub mod replay;
 pub mod report;

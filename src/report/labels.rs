@@ -3,21 +3,11 @@
 //! must stay linear in the file's size.
 
 use super::{site_frame, site_label};
+use crate::intern::Interner;
 use crate::record::Frame;
 use crate::snapshot::{ContextInfo, Snapshot};
-use std::collections::HashMap;
 
 const UNSEEN: u32 = u32::MAX;
-
-/// The id of `label` in `ids`, adding `item(label)` to `items` when it is new.
-fn intern<T>(ids: &mut HashMap<String, u32>, items: &mut Vec<T>, label: String, item: impl FnOnce(String) -> T) -> u32 {
-    let next = items.len() as u32;
-    let id = *ids.entry(label.clone()).or_insert(next);
-    if id == next {
-        items.push(item(label));
-    }
-    id
-}
 
 /// Small ids for the distinct sites (by label) and scope paths of one snapshot. Site 0 is
 /// `<no stack>` and scope 0 the empty path.
@@ -25,11 +15,9 @@ pub(crate) struct Labels<'a> {
     snap: &'a Snapshot,
     site_of_stack: Vec<u32>,
     scope_of_index: Vec<u32>,
-    /// Per site id: its label and its frame (`None` for `<no stack>`).
-    sites: Vec<(String, Option<&'a Frame>)>,
-    site_ids: HashMap<String, u32>,
-    scopes: Vec<String>,
-    scope_ids: HashMap<String, u32>,
+    /// Per site id (by label): its label and its frame (`None` for `<no stack>`).
+    sites: Interner<String, (String, Option<&'a Frame>)>,
+    scopes: Interner<String>,
 }
 
 impl<'a> Labels<'a> {
@@ -38,10 +26,12 @@ impl<'a> Labels<'a> {
             snap,
             site_of_stack: vec![UNSEEN; snap.stacks.len()],
             scope_of_index: vec![UNSEEN; snap.scopes.len()],
-            sites: vec![(site_label(None), None)],
-            site_ids: HashMap::from([(site_label(None), 0)]),
-            scopes: vec![String::new()],
-            scope_ids: HashMap::from([(String::new(), 0)]),
+            sites: {
+                let mut sites = Interner::default();
+                sites.id(site_label(None), |label| (label.clone(), None));
+                sites
+            },
+            scopes: Interner::from_items(vec![String::new()]),
         }
     }
 
@@ -53,7 +43,7 @@ impl<'a> Labels<'a> {
             return known;
         }
         let frame = site_frame(self.snap, ctx);
-        let id = intern(&mut self.site_ids, &mut self.sites, site_label(frame), |label| (label, frame));
+        let id = self.sites.id(site_label(frame), |label| (label.clone(), frame));
         self.site_of_stack[stack as usize] = id;
         id
     }
@@ -65,20 +55,20 @@ impl<'a> Labels<'a> {
         if known != UNSEEN {
             return known;
         }
-        let id = intern(&mut self.scope_ids, &mut self.scopes, self.snap.scope_path(ctx), |label| label);
+        let id = self.scopes.intern(self.snap.scope_path(ctx));
         self.scope_of_index[index as usize] = id;
         id
     }
 
     pub(crate) fn site_label(&self, id: u32) -> &str {
-        &self.sites[id as usize].0
+        &self.sites.item(id).0
     }
 
     pub(crate) fn site_frame(&self, id: u32) -> Option<&'a Frame> {
-        self.sites[id as usize].1
+        self.sites.item(id).1
     }
 
     pub(crate) fn scope_label(&self, id: u32) -> &str {
-        &self.scopes[id as usize]
+        self.scopes.item(id)
     }
 }

@@ -4,8 +4,8 @@
 use super::model::{BlockInfo, BlockState, ContextInfo, HistoryEntry, SegmentInfo, Snapshot};
 use crate::alloc::heap::{self, Heap};
 use crate::alloc::CachingAllocator;
+use crate::intern::Interner;
 use crate::record::{scope_path, thread_name, Action, Context, Event, Frame, Symbolizer, NO_STACK};
-use std::collections::HashMap;
 
 /// The version of the snapshot model written by this build.
 pub const SNAPSHOT_VERSION: u32 = 2;
@@ -87,14 +87,13 @@ struct FullContext {
 /// Interns frames, scopes and threads into the snapshot's tables.
 #[derive(Default)]
 struct Tables {
-    frames: Vec<Frame>,
-    frame_ids: HashMap<Frame, u32>,
-    stack_ids: HashMap<u32, u32>,
-    stacks: Vec<Vec<u32>>,
-    scopes: Vec<Vec<String>>,
-    scope_ids: HashMap<u32, u32>,
-    threads: Vec<String>,
-    thread_ids: HashMap<u32, u32>,
+    frames: Interner<Frame>,
+    /// By the recorder's stack id.
+    stacks: Interner<u32, Vec<u32>>,
+    /// By the recorder's scope id.
+    scopes: Interner<u32, Vec<String>>,
+    /// By the recorder's thread id.
+    threads: Interner<u32, String>,
 }
 
 impl Tables {
@@ -103,29 +102,18 @@ impl Tables {
         let c = FullContext { stack: site.stack, scope: site.scope, thread: site.thread, step: c.step };
         let raw = &raw.stacks[..];
         let stack = (c.stack != NO_STACK).then(|| self.stack(c.stack, raw, sym));
-        let scope = *self.scope_ids.entry(c.scope).or_insert_with(|| {
-            self.scopes.push(scope_path(c.scope));
-            (self.scopes.len() - 1) as u32
-        });
-        let thread = *self.thread_ids.entry(c.thread).or_insert_with(|| {
-            self.threads.push(thread_name(c.thread));
-            (self.threads.len() - 1) as u32
-        });
+        let scope = self.scopes.id(c.scope, |&s| scope_path(s));
+        let thread = self.threads.id(c.thread, |&t| thread_name(t));
         ContextInfo { stack, scope, thread, step: c.step }
     }
 
     /// The index of `f` in the frame table, added if new.
     fn frame(&mut self, f: &Frame) -> u32 {
-        let next = self.frames.len() as u32;
-        let fid = *self.frame_ids.entry(f.clone()).or_insert(next);
-        if fid == next {
-            self.frames.push(f.clone());
-        }
-        fid
+        self.frames.intern_ref(f)
     }
 
     fn stack(&mut self, id: u32, raw: &[Box<[usize]>], sym: &mut Symbolizer) -> u32 {
-        if let Some(&s) = self.stack_ids.get(&id) {
+        if let Some(s) = self.stacks.get(&id) {
             return s;
         }
         let mut frames = Vec::new();
@@ -152,10 +140,7 @@ impl Tables {
                 if harness_seen { crate::record::INLINED_TEST_BODY } else { crate::record::INLINED_ELSEWHERE };
             frames.push(self.frame(&Frame { function: function.to_string(), file: None, line: None }));
         }
-        self.stacks.push(frames);
-        let s = (self.stacks.len() - 1) as u32;
-        self.stack_ids.insert(id, s);
-        s
+        self.stacks.id(id, |_| frames)
     }
 }
 
@@ -180,8 +165,8 @@ impl CachingAllocator {
             copy(&locked)
         };
         let mut sym = self.shared.symbols.lock();
-        let mut t = Tables { scopes: vec![Vec::new()], ..Tables::default() };
-        t.scope_ids.insert(crate::record::ROOT_SCOPE, 0);
+        let mut t = Tables::default();
+        t.scopes.id(crate::record::ROOT_SCOPE, |_| Vec::new());
         let raw_segments = std::mem::take(&mut raw.segments);
         let mut segments = Vec::with_capacity(raw_segments.len());
         for (mut s, contexts) in raw_segments {
@@ -211,10 +196,10 @@ impl CachingAllocator {
             segments,
             history,
             history_dropped: raw.dropped,
-            frames: t.frames,
-            stacks: t.stacks,
-            scopes: t.scopes,
-            threads: t.threads,
+            frames: t.frames.into_items(),
+            stacks: t.stacks.into_items(),
+            scopes: t.scopes.into_items(),
+            threads: t.threads.into_items(),
             stats: raw.stats,
             time_origin_us: raw.clock.origin_us(),
             allocator_settings: None,

@@ -6,6 +6,7 @@ use super::model::{BlockInfo, BlockState, ContextInfo, HistoryEntry, SegmentInfo
 use super::pickle::{self, Value};
 use crate::alloc::Pool;
 use crate::error::{Error, Result};
+use crate::intern::Interner;
 use crate::record::{Action, Frame};
 use std::collections::{BTreeMap, HashMap};
 
@@ -50,33 +51,26 @@ impl Budget {
     }
 }
 
-/// Frames and stacks interned while reading.
-#[derive(Default)]
-struct Interner {
-    frames: Vec<Frame>,
-    frame_ids: HashMap<Frame, u32>,
-    stacks: Vec<Vec<u32>>,
-    stack_ids: HashMap<Vec<u32>, u32>,
+/// Frames, stacks and scopes interned while reading.
+struct Tables {
+    frames: Interner<Frame>,
+    stacks: Interner<Vec<u32>>,
     /// Scope paths from PyTorch's `user_metadata` strings (`a/b`); index 0 is the root.
-    scopes: Vec<Vec<String>>,
-    scope_ids: HashMap<String, u32>,
+    scopes: Interner<String, Vec<String>>,
 }
 
-impl Interner {
+impl Tables {
     fn new() -> Self {
-        Interner { scopes: vec![Vec::new()], scope_ids: HashMap::from([(String::new(), 0)]), ..Default::default() }
+        let mut scopes = Interner::default();
+        scopes.id(String::new(), |_| Vec::new());
+        Tables { frames: Interner::default(), stacks: Interner::default(), scopes }
     }
 
     /// The scope of a trace entry's `user_metadata` (vramscope writes scope paths there, `/`
     /// between names); the root for an empty or absent one.
     fn scope(&mut self, meta: Option<Value>) -> u32 {
         let Some(text) = meta.as_ref().and_then(Value::as_str).filter(|t| !t.is_empty()) else { return 0 };
-        let next = self.scopes.len() as u32;
-        let id = *self.scope_ids.entry(text.to_string()).or_insert(next);
-        if id == next {
-            self.scopes.push(text.split('/').map(str::to_string).collect());
-        }
-        id
+        self.scopes.id(text.to_string(), |text| text.split('/').map(str::to_string).collect())
     }
 
     /// The stack of a `frames` list; `None` when it is empty or absent.
@@ -99,20 +93,9 @@ impl Interner {
             let text = |k: &str| f.get(k).and_then(|v| v.as_str().map(str::to_string));
             let function = text("name").ok_or_else(|| bad(source, format!("{}: frame {i} has no `name`", at())))?;
             let line = f.get("line").and_then(|v| v.as_i128()).and_then(|l| u32::try_from(l).ok());
-            let frame = Frame { function, file: text("filename"), line };
-            let next = self.frames.len() as u32;
-            let id = *self.frame_ids.entry(frame.clone()).or_insert(next);
-            if id == next {
-                self.frames.push(frame);
-            }
-            ids.push(id);
+            ids.push(self.frames.intern(Frame { function, file: text("filename"), line }));
         }
-        let next = self.stacks.len() as u32;
-        let id = *self.stack_ids.entry(ids.clone()).or_insert(next);
-        if id == next {
-            self.stacks.push(ids);
-        }
-        Ok(Some(id))
+        Ok(Some(self.stacks.intern(ids)))
     }
 }
 
@@ -258,7 +241,7 @@ impl Snapshot {
         let segs = segments_v
             .items()
             .ok_or_else(|| bad(source, format!("`segments` is a {}, expected a list", segments_v.type_name())))?;
-        let mut t = Interner::new();
+        let mut t = Tables::new();
         let mut segments = Vec::with_capacity(segs.len());
         let mut device = None;
         for (si, seg) in segs.iter().enumerate() {
@@ -340,9 +323,9 @@ impl Snapshot {
             segments,
             history,
             history_dropped: 0,
-            frames: t.frames,
-            stacks: t.stacks,
-            scopes: t.scopes,
+            frames: t.frames.into_items(),
+            stacks: t.stacks.into_items(),
+            scopes: t.scopes.into_items(),
             threads: vec!["unknown".into()],
             stats,
             time_origin_us,
@@ -354,7 +337,7 @@ impl Snapshot {
 
 /// The trace of the device with the most events, and its first event's `time_us` (the origin
 /// of the entries' `time_ns`).
-fn read_history(root: &Value, t: &mut Interner, budget: &mut Budget, source: &str) -> Result<(Vec<HistoryEntry>, u64)> {
+fn read_history(root: &Value, t: &mut Tables, budget: &mut Budget, source: &str) -> Result<(Vec<HistoryEntry>, u64)> {
     let Some(traces) = root.get("device_traces") else { return Ok((Vec::new(), 0)) };
     budget.spend(traces.len(), &|| "device_traces".to_string(), source)?;
     let traces = traces

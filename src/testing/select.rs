@@ -1,8 +1,8 @@
 //! Selecting a test's blocks from snapshots of several allocators, and putting them in one
 //! snapshot for the reports.
 
+use crate::intern::Interner;
 use crate::snapshot::{BlockState, ContextInfo, Snapshot};
-use std::collections::HashMap;
 
 /// The snapshot with only the live blocks (and history) of contexts inside scope `path` (or,
 /// with `inside == false`, outside it); free and pending blocks stay, so segments keep their
@@ -36,10 +36,10 @@ pub(super) fn strip_scope(snap: &mut Snapshot, path: &[String]) {
 pub(super) fn merge(snaps: Vec<Snapshot>) -> Option<Snapshot> {
     let mut it = snaps.into_iter();
     let mut out = it.next()?;
-    let mut frames_t = Table::new(std::mem::take(&mut out.frames));
-    let mut stacks_t = Table::new(std::mem::take(&mut out.stacks));
-    let mut scopes_t = Table::new(std::mem::take(&mut out.scopes));
-    let mut threads_t = Table::new(std::mem::take(&mut out.threads));
+    let mut frames_t = Interner::from_items(std::mem::take(&mut out.frames));
+    let mut stacks_t = Interner::from_items(std::mem::take(&mut out.stacks));
+    let mut scopes_t = Interner::from_items(std::mem::take(&mut out.scopes));
+    let mut threads_t = Interner::from_items(std::mem::take(&mut out.threads));
     for s in it {
         let frames: Vec<u32> = s.frames.into_iter().map(|f| frames_t.intern(f)).collect();
         let remap = |table: &[u32], k: u32| table.get(k as usize).copied().unwrap_or(k);
@@ -75,35 +75,9 @@ pub(super) fn merge(snaps: Vec<Snapshot>) -> Option<Snapshot> {
             out.backend = format!("{}+{}", out.backend, s.backend);
         }
     }
-    out.frames = frames_t.items;
-    out.stacks = stacks_t.items;
-    out.scopes = scopes_t.items;
-    out.threads = threads_t.items;
+    out.frames = frames_t.into_items();
+    out.stacks = stacks_t.into_items();
+    out.scopes = scopes_t.into_items();
+    out.threads = threads_t.into_items();
     Some(out)
-}
-
-/// A snapshot table with an index from value to position.
-struct Table<T> {
-    items: Vec<T>,
-    ids: HashMap<T, u32>,
-}
-
-impl<T: Eq + std::hash::Hash + Clone> Table<T> {
-    fn new(items: Vec<T>) -> Self {
-        let mut ids = HashMap::with_capacity(items.len());
-        for (i, x) in items.iter().enumerate() {
-            ids.entry(x.clone()).or_insert(i as u32);
-        }
-        Table { items, ids }
-    }
-
-    fn intern(&mut self, value: T) -> u32 {
-        if let Some(&i) = self.ids.get(&value) {
-            return i;
-        }
-        let i = self.items.len() as u32;
-        self.ids.insert(value.clone(), i);
-        self.items.push(value);
-        i
-    }
 }
