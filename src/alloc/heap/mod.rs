@@ -5,11 +5,13 @@ use super::config::AllocatorConfig;
 use super::free_index::{Flags, FreeIndex};
 use pages::Offer;
 
+mod observe;
 mod pages;
 use super::stats::{Pool, Stats};
 use crate::backend::{Backend, RawEvent, RawStream};
 use crate::error::{BackendError, Error, OomReport, Result};
-use crate::record::{Action, Context, RecordConfig, Recorder};
+use crate::record::{Context, RecordConfig, Recorder};
+use observe::Note;
 
 /// No block / no segment.
 pub(crate) const NONE: u32 = u32::MAX;
@@ -267,8 +269,7 @@ impl Heap {
     fn count_split(&mut self, i: u32) {
         if self.is_split(i) {
             let pool = self.pool_of_block(i);
-            self.stats.inactive_split.inc(pool, 1);
-            self.stats.inactive_split_bytes.inc(pool, self.blocks[i as usize].size);
+            self.note(Note::SplitFree { size: self.blocks[i as usize].size, pool, counted: true });
         }
     }
 
@@ -276,8 +277,7 @@ impl Heap {
     fn uncount_split(&mut self, i: u32) {
         if self.is_split(i) {
             let pool = self.pool_of_block(i);
-            self.stats.inactive_split.dec(pool, 1);
-            self.stats.inactive_split_bytes.dec(pool, self.blocks[i as usize].size);
+            self.note(Note::SplitFree { size: self.blocks[i as usize].size, pool, counted: false });
         }
     }
 
@@ -362,20 +362,9 @@ impl Heap {
         b.state = BlockState::Allocated;
         b.requested = requested;
         b.ctx = ctx;
-        let addr = b.addr;
-        let size = b.size;
-        self.recorder.event(Action::Alloc, addr, size, stream, ctx);
-        let oversize = self.is_oversize(size);
-        let st = &mut self.stats;
-        st.allocation.inc(pool, 1);
-        st.allocated_bytes.inc(pool, size);
-        st.active.inc(pool, 1);
-        st.active_bytes.inc(pool, size);
-        st.requested_bytes.inc(pool, requested);
-        if oversize {
-            st.oversize_allocations.inc(1);
-        }
-        let cur = st.allocated_bytes.current();
+        let (addr, size) = (b.addr, b.size);
+        self.note(Note::Alloc { addr, size, requested, pool, stream, ctx });
+        let cur = self.stats.allocated_bytes.current();
         if cur > self.limit_peak {
             self.limit_peak = cur;
             self.released_since_peak = 0;
@@ -489,7 +478,7 @@ impl Heap {
         let addr = match backend.reserve(seg_size) {
             Ok(a) => a,
             Err(first) => {
-                self.stats.num_alloc_retries += 1;
+                self.note(Note::Retry);
                 self.release_cache(backend, true);
                 match backend.reserve(exact) {
                     Ok(a) => {
@@ -500,7 +489,6 @@ impl Heap {
                 }
             }
         };
-        self.stats.num_device_alloc += 1;
         Ok(self.add_segment(pool, stream, addr, seg_size))
     }
 
@@ -539,21 +527,14 @@ impl Heap {
             ctx: None,
         });
         self.segments[s as usize].head = b;
-        self.recorder.event(Action::SegmentAlloc, addr, size, stream, None);
-        self.stats.segment.inc(pool, 1);
-        self.stats.reserved_bytes.inc(pool, size);
-        if self.is_oversize(size) {
-            self.stats.oversize_segments.inc(1);
-        }
+        self.note(Note::SegmentReserved { addr, size, pool, stream });
         // Indexed so that `take` can unindex it like any cached block.
         self.index_free(b);
         b
     }
 
     fn oom(&mut self, backend: &dyn Backend, requested: u64, rounded: u64, cause: BackendError) -> Error {
-        self.stats.num_ooms += 1;
-        // PyTorch's `oom` entry: the address is the bytes the device still had free.
-        self.recorder.event(Action::Oom, backend.free_memory(), requested, 0, None);
+        self.note(Note::Oom { requested, device_free: backend.free_memory() });
         let largest = self.largest_free();
         Error::OutOfMemory(Box::new(OomReport {
             device: self.device,
@@ -582,14 +563,6 @@ impl Heap {
             b.ctx = None;
             (b.pool, b.size, std::mem::take(&mut b.requested), uses)
         };
-        let oversize = self.is_oversize(size);
-        let st = &mut self.stats;
-        st.allocation.dec(pool, 1);
-        st.allocated_bytes.dec(pool, size);
-        st.requested_bytes.dec(pool, requested);
-        if oversize {
-            self.stats.oversize_allocations.dec(1);
-        }
         let mut waiting = 0;
         for s in uses {
             let raw = self.streams[s as usize].raw;
@@ -600,7 +573,7 @@ impl Heap {
                 }
                 Err(e) => {
                     // Without an event, wait for the stream itself before reuse.
-                    self.stats.num_backend_errors += 1;
+                    self.note(Note::BackendError);
                     if let Err(e2) = backend.synchronize(raw) {
                         self.last_error = Some(format!(
                             "block {:#x}: recording an event failed ({e}) and so did synchronizing ({e2}); \
@@ -609,6 +582,8 @@ impl Heap {
                         ));
                         self.blocks[i as usize].state = BlockState::PendingFree;
                         self.blocks[i as usize].pending_events = u32::MAX;
+                        let (addr, stream) = (self.blocks[i as usize].addr, self.blocks[i as usize].stream);
+                        self.note(Note::Release { addr, size, requested, pool, stream, ctx, waiting: true });
                         return;
                     }
                 }
@@ -619,9 +594,9 @@ impl Heap {
         if waiting > 0 {
             b.state = BlockState::PendingFree;
             b.pending_events = waiting;
-            self.recorder.event(Action::FreeRequested, addr, size, stream, ctx);
-        } else {
-            self.recorder.event(Action::FreeCompleted, addr, size, stream, ctx);
+        }
+        self.note(Note::Release { addr, size, requested, pool, stream, ctx, waiting: waiting > 0 });
+        if waiting == 0 {
             self.settle();
             self.deactivate(i);
             // Kept aside for a request of the same size (the common alloc-free-alloc of a
@@ -653,8 +628,7 @@ impl Heap {
     fn deactivate(&mut self, i: u32) {
         let b = &self.blocks[i as usize];
         let (pool, size) = (b.pool, b.size);
-        self.stats.active.dec(pool, 1);
-        self.stats.active_bytes.dec(pool, size);
+        self.note(Note::Deactivate { size, pool });
     }
 
     /// Puts block `i` (no longer in use, its statistics already moved) back among the free
@@ -725,7 +699,7 @@ impl Heap {
             let done = match backend.event_completed(p.event) {
                 Ok(d) => d,
                 Err(e) => {
-                    self.stats.num_backend_errors += 1;
+                    self.note(Note::BackendError);
                     self.last_error = Some(format!("querying an event: {e}"));
                     false
                 }
@@ -745,7 +719,7 @@ impl Heap {
         b.pending_events -= 1;
         if b.pending_events == 0 {
             let (addr, size, stream) = (b.addr, b.size, b.stream);
-            self.recorder.event(Action::FreeCompleted, addr, size, stream, None);
+            self.note(Note::WaitOver { addr, size, stream });
             self.finish_free(block);
         }
     }
@@ -755,10 +729,10 @@ impl Heap {
         if self.pending.is_empty() {
             return;
         }
-        self.stats.num_sync_all_streams += 1;
+        self.note(Note::SyncAllStreams);
         for s in 0..self.streams.len() {
             if let Err(e) = backend.synchronize(self.streams[s].raw) {
-                self.stats.num_backend_errors += 1;
+                self.note(Note::BackendError);
                 self.last_error = Some(format!("synchronizing a stream: {e}"));
             }
         }

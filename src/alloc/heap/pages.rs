@@ -1,6 +1,7 @@
 //! Reclaiming memory: the soft limit, releasing cached segments, and unmapping and mapping
 //! the pages under free blocks.
 
+use super::observe::Note;
 use super::Heap;
 use crate::backend::Backend;
 use crate::error::BackendError;
@@ -49,7 +50,7 @@ impl Heap {
         if let (Some(f), Some(max)) = (self.limit_factor, self.limit_max) {
             if f < max {
                 self.limit_factor = Some((((f + 0.005) * 1000.0).round() / 1000.0).min(max));
-                self.stats.num_limit_raises += 1;
+                self.note(Note::LimitRaised);
             }
         }
     }
@@ -148,7 +149,7 @@ impl Heap {
             }
             let old = blk.stream;
             if let Err(e) = backend.synchronize(self.streams[old as usize].raw) {
-                self.stats.num_backend_errors += 1;
+                self.note(Note::BackendError);
                 self.last_error = Some(format!("synchronizing stream {old} to take over its cached segment: {e}"));
                 return None;
             }
@@ -161,12 +162,8 @@ impl Heap {
             seg.stream = stream;
             let (addr, seg_size) = (seg.addr, seg.size);
             self.blocks[b as usize].stream = stream;
-            // In the history the segment leaves one stream and joins the other, so that a
-            // replay of the trace sees it where the snapshot does; no backend call is made.
-            self.recorder.event(crate::record::Action::SegmentFree, addr, seg_size, old, None);
-            self.recorder.event(crate::record::Action::SegmentAlloc, addr, seg_size, stream, None);
+            self.note(Note::SegmentAdopted { addr, size: seg_size, from: old, to: stream });
             self.index_free(b);
-            self.stats.num_segment_adoptions += 1;
             return Some(b);
         }
         None
@@ -199,20 +196,14 @@ impl Heap {
         // SAFETY: `b` is free and indexed, so no buffer holds any of the segment (its only
         // block), and the segment is live, reserved from this backend with this size.
         if let Err(e) = unsafe { backend.release(addr, size) } {
-            self.stats.num_backend_errors += 1;
+            self.note(Note::BackendError);
             self.last_error = Some(format!("releasing segment {addr:#x}: {e}"));
             return false;
         }
         self.unindex_free(b);
         let stream = self.blocks[b as usize].stream;
         self.drop_block(b);
-        self.recorder.event(crate::record::Action::SegmentFree, addr, size, stream, None);
-        self.stats.num_device_free += 1;
-        self.stats.segment.dec(pool, 1);
-        self.stats.reserved_bytes.dec(pool, mapped);
-        if self.is_oversize(size) {
-            self.stats.oversize_segments.dec(1);
-        }
+        self.note(Note::SegmentReleased { addr, size, mapped, pool, stream });
         let seg = &mut self.segments[s as usize];
         seg.live = false;
         seg.unmapped_pages = Vec::new();
@@ -236,12 +227,11 @@ impl Heap {
             // SAFETY: whole pages inside free block `b` of a live segment, mapped (the runs
             // asked for), so no buffer holds any of their bytes.
             if let Err(e) = unsafe { backend.unmap(addr, len) } {
-                self.stats.num_backend_errors += 1;
+                self.note(Note::BackendError);
                 self.last_error = Some(format!("unmapping {len} bytes at {addr:#x}: {e}"));
                 break;
             }
             self.set_pages(s, start..stop, true);
-            self.stats.num_device_unmap += 1;
             any = true;
         }
         if any {
@@ -276,12 +266,11 @@ impl Heap {
         for (start, stop) in self.page_runs(s, first, end, true) {
             let (a, l) = (base + start * self.page, (stop - start) * self.page);
             if let Err(e) = backend.map(a, l) {
-                self.stats.num_alloc_retries += 1;
+                self.note(Note::Retry);
                 self.release_cache(backend, true);
                 backend.map(a, l).map_err(|_| e)?;
             }
             self.set_pages(s, start..stop, false);
-            self.stats.num_device_map += 1;
         }
         Ok(())
     }
@@ -312,6 +301,7 @@ impl Heap {
     /// Marks pages unmapped (or mapped) and moves their bytes out of (or into) reserved.
     fn set_pages(&mut self, s: usize, pages: std::ops::Range<u64>, unmapped: bool) {
         let len = (pages.end - pages.start) * self.page;
+        let addr = self.segments[s].addr + pages.start * self.page;
         let seg = &mut self.segments[s];
         for p in pages {
             let w = &mut seg.unmapped_pages[(p / 64) as usize];
@@ -321,16 +311,13 @@ impl Heap {
                 *w &= !(1 << (p % 64));
             }
         }
-        let (pool, base, stream) = (seg.pool, seg.addr, seg.stream);
-        let action = if unmapped { crate::record::Action::SegmentUnmap } else { crate::record::Action::SegmentMap };
-        self.recorder.event(action, base, len, stream, None);
-        let seg = &mut self.segments[s];
+        let (pool, stream) = (seg.pool, seg.stream);
         if unmapped {
             seg.mapped -= len;
-            self.stats.reserved_bytes.dec(pool, len);
         } else {
             seg.mapped += len;
-            self.stats.reserved_bytes.inc(pool, len);
         }
+        // The range's own address, as PyTorch records `segment_map` and `segment_unmap`.
+        self.note(Note::Pages { addr, len, pool, stream, mapped: !unmapped });
     }
 }

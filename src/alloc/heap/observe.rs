@@ -1,0 +1,133 @@
+//! The one path from what happens in the heap to what is counted and recorded. The heap's
+//! algorithms say what happened ([`Note`]); [`Heap::note`] turns each happening into the
+//! statistics (PyTorch's counters) and the history events it implies, so that neither is
+//! woven into the algorithms, and a counter's rule is read in one place.
+
+use super::{Heap, Pool};
+use crate::record::{Action, Context};
+
+/// Something that happened to blocks, segments or pages, with what the statistics and the
+/// history need to know about it.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Note {
+    /// A block was handed out to a buffer: allocated and active.
+    Alloc { addr: u64, size: u64, requested: u64, pool: Pool, stream: u32, ctx: Option<Context> },
+    /// A buffer was dropped: its block is no longer allocated. With `waiting`, other streams
+    /// still use it (a `free_requested` now, `free_completed` later), else it is free at once.
+    Release { addr: u64, size: u64, requested: u64, pool: Pool, stream: u32, ctx: Option<Context>, waiting: bool },
+    /// The last stream a dropped block waited for is done with it (`free_completed`).
+    WaitOver { addr: u64, size: u64, stream: u32 },
+    /// No stream uses a dropped block any more: it leaves the active counters.
+    Deactivate { size: u64, pool: Pool },
+    /// A free block that shares its segment with others starts (`true`) or stops being one:
+    /// the inactive-split counters.
+    SplitFree { size: u64, pool: Pool, counted: bool },
+    /// A segment was reserved from the backend.
+    SegmentReserved { addr: u64, size: u64, pool: Pool, stream: u32 },
+    /// A segment was given back to the backend, `mapped` bytes of it still mapped.
+    SegmentReleased { addr: u64, size: u64, mapped: u64, pool: Pool, stream: u32 },
+    /// A cached segment moved from stream `from` to stream `to` (no backend call): it leaves
+    /// one stream and joins the other in the history, as a replay of the trace would see it.
+    SegmentAdopted { addr: u64, size: u64, from: u32, to: u32 },
+    /// Pages `[addr, addr + len)` of a segment were mapped (`true`) or unmapped.
+    Pages { addr: u64, len: u64, pool: Pool, stream: u32, mapped: bool },
+    /// A request failed for lack of memory, the device having `device_free` bytes free.
+    Oom { requested: u64, device_free: u64 },
+    /// A request failed once and is retried after releasing the cache.
+    Retry,
+    /// Every stream was synchronized to complete the frees waiting on them.
+    SyncAllStreams,
+    /// A backend call failed other than for lack of memory.
+    BackendError,
+    /// The fragmentation limit rose because holding to it churned.
+    LimitRaised,
+}
+
+impl Heap {
+    /// Counts and records `n`.
+    #[inline]
+    pub(super) fn note(&mut self, n: Note) {
+        let st = &mut self.stats;
+        match n {
+            Note::Alloc { addr, size, requested, pool, stream, ctx } => {
+                self.recorder.event(Action::Alloc, addr, size, stream, ctx);
+                st.allocation.inc(pool, 1);
+                st.allocated_bytes.inc(pool, size);
+                st.active.inc(pool, 1);
+                st.active_bytes.inc(pool, size);
+                st.requested_bytes.inc(pool, requested);
+                if self.is_oversize(size) {
+                    self.stats.oversize_allocations.inc(1);
+                }
+            }
+            Note::Release { addr, size, requested, pool, stream, ctx, waiting } => {
+                st.allocation.dec(pool, 1);
+                st.allocated_bytes.dec(pool, size);
+                st.requested_bytes.dec(pool, requested);
+                if self.is_oversize(size) {
+                    self.stats.oversize_allocations.dec(1);
+                }
+                let action = if waiting { Action::FreeRequested } else { Action::FreeCompleted };
+                self.recorder.event(action, addr, size, stream, ctx);
+            }
+            Note::WaitOver { addr, size, stream } => {
+                self.recorder.event(Action::FreeCompleted, addr, size, stream, None);
+            }
+            Note::Deactivate { size, pool } => {
+                st.active.dec(pool, 1);
+                st.active_bytes.dec(pool, size);
+            }
+            Note::SplitFree { size, pool, counted: true } => {
+                st.inactive_split.inc(pool, 1);
+                st.inactive_split_bytes.inc(pool, size);
+            }
+            Note::SplitFree { size, pool, counted: false } => {
+                st.inactive_split.dec(pool, 1);
+                st.inactive_split_bytes.dec(pool, size);
+            }
+            Note::SegmentReserved { addr, size, pool, stream } => {
+                self.recorder.event(Action::SegmentAlloc, addr, size, stream, None);
+                st.num_device_alloc += 1;
+                st.segment.inc(pool, 1);
+                st.reserved_bytes.inc(pool, size);
+                if self.is_oversize(size) {
+                    self.stats.oversize_segments.inc(1);
+                }
+            }
+            Note::SegmentReleased { addr, size, mapped, pool, stream } => {
+                self.recorder.event(Action::SegmentFree, addr, size, stream, None);
+                st.num_device_free += 1;
+                st.segment.dec(pool, 1);
+                st.reserved_bytes.dec(pool, mapped);
+                if self.is_oversize(size) {
+                    self.stats.oversize_segments.dec(1);
+                }
+            }
+            Note::SegmentAdopted { addr, size, from, to } => {
+                self.recorder.event(Action::SegmentFree, addr, size, from, None);
+                self.recorder.event(Action::SegmentAlloc, addr, size, to, None);
+                st.num_segment_adoptions += 1;
+            }
+            Note::Pages { addr, len, pool, stream, mapped } => {
+                if mapped {
+                    self.recorder.event(Action::SegmentMap, addr, len, stream, None);
+                    st.num_device_map += 1;
+                    st.reserved_bytes.inc(pool, len);
+                } else {
+                    self.recorder.event(Action::SegmentUnmap, addr, len, stream, None);
+                    st.num_device_unmap += 1;
+                    st.reserved_bytes.dec(pool, len);
+                }
+            }
+            Note::Oom { requested, device_free } => {
+                st.num_ooms += 1;
+                // PyTorch's `oom` entry: the address is the bytes the device still had free.
+                self.recorder.event(Action::Oom, device_free, requested, 0, None);
+            }
+            Note::Retry => st.num_alloc_retries += 1,
+            Note::SyncAllStreams => st.num_sync_all_streams += 1,
+            Note::BackendError => st.num_backend_errors += 1,
+            Note::LimitRaised => st.num_limit_raises += 1,
+        }
+    }
+}
