@@ -143,7 +143,7 @@ impl<T: Pod> Buffer<T> {
         }
         if let Some(b) = self.block() {
             let meta = TensorMeta { dtype: dtype.to_string(), shape: shape.to_vec() };
-            self.shared().lock().blocks[b as usize].extra.get_or_insert_with(Box::default).meta = Some(meta);
+            self.shared().lock().heap.set_tensor_meta(b, meta);
         }
         Ok(self)
     }
@@ -168,7 +168,7 @@ impl<T: Pod> Buffer<T> {
     /// The tensor description set with [`with_shape`](Self::with_shape), if any.
     pub fn tensor_meta(&self) -> Option<TensorMeta> {
         let b = self.block()?;
-        self.shared().lock().blocks[b as usize].extra.as_ref()?.meta.clone()
+        self.shared().lock().heap.tensor_meta(b)
     }
 
     fn host_ptr(&self) -> Result<*mut T> {

@@ -1,7 +1,6 @@
 //! The caching allocator: segments from a backend, split into blocks, cached on free.
 
 mod buffer;
-mod check;
 pub(crate) mod config;
 mod free_index;
 pub(crate) mod heap;
@@ -17,7 +16,7 @@ pub use heap::TensorMeta;
 use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::record::{CaptureFlags, Pending, RecordConfig, Symbolizer};
-use heap::{Heap, StreamSlot};
+use heap::Heap;
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::fmt;
@@ -53,22 +52,9 @@ pub(crate) struct Shared {
 /// one else can clone it or allocate). So each decision to drop `keepalive` sees every other
 /// handle and buffer.
 pub(crate) struct Locked {
-    heap: Heap,
+    pub(crate) heap: Heap,
     buffers: usize,
     keepalive: Option<Arc<Shared>>,
-}
-
-impl std::ops::Deref for Locked {
-    type Target = Heap;
-    fn deref(&self) -> &Heap {
-        &self.heap
-    }
-}
-
-impl std::ops::DerefMut for Locked {
-    fn deref_mut(&mut self) -> &mut Heap {
-        &mut self.heap
-    }
 }
 
 /// The last reference is gone, so no buffer exists: give every segment back (waiting first for
@@ -105,7 +91,7 @@ impl Shared {
         let pending = if block.is_some() { shared.capture.get_for_free().map(Pending::capture) } else { None };
         let mut locked = shared.heap.lock();
         if let Some(b) = block {
-            let ctx = pending.map(|p| p.intern(&mut locked.heap.recorder));
+            let ctx = pending.map(|p| p.intern(locked.heap.recorder_mut()));
             locked.heap.free(&*shared.backend, b, ctx);
         }
         locked.buffers -= 1;
@@ -287,12 +273,12 @@ impl CachingAllocator {
 
     /// The device index.
     pub fn device(&self) -> usize {
-        self.shared.lock().device
+        self.shared.lock().heap.device()
     }
 
     /// The configuration in force.
     pub fn config(&self) -> AllocatorConfig {
-        self.shared.lock().config.clone()
+        self.shared.lock().heap.config().clone()
     }
 
     /// The backend's default stream.
@@ -303,9 +289,7 @@ impl CachingAllocator {
     /// Creates a new stream on the backend.
     pub fn new_stream(&self) -> Result<Stream> {
         let raw = self.shared.backend.create_stream()?;
-        let mut heap = self.shared.lock();
-        let id = u32::try_from(heap.streams.len()).map_err(|_| Error::Usage("too many streams".into()))?;
-        heap.streams.push(StreamSlot::new(raw));
+        let id = self.shared.lock().heap.add_stream(raw)?;
         Ok(Stream { allocator: self.shared.id, id, raw })
     }
 
@@ -348,7 +332,7 @@ impl CachingAllocator {
             } else {
                 let ctx = pending.map(|p| {
                     p.count_allocation();
-                    p.intern(&mut locked.heap.recorder)
+                    p.intern(locked.heap.recorder_mut())
                 });
                 match locked.heap.alloc(&*self.shared.backend, stream.id, bytes, ctx) {
                     Ok(g) => Some(g),
@@ -408,7 +392,7 @@ impl CachingAllocator {
         Some(match written {
             Ok(path) => Ok(path.display().to_string()),
             Err(why) => {
-                self.shared.lock().last_error = Some(format!("writing the OOM snapshot: {why}"));
+                self.shared.lock().heap.set_last_error(format!("writing the OOM snapshot: {why}"));
                 Err(why)
             }
         })
@@ -424,7 +408,7 @@ impl CachingAllocator {
             return Err(Error::Usage("the buffer belongs to another allocator".into()));
         }
         if let Some(block) = buffer.block() {
-            self.shared.lock().record_stream(block, stream.id);
+            self.shared.lock().heap.record_stream(block, stream.id);
         }
         Ok(())
     }
@@ -434,36 +418,35 @@ impl CachingAllocator {
         let stream = &stream.into();
         self.check_stream(stream)?;
         self.shared.backend.synchronize(stream.raw)?;
-        self.shared.lock().process_pending(&*self.shared.backend);
+        self.shared.lock().heap.process_pending(&*self.shared.backend);
         Ok(())
     }
 
     /// Releases every cached segment that holds no live block (waiting for pending frees first),
     /// and, where the backend can unmap, the pages under free holes of the others.
     pub fn empty_cache(&self) {
-        let mut heap = self.shared.lock();
-        heap.release_cache(&*self.shared.backend, true);
+        self.shared.lock().heap.release_cache(&*self.shared.backend, true);
     }
 
     /// Bytes in blocks handed out to live buffers (PyTorch's `memory_allocated`).
     pub fn memory_allocated(&self) -> u64 {
-        self.shared.lock().stats.allocated_bytes.current()
+        self.shared.lock().heap.stats().allocated_bytes.current()
     }
 
     /// Bytes held from the backend (PyTorch's `memory_reserved`).
     pub fn memory_reserved(&self) -> u64 {
-        self.shared.lock().stats.reserved_bytes.current()
+        self.shared.lock().heap.stats().reserved_bytes.current()
     }
 
     /// Peak of [`memory_allocated`](Self::memory_allocated) since creation or the last
     /// [`reset_peak_stats`](Self::reset_peak_stats).
     pub fn max_memory_allocated(&self) -> u64 {
-        self.shared.lock().stats.allocated_bytes.peak()
+        self.shared.lock().heap.stats().allocated_bytes.peak()
     }
 
     /// Peak of [`memory_reserved`](Self::memory_reserved).
     pub fn max_memory_reserved(&self) -> u64 {
-        self.shared.lock().stats.reserved_bytes.peak()
+        self.shared.lock().heap.stats().reserved_bytes.peak()
     }
 
     /// The fragmentation limit in force: [`AllocatorConfig::fragmentation_limit`] as raised on
@@ -475,22 +458,22 @@ impl CachingAllocator {
     /// assert_eq!(alloc.fragmentation_limit(), Some(1.05));
     /// ```
     pub fn fragmentation_limit(&self) -> Option<f64> {
-        self.shared.lock().fragmentation_limit()
+        self.shared.lock().heap.fragmentation_limit()
     }
 
     /// Sets every peak statistic to its current value.
     pub fn reset_peak_stats(&self) {
-        self.shared.lock().stats.reset_peaks();
+        self.shared.lock().heap.stats_mut().reset_peaks();
     }
 
     /// Sets the accumulated totals (`.allocated`, `.freed`, retries, OOMs) to zero.
     pub fn reset_accumulated_stats(&self) {
-        self.shared.lock().stats.reset_accumulated();
+        self.shared.lock().heap.stats_mut().reset_accumulated();
     }
 
     /// All statistics, typed: current, peak, allocated and freed of every counter, per pool.
     pub fn stats(&self) -> MemoryStats {
-        self.shared.lock().stats.public()
+        self.shared.lock().heap.stats().public()
     }
 
     /// All statistics with PyTorch's key names (`allocated_bytes.all.current`,
@@ -504,8 +487,8 @@ impl CachingAllocator {
     /// The statistics as PyTorch's `memory_summary()` table.
     pub fn memory_summary(&self) -> String {
         let (stats, device) = {
-            let heap = self.shared.lock();
-            (heap.stats.to_map(), heap.device)
+            let locked = self.shared.lock();
+            (locked.heap.stats().to_map(), locked.heap.device())
         };
         stats::summary_table(&stats, self.shared.backend.name(), device)
     }
@@ -516,17 +499,17 @@ impl CachingAllocator {
     pub fn record_memory_history(&self, config: RecordConfig) {
         let mut locked = self.shared.lock();
         self.shared.capture.set(&config);
-        locked.heap.recorder.set_config(config);
+        locked.heap.recorder_mut().set_config(config);
     }
 
     /// What the allocator records now.
     pub fn record_config(&self) -> RecordConfig {
-        self.shared.lock().heap.recorder.config.clone()
+        self.shared.lock().heap.recorder().config.clone()
     }
 
     /// Empties the history (blocks keep their context).
     pub fn clear_history(&self) {
-        self.shared.lock().heap.recorder.history.clear();
+        self.shared.lock().heap.recorder_mut().history.clear();
     }
 
     /// Live bytes and blocks allocated inside `scope` (or scopes within it), on any thread.
@@ -551,7 +534,7 @@ impl CachingAllocator {
     pub(crate) fn scope_split(&self, scope: crate::record::Scope) -> (ScopeUsage, ScopeUsage) {
         let locked = self.shared.lock();
         let heap = &locked.heap;
-        let sites = &heap.recorder.sites.sites;
+        let sites = &heap.recorder().sites.sites;
         let mut inside: std::collections::HashMap<u32, bool> = std::collections::HashMap::new();
         let mut within =
             |scope_id: u32| *inside.entry(scope_id).or_insert_with(|| crate::record::is_within(scope_id, scope.id()));
@@ -588,22 +571,22 @@ impl CachingAllocator {
 
     /// Waits for every stream of this allocator and completes the frees that waited on them.
     pub fn synchronize_all(&self) -> Result<()> {
-        let raws: Vec<u64> = self.shared.lock().streams.iter().map(|s| s.raw).collect();
+        let raws: Vec<u64> = self.shared.lock().heap.raw_streams().collect();
         for raw in raws {
             self.shared.backend.synchronize(raw)?;
         }
-        self.shared.lock().process_pending(&*self.shared.backend);
+        self.shared.lock().heap.process_pending(&*self.shared.backend);
         Ok(())
     }
 
     /// The largest free block in the cache.
     pub fn largest_free_block(&self) -> u64 {
-        self.shared.lock().largest_free()
+        self.shared.lock().heap.largest_free()
     }
 
     /// The last error that happened where it could not be returned (in a `Drop`), if any.
     pub fn last_error(&self) -> Option<String> {
-        self.shared.lock().last_error.clone()
+        self.shared.lock().heap.last_error().map(str::to_string)
     }
 
     /// Recounts every statistic from the blocks and checks the allocator's structural
@@ -613,6 +596,6 @@ impl CachingAllocator {
     /// It walks every block, so it is for tests and debugging, not for hot paths.
     pub fn check_invariants(&self) -> std::result::Result<(), String> {
         let locked = self.shared.lock();
-        check::check_heap(&locked.heap)
+        heap::check_heap(&locked.heap)
     }
 }

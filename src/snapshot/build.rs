@@ -64,15 +64,15 @@ fn copy(heap: &Heap) -> Raw {
         let sum = s.summary();
         (s.allocated_size, s.active_size, s.requested_size) = (sum.allocated, sum.active, sum.requested);
     }
-    let rec = &heap.recorder;
+    let rec = heap.recorder();
     Raw {
-        device: heap.device,
+        device: heap.device(),
         segments,
         history: rec.history.iter().copied().collect(),
         dropped: rec.history.total - rec.history.len() as u64,
         stacks: rec.stacks.stacks.clone(),
         sites: rec.sites.sites.clone(),
-        stats: heap.stats.to_map(),
+        stats: heap.stats().to_map(),
         clock: rec.clock,
     }
 }
@@ -161,8 +161,8 @@ impl CachingAllocator {
     pub fn snapshot(&self) -> Snapshot {
         let mut raw = {
             let mut locked = self.shared.lock();
-            locked.recorder.event(Action::Snapshot, 0, 0, 0, None);
-            copy(&locked)
+            locked.heap.recorder_mut().event(Action::Snapshot, 0, 0, 0, None);
+            copy(&locked.heap)
         };
         let mut sym = self.shared.symbols.lock();
         let mut t = Tables::default();

@@ -1,17 +1,36 @@
 //! The allocator's state behind its lock: blocks, segments, free indexes, pending frees and
 //! statistics, and the algorithms over them. Nothing here locks or knows about threads.
+//!
+//! Where each rule lives:
+//!
+//! - here: serving a request (`alloc`: the block freed last, then best fit, then a new or
+//!   adopted segment) and freeing (`free`, merging with free neighbours);
+//! - [`sizing`]: rounding, pools and segment sizes (PyTorch's rules), oversize blocks;
+//! - [`arena`]: the block and segment slots and the free index over free blocks;
+//! - [`streams`]: streams, and blocks waiting for other streams' events before reuse;
+//! - [`pages`]: the soft limit, reclaiming and releasing cached memory, idle streams and
+//!   segment adoption, mapping and unmapping pages;
+//! - [`observe`]: what each happening adds to the statistics and the history (the only
+//!   place counters and history events are written);
+//! - [`check`]: the invariants, recounted from the blocks (tests and `check_invariants`).
 
 use super::config::AllocatorConfig;
 use super::free_index::{Flags, FreeIndex};
 use pages::Offer;
 
+mod arena;
+mod check;
 mod observe;
 mod pages;
+mod sizing;
+mod streams;
 use super::stats::{Pool, Stats};
 use crate::backend::{Backend, RawEvent, RawStream};
 use crate::error::{BackendError, Error, OomReport, Result};
 use crate::record::{Context, RecordConfig, Recorder};
+pub(crate) use check::check_heap;
 use observe::Note;
+use streams::{PendingEvent, StreamSlot};
 
 /// No block / no segment.
 pub(crate) const NONE: u32 = u32::MAX;
@@ -92,26 +111,6 @@ pub(crate) struct Segment {
     pub(crate) live: bool,
 }
 
-#[derive(Debug, Clone, Copy)]
-struct PendingEvent {
-    event: RawEvent,
-    block: u32,
-}
-
-/// A stream as the allocator knows it.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct StreamSlot {
-    pub(crate) raw: RawStream,
-    /// [`Heap::grows`] at the stream's last allocation.
-    pub(crate) last_alloc: u64,
-}
-
-impl StreamSlot {
-    pub(crate) fn new(raw: RawStream) -> Self {
-        StreamSlot { raw, last_alloc: 0 }
-    }
-}
-
 /// A stream that has not allocated while the allocator reserved this many segments is idle:
 /// its fully free cached segments are released before the next segment is reserved.
 pub(crate) const IDLE_GROWS: u64 = 64;
@@ -119,24 +118,24 @@ pub(crate) const IDLE_GROWS: u64 = 64;
 /// The whole mutable state of one allocator.
 #[derive(Debug)]
 pub(crate) struct Heap {
-    pub(crate) device: usize,
-    pub(crate) config: AllocatorConfig,
-    pub(crate) page: u64,
+    device: usize,
+    config: AllocatorConfig,
+    page: u64,
     can_unmap: bool,
-    pub(crate) blocks: Vec<Block>,
+    blocks: Vec<Block>,
     free_slots: Vec<u32>,
-    pub(crate) segments: Vec<Segment>,
+    segments: Vec<Segment>,
     free_segment_slots: Vec<u32>,
     free: FreeIndex,
     pending: Vec<PendingEvent>,
-    pub(crate) streams: Vec<StreamSlot>,
+    streams: Vec<StreamSlot>,
     /// Requests that found no cached block (segments reserved or adopted): the clock that
     /// tells idle streams.
     grows: u64,
     /// Whole free segments of streams found idle at the last sweep, for other streams to adopt
     /// before the next; see [`Heap::release_idle`].
     adoptable: Vec<u32>,
-    pub(crate) stats: Stats,
+    stats: Stats,
     /// Peak of allocated bytes since creation, for the fragmentation limit (never reset).
     limit_peak: u64,
     /// The fragmentation limit in force: starts at the configured one and rises on churn.
@@ -145,14 +144,14 @@ pub(crate) struct Heap {
     limit_max: Option<f64>,
     /// The block freed last, if it is kept aside unmerged for the next request of its exact
     /// size on its stream (`NONE` otherwise); see [`Heap::settle`].
-    pub(crate) hot: u32,
+    hot: u32,
     /// The largest free piece given back to the backend by the limit since the last new peak
     /// of allocated bytes.
     released_since_peak: u64,
     /// The last error a `Drop` could not report.
-    pub(crate) last_error: Option<String>,
+    last_error: Option<String>,
     /// Stacks, history and what to record.
-    pub(crate) recorder: Recorder,
+    recorder: Recorder,
 }
 
 /// What `alloc` hands back.
@@ -190,138 +189,6 @@ impl Heap {
             config,
             recorder: Recorder::new(record),
         }
-    }
-
-    // ----- sizes -------------------------------------------------------------------------
-
-    /// Rounds a request to a block size (PyTorch's `round_size`).
-    pub(crate) fn round_size(&self, size: u64) -> Option<u64> {
-        if size <= MIN_BLOCK {
-            return Some(MIN_BLOCK);
-        }
-        let d = u64::from(self.config.roundup_power2_divisions);
-        if d > 1 && size > MIN_BLOCK * d {
-            // Round up to the next of `d` equal divisions between two powers of two.
-            let floor = 1u64 << (63 - size.leading_zeros());
-            if floor == size {
-                return Some(size);
-            }
-            let step = (floor / d).max(MIN_BLOCK);
-            return size.checked_next_multiple_of(step);
-        }
-        size.checked_next_multiple_of(MIN_BLOCK)
-    }
-
-    fn pool_of(size: u64) -> Pool {
-        if size <= SMALL_SIZE {
-            Pool::Small
-        } else {
-            Pool::Large
-        }
-    }
-
-    /// The segment size PyTorch would choose for a block of `size`.
-    fn segment_size(&self, size: u64) -> Option<u64> {
-        let s = if size <= SMALL_SIZE {
-            SMALL_SEGMENT
-        } else if size < MIN_LARGE_ALLOC {
-            LARGE_SEGMENT
-        } else {
-            size
-        };
-        s.max(size).checked_next_multiple_of(self.page)
-    }
-
-    fn is_oversize(&self, size: u64) -> bool {
-        self.config.max_split_size.is_some_and(|m| size >= m)
-    }
-
-    // ----- arena ------------------------------------------------------------------------
-
-    fn new_block(&mut self, b: Block) -> u32 {
-        if let Some(i) = self.free_slots.pop() {
-            self.blocks[i as usize] = b;
-            i
-        } else {
-            self.blocks.push(b);
-            (self.blocks.len() - 1) as u32
-        }
-    }
-
-    fn drop_block(&mut self, i: u32) {
-        let b = &mut self.blocks[i as usize];
-        b.extra = None;
-        b.prev = NONE;
-        b.next = NONE;
-        self.free_slots.push(i);
-    }
-
-    fn pool_of_block(&self, i: u32) -> Pool {
-        self.blocks[i as usize].pool
-    }
-
-    fn is_split(&self, i: u32) -> bool {
-        let b = &self.blocks[i as usize];
-        b.prev != NONE || b.next != NONE
-    }
-
-    /// Counts free block `i` in the inactive-split statistics if it shares its segment.
-    fn count_split(&mut self, i: u32) {
-        if self.is_split(i) {
-            let pool = self.pool_of_block(i);
-            self.note(Note::SplitFree { size: self.blocks[i as usize].size, pool, counted: true });
-        }
-    }
-
-    /// Undoes [`count_split`](Self::count_split) before the block changes.
-    fn uncount_split(&mut self, i: u32) {
-        if self.is_split(i) {
-            let pool = self.pool_of_block(i);
-            self.note(Note::SplitFree { size: self.blocks[i as usize].size, pool, counted: false });
-        }
-    }
-
-    /// What the free index lists free block `i` under: a whole segment, and whether unmapping
-    /// could give back any of its pages (constant time for blocks smaller than a page).
-    fn free_flags(&self, i: u32) -> Flags {
-        let b = &self.blocks[i as usize];
-        let whole = b.prev == NONE && b.next == NONE;
-        if !self.can_unmap || b.size < self.page {
-            return Flags { whole, mapped_pages: false };
-        }
-        let seg = &self.segments[b.segment as usize];
-        // The page is a power of two: shifts, not divisions (this runs on every merge).
-        let (shift, mask) = (self.page.trailing_zeros(), self.page - 1);
-        let first = (b.addr - seg.addr + mask) >> shift;
-        let end = (b.addr + b.size - seg.addr) >> shift;
-        // Usually the first page answers: holes are unmapped whole or not at all.
-        Flags { whole, mapped_pages: (first..end).any(|p| !Self::is_page_unmapped(seg, p)) }
-    }
-
-    /// Recomputes the free index's flags of indexed block `i` after its pages changed.
-    pub(super) fn reflag(&mut self, i: u32) {
-        let flags = self.free_flags(i);
-        self.free.set_flags(i, flags);
-    }
-
-    /// Puts a free block in the index and counts it.
-    fn index_free(&mut self, i: u32) {
-        let pool = self.pool_of_block(i);
-        let b = &mut self.blocks[i as usize];
-        b.state = BlockState::Free;
-        let (stream, size, addr) = (b.stream, b.size, b.addr);
-        let flags = self.free_flags(i);
-        self.free.insert(i, pool as usize, stream, size, addr, flags);
-        self.count_split(i);
-    }
-
-    /// Takes a free block out of the index and uncounts it; it is no longer `Free` (so that
-    /// no merge can reach it) until it is indexed again.
-    fn unindex_free(&mut self, i: u32) {
-        self.blocks[i as usize].state = BlockState::Allocated;
-        let removed = self.free.remove(i);
-        debug_assert!(removed, "block {i} was not in the free index");
-        self.uncount_split(i);
     }
 
     // ----- allocation -------------------------------------------------------------------
@@ -691,102 +558,48 @@ impl Heap {
         self.drop_block(b);
     }
 
-    /// Completes the pending frees whose events are done. Never blocks.
-    pub(crate) fn process_pending(&mut self, backend: &dyn Backend) {
-        let mut k = 0;
-        while k < self.pending.len() {
-            let p = self.pending[k];
-            let done = match backend.event_completed(p.event) {
-                Ok(d) => d,
-                Err(e) => {
-                    self.note(Note::BackendError);
-                    self.last_error = Some(format!("querying an event: {e}"));
-                    false
-                }
-            };
-            if done {
-                backend.destroy_event(p.event);
-                self.pending.swap_remove(k);
-                self.event_done(p.block);
-            } else {
-                k += 1;
-            }
-        }
+    // ----- what the allocator's handle reads and sets --------------------------------------
+
+    pub(crate) fn device(&self) -> usize {
+        self.device
     }
 
-    fn event_done(&mut self, block: u32) {
-        let b = &mut self.blocks[block as usize];
-        b.pending_events -= 1;
-        if b.pending_events == 0 {
-            let (addr, size, stream) = (b.addr, b.size, b.stream);
-            self.note(Note::WaitOver { addr, size, stream });
-            self.finish_free(block);
-        }
+    pub(crate) fn config(&self) -> &AllocatorConfig {
+        &self.config
     }
 
-    /// Waits for the streams that pending frees wait on, then completes them.
-    pub(crate) fn synchronize_pending(&mut self, backend: &dyn Backend) {
-        if self.pending.is_empty() {
-            return;
-        }
-        self.note(Note::SyncAllStreams);
-        for s in 0..self.streams.len() {
-            if let Err(e) = backend.synchronize(self.streams[s].raw) {
-                self.note(Note::BackendError);
-                self.last_error = Some(format!("synchronizing a stream: {e}"));
-            }
-        }
-        self.process_pending(backend);
+    pub(crate) fn stats(&self) -> &Stats {
+        &self.stats
     }
 
-    /// Adds `stream` to the streams block `i` is used on.
-    pub(crate) fn record_stream(&mut self, i: u32, stream: u32) {
-        let b = &mut self.blocks[i as usize];
-        if b.stream != stream {
-            let uses = &mut b.extra.get_or_insert_with(Box::default).uses;
-            if !uses.contains(&stream) {
-                uses.push(stream);
-            }
-        }
+    pub(crate) fn stats_mut(&mut self) -> &mut Stats {
+        &mut self.stats
     }
 
-    /// The largest free block (for reports).
-    pub(crate) fn largest_free(&self) -> u64 {
-        self.free.iter().map(|(_, size)| size).max().unwrap_or(0)
+    pub(crate) fn recorder(&self) -> &Recorder {
+        &self.recorder
     }
 
-    /// Calls `f` with every block of every live segment, in address order per segment.
-    pub(crate) fn for_each_block(&self, mut f: impl FnMut(u32, &Segment, &Block)) {
-        for seg in self.segments.iter().filter(|s| s.live) {
-            let mut i = seg.head;
-            while i != NONE {
-                let b = &self.blocks[i as usize];
-                f(i, seg, b);
-                i = b.next;
-            }
-        }
+    pub(crate) fn recorder_mut(&mut self) -> &mut Recorder {
+        &mut self.recorder
     }
 
-    /// Whether free block `i` is in the free index and there listed as a whole segment, and
-    /// how many blocks, and whole segments, the index holds (for the invariant checks: the
-    /// lookups are linear).
-    pub(crate) fn free_index_state(&self, i: u32) -> (bool, bool, usize, usize) {
-        (self.free.contains(i), self.free.whole().contains(&i), self.free.len(), self.free.whole().len())
+    /// The last error a `Drop` (or a background step) could not report.
+    pub(crate) fn last_error(&self) -> Option<&str> {
+        self.last_error.as_deref()
     }
 
-    /// Whether the allocator unmaps the pages under free blocks.
-    pub(crate) fn can_unmap(&self) -> bool {
-        self.can_unmap
+    pub(crate) fn set_last_error(&mut self, message: String) {
+        self.last_error = Some(message);
     }
 
-    /// Whether free block `i` is on the free index's list of blocks with mapped whole pages.
-    pub(crate) fn listed_with_mapped_pages(&self, i: u32) -> bool {
-        self.free.with_mapped_pages().contains(&i)
+    /// The tensor description of allocated block `b`.
+    pub(crate) fn tensor_meta(&self, b: u32) -> Option<TensorMeta> {
+        self.blocks[b as usize].extra.as_ref()?.meta.clone()
     }
 
-    /// Whether page `p` of live segment `seg` is unmapped.
-    pub(crate) fn is_page_unmapped(seg: &Segment, p: u64) -> bool {
-        seg.unmapped_pages[(p / 64) as usize] & (1 << (p % 64)) != 0
+    pub(crate) fn set_tensor_meta(&mut self, b: u32, meta: TensorMeta) {
+        self.blocks[b as usize].extra.get_or_insert_with(Box::default).meta = Some(meta);
     }
 }
 

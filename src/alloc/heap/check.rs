@@ -1,7 +1,7 @@
 //! The structural and statistical invariants of a heap, recounted from its blocks.
 
-use super::heap::{self, BlockState, Heap};
-use super::stats::Pool;
+use super::{BlockState, Heap, NONE};
+use crate::alloc::stats::Pool;
 
 /// Describes the first invariant `heap` breaks, if any.
 pub(crate) fn check_heap(heap: &Heap) -> std::result::Result<(), String> {
@@ -68,7 +68,7 @@ pub(crate) fn check_heap(heap: &Heap) -> std::result::Result<(), String> {
         if b.addr + b.size > seg.addr + seg.size {
             err = Some(format!("block {:#x}+{} runs past its segment", b.addr, b.size));
         }
-        if b.size % heap::MIN_BLOCK != 0 {
+        if b.size % super::MIN_BLOCK != 0 {
             err = Some(format!("block {:#x} size {} is not a multiple of 512", b.addr, b.size));
         }
         match b.state {
@@ -91,7 +91,7 @@ pub(crate) fn check_heap(heap: &Heap) -> std::result::Result<(), String> {
                 if !indexed {
                     err = Some(format!("free block {:#x} is not in the free index", b.addr));
                 }
-                let split = b.prev != heap::NONE || b.next != heap::NONE;
+                let split = b.prev != NONE || b.next != NONE;
                 if split {
                     split_free[p] += b.size;
                 } else {
@@ -112,7 +112,7 @@ pub(crate) fn check_heap(heap: &Heap) -> std::result::Result<(), String> {
     if let Some(e) = err {
         return Err(e);
     }
-    let (_, _, indexed, whole) = heap.free_index_state(heap::NONE);
+    let (_, _, indexed, whole) = heap.free_index_state(NONE);
     if indexed != nfree {
         return Err(format!("the free index holds {indexed} blocks but {nfree} blocks are free"));
     }

@@ -1,0 +1,98 @@
+//! Stream ordering: the streams an allocator knows, the blocks that wait for other streams'
+//! events before reuse (`record_stream`), and completing those waits.
+
+use super::observe::Note;
+use super::*;
+
+#[derive(Debug, Clone, Copy)]
+pub(super) struct PendingEvent {
+    pub(super) event: RawEvent,
+    pub(super) block: u32,
+}
+
+/// A stream as the allocator knows it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct StreamSlot {
+    pub(crate) raw: RawStream,
+    /// [`Heap::grows`] at the stream's last allocation.
+    pub(crate) last_alloc: u64,
+}
+
+impl StreamSlot {
+    pub(crate) fn new(raw: RawStream) -> Self {
+        StreamSlot { raw, last_alloc: 0 }
+    }
+}
+
+impl Heap {
+    /// Completes the pending frees whose events are done. Never blocks.
+    pub(crate) fn process_pending(&mut self, backend: &dyn Backend) {
+        let mut k = 0;
+        while k < self.pending.len() {
+            let p = self.pending[k];
+            let done = match backend.event_completed(p.event) {
+                Ok(d) => d,
+                Err(e) => {
+                    self.note(Note::BackendError);
+                    self.last_error = Some(format!("querying an event: {e}"));
+                    false
+                }
+            };
+            if done {
+                backend.destroy_event(p.event);
+                self.pending.swap_remove(k);
+                self.event_done(p.block);
+            } else {
+                k += 1;
+            }
+        }
+    }
+
+    pub(super) fn event_done(&mut self, block: u32) {
+        let b = &mut self.blocks[block as usize];
+        b.pending_events -= 1;
+        if b.pending_events == 0 {
+            let (addr, size, stream) = (b.addr, b.size, b.stream);
+            self.note(Note::WaitOver { addr, size, stream });
+            self.finish_free(block);
+        }
+    }
+
+    /// Waits for the streams that pending frees wait on, then completes them.
+    pub(crate) fn synchronize_pending(&mut self, backend: &dyn Backend) {
+        if self.pending.is_empty() {
+            return;
+        }
+        self.note(Note::SyncAllStreams);
+        for s in 0..self.streams.len() {
+            if let Err(e) = backend.synchronize(self.streams[s].raw) {
+                self.note(Note::BackendError);
+                self.last_error = Some(format!("synchronizing a stream: {e}"));
+            }
+        }
+        self.process_pending(backend);
+    }
+
+    /// Adds `stream` to the streams block `i` is used on.
+    pub(crate) fn record_stream(&mut self, i: u32, stream: u32) {
+        let b = &mut self.blocks[i as usize];
+        if b.stream != stream {
+            let uses = &mut b.extra.get_or_insert_with(Box::default).uses;
+            if !uses.contains(&stream) {
+                uses.push(stream);
+            }
+        }
+    }
+
+    /// Adds a stream, returning its allocator-local id.
+    pub(crate) fn add_stream(&mut self, raw: RawStream) -> Result<u32> {
+        let id = u32::try_from(self.streams.len()).map_err(|_| Error::Usage("too many streams".into()))?;
+        self.streams.push(StreamSlot::new(raw));
+        Ok(id)
+    }
+
+    /// The backend's handles of the streams, by allocator-local id.
+    pub(crate) fn raw_streams(&self) -> impl Iterator<Item = RawStream> + '_ {
+        self.streams.iter().map(|s| s.raw)
+    }
+}
