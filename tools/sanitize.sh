@@ -15,6 +15,7 @@ status=0
 
 if [[ $mode == asan || $mode == both ]]; then
   target=target/asan
+  mkdir -p "$target"
   RUSTFLAGS="-Zsanitizer=address" cargo +nightly test --target x86_64-unknown-linux-gnu \
     --target-dir "$target" -p vramscope --lib --tests --no-run --message-format=json 2>/dev/null |
     python3 -c 'import sys, json

@@ -3,6 +3,13 @@
 mod buffer;
 pub(crate) mod config;
 mod free_index;
+mod keepalive;
+
+/// The `Arc` of the shared state: `keepalive.rs` is also compiled by its loom test, with
+/// loom's `Arc` in its place.
+mod sync_shim {
+    pub(crate) use std::sync::Arc;
+}
 pub(crate) mod heap;
 mod oom_snapshot;
 mod registry;
@@ -17,6 +24,7 @@ use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::record::{CaptureFlags, Pending, RecordConfig, Symbolizer};
 use heap::Heap;
+use keepalive::KeepAlive;
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::fmt;
@@ -38,23 +46,10 @@ pub(crate) struct Shared {
 }
 
 /// What the allocator's lock protects: the heap, and what keeps the allocator alive for its
-/// buffers.
-///
-/// Buffers do not hold an `Arc` each (two atomic operations per allocation): they count
-/// themselves in `buffers` under the lock they take anyway, and while any exist (or handles
-/// do), `keepalive` holds one strong reference for all of them. It is dropped when the last
-/// buffer goes with no handle left, or the last handle goes with no buffer left.
-///
-/// The invariant, true whenever the lock is free: `keepalive` is set while `buffers > 0`, and
-/// the strong count is the number of handles plus one for `keepalive`. Every change to either
-/// count that another party could act on is made under the lock: buffers count themselves
-/// there, and a handle's drop decrements there unless it holds the only reference (then no
-/// one else can clone it or allocate). So each decision to drop `keepalive` sees every other
-/// handle and buffer.
+/// buffers (the protocol and its invariant: [`keepalive`]).
 pub(crate) struct Locked {
     pub(crate) heap: Heap,
-    buffers: usize,
-    keepalive: Option<Arc<Shared>>,
+    keepalive: KeepAlive<Shared>,
 }
 
 /// The last reference is gone, so no buffer exists: give every segment back (waiting first for
@@ -94,12 +89,7 @@ impl Shared {
             let ctx = pending.map(|p| p.intern(locked.heap.recorder_mut()));
             locked.heap.free(&*shared.backend, b, ctx);
         }
-        locked.buffers -= 1;
-        let released = match &locked.keepalive {
-            // Only `keepalive` is left: no handle exists that could make another buffer.
-            Some(k) if locked.buffers == 0 && Arc::strong_count(k) == 1 => locked.keepalive.take(),
-            _ => None,
-        };
+        let released = locked.keepalive.buffer_gone();
         drop(locked);
         drop(released);
     }
@@ -180,30 +170,16 @@ impl Drop for CachingAllocator {
         // SAFETY: `ptr` came from `Arc::into_raw` and our strong reference keeps it alive.
         let shared = unsafe { &*ptr };
         let mut locked = shared.heap.lock();
-        // Every decrement that leaves other references is made under the lock, so that whoever
-        // decides next (a handle's or the last buffer's drop) counts it. Made after unlocking,
-        // it raced: with no buffer, handle B could allocate, drop itself, then drop its buffer
-        // between our unlock and our decrement; the buffer's drop still counted us, kept
-        // `keepalive`, and the allocator was never freed.
-        let released = match &locked.keepalive {
-            // The only reference, with no buffer (none was made since `keepalive` last went):
-            // nobody can clone it or allocate, so it is dropped after unlocking.
-            // SAFETY: `ptr` came from `Arc::into_raw` of the reference we still hold; the
-            // `Arc` rebuilt to read the count is never dropped.
-            None if Arc::strong_count(&ManuallyDrop::new(unsafe { Arc::from_raw(ptr) })) == 1 => None,
-            // This handle and `keepalive` are the last references and no buffer is left.
-            Some(k) if locked.buffers == 0 && Arc::strong_count(k) == 2 => locked.keepalive.take(),
-            _ => {
-                // SAFETY: our reference is one of at least two (ours and another handle or
-                // `keepalive`), so the allocation outlives this decrement and the guard.
-                unsafe { Arc::decrement_strong_count(ptr) };
-                return;
-            }
-        };
+        // Decided, and any decrement that leaves other references made, under the lock: so
+        // that whoever decides next (a handle's or the last buffer's drop) counts it. Made after
+        // unlocking, it raced: with no buffer, handle B could allocate, drop itself, then drop
+        // its buffer between our unlock and our decrement; the buffer's drop still counted us,
+        // kept the state, and the allocator was never freed (see `keepalive`).
+        // SAFETY: `ptr` is our reference, from `Arc::into_raw` above, used only through `after`.
+        let after = unsafe { locked.keepalive.handle_gone(ptr) };
         drop(locked);
-        drop(released);
-        // SAFETY: balances the `into_raw` above.
-        drop(unsafe { Arc::from_raw(ptr) });
+        // SAFETY: the lock is released; `after` is `handle_gone`'s decision.
+        unsafe { after.run() };
     }
 }
 
@@ -259,7 +235,7 @@ impl CachingAllocator {
         let record = RecordConfig::default();
         let capture = CaptureFlags::new(&record);
         let heap = Heap::new(device, config, record, &*backend);
-        let locked = Locked { heap, buffers: 0, keepalive: None };
+        let locked = Locked { heap, keepalive: KeepAlive::new() };
         let id = NEXT_ALLOCATOR_ID.fetch_add(1, Ordering::Relaxed);
         let shared = Arc::new(Shared { id, backend, heap: Mutex::new(locked), capture, symbols: Mutex::default() });
         registry::register(&shared);
@@ -348,10 +324,7 @@ impl CachingAllocator {
                     Err(e) => return Err(e),
                 }
             };
-            locked.buffers += 1;
-            if locked.keepalive.is_none() {
-                locked.keepalive = Some(Arc::clone(&self.shared));
-            }
+            locked.keepalive.buffer_made(&self.shared);
             grant
         };
         let shared = NonNull::from(&**self.shared);
