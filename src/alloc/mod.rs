@@ -82,6 +82,14 @@ impl Shared {
     pub(crate) unsafe fn release_buffer(this: std::ptr::NonNull<Shared>, block: Option<u32>) {
         // SAFETY: the buffer counted in `buffers` keeps `keepalive` set, so the allocation lives.
         let shared = unsafe { this.as_ref() };
+        // See `alloc`: first, so that the counts the protocol reads are the handles' and
+        // `keepalive`'s, as without it.
+        #[cfg(vramscope_arc_per_buffer)]
+        // SAFETY: balances the increment made for this buffer; `keepalive`, set while the buffer
+        // is counted, outlives it.
+        unsafe {
+            Arc::decrement_strong_count(this.as_ptr().cast_const())
+        };
         // Who freed it is captured only where the history keeps context on frees.
         let pending = if block.is_some() { shared.capture.get_for_free().map(Pending::capture) } else { None };
         let mut locked = shared.heap.lock();
@@ -328,6 +336,13 @@ impl CachingAllocator {
             grant
         };
         let shared = NonNull::from(&**self.shared);
+        // The design the keep-alive protocol replaced, built only to measure the two side by
+        // side (BENCHMARKS.md): an `Arc` per buffer, two atomic operations a pair.
+        #[cfg(vramscope_arc_per_buffer)]
+        // SAFETY: `self.shared` is a live `Arc`; `release_buffer` gives the reference back.
+        unsafe {
+            Arc::increment_strong_count(Arc::as_ptr(&self.shared))
+        };
         Ok(match grant {
             // SAFETY: the buffer was counted in `buffers` above, with `keepalive` set.
             Some(g) => unsafe { Buffer::new(shared, g.block, g.addr, len, *stream) },
