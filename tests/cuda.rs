@@ -150,21 +150,15 @@ fn a_block_used_on_another_stream_waits_for_that_work() {
 fn a_block_written_by_a_running_kernel_on_another_stream_waits_for_it() {
     let _device = shared_device();
     let Some(b) = backend() else { return };
-    let module = b.context().load_module(Ptx::from_src(SPIN_PTX)).unwrap();
-    let spin = module.load_function("spin_fill").unwrap();
     let alloc = CachingAllocator::new(b.clone());
     let (s1, s2) = (alloc.default_stream(), alloc.new_stream().unwrap());
     let (n, iters, seed) = (1u32 << 24, 1u32 << 18, 0x5eed);
     let mut big = alloc.alloc::<u32>(&s1, n as usize).unwrap();
     big.copy_from_host(&vec![0; n as usize]).unwrap();
     let addr = big.device_ptr();
-    let cu2 = b.stream(s2.raw()).unwrap();
     let started = Instant::now();
-    let mut launch = cu2.launch_builder(&spin);
-    launch.arg(&mut big).arg(&n).arg(&iters).arg(&seed);
-    // SAFETY: the kernel's parameters match its PTX signature; it writes `n` u32 of `big`,
-    // which the allocator keeps out of use until stream 2 passes the kernel (checked below).
-    unsafe { launch.launch(LaunchConfig::for_num_elems(n)) }.unwrap();
+    // The allocator keeps `big` out of use until stream 2 passes the kernel (checked below).
+    let (cu2, _module) = spin_on(&b, s2, &mut big, (n, iters, seed));
     alloc.record_stream(&big, s2).unwrap();
     drop(big);
     // Whether the kernel still runs now depends on what else the device does (another test's
@@ -189,6 +183,27 @@ fn a_block_written_by_a_running_kernel_on_another_stream_waits_for_it() {
         others.len()
     );
     assert_handed_over_after_the_kernel(&b, &alloc, &reused, (s1, s2), (n, iters, seed));
+}
+
+/// Queues the spin kernel (`tests/cuda_kernel.ptx`) on stream `s`: for a few hundred
+/// milliseconds it writes all `n` elements of `buf`, each `iters` times, from `seed`. Returns the
+/// CUDA stream it runs on, and its module, to be kept until the kernel is done.
+fn spin_on(
+    b: &CudaBackend,
+    s: vramscope::Stream,
+    buf: &mut vramscope::Buffer<u32>,
+    (n, iters, seed): (u32, u32, u32),
+) -> (Arc<cudarc::driver::CudaStream>, Arc<cudarc::driver::CudaModule>) {
+    assert_eq!(buf.len(), n as usize);
+    let module = b.context().load_module(Ptx::from_src(SPIN_PTX)).unwrap();
+    let spin = module.load_function("spin_fill").unwrap();
+    let cu = b.stream(s.raw()).unwrap();
+    let mut launch = cu.launch_builder(&spin);
+    launch.arg(buf).arg(&n).arg(&iters).arg(&seed);
+    // SAFETY: the kernel's parameters match its PTX signature (a `u32` pointer, then `n`,
+    // `iters`, `seed`); it writes `n` elements, which `buf` holds (asserted above).
+    unsafe { launch.launch(LaunchConfig::for_num_elems(n)) }.unwrap();
+    (cu, module)
 }
 
 /// The proof that `owner` (on stream `s1`) got memory the spin kernel on `s2` wrote only after
@@ -225,20 +240,14 @@ fn assert_handed_over_after_the_kernel(
 fn a_segment_taken_over_from_a_stream_with_a_running_kernel_waits_for_it() {
     let _device = shared_device();
     let Some(b) = backend() else { return };
-    let module = b.context().load_module(Ptx::from_src(SPIN_PTX)).unwrap();
-    let spin = module.load_function("spin_fill").unwrap();
     let alloc = CachingAllocator::new(b.clone());
     let (s1, s2) = (alloc.default_stream(), alloc.new_stream().unwrap());
     let (n, iters, seed) = (1u32 << 24, 1u32 << 18, 0xad0b7);
     let mut big = alloc.alloc::<u32>(&s2, n as usize).unwrap();
     let addr = big.device_ptr();
-    let cu2 = b.stream(s2.raw()).unwrap();
-    let mut launch = cu2.launch_builder(&spin);
-    launch.arg(&mut big).arg(&n).arg(&iters).arg(&seed);
-    // SAFETY: the kernel's parameters match its PTX signature; it writes `n` u32 of `big`,
-    // freed on its own stream (stream-ordered), so only a new owner on stream 2 may reuse it
-    // at once; another stream must wait (checked below).
-    unsafe { launch.launch(LaunchConfig::for_num_elems(n)) }.unwrap();
+    // `big` is freed on its own stream (stream-ordered), so only a new owner on stream 2 may
+    // reuse it at once; another stream must wait (checked below).
+    let (cu2, _module) = spin_on(&b, s2, &mut big, (n, iters, seed));
     drop(big);
     let running = !cu2.record_event(None).unwrap().try_is_complete().unwrap();
     let taken = alloc.alloc::<u32>(&s1, n as usize).unwrap();

@@ -70,23 +70,26 @@ fn new_shared(drops: &std::sync::Arc<AtomicUsize>) -> Arc<Shared> {
     Arc::new(Shared { state: Mutex::new(KeepAlive::new()), drops: drops.clone() })
 }
 
-/// The race of the issue: handle A is dropped while no buffer exists; meanwhile handle B
-/// allocates, is dropped, then drops its buffer.
+/// The race of the issue, one interleaving of it per call: handle A is dropped (by
+/// `drop_a`) while no buffer exists; meanwhile handle B allocates, is dropped, then drops its
+/// buffer. The state must be freed exactly once.
+fn handle_dropped_while_another_allocates(drop_a: fn(Arc<Shared>)) {
+    let drops = std::sync::Arc::new(AtomicUsize::new(0));
+    let a = new_shared(&drops);
+    let b = a.clone();
+    let t = thread::spawn(move || {
+        let buffer = make_buffer(&b);
+        drop_handle(b);
+        drop_buffer(buffer);
+    });
+    drop_a(a);
+    t.join().unwrap();
+    assert_eq!(drops.load(Ordering::SeqCst), 1, "the state was never freed, or freed twice");
+}
+
 #[test]
 fn a_handle_dropped_while_another_allocates_and_frees() {
-    loom::model(|| {
-        let drops = std::sync::Arc::new(AtomicUsize::new(0));
-        let a = new_shared(&drops);
-        let b = a.clone();
-        let t = thread::spawn(move || {
-            let buffer = make_buffer(&b);
-            drop_handle(b);
-            drop_buffer(buffer);
-        });
-        drop_handle(a);
-        t.join().unwrap();
-        assert_eq!(drops.load(Ordering::SeqCst), 1, "freed exactly once, at the end");
-    });
+    loom::model(|| handle_dropped_while_another_allocates(drop_handle));
 }
 
 /// Two buffers on two threads outliving both handles, one of them making a handle of its own.
@@ -117,28 +120,17 @@ fn buffers_outlive_handles_and_make_new_ones() {
 /// the state in some interleaving of the first test, and loom finds it: the model can fail.
 #[test]
 fn a_decrement_after_unlocking_leaks_and_loom_finds_it() {
-    let found = std::panic::catch_unwind(|| {
-        loom::model(|| {
-            let drops = std::sync::Arc::new(AtomicUsize::new(0));
-            let a = new_shared(&drops);
-            let b = a.clone();
-            let t = thread::spawn(move || {
-                let buffer = make_buffer(&b);
-                drop_handle(b);
-                drop_buffer(buffer);
-            });
-            let ptr = Arc::into_raw(a);
-            // SAFETY: our reference keeps it alive.
-            let shared = unsafe { &*ptr };
-            // Looked at the counts under the lock (no buffer, another handle: not the last),
-            // then decremented after unlocking.
-            drop(shared.state.lock().unwrap());
-            // SAFETY: balances `into_raw`.
-            drop(unsafe { Arc::from_raw(ptr) });
-            t.join().unwrap();
-            assert_eq!(drops.load(Ordering::SeqCst), 1, "the state was never freed");
-        })
-    });
+    /// The handle drop before the fix: the counts looked at under the lock (no buffer, another
+    /// handle: not the last), the decrement made after unlocking.
+    fn old_drop_handle(handle: Arc<Shared>) {
+        let ptr = Arc::into_raw(handle);
+        // SAFETY: our reference keeps it alive.
+        let shared = unsafe { &*ptr };
+        drop(shared.state.lock().unwrap());
+        // SAFETY: balances `into_raw`.
+        drop(unsafe { Arc::from_raw(ptr) });
+    }
+    let found = std::panic::catch_unwind(|| loom::model(|| handle_dropped_while_another_allocates(old_drop_handle)));
     let message = match found {
         Ok(()) => String::new(),
         Err(e) => e
