@@ -38,8 +38,9 @@
 //!
 //! Bytes per site are what the code asked for (the 512-byte-rounded block size stands beside
 //! them where it differs). Before it fails it writes its evidence under
-//! `target/vramscope/<test>/` and names the paths: `growth.svg` (a flamegraph of only what grew,
-//! with the metric per iteration), `live.svg`, `snapshot.json` (the test's blocks) and
+//! `target/vramscope/<test>/` and names the paths: `growth.folded` (the folded stacks of only
+//! what grew) and `live.folded`, drawn as `growth.svg` (with the metric per iteration) and
+//! `live.svg` with the cargo feature `flamegraph`, `snapshot.json` (the test's blocks) and
 //! `report.txt`.
 //!
 //! What counts is the test's scope, in every allocator alive in the process
@@ -190,7 +191,8 @@
 //! [`report`] turns a [`Snapshot`] (from [`CachingAllocator::snapshot`], from JSON, or from a
 //! PyTorch pickle with [`Snapshot::load`]) into what a person reads: [`report::live`],
 //! [`report::leaks`], [`report::diff`], [`report::segments`], [`report::summary`], and
-//! [`report::folded`] stacks for [`report::flamegraph`] SVGs drawn by `inferno`.
+//! [`report::folded`] stacks for `report::flamegraph` SVGs drawn by `inferno` (cargo feature
+//! `flamegraph`, off by default: a test suite does not need it).
 //! [`Snapshot::to_pytorch_pickle`] writes PyTorch's format for its own viewers.
 //!
 //! ```
@@ -199,8 +201,10 @@
 //! let leaks = report::leaks(&snap);
 //! assert_eq!(leaks[0].site, "scripts/train_loops.py:76 (leaky_train)");
 //! print!("{}", report::LeakCandidate::render(&leaks));
+//! # #[cfg(feature = "flamegraph")] {
 //! let svg = report::flamegraph(&report::folded(&snap, report::FoldedKind::Live), "live memory")?;
 //! # let _ = svg;
+//! # }
 //! # Ok::<(), vramscope::Error>(())
 //! ```
 //!

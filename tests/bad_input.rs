@@ -30,6 +30,7 @@ fn exercise(snap: &Snapshot) {
     let _ = report::summary(snap);
     let _ = report::diff(snap, snap);
     let folded = report::folded(snap, FoldedKind::Live);
+    #[cfg(feature = "flamegraph")]
     let _ = report::flamegraph(&folded, "t");
     let _ = report::folded(snap, FoldedKind::Allocated);
     let _ = snap.to_json();

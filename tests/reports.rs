@@ -68,6 +68,7 @@ fn pytorch_snapshots_round_trip_through_json() {
     }
 }
 
+#[cfg(feature = "flamegraph")]
 #[test]
 fn flamegraphs_are_deterministic_and_name_the_sites() {
     let snap = fixture("leaky_train");

@@ -1,3 +1,4 @@
+#[cfg(feature = "flamegraph")]
 use crate::error::{Error, Result};
 use crate::record::Action;
 use crate::snapshot::{ContextInfo, Snapshot};
@@ -81,6 +82,7 @@ pub fn folded(snapshot: &Snapshot, kind: FoldedKind) -> String {
     lines.into_iter().filter(|(_, n)| *n > 0).map(|(l, n)| format!("{l} {n}\n")).collect()
 }
 
+#[cfg(feature = "flamegraph")]
 fn options(title: &str, subtitle: Option<&str>) -> inferno::flamegraph::Options<'static> {
     let mut o = inferno::flamegraph::Options::default();
     o.title = title.to_string();
@@ -91,11 +93,13 @@ fn options(title: &str, subtitle: Option<&str>) -> inferno::flamegraph::Options<
     o
 }
 
+#[cfg(feature = "flamegraph")]
 fn render(folded: &str, title: &str) -> Result<String> {
     render_with(folded, title, None)
 }
 
 /// A flamegraph with a subtitle line under the title.
+#[cfg(feature = "flamegraph")]
 pub(crate) fn render_with(folded: &str, title: &str, subtitle: Option<&str>) -> Result<String> {
     if folded.trim().is_empty() {
         return Err(Error::Report(format!("{title}: nothing to draw, the profile is empty (no bytes in any stack)")));
@@ -107,13 +111,17 @@ pub(crate) fn render_with(folded: &str, title: &str, subtitle: Option<&str>) -> 
 }
 
 /// A flamegraph SVG of folded stacks (see [`folded`]); bytes are the counts, colours are
-/// deterministic. An empty profile is an error saying so.
+/// deterministic. An empty profile is an error saying so. (Cargo feature `flamegraph`.)
+#[cfg(feature = "flamegraph")]
+#[cfg_attr(docsrs, doc(cfg(feature = "flamegraph")))]
 pub fn flamegraph(folded: &str, title: &str) -> Result<String> {
     render(folded, title)
 }
 
 /// A differential flamegraph: the shape of `after`, coloured by the change from `before`
-/// (red grew, blue shrank).
+/// (red grew, blue shrank). (Cargo feature `flamegraph`.)
+#[cfg(feature = "flamegraph")]
+#[cfg_attr(docsrs, doc(cfg(feature = "flamegraph")))]
 pub fn differential_flamegraph(before: &str, after: &str, title: &str) -> Result<String> {
     let mut diff = Vec::new();
     inferno::differential::from_readers(
@@ -170,6 +178,7 @@ mod tests {
         let folded = folded(&snap, FoldedKind::Live);
         assert_eq!(folded, "[scope\\r\\nwith:breaks];train_step\\nevil:injected:frame 999999999\\nreal 512\n");
         assert_eq!(folded.lines().count(), 1);
+        #[cfg(feature = "flamegraph")]
         assert!(flamegraph(&folded, "hostile").is_ok());
     }
 }

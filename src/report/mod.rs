@@ -12,8 +12,11 @@ mod live;
 mod segments;
 
 pub use diff::{diff, Change, SiteDelta};
+#[cfg(feature = "flamegraph")]
 pub(crate) use flame::render_with as flamegraph_with_subtitle;
-pub use flame::{differential_flamegraph, flamegraph, folded, FoldedKind};
+#[cfg(feature = "flamegraph")]
+pub use flame::{differential_flamegraph, flamegraph};
+pub use flame::{folded, FoldedKind};
 pub use leaks::{leaks, LeakCandidate, LeakUnit};
 pub use live::{live, LiveGroup};
 pub use segments::segments;

@@ -225,8 +225,9 @@ impl Evidence {
         s
     }
 
-    /// Writes `report.txt`, `growth.svg` (only what grew: the sites above are the whole
-    /// picture), `live.svg` and `snapshot.json` (the test's blocks at the end).
+    /// Writes `report.txt`, `growth.folded` (only what grew: the sites above are the whole
+    /// picture), `live.folded`, their SVGs `growth.svg` and `live.svg` with the `flamegraph`
+    /// feature, and `snapshot.json` (the test's blocks at the end).
     pub(super) fn write(&self, test: &MemTest, v: &Verdict) -> Vec<PathBuf> {
         let root = test.evidence_dir.clone().unwrap_or_else(|| {
             std::env::var_os("CARGO_TARGET_DIR")
@@ -255,12 +256,22 @@ impl Evidence {
         let mut files: Vec<(&str, Vec<u8>)> =
             vec![("report.txt", v.report.as_bytes().to_vec()), ("snapshot.json", after.to_json().into_bytes())];
         let title = format!("{}: memory kept over {} measured iterations", test.name, test.iters);
-        if let Ok(svg) = report::flamegraph_with_subtitle(&growth, &title, Some(&subtitle)) {
-            files.push(("growth.svg", svg.into_bytes()));
+        // The SVGs with the `flamegraph` feature; the folded stacks they are drawn from always
+        // (any flamegraph tool draws them: `inferno-flamegraph growth.folded > growth.svg`).
+        #[cfg(feature = "flamegraph")]
+        {
+            if let Ok(svg) = report::flamegraph_with_subtitle(&growth, &title, Some(&subtitle)) {
+                files.push(("growth.svg", svg.into_bytes()));
+            }
+            if let Ok(svg) = report::flamegraph(&live, &format!("{}: live memory after the last iteration", test.name))
+            {
+                files.push(("live.svg", svg.into_bytes()));
+            }
         }
-        if let Ok(svg) = report::flamegraph(&live, &format!("{}: live memory after the last iteration", test.name)) {
-            files.push(("live.svg", svg.into_bytes()));
-        }
+        #[cfg(not(feature = "flamegraph"))]
+        let _ = (title, subtitle);
+        files.push(("growth.folded", growth.into_bytes()));
+        files.push(("live.folded", live.into_bytes()));
         files
             .into_iter()
             .filter_map(|(name, bytes)| {
