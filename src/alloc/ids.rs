@@ -1,0 +1,115 @@
+//! Typed ids of the heap's arena: a block or a segment is named by its slot, and absence is
+//! `Option` (stored in the same four bytes, the id being kept as slot + 1), never a sentinel.
+
+use std::marker::PhantomData;
+use std::num::NonZeroU32;
+use std::ops::{Index, IndexMut};
+
+macro_rules! slot_id {
+    ($(#[$doc:meta])* $name:ident, $what:literal) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub(crate) struct $name(NonZeroU32);
+
+        impl $name {
+            /// The id of slot `index`.
+            #[inline]
+            pub(crate) fn new(index: usize) -> Self {
+                let n = u32::try_from(index + 1).ok().and_then(NonZeroU32::new);
+                $name(n.expect(concat!("fewer than 2^32 - 1 ", $what, "s")))
+            }
+
+            /// Its slot.
+            #[inline]
+            pub(crate) fn index(self) -> usize {
+                (self.0.get() - 1) as usize
+            }
+        }
+
+        impl std::fmt::Debug for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, concat!($what, " {}"), self.index())
+            }
+        }
+
+        impl SlotId for $name {
+            fn new(index: usize) -> Self {
+                $name::new(index)
+            }
+            fn index(self) -> usize {
+                $name::index(self)
+            }
+        }
+    };
+}
+
+slot_id!(
+    /// A block's slot in the heap.
+    BlockId,
+    "block"
+);
+slot_id!(
+    /// A segment's slot in the heap.
+    SegmentId,
+    "segment"
+);
+
+/// What [`Slots`] are indexed by.
+pub(crate) trait SlotId: Copy {
+    fn new(index: usize) -> Self;
+    fn index(self) -> usize;
+}
+
+/// A vector of slots indexed by their typed id.
+#[derive(Debug, Clone)]
+pub(crate) struct Slots<I, T> {
+    items: Vec<T>,
+    id: PhantomData<I>,
+}
+
+impl<I: SlotId, T> Slots<I, T> {
+    pub(crate) fn new() -> Self {
+        Slots { items: Vec::new(), id: PhantomData }
+    }
+
+    /// Appends `item`, returning its id.
+    pub(crate) fn push(&mut self, item: T) -> I {
+        self.items.push(item);
+        I::new(self.items.len() - 1)
+    }
+
+    /// Every slot with its id.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (I, &T)> + '_ {
+        self.items.iter().enumerate().map(|(i, x)| (I::new(i), x))
+    }
+}
+
+impl<I: SlotId, T> Index<I> for Slots<I, T> {
+    type Output = T;
+    #[inline]
+    fn index(&self, id: I) -> &T {
+        &self.items[id.index()]
+    }
+}
+
+impl<I: SlotId, T> IndexMut<I> for Slots<I, T> {
+    #[inline]
+    fn index_mut(&mut self, id: I) -> &mut T {
+        &mut self.items[id.index()]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_name_slots_and_absence_costs_nothing() {
+        assert_eq!(std::mem::size_of::<Option<BlockId>>(), 4);
+        let mut s: Slots<BlockId, &str> = Slots::new();
+        let (a, b) = (s.push("a"), s.push("b"));
+        assert_eq!((a.index(), b.index(), s[b]), (0, 1, "b"));
+        assert_eq!(format!("{b:?}"), "block 1");
+        assert_eq!(s.iter().map(|(i, x)| (i, *x)).collect::<Vec<_>>(), [(a, "a"), (b, "b")]);
+    }
+}
