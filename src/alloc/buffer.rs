@@ -1,5 +1,6 @@
 //! `Buffer<T>`: the typed handle to an allocated block.
 
+use super::ids::BlockId;
 use super::heap::TensorMeta;
 use super::{Shared, Stream};
 use crate::error::{Error, Result};
@@ -40,7 +41,8 @@ pod!(half::f16 => "float16", half::bf16 => "bfloat16");
 /// written and read; on the others it is an address and a length for device code.
 pub struct Buffer<T> {
     pub(crate) shared: NonNull<Shared>,
-    block: u32,
+    /// `None` for an empty buffer (no block).
+    block: Option<BlockId>,
     addr: u64,
     len: usize,
     stream: Stream,
@@ -49,8 +51,6 @@ pub struct Buffer<T> {
     cuda_stream: std::sync::OnceLock<std::sync::Arc<cudarc::driver::CudaStream>>,
     _marker: PhantomData<T>,
 }
-
-const NO_BLOCK: u32 = u32::MAX;
 
 impl<T> fmt::Debug for Buffer<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -66,10 +66,10 @@ impl<T: Pod> Buffer<T> {
     /// # Safety
     ///
     /// The buffer must have been counted in its allocator's live buffers (see `Locked`).
-    pub(crate) unsafe fn new(shared: NonNull<Shared>, block: u32, addr: u64, len: usize, stream: Stream) -> Self {
+    pub(crate) unsafe fn new(shared: NonNull<Shared>, block: BlockId, addr: u64, len: usize, stream: Stream) -> Self {
         Buffer {
             shared,
-            block,
+            block: Some(block),
             addr,
             len,
             stream,
@@ -85,7 +85,7 @@ impl<T: Pod> Buffer<T> {
     pub(crate) unsafe fn empty(shared: NonNull<Shared>, stream: Stream) -> Self {
         Buffer {
             shared,
-            block: NO_BLOCK,
+            block: None,
             addr: 0,
             len: 0,
             stream,
@@ -241,8 +241,8 @@ impl<T: Pod> Buffer<T> {
 }
 
 impl<T> Buffer<T> {
-    pub(crate) fn block(&self) -> Option<u32> {
-        (self.block != NO_BLOCK).then_some(self.block)
+    pub(crate) fn block(&self) -> Option<BlockId> {
+        self.block
     }
 
     pub(crate) fn shared(&self) -> &Shared {

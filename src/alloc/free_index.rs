@@ -7,7 +7,7 @@
 //! scans one or two log-spaced bins for the smallest block that fits, so the result is the
 //! same best fit a sorted set would give (ties broken by lowest address).
 
-use super::heap::NONE;
+use super::ids::BlockId;
 
 const UNIT_SHIFT: u32 = 9;
 /// Classes below this are exact (one size each).
@@ -49,7 +49,7 @@ struct Bins {
 struct Chunk {
     /// Non-empty classes of this word.
     bits: u64,
-    heads: [u32; 64],
+    heads: [Option<BlockId>; 64],
 }
 
 const NO_CHUNK: u8 = u8::MAX;
@@ -61,9 +61,9 @@ impl Bins {
     }
 
     #[inline]
-    fn head(&self, c: usize) -> u32 {
+    fn head(&self, c: usize) -> Option<BlockId> {
         match self.chunk_of[c / 64] {
-            NO_CHUNK => NONE,
+            NO_CHUNK => None,
             k => self.chunks[k as usize].heads[c % 64],
         }
     }
@@ -73,25 +73,25 @@ impl Bins {
         let w = c / 64;
         if self.chunk_of[w] == NO_CHUNK {
             self.chunk_of[w] = self.chunks.len() as u8;
-            self.chunks.push(Chunk { bits: 0, heads: [NONE; 64] });
+            self.chunks.push(Chunk { bits: 0, heads: [None; 64] });
         }
         &mut self.chunks[self.chunk_of[w] as usize]
     }
 
     /// Replaces the head of non-empty class `c` by another block (the bitmaps stay as they are).
     #[inline]
-    fn replace_head(&mut self, c: usize, head: u32) {
+    fn replace_head(&mut self, c: usize, head: BlockId) {
         let k = self.chunk_of[c / 64];
-        debug_assert!(k != NO_CHUNK && head != NONE);
-        self.chunks[k as usize].heads[c % 64] = head;
+        debug_assert!(k != NO_CHUNK);
+        self.chunks[k as usize].heads[c % 64] = Some(head);
     }
 
     /// Sets the head of class `c`, keeping the bitmaps in step.
     #[inline]
-    fn set_head(&mut self, c: usize, head: u32) {
+    fn set_head(&mut self, c: usize, head: Option<BlockId>) {
         let chunk = self.chunk_mut(c);
         chunk.heads[c % 64] = head;
-        if head == NONE {
+        if head.is_none() {
             chunk.bits &= !(1 << (c % 64));
             if chunk.bits == 0 {
                 self.summary[c / 4096] &= !(1 << ((c / 64) % 64));
@@ -137,17 +137,17 @@ impl Bins {
 
 #[derive(Clone, Copy)]
 struct Entry {
-    prev: u32,
-    next: u32,
+    prev: Option<BlockId>,
+    next: Option<BlockId>,
     size: u64,
     addr: u64,
-    /// `stream * 2 + pool`, or `NONE` when the block is not in the index.
-    bin: u32,
-    /// Position in each of `FreeIndex::lists`, or `NONE` when the block is not on it.
-    listed: [u32; LISTS],
+    /// `stream * 2 + pool`; `None` when the block is not in the index.
+    bin: Option<u32>,
+    /// Position in each of `FreeIndex::lists`; `None` when the block is not on it.
+    listed: [Option<u32>; LISTS],
 }
 
-const EMPTY: Entry = Entry { prev: NONE, next: NONE, size: 0, addr: 0, bin: NONE, listed: [NONE; LISTS] };
+const EMPTY: Entry = Entry { prev: None, next: None, size: 0, addr: 0, bin: None, listed: [None; LISTS] };
 
 /// What the heap says about a free block when it indexes or changes it; each flag puts the block
 /// on one of the index's dense lists.
@@ -185,7 +185,7 @@ pub(crate) struct FreeIndex {
     spare: Vec<Box<Bins>>,
     entries: Vec<Entry>,
     len: usize,
-    lists: [Vec<u32>; LISTS],
+    lists: [Vec<BlockId>; LISTS],
 }
 
 impl std::fmt::Debug for FreeIndex {
@@ -196,7 +196,7 @@ impl std::fmt::Debug for FreeIndex {
 
 /// Removes `list[pos]` by moving the last element into its place; returns the moved element,
 /// whose stored position the caller updates.
-fn swap_out(list: &mut Vec<u32>, pos: u32) -> Option<u32> {
+fn swap_out(list: &mut Vec<BlockId>, pos: u32) -> Option<BlockId> {
     list.swap_remove(pos as usize);
     list.get(pos as usize).copied()
 }
@@ -206,12 +206,12 @@ impl FreeIndex {
         FreeIndex { bins: Vec::new(), spare: Vec::new(), entries: Vec::new(), len: 0, lists: Default::default() }
     }
 
-    pub(crate) fn contains(&self, block: u32) -> bool {
-        self.entries.get(block as usize).is_some_and(|e| e.bin != NONE)
+    pub(crate) fn contains(&self, block: BlockId) -> bool {
+        self.entries.get(block.index()).is_some_and(|e| e.bin.is_some())
     }
 
     /// Adds free block `block` of `size` bytes at `addr` for `stream` in `pool` (0 or 1).
-    pub(crate) fn insert(&mut self, block: u32, pool: usize, stream: u32, size: u64, addr: u64, flags: Flags) {
+    pub(crate) fn insert(&mut self, block: BlockId, pool: usize, stream: u32, size: u64, addr: u64, flags: Flags) {
         let bin = stream as usize * 2 + pool;
         if self.bins.len() <= bin {
             self.bins.resize_with(bin + 1, || None);
@@ -219,29 +219,27 @@ impl FreeIndex {
         if self.bins[bin].is_none() {
             self.bins[bin] = Some(self.spare.pop().unwrap_or_else(Bins::new));
         }
-        let i = block as usize;
+        let i = block.index();
         if self.entries.len() <= i {
             self.entries.resize(i + 1, EMPTY);
         }
-        debug_assert_eq!(self.entries[i].bin, NONE, "block {block} indexed twice");
+        debug_assert_eq!(self.entries[i].bin, None, "{block:?} indexed twice");
         let head = self.push_front(bin, class_of(size), block);
         self.bins[bin].as_mut().expect("the bins exist").len += 1;
         self.len += 1;
-        self.entries[i] = Entry { prev: NONE, next: head, size, addr, bin: bin as u32, listed: [NONE; LISTS] };
+        self.entries[i] = Entry { prev: None, next: head, size, addr, bin: Some(bin as u32), listed: [None; LISTS] };
         self.set_flags(block, flags);
     }
 
     /// Removes `block`; returns whether it was indexed.
-    pub(crate) fn remove(&mut self, block: u32) -> bool {
-        let Some(&e) = self.entries.get(block as usize) else { return false };
-        if e.bin == NONE {
-            return false;
-        }
+    pub(crate) fn remove(&mut self, block: BlockId) -> bool {
+        let Some(&e) = self.entries.get(block.index()) else { return false };
+        let Some(bin) = e.bin else { return false };
         self.set_flags(block, Flags::default());
         self.unlink(e);
         self.len -= 1;
-        self.entries[block as usize] = EMPTY;
-        let slot = &mut self.bins[e.bin as usize];
+        self.entries[block.index()] = EMPTY;
+        let slot = &mut self.bins[bin as usize];
         let bins = slot.as_mut().expect("an indexed block's bins exist");
         bins.len -= 1;
         if bins.len == 0 {
@@ -257,18 +255,21 @@ impl FreeIndex {
 
     /// Puts indexed `block` on the lists its flags name and takes it off the others.
     #[inline]
-    pub(crate) fn set_flags(&mut self, block: u32, flags: Flags) {
+    pub(crate) fn set_flags(&mut self, block: BlockId, flags: Flags) {
         for list in 0..LISTS {
-            let pos = self.entries[block as usize].listed[list];
-            let on = flags.get(list);
-            if on && pos == NONE {
-                self.entries[block as usize].listed[list] = self.lists[list].len() as u32;
-                self.lists[list].push(block);
-            } else if !on && pos != NONE {
-                if let Some(moved) = swap_out(&mut self.lists[list], pos) {
-                    self.entries[moved as usize].listed[list] = pos;
+            let pos = self.entries[block.index()].listed[list];
+            match (flags.get(list), pos) {
+                (true, None) => {
+                    self.entries[block.index()].listed[list] = Some(self.lists[list].len() as u32);
+                    self.lists[list].push(block);
                 }
-                self.entries[block as usize].listed[list] = NONE;
+                (false, Some(pos)) => {
+                    if let Some(moved) = swap_out(&mut self.lists[list], pos) {
+                        self.entries[moved.index()].listed[list] = Some(pos);
+                    }
+                    self.entries[block.index()].listed[list] = None;
+                }
+                _ => {}
             }
         }
     }
@@ -276,14 +277,15 @@ impl FreeIndex {
     /// Makes `block` the head of class `c`'s list in bins `bin` (which exist) and returns the
     /// previous head, which the caller stores as the block's `next`.
     #[inline]
-    fn push_front(&mut self, bin: usize, c: usize, block: u32) -> u32 {
+    fn push_front(&mut self, bin: usize, c: usize, block: BlockId) -> Option<BlockId> {
         let bins = self.bins[bin].as_mut().expect("the bins exist");
         let head = bins.head(c);
-        if head != NONE {
-            bins.replace_head(c, block);
-            self.entries[head as usize].prev = block;
-        } else {
-            bins.set_head(c, block);
+        match head {
+            Some(h) => {
+                bins.replace_head(c, block);
+                self.entries[h.index()].prev = Some(block);
+            }
+            None => bins.set_head(c, Some(block)),
         }
         head
     }
@@ -291,35 +293,36 @@ impl FreeIndex {
     /// Takes entry `e` (indexed) out of its class's list; the entry itself is left as it was.
     #[inline]
     fn unlink(&mut self, e: Entry) {
-        if e.prev == NONE {
-            let bins = self.bins[e.bin as usize].as_mut().expect("an indexed block's bins exist");
-            if e.next != NONE {
-                bins.replace_head(class_of(e.size), e.next);
-            } else {
-                bins.set_head(class_of(e.size), NONE);
+        match e.prev {
+            None => {
+                let bin = e.bin.expect("an indexed block has a bin");
+                let bins = self.bins[bin as usize].as_mut().expect("an indexed block's bins exist");
+                match e.next {
+                    Some(next) => bins.replace_head(class_of(e.size), next),
+                    None => bins.set_head(class_of(e.size), None),
+                }
             }
-        } else {
-            self.entries[e.prev as usize].next = e.next;
+            Some(prev) => self.entries[prev.index()].next = e.next,
         }
-        if e.next != NONE {
-            self.entries[e.next as usize].prev = e.prev;
+        if let Some(next) = e.next {
+            self.entries[next.index()].prev = e.prev;
         }
     }
 
     /// Changes the size, address and flags of indexed `block`, in place when its class stays
     /// the same, else by moving it from one list to the other within its bins.
-    pub(crate) fn update(&mut self, block: u32, size: u64, addr: u64, flags: Flags) {
-        let e = self.entries[block as usize];
-        debug_assert_ne!(e.bin, NONE, "update of a block that is not indexed");
+    pub(crate) fn update(&mut self, block: BlockId, size: u64, addr: u64, flags: Flags) {
+        let e = self.entries[block.index()];
+        let bin = e.bin.expect("update of a block that is not indexed");
         let new = class_of(size);
         if class_of(e.size) != new {
             self.unlink(e);
-            let head = self.push_front(e.bin as usize, new, block);
-            let e = &mut self.entries[block as usize];
-            e.prev = NONE;
+            let head = self.push_front(bin as usize, new, block);
+            let e = &mut self.entries[block.index()];
+            e.prev = None;
             e.next = head;
         }
-        let e = &mut self.entries[block as usize];
+        let e = &mut self.entries[block.index()];
         e.size = size;
         e.addr = addr;
         self.set_flags(block, flags);
@@ -329,14 +332,15 @@ impl FreeIndex {
     /// smallest, and among equals the lowest address (exact classes take the most recently
     /// freed). Returns the block and its size.
     #[inline]
-    pub(crate) fn find(&self, pool: usize, stream: u32, size: u64) -> Option<(u32, u64)> {
+    pub(crate) fn find(&self, pool: usize, stream: u32, size: u64) -> Option<(BlockId, u64)> {
         let bins = self.bins.get(stream as usize * 2 + pool)?.as_ref()?;
         let mut c = class_of(size);
         loop {
             c = bins.next_nonempty(c)?;
             let head = bins.head(c);
             if c < EXACT_CLASSES {
-                return Some((head, self.entries[head as usize].size));
+                let head = head.expect("a non-empty class has a head");
+                return Some((head, self.entries[head.index()].size));
             }
             if let Some(best) = self.best_in(head, size) {
                 return Some(best);
@@ -345,31 +349,31 @@ impl FreeIndex {
         }
     }
 
-    fn best_in(&self, mut i: u32, size: u64) -> Option<(u32, u64)> {
-        let mut best: Option<(u64, u64, u32)> = None;
-        while i != NONE {
-            let e = &self.entries[i as usize];
+    fn best_in(&self, mut next: Option<BlockId>, size: u64) -> Option<(BlockId, u64)> {
+        let mut best: Option<(u64, u64, BlockId)> = None;
+        while let Some(i) = next {
+            let e = &self.entries[i.index()];
             if e.size >= size && best.is_none_or(|(s, a, _)| (e.size, e.addr) < (s, a)) {
                 best = Some((e.size, e.addr, i));
             }
-            i = e.next;
+            next = e.next;
         }
         best.map(|(s, _, b)| (b, s))
     }
 
     /// Every indexed block with its size, in no particular order (for out-of-memory reports:
     /// it walks every entry).
-    pub(crate) fn iter(&self) -> impl Iterator<Item = (u32, u64)> + '_ {
-        self.entries.iter().enumerate().filter(|(_, e)| e.bin != NONE).map(|(i, e)| (i as u32, e.size))
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (BlockId, u64)> + '_ {
+        self.entries.iter().enumerate().filter(|(_, e)| e.bin.is_some()).map(|(i, e)| (BlockId::new(i), e.size))
     }
 
     /// The indexed blocks that are a whole segment, in no particular order.
-    pub(crate) fn whole(&self) -> &[u32] {
+    pub(crate) fn whole(&self) -> &[BlockId] {
         &self.lists[0]
     }
 
     /// The indexed blocks with mapped whole pages, in no particular order.
-    pub(crate) fn with_mapped_pages(&self) -> &[u32] {
+    pub(crate) fn with_mapped_pages(&self) -> &[BlockId] {
         &self.lists[1]
     }
 
@@ -381,6 +385,10 @@ impl FreeIndex {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn id(i: u32) -> BlockId {
+        BlockId::new(i as usize)
+    }
 
     const WHOLE: Flags = Flags { whole: true, mapped_pages: false };
 
@@ -400,19 +408,19 @@ mod tests {
     #[test]
     fn best_fit_with_lowest_address() {
         let mut ix = FreeIndex::new();
-        ix.insert(0, 1, 0, 3 << 20, 3000, Flags::default());
-        ix.insert(1, 1, 0, (2 << 20) + 512, 2000, Flags::default());
-        ix.insert(2, 1, 0, (2 << 20) + 512, 1000, Flags::default());
-        ix.insert(3, 1, 1, 2 << 20, 0, Flags::default()); // another stream
-        ix.insert(4, 0, 0, 4096, 0, Flags::default()); // another pool
-        assert_eq!(ix.find(1, 0, 2 << 20), Some((2, (2 << 20) + 512)));
-        assert_eq!(ix.find(1, 0, (2 << 20) + 1024), Some((0, 3 << 20)));
+        ix.insert(id(0), 1, 0, 3 << 20, 3000, Flags::default());
+        ix.insert(id(1), 1, 0, (2 << 20) + 512, 2000, Flags::default());
+        ix.insert(id(2), 1, 0, (2 << 20) + 512, 1000, Flags::default());
+        ix.insert(id(3), 1, 1, 2 << 20, 0, Flags::default()); // another stream
+        ix.insert(id(4), 0, 0, 4096, 0, Flags::default()); // another pool
+        assert_eq!(ix.find(1, 0, 2 << 20), Some((id(2), (2 << 20) + 512)));
+        assert_eq!(ix.find(1, 0, (2 << 20) + 1024), Some((id(0), 3 << 20)));
         assert_eq!(ix.find(1, 0, 4 << 20), None);
-        assert_eq!(ix.find(0, 0, 512), Some((4, 4096)));
+        assert_eq!(ix.find(0, 0, 512), Some((id(4), 4096)));
         assert_eq!(ix.find(0, 0, 8192), None);
-        assert!(ix.remove(2));
-        assert!(!ix.remove(2));
-        assert_eq!(ix.find(1, 0, 2 << 20), Some((1, (2 << 20) + 512)));
+        assert!(ix.remove(id(2)));
+        assert!(!ix.remove(id(2)));
+        assert_eq!(ix.find(1, 0, 2 << 20), Some((id(1), (2 << 20) + 512)));
         assert_eq!(ix.len(), 4);
         assert_eq!(ix.find(1, 7, 512), None);
     }
@@ -420,63 +428,63 @@ mod tests {
     #[test]
     fn update_moves_blocks_between_classes() {
         let mut ix = FreeIndex::new();
-        ix.insert(0, 0, 0, 2 << 20, 0, Flags::default());
-        ix.insert(1, 0, 0, 2 << 20, 1 << 30, Flags::default());
-        ix.insert(2, 0, 0, 1 << 20, 1 << 31, Flags::default());
+        ix.insert(id(0), 0, 0, 2 << 20, 0, Flags::default());
+        ix.insert(id(1), 0, 0, 2 << 20, 1 << 30, Flags::default());
+        ix.insert(id(2), 0, 0, 1 << 20, 1 << 31, Flags::default());
         // Split-like shrink of the list head (block 1) into another class, and back.
-        ix.update(1, 1 << 20, (1 << 30) + (1 << 20), Flags::default());
-        assert_eq!(ix.find(0, 0, (1 << 20) + 512), Some((0, 2 << 20)));
+        ix.update(id(1), 1 << 20, (1 << 30) + (1 << 20), Flags::default());
+        assert_eq!(ix.find(0, 0, (1 << 20) + 512), Some((id(0), 2 << 20)));
         assert_eq!(ix.find(0, 0, 1 << 20).map(|(_, s)| s), Some(1 << 20));
-        ix.update(0, 512, 0, Flags::default());
+        ix.update(id(0), 512, 0, Flags::default());
         assert_eq!(ix.find(0, 0, (1 << 20) + 512), None, "both 2 MiB blocks moved out");
-        assert_eq!(ix.find(0, 0, 512), Some((0, 512)));
-        ix.update(1, 2 << 20, 1 << 30, Flags::default());
-        assert_eq!(ix.find(0, 0, (1 << 20) + 512), Some((1, 2 << 20)));
-        assert!(ix.remove(2) && ix.remove(1) && ix.remove(0));
+        assert_eq!(ix.find(0, 0, 512), Some((id(0), 512)));
+        ix.update(id(1), 2 << 20, 1 << 30, Flags::default());
+        assert_eq!(ix.find(0, 0, (1 << 20) + 512), Some((id(1), 2 << 20)));
+        assert!(ix.remove(id(2)) && ix.remove(id(1)) && ix.remove(id(0)));
         assert_eq!((ix.len(), ix.find(0, 0, 512)), (0, None));
     }
 
     #[test]
     fn finds_across_far_bins() {
         let mut ix = FreeIndex::new();
-        ix.insert(9, 1, 0, 1 << 40, 0, Flags::default());
-        assert_eq!(ix.find(1, 0, 1 << 21), Some((9, 1 << 40)));
-        assert_eq!(ix.find(1, 0, 512), Some((9, 1 << 40)));
+        ix.insert(id(9), 1, 0, 1 << 40, 0, Flags::default());
+        assert_eq!(ix.find(1, 0, 1 << 21), Some((id(9), 1 << 40)));
+        assert_eq!(ix.find(1, 0, 512), Some((id(9), 1 << 40)));
     }
 
     #[test]
     fn whole_segments_and_holes_are_listed() {
         let mut ix = FreeIndex::new();
-        ix.insert(0, 0, 0, 2 << 20, 0, WHOLE);
-        ix.insert(1, 0, 1, 2 << 20, 1 << 30, WHOLE);
-        ix.insert(2, 0, 1, 4096, 1 << 31, Flags::default());
+        ix.insert(id(0), 0, 0, 2 << 20, 0, WHOLE);
+        ix.insert(id(1), 0, 1, 2 << 20, 1 << 30, WHOLE);
+        ix.insert(id(2), 0, 1, 4096, 1 << 31, Flags::default());
         let mut whole = ix.whole().to_vec();
         whole.sort();
-        assert_eq!(whole, [0, 1]);
-        ix.update(0, 1 << 20, 1 << 20, Flags::default());
-        assert_eq!(ix.whole(), [1]);
-        assert!(ix.remove(1));
+        assert_eq!(whole, [id(0), id(1)]);
+        ix.update(id(0), 1 << 20, 1 << 20, Flags::default());
+        assert_eq!(ix.whole(), [id(1)]);
+        assert!(ix.remove(id(1)));
         assert!(ix.whole().is_empty());
-        let mut all: Vec<u32> = ix.iter().map(|(b, _)| b).collect();
+        let mut all: Vec<usize> = ix.iter().map(|(b, _)| b.index()).collect();
         all.sort();
         assert_eq!(all, [0, 2]);
-        ix.update(2, 8192, 1 << 31, WHOLE);
-        assert_eq!(ix.whole(), [2]);
+        ix.update(id(2), 8192, 1 << 31, WHOLE);
+        assert_eq!(ix.whole(), [id(2)]);
     }
 
     #[test]
     fn emptied_streams_give_their_bins_back() {
         let mut ix = FreeIndex::new();
         for s in 0..1000 {
-            ix.insert(s, 0, s, 2 << 20, u64::from(s) << 21, WHOLE);
-            assert!(ix.remove(s));
+            ix.insert(id(s), 0, s, 2 << 20, u64::from(s) << 21, WHOLE);
+            assert!(ix.remove(id(s)));
         }
         let held = ix.bins.iter().filter(|b| b.is_some()).count();
         assert_eq!((held, ix.len()), (0, 0));
         assert!(ix.spare.len() <= SPARE_BINS);
         // A reused (spare) bin finds nothing left over from its last stream.
-        ix.insert(7, 0, 5000, 4096, 0, Flags::default());
+        ix.insert(id(7), 0, 5000, 4096, 0, Flags::default());
         assert_eq!(ix.find(0, 5000, 2 << 20), None);
-        assert_eq!(ix.find(0, 5000, 512), Some((7, 4096)));
+        assert_eq!(ix.find(0, 5000, 512), Some((id(7), 4096)));
     }
 }

@@ -3,6 +3,7 @@
 mod buffer;
 pub(crate) mod config;
 mod free_index;
+mod ids;
 mod keepalive;
 
 /// The `Arc` of the shared state: `keepalive.rs` is also compiled by its loom test, with
@@ -79,7 +80,7 @@ impl Shared {
     /// # Safety
     ///
     /// `this` must come from a live buffer of this allocator, which must not use it again.
-    pub(crate) unsafe fn release_buffer(this: std::ptr::NonNull<Shared>, block: Option<u32>) {
+    pub(crate) unsafe fn release_buffer(this: std::ptr::NonNull<Shared>, block: Option<ids::BlockId>) {
         // SAFETY: the buffer counted in `buffers` keeps `keepalive` set, so the allocation lives.
         let shared = unsafe { this.as_ref() };
         // See `alloc`: first, so that the counts the protocol reads are the handles' and

@@ -44,7 +44,7 @@ fn copy(heap: &Heap) -> Raw {
         let (s, contexts) = segments.last_mut().expect("pushed above");
         let state = match b.state {
             heap::BlockState::Allocated => BlockState::ActiveAllocated,
-            heap::BlockState::PendingFree => BlockState::ActivePendingFree,
+            heap::BlockState::PendingFree | heap::BlockState::Stranded => BlockState::ActivePendingFree,
             heap::BlockState::Free => BlockState::Inactive,
         };
         let meta = b.extra.as_ref().and_then(|e| e.meta.as_ref());

@@ -5,58 +5,67 @@ use super::observe::Note;
 use super::*;
 
 impl Heap {
-    pub(super) fn new_block(&mut self, b: Block) -> u32 {
+    pub(super) fn new_block(&mut self, b: Block) -> BlockId {
         if let Some(i) = self.free_slots.pop() {
-            self.blocks[i as usize] = b;
+            self.blocks[i] = b;
             i
         } else {
-            self.blocks.push(b);
-            (self.blocks.len() - 1) as u32
+            self.blocks.push(b)
         }
     }
 
-    pub(super) fn drop_block(&mut self, i: u32) {
-        let b = &mut self.blocks[i as usize];
+    /// A slot for a new segment (a released one's, or a new one).
+    pub(super) fn new_segment(&mut self, seg: Segment) -> SegmentId {
+        if let Some(s) = self.free_segment_slots.pop() {
+            self.segments[s] = seg;
+            s
+        } else {
+            self.segments.push(seg)
+        }
+    }
+
+    pub(super) fn drop_block(&mut self, i: BlockId) {
+        let b = &mut self.blocks[i];
         b.extra = None;
-        b.prev = NONE;
-        b.next = NONE;
+        b.prev = None;
+        b.next = None;
         self.free_slots.push(i);
     }
 
-    pub(super) fn pool_of_block(&self, i: u32) -> Pool {
-        self.blocks[i as usize].pool
+    pub(super) fn pool_of_block(&self, i: BlockId) -> Pool {
+        self.blocks[i].pool
     }
 
-    pub(super) fn is_split(&self, i: u32) -> bool {
-        let b = &self.blocks[i as usize];
-        b.prev != NONE || b.next != NONE
+    pub(super) fn is_split(&self, i: BlockId) -> bool {
+        let b = &self.blocks[i];
+        b.prev.is_some() || b.next.is_some()
     }
 
     /// Counts free block `i` in the inactive-split statistics if it shares its segment.
-    pub(super) fn count_split(&mut self, i: u32) {
+    pub(super) fn count_split(&mut self, i: BlockId) {
         if self.is_split(i) {
             let pool = self.pool_of_block(i);
-            self.note(Note::SplitFree { size: self.blocks[i as usize].size, pool, counted: true });
+            self.note(Note::SplitFree { size: self.blocks[i].size, pool, counted: true });
         }
     }
 
     /// Undoes [`count_split`](Self::count_split) before the block changes.
-    pub(super) fn uncount_split(&mut self, i: u32) {
+    pub(super) fn uncount_split(&mut self, i: BlockId) {
         if self.is_split(i) {
             let pool = self.pool_of_block(i);
-            self.note(Note::SplitFree { size: self.blocks[i as usize].size, pool, counted: false });
+            self.note(Note::SplitFree { size: self.blocks[i].size, pool, counted: false });
         }
     }
 
     /// What the free index lists free block `i` under: a whole segment, and whether unmapping
     /// could give back any of its pages (constant time for blocks smaller than a page).
-    pub(super) fn free_flags(&self, i: u32) -> Flags {
-        let b = &self.blocks[i as usize];
-        let whole = b.prev == NONE && b.next == NONE;
+    pub(super) fn free_flags(&self, i: BlockId) -> Flags {
+        let b = &self.blocks[i];
+        let whole = b.prev.is_none() && b.next.is_none();
         if !self.can_unmap || b.size < self.page {
             return Flags { whole, mapped_pages: false };
         }
-        let seg = &self.segments[b.segment as usize];
+        let seg = &self.segments[b.segment];
         // The page is a power of two: shifts, not divisions (this runs on every merge).
         let (shift, mask) = (self.page.trailing_zeros(), self.page - 1);
         let first = (b.addr - seg.addr + mask) >> shift;
@@ -66,15 +75,15 @@ impl Heap {
     }
 
     /// Recomputes the free index's flags of indexed block `i` after its pages changed.
-    pub(super) fn reflag(&mut self, i: u32) {
+    pub(super) fn reflag(&mut self, i: BlockId) {
         let flags = self.free_flags(i);
         self.free.set_flags(i, flags);
     }
 
     /// Puts a free block in the index and counts it.
-    pub(super) fn index_free(&mut self, i: u32) {
+    pub(super) fn index_free(&mut self, i: BlockId) {
         let pool = self.pool_of_block(i);
-        let b = &mut self.blocks[i as usize];
+        let b = &mut self.blocks[i];
         b.state = BlockState::Free;
         let (stream, size, addr) = (b.stream, b.size, b.addr);
         let flags = self.free_flags(i);
@@ -84,10 +93,10 @@ impl Heap {
 
     /// Takes a free block out of the index and uncounts it; it is no longer `Free` (so that
     /// no merge can reach it) until it is indexed again.
-    pub(super) fn unindex_free(&mut self, i: u32) {
-        self.blocks[i as usize].state = BlockState::Allocated;
+    pub(super) fn unindex_free(&mut self, i: BlockId) {
+        self.blocks[i].state = BlockState::Allocated;
         let removed = self.free.remove(i);
-        debug_assert!(removed, "block {i} was not in the free index");
+        debug_assert!(removed, "{i:?} was not in the free index");
         self.uncount_split(i);
     }
 
@@ -97,13 +106,13 @@ impl Heap {
     }
 
     /// Calls `f` with every block of every live segment, in address order per segment.
-    pub(crate) fn for_each_block(&self, mut f: impl FnMut(u32, &Segment, &Block)) {
-        for seg in self.segments.iter().filter(|s| s.live) {
-            let mut i = seg.head;
-            while i != NONE {
-                let b = &self.blocks[i as usize];
+    pub(crate) fn for_each_block(&self, mut f: impl FnMut(BlockId, &Segment, &Block)) {
+        for (_, seg) in self.segments.iter().filter(|(_, s)| s.live) {
+            let mut next = seg.head;
+            while let Some(i) = next {
+                let b = &self.blocks[i];
                 f(i, seg, b);
-                i = b.next;
+                next = b.next;
             }
         }
     }
@@ -111,8 +120,9 @@ impl Heap {
     /// Whether free block `i` is in the free index and there listed as a whole segment, and
     /// how many blocks, and whole segments, the index holds (for the invariant checks: the
     /// lookups are linear).
-    pub(crate) fn free_index_state(&self, i: u32) -> (bool, bool, usize, usize) {
-        (self.free.contains(i), self.free.whole().contains(&i), self.free.len(), self.free.whole().len())
+    pub(crate) fn free_index_state(&self, i: Option<BlockId>) -> (bool, bool, usize, usize) {
+        let (indexed, whole) = i.map_or((false, false), |i| (self.free.contains(i), self.free.whole().contains(&i)));
+        (indexed, whole, self.free.len(), self.free.whole().len())
     }
 
     /// Whether the allocator unmaps the pages under free blocks.
@@ -121,7 +131,7 @@ impl Heap {
     }
 
     /// Whether free block `i` is on the free index's list of blocks with mapped whole pages.
-    pub(crate) fn listed_with_mapped_pages(&self, i: u32) -> bool {
+    pub(crate) fn listed_with_mapped_pages(&self, i: BlockId) -> bool {
         self.free.with_mapped_pages().contains(&i)
     }
 

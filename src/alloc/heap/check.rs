@@ -1,6 +1,6 @@
 //! The structural and statistical invariants of a heap, recounted from its blocks.
 
-use super::{BlockState, Heap, NONE};
+use super::{BlockState, Heap};
 use crate::alloc::stats::Pool;
 
 /// Describes the first invariant `heap` breaks, if any.
@@ -13,7 +13,7 @@ pub(crate) fn check_heap(heap: &Heap) -> std::result::Result<(), String> {
     let mut nseg = [0u64; 2];
     let mut split_free = [0u64; 2];
     let mut ranges: Vec<(u64, u64)> = Vec::new();
-    for seg in heap.segments.iter().filter(|s| s.live) {
+    for (_, seg) in heap.segments.iter().filter(|(_, s)| s.live) {
         let p = seg.pool as usize;
         nseg[p] += 1;
         reserved[p] += seg.mapped;
@@ -84,14 +84,14 @@ pub(crate) fn check_heap(heap: &Heap) -> std::result::Result<(), String> {
                     err = Some(format!("allocated block {:#x} lies on an unmapped page", b.addr));
                 }
             }
-            BlockState::PendingFree => active[p] += b.size,
+            BlockState::PendingFree | BlockState::Stranded => active[p] += b.size,
             BlockState::Free => {
                 nfree += 1;
-                let (indexed, listed_whole, _, _) = heap.free_index_state(i);
+                let (indexed, listed_whole, _, _) = heap.free_index_state(Some(i));
                 if !indexed {
                     err = Some(format!("free block {:#x} is not in the free index", b.addr));
                 }
-                let split = b.prev != NONE || b.next != NONE;
+                let split = b.prev.is_some() || b.next.is_some();
                 if split {
                     split_free[p] += b.size;
                 } else {
@@ -112,7 +112,7 @@ pub(crate) fn check_heap(heap: &Heap) -> std::result::Result<(), String> {
     if let Some(e) = err {
         return Err(e);
     }
-    let (_, _, indexed, whole) = heap.free_index_state(NONE);
+    let (_, _, indexed, whole) = heap.free_index_state(None);
     if indexed != nfree {
         return Err(format!("the free index holds {indexed} blocks but {nfree} blocks are free"));
     }

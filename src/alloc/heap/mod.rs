@@ -15,6 +15,7 @@
 //! - [`check`]: the invariants, recounted from the blocks (tests and `check_invariants`).
 
 use super::config::AllocatorConfig;
+use super::ids::{BlockId, SegmentId, Slots};
 use super::free_index::{Flags, FreeIndex};
 use pages::Offer;
 
@@ -32,8 +33,6 @@ pub(crate) use check::check_heap;
 use observe::Note;
 use streams::{PendingEvent, StreamSlot};
 
-/// No block / no segment.
-pub(crate) const NONE: u32 = u32::MAX;
 /// Smallest block, and the granularity of rounding.
 pub(crate) const MIN_BLOCK: u64 = 512;
 /// Requests of at most this go to the small pool.
@@ -54,6 +53,9 @@ pub(crate) enum BlockState {
     Allocated,
     /// Its buffer was dropped; waiting for events on other streams that used it.
     PendingFree,
+    /// Its buffer was dropped, but a stream it was used on could neither record an event nor
+    /// synchronize: kept out of use for good (counted as active, never reused).
+    Stranded,
 }
 
 /// A tensor's description, kept with its block for reports.
@@ -71,9 +73,9 @@ pub(crate) struct Block {
     pub(crate) size: u64,
     /// Bytes the caller asked for (0 while free).
     pub(crate) requested: u64,
-    pub(crate) segment: u32,
-    pub(crate) prev: u32,
-    pub(crate) next: u32,
+    pub(crate) segment: SegmentId,
+    pub(crate) prev: Option<BlockId>,
+    pub(crate) next: Option<BlockId>,
     /// Allocator-local stream the block belongs to.
     pub(crate) stream: u32,
     pub(crate) state: BlockState,
@@ -104,7 +106,7 @@ pub(crate) struct Segment {
     pub(crate) pool: Pool,
     pub(crate) stream: u32,
     /// First block (lowest address).
-    pub(crate) head: u32,
+    pub(crate) head: Option<BlockId>,
     /// One bit per page: set when unmapped.
     pub(crate) unmapped_pages: Vec<u64>,
     pub(crate) mapped: u64,
@@ -122,10 +124,10 @@ pub(crate) struct Heap {
     config: AllocatorConfig,
     page: u64,
     can_unmap: bool,
-    blocks: Vec<Block>,
-    free_slots: Vec<u32>,
-    segments: Vec<Segment>,
-    free_segment_slots: Vec<u32>,
+    blocks: Slots<BlockId, Block>,
+    free_slots: Vec<BlockId>,
+    segments: Slots<SegmentId, Segment>,
+    free_segment_slots: Vec<SegmentId>,
     free: FreeIndex,
     pending: Vec<PendingEvent>,
     streams: Vec<StreamSlot>,
@@ -134,7 +136,7 @@ pub(crate) struct Heap {
     grows: u64,
     /// Whole free segments of streams found idle at the last sweep, for other streams to adopt
     /// before the next; see [`Heap::release_idle`].
-    adoptable: Vec<u32>,
+    adoptable: Vec<BlockId>,
     stats: Stats,
     /// Peak of allocated bytes since creation, for the fragmentation limit (never reset).
     limit_peak: u64,
@@ -143,8 +145,8 @@ pub(crate) struct Heap {
     /// How far `limit_factor` may rise; `None`: it stays.
     limit_max: Option<f64>,
     /// The block freed last, if it is kept aside unmerged for the next request of its exact
-    /// size on its stream (`NONE` otherwise); see [`Heap::settle`].
-    hot: u32,
+    /// size on its stream; see [`Heap::settle`].
+    hot: Option<BlockId>,
     /// The largest free piece given back to the backend by the limit since the last new peak
     /// of allocated bytes.
     released_since_peak: u64,
@@ -157,7 +159,7 @@ pub(crate) struct Heap {
 /// What `alloc` hands back.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Grant {
-    pub(crate) block: u32,
+    pub(crate) block: BlockId,
     pub(crate) addr: u64,
 }
 
@@ -170,9 +172,9 @@ impl Heap {
             device,
             page,
             can_unmap: backend.can_unmap() && config.release_pages,
-            blocks: Vec::new(),
+            blocks: Slots::new(),
             free_slots: Vec::new(),
-            segments: Vec::new(),
+            segments: Slots::new(),
             free_segment_slots: Vec::new(),
             free: FreeIndex::new(),
             pending: Vec::new(),
@@ -184,7 +186,7 @@ impl Heap {
             limit_factor: config.fragmentation_limit,
             limit_max: config.fragmentation_limit_max.resolve(backend.costly_segments()),
             released_since_peak: 0,
-            hot: NONE,
+            hot: None,
             last_error: None,
             config,
             recorder: Recorder::new(record),
@@ -209,14 +211,14 @@ impl Heap {
         }
         let pool = Self::pool_of(size);
         self.streams[stream as usize].last_alloc = self.grows;
-        let hot = self.hot;
-        let block =
-            if hot != NONE && self.blocks[hot as usize].size == size && self.blocks[hot as usize].stream == stream {
+        let block = match self.hot {
+            Some(hot) if self.blocks[hot].size == size && self.blocks[hot].stream == stream => {
                 // The block freed last has this very size: reuse it as it is (no index lookup,
                 // split or merge). Best fit could have picked another block of the same size.
-                self.hot = NONE;
+                self.hot = None;
                 hot
-            } else {
+            }
+            _ => {
                 self.settle();
                 let found = match self.find_free(pool, stream, size) {
                     Some(i) => i,
@@ -224,8 +226,9 @@ impl Heap {
                 };
                 // A failure here is mapping pages for a cached block, even after a retry.
                 self.take(backend, found, size).map_err(|e| self.oom(backend, requested, size, e))?
-            };
-        let b = &mut self.blocks[block as usize];
+            }
+        };
+        let b = &mut self.blocks[block];
         b.state = BlockState::Allocated;
         b.requested = requested;
         b.ctx = ctx;
@@ -240,7 +243,7 @@ impl Heap {
     }
 
     /// Best fit among the free blocks of `pool` on `stream`.
-    fn find_free(&self, pool: Pool, stream: u32, size: u64) -> Option<u32> {
+    fn find_free(&self, pool: Pool, stream: u32, size: u64) -> Option<BlockId> {
         let (block, found) = self.free.find(pool as usize, stream, size)?;
         if let Some(max) = self.config.max_split_size {
             // Do not hand an oversize block to a small request, nor a much larger one to a
@@ -258,18 +261,18 @@ impl Heap {
     /// Hands out the first `size` bytes of free block `i`. Without a split, `i` itself leaves
     /// the index. With one, a new block takes the front and `i` keeps the rest, so that its
     /// index entry is only resized, usually in place.
-    fn take(&mut self, backend: &dyn Backend, i: u32, size: u64) -> Result<u32, BackendError> {
-        if self.blocks[i as usize].unmapped {
+    fn take(&mut self, backend: &dyn Backend, i: BlockId, size: u64) -> Result<BlockId, BackendError> {
+        if self.blocks[i].unmapped {
             // Out of the index while mapping: reclaiming must not touch this block.
             self.unindex_free(i);
-            let addr = self.blocks[i as usize].addr;
+            let addr = self.blocks[i].addr;
             let mapped = self.ensure_mapped(backend, i, addr, size);
             self.index_free(i);
             mapped?;
         }
-        let b = &self.blocks[i as usize];
+        let b = &self.blocks[i];
         let seg = b.segment;
-        let pool = self.segments[seg as usize].pool;
+        let pool = self.segments[seg].pool;
         let remaining = b.size - size;
         let split = match pool {
             Pool::Small => remaining >= MIN_BLOCK,
@@ -277,7 +280,7 @@ impl Heap {
         };
         if !split {
             self.unindex_free(i);
-            self.blocks[i as usize].unmapped = false;
+            self.blocks[i].unmapped = false;
             return Ok(i);
         }
         let front = Block {
@@ -287,7 +290,7 @@ impl Heap {
             segment: seg,
             pool: b.pool,
             prev: b.prev,
-            next: i,
+            next: Some(i),
             stream: b.stream,
             state: BlockState::Allocated,
             unmapped: false,
@@ -297,14 +300,12 @@ impl Heap {
         };
         self.uncount_split(i);
         let a = self.new_block(front);
-        let prev = self.blocks[a as usize].prev;
-        if prev == NONE {
-            self.segments[seg as usize].head = a;
-        } else {
-            self.blocks[prev as usize].next = a;
+        match self.blocks[a].prev {
+            None => self.segments[seg].head = Some(a),
+            Some(prev) => self.blocks[prev].next = Some(a),
         }
-        let b = &mut self.blocks[i as usize];
-        b.prev = a;
+        let b = &mut self.blocks[i];
+        b.prev = Some(a);
         b.addr += size;
         b.size = remaining;
         let (addr, size) = (b.addr, b.size);
@@ -316,7 +317,7 @@ impl Heap {
 
     /// No cached block fits: reclaim if over the soft limit, then reserve a new segment,
     /// retrying once after releasing the whole cache if the backend refuses.
-    fn grow(&mut self, backend: &dyn Backend, pool: Pool, stream: u32, requested: u64, size: u64) -> Result<u32> {
+    fn grow(&mut self, backend: &dyn Backend, pool: Pool, stream: u32, requested: u64, size: u64) -> Result<BlockId> {
         let mut seg_size = self.segment_size(size).ok_or_else(|| {
             Error::InvalidRequest(format!("{requested} bytes cannot be rounded to a segment size without overflow"))
         })?;
@@ -359,33 +360,27 @@ impl Heap {
         Ok(self.add_segment(pool, stream, addr, seg_size))
     }
 
-    fn add_segment(&mut self, pool: Pool, stream: u32, addr: u64, size: u64) -> u32 {
+    fn add_segment(&mut self, pool: Pool, stream: u32, addr: u64, size: u64) -> BlockId {
         let pages = size.div_ceil(self.page);
         let seg = Segment {
             addr,
             size,
             pool,
             stream,
-            head: NONE,
+            head: None,
             unmapped_pages: vec![0; pages.div_ceil(64) as usize],
             mapped: size,
             live: true,
         };
-        let s = if let Some(s) = self.free_segment_slots.pop() {
-            self.segments[s as usize] = seg;
-            s
-        } else {
-            self.segments.push(seg);
-            (self.segments.len() - 1) as u32
-        };
+        let s = self.new_segment(seg);
         let b = self.new_block(Block {
             addr,
             size,
             requested: 0,
             segment: s,
             pool,
-            prev: NONE,
-            next: NONE,
+            prev: None,
+            next: None,
             stream,
             state: BlockState::Free,
             unmapped: false,
@@ -393,7 +388,7 @@ impl Heap {
             extra: None,
             ctx: None,
         });
-        self.segments[s as usize].head = b;
+        self.segments[s].head = Some(b);
         self.note(Note::SegmentReserved { addr, size, pool, stream });
         // Indexed so that `take` can unindex it like any cached block.
         self.index_free(b);
@@ -422,9 +417,9 @@ impl Heap {
 
     /// The buffer of block `i` was dropped: stop counting it as allocated, and either return it
     /// to the free index or wait for the other streams that used it.
-    pub(crate) fn free(&mut self, backend: &dyn Backend, i: u32, ctx: Option<Context>) {
+    pub(crate) fn free(&mut self, backend: &dyn Backend, i: BlockId, ctx: Option<Context>) {
         let (pool, size, requested, uses) = {
-            let b = &mut self.blocks[i as usize];
+            let b = &mut self.blocks[i];
             debug_assert_eq!(b.state, BlockState::Allocated);
             let uses = b.extra.take().map(|e| e.uses).unwrap_or_default();
             b.ctx = None;
@@ -445,18 +440,17 @@ impl Heap {
                         self.last_error = Some(format!(
                             "block {:#x}: recording an event failed ({e}) and so did synchronizing ({e2}); \
                              the block is kept out of use",
-                            self.blocks[i as usize].addr
+                            self.blocks[i].addr
                         ));
-                        self.blocks[i as usize].state = BlockState::PendingFree;
-                        self.blocks[i as usize].pending_events = u32::MAX;
-                        let (addr, stream) = (self.blocks[i as usize].addr, self.blocks[i as usize].stream);
+                        self.blocks[i].state = BlockState::Stranded;
+                        let (addr, stream) = (self.blocks[i].addr, self.blocks[i].stream);
                         self.note(Note::Release { addr, size, requested, pool, stream, ctx, waiting: true });
                         return;
                     }
                 }
             }
         }
-        let b = &mut self.blocks[i as usize];
+        let b = &mut self.blocks[i];
         let (addr, stream) = (b.addr, b.stream);
         if waiting > 0 {
             b.state = BlockState::PendingFree;
@@ -468,7 +462,7 @@ impl Heap {
             self.deactivate(i);
             // Kept aside for a request of the same size (the common alloc-free-alloc of a
             // temporary); any other operation merges it first.
-            self.hot = i;
+            self.hot = Some(i);
         }
     }
 
@@ -477,61 +471,58 @@ impl Heap {
     /// `alloc` and `free` starts with it (through `CachingAllocator`'s lock).
     #[inline]
     pub(crate) fn settle(&mut self) {
-        let h = self.hot;
-        if h != NONE {
-            self.hot = NONE;
+        if let Some(h) = self.hot.take() {
             self.merge_free(h);
         }
     }
 
     /// The block is no longer used by any stream: merge it into a free neighbour (whose index
     /// entry is resized, usually in place) or index it.
-    fn finish_free(&mut self, i: u32) {
+    fn finish_free(&mut self, i: BlockId) {
         self.deactivate(i);
         self.merge_free(i);
     }
 
     /// Takes block `i` out of the active statistics: no stream uses it any more.
-    fn deactivate(&mut self, i: u32) {
-        let b = &self.blocks[i as usize];
+    fn deactivate(&mut self, i: BlockId) {
+        let b = &self.blocks[i];
         let (pool, size) = (b.pool, b.size);
         self.note(Note::Deactivate { size, pool });
     }
 
     /// Puts block `i` (no longer in use, its statistics already moved) back among the free
     /// blocks, merged with its free neighbours.
-    fn merge_free(&mut self, i: u32) {
-        let seg = self.blocks[i as usize].segment;
-        let size = self.blocks[i as usize].size;
-        let prev = self.blocks[i as usize].prev;
-        let next = self.blocks[i as usize].next;
-        let prev_free = prev != NONE && self.blocks[prev as usize].state == BlockState::Free;
-        let next_free = next != NONE && self.blocks[next as usize].state == BlockState::Free;
-        if prev_free {
+    fn merge_free(&mut self, i: BlockId) {
+        let seg = self.blocks[i].segment;
+        let size = self.blocks[i].size;
+        let prev = self.blocks[i].prev;
+        let next = self.blocks[i].next;
+        let free = |b: Option<BlockId>| b.filter(|&b| self.blocks[b].state == BlockState::Free);
+        let (prev_free, next_free) = (free(prev), free(next));
+        if let Some(prev) = prev_free {
             self.uncount_split(prev);
             self.absorb(prev, i);
-            if next_free {
+            if let Some(next) = next_free {
                 self.unindex_free(next);
                 self.absorb(prev, next);
             }
-            let b = &self.blocks[prev as usize];
+            let b = &self.blocks[prev];
             let (addr, size) = (b.addr, b.size);
             let flags = self.free_flags(prev);
             self.free.update(prev, size, addr, flags);
             self.count_split(prev);
-        } else if next_free {
+        } else if let Some(next) = next_free {
             self.uncount_split(next);
-            let (addr, unmapped) = (self.blocks[i as usize].addr, self.blocks[i as usize].unmapped);
-            let n = &mut self.blocks[next as usize];
+            let (addr, unmapped) = (self.blocks[i].addr, self.blocks[i].unmapped);
+            let n = &mut self.blocks[next];
             n.addr = addr;
             n.size += size;
             n.prev = prev;
             n.unmapped |= unmapped;
             let new_size = n.size;
-            if prev == NONE {
-                self.segments[seg as usize].head = next;
-            } else {
-                self.blocks[prev as usize].next = next;
+            match prev {
+                None => self.segments[seg].head = Some(next),
+                Some(prev) => self.blocks[prev].next = Some(next),
             }
             self.drop_block(i);
             let flags = self.free_flags(next);
@@ -543,17 +534,17 @@ impl Heap {
     }
 
     /// Merges block `b` (the right neighbour) into block `a`.
-    fn absorb(&mut self, a: u32, b: u32) {
+    fn absorb(&mut self, a: BlockId, b: BlockId) {
         let (bsize, bnext, bunmapped) = {
-            let bb = &self.blocks[b as usize];
+            let bb = &self.blocks[b];
             (bb.size, bb.next, bb.unmapped)
         };
-        let ab = &mut self.blocks[a as usize];
+        let ab = &mut self.blocks[a];
         ab.size += bsize;
         ab.next = bnext;
         ab.unmapped |= bunmapped;
-        if bnext != NONE {
-            self.blocks[bnext as usize].prev = a;
+        if let Some(bnext) = bnext {
+            self.blocks[bnext].prev = Some(a);
         }
         self.drop_block(b);
     }
@@ -594,12 +585,12 @@ impl Heap {
     }
 
     /// The tensor description of allocated block `b`.
-    pub(crate) fn tensor_meta(&self, b: u32) -> Option<TensorMeta> {
-        self.blocks[b as usize].extra.as_ref()?.meta.clone()
+    pub(crate) fn tensor_meta(&self, b: BlockId) -> Option<TensorMeta> {
+        self.blocks[b].extra.as_ref()?.meta.clone()
     }
 
-    pub(crate) fn set_tensor_meta(&mut self, b: u32, meta: TensorMeta) {
-        self.blocks[b as usize].extra.get_or_insert_with(Box::default).meta = Some(meta);
+    pub(crate) fn set_tensor_meta(&mut self, b: BlockId, meta: TensorMeta) {
+        self.blocks[b].extra.get_or_insert_with(Box::default).meta = Some(meta);
     }
 }
 
@@ -675,11 +666,11 @@ mod tests {
         let a = h.alloc(&sim, 0, 1000, None).unwrap();
         let b = h.alloc(&sim, 0, 1000, None).unwrap();
         h.free(&sim, b.block, None);
-        assert_eq!(h.hot, b.block, "kept aside, not merged");
+        assert_eq!(h.hot, Some(b.block), "kept aside, not merged");
         assert_eq!(h.stats.active_bytes.current(), 1024, "but no longer counted as active");
         let again = h.alloc(&sim, 0, 900, None).unwrap();
         assert_eq!((again.block, again.addr), (b.block, b.addr));
-        assert_eq!(h.hot, NONE);
+        assert_eq!(h.hot, None);
         // Another size merges it first, as an immediate free would have.
         h.free(&sim, again.block, None);
         let big = h.alloc(&sim, 0, 4096, None).unwrap();

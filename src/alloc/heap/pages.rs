@@ -3,6 +3,7 @@
 
 use super::observe::Note;
 use super::Heap;
+use crate::alloc::ids::{BlockId, SegmentId};
 use crate::backend::Backend;
 use crate::error::BackendError;
 
@@ -58,30 +59,30 @@ impl Heap {
     /// Gives cached memory back until `reserved + need <= limit` or nothing is left to give:
     /// whole free segments first (smallest first), then the pages under free holes.
     pub(super) fn reclaim(&mut self, backend: &dyn Backend, need: u64, limit: u64) {
-        let mut whole: Vec<(u64, u64, u32)> = (self.free.whole().iter())
-            .map(|&b| (self.segments[self.blocks[b as usize].segment as usize].mapped, self.blocks[b as usize].addr, b))
+        let mut whole: Vec<(u64, u64, BlockId)> = (self.free.whole().iter())
+            .map(|&b| (self.segments[self.blocks[b].segment].mapped, self.blocks[b].addr, b))
             .collect();
         whole.sort_unstable();
         for (_, _, b) in whole {
             if self.reserved() + need <= limit {
                 return;
             }
-            let size = self.blocks[b as usize].size;
+            let size = self.blocks[b].size;
             if self.release_segment_of(backend, b) {
                 self.released_since_peak = self.released_since_peak.max(size);
             }
         }
         if self.can_unmap && self.reserved() + need > limit {
             // Largest holes first: they give back the most pages per call.
-            let mut holes: Vec<(u64, u64, u32)> = (self.free.with_mapped_pages().iter())
-                .map(|&b| (self.blocks[b as usize].size, self.blocks[b as usize].addr, b))
+            let mut holes: Vec<(u64, u64, BlockId)> = (self.free.with_mapped_pages().iter())
+                .map(|&b| (self.blocks[b].size, self.blocks[b].addr, b))
                 .collect();
             holes.sort_unstable_by(|x, y| y.cmp(x));
             for (_, _, b) in holes {
                 if self.reserved() + need <= limit {
                     return;
                 }
-                let size = self.blocks[b as usize].size;
+                let size = self.blocks[b].size;
                 if self.unmap_block(backend, b) {
                     self.released_since_peak = self.released_since_peak.max(size);
                 }
@@ -92,11 +93,11 @@ impl Heap {
     /// Whether free block `b` is a whole cached segment of a stream that is idle: one that has
     /// not allocated during the last [`IDLE_GROWS`](super::IDLE_GROWS) requests that found no
     /// cached block.
-    fn idle_whole(&self, b: u32) -> bool {
-        let blk = &self.blocks[b as usize];
+    fn idle_whole(&self, b: BlockId) -> bool {
+        let blk = &self.blocks[b];
         blk.state == super::BlockState::Free
-            && blk.prev == super::NONE
-            && blk.next == super::NONE
+            && blk.prev.is_none()
+            && blk.next.is_none()
             && self.streams[blk.stream as usize].last_alloc + super::IDLE_GROWS <= self.grows
     }
 
@@ -111,7 +112,7 @@ impl Heap {
                 self.release_segment_of(backend, b);
             }
         }
-        let idle: Vec<u32> = self.free.whole().iter().copied().filter(|&b| self.idle_whole(b)).collect();
+        let idle: Vec<BlockId> = self.free.whole().iter().copied().filter(|&b| self.idle_whole(b)).collect();
         self.adoptable = idle;
     }
 
@@ -126,7 +127,7 @@ impl Heap {
         pool: super::Pool,
         stream: u32,
         sizes: std::ops::RangeInclusive<u64>,
-    ) -> Option<u32> {
+    ) -> Option<BlockId> {
         const LOOK: usize = 8;
         let len = match offer {
             Offer::Idle => self.adoptable.len(),
@@ -143,7 +144,7 @@ impl Heap {
                 self.adoptable.swap_remove(k);
                 continue;
             }
-            let blk = &self.blocks[b as usize];
+            let blk = &self.blocks[b];
             if blk.pool != pool || !sizes.contains(&blk.size) || blk.stream == stream {
                 continue;
             }
@@ -157,11 +158,11 @@ impl Heap {
                 self.adoptable.swap_remove(k);
             }
             self.unindex_free(b);
-            let s = self.blocks[b as usize].segment;
-            let seg = &mut self.segments[s as usize];
+            let s = self.blocks[b].segment;
+            let seg = &mut self.segments[s];
             seg.stream = stream;
             let (addr, seg_size) = (seg.addr, seg.size);
-            self.blocks[b as usize].stream = stream;
+            self.blocks[b].stream = stream;
             self.note(Note::SegmentAdopted { addr, size: seg_size, from: old, to: stream });
             self.index_free(b);
             return Some(b);
@@ -187,10 +188,10 @@ impl Heap {
 
     /// Releases the segment whose only block is the free block `b`; false if the backend
     /// refused.
-    fn release_segment_of(&mut self, backend: &dyn Backend, b: u32) -> bool {
-        let s = self.blocks[b as usize].segment;
+    fn release_segment_of(&mut self, backend: &dyn Backend, b: BlockId) -> bool {
+        let s = self.blocks[b].segment;
         let (addr, size, pool, mapped) = {
-            let seg = &self.segments[s as usize];
+            let seg = &self.segments[s];
             (seg.addr, seg.size, seg.pool, seg.mapped)
         };
         // SAFETY: `b` is free and indexed, so no buffer holds any of the segment (its only
@@ -201,10 +202,10 @@ impl Heap {
             return false;
         }
         self.unindex_free(b);
-        let stream = self.blocks[b as usize].stream;
+        let stream = self.blocks[b].stream;
         self.drop_block(b);
         self.note(Note::SegmentReleased { addr, size, mapped, pool, stream });
-        let seg = &mut self.segments[s as usize];
+        let seg = &mut self.segments[s];
         seg.live = false;
         seg.unmapped_pages = Vec::new();
         self.free_segment_slots.push(s);
@@ -212,9 +213,9 @@ impl Heap {
     }
 
     /// Unmaps the whole pages inside free block `b`; true if any page was unmapped.
-    fn unmap_block(&mut self, backend: &dyn Backend, b: u32) -> bool {
-        let blk = &self.blocks[b as usize];
-        let s = blk.segment as usize;
+    fn unmap_block(&mut self, backend: &dyn Backend, b: BlockId) -> bool {
+        let blk = &self.blocks[b];
+        let s = blk.segment;
         let base = self.segments[s].addr;
         let first = (blk.addr - base).div_ceil(self.page);
         let end = (blk.addr + blk.size - base) / self.page;
@@ -235,7 +236,7 @@ impl Heap {
             any = true;
         }
         if any {
-            self.blocks[b as usize].unmapped = true;
+            self.blocks[b].unmapped = true;
             self.reflag(b);
         }
         any
@@ -246,11 +247,11 @@ impl Heap {
     pub(super) fn ensure_mapped(
         &mut self,
         backend: &dyn Backend,
-        b: u32,
+        b: BlockId,
         addr: u64,
         len: u64,
     ) -> Result<(), BackendError> {
-        let s = self.blocks[b as usize].segment as usize;
+        let s = self.blocks[b].segment;
         let base = self.segments[s].addr;
         let first = (addr - base) / self.page;
         let end = (addr + len - base).div_ceil(self.page);
@@ -275,13 +276,13 @@ impl Heap {
         Ok(())
     }
 
-    fn page_unmapped(&self, s: usize, p: u64) -> bool {
+    fn page_unmapped(&self, s: SegmentId, p: u64) -> bool {
         Self::is_page_unmapped(&self.segments[s], p)
     }
 
     /// The maximal runs `[start, stop)` of pages in `[first, end)` of segment `s` whose
     /// unmapped bit equals `unmapped`.
-    fn page_runs(&self, s: usize, first: u64, end: u64, unmapped: bool) -> Vec<(u64, u64)> {
+    fn page_runs(&self, s: SegmentId, first: u64, end: u64, unmapped: bool) -> Vec<(u64, u64)> {
         let mut runs = Vec::new();
         let mut p = first;
         while p < end {
@@ -299,7 +300,7 @@ impl Heap {
     }
 
     /// Marks pages unmapped (or mapped) and moves their bytes out of (or into) reserved.
-    fn set_pages(&mut self, s: usize, pages: std::ops::Range<u64>, unmapped: bool) {
+    fn set_pages(&mut self, s: SegmentId, pages: std::ops::Range<u64>, unmapped: bool) {
         let len = (pages.end - pages.start) * self.page;
         let addr = self.segments[s].addr + pages.start * self.page;
         let seg = &mut self.segments[s];

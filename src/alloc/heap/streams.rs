@@ -7,7 +7,7 @@ use super::*;
 #[derive(Debug, Clone, Copy)]
 pub(super) struct PendingEvent {
     pub(super) event: RawEvent,
-    pub(super) block: u32,
+    pub(super) block: BlockId,
 }
 
 /// A stream as the allocator knows it.
@@ -48,10 +48,11 @@ impl Heap {
         }
     }
 
-    pub(super) fn event_done(&mut self, block: u32) {
-        let b = &mut self.blocks[block as usize];
+    pub(super) fn event_done(&mut self, block: BlockId) {
+        let b = &mut self.blocks[block];
         b.pending_events -= 1;
-        if b.pending_events == 0 {
+        // A stranded block stays out of use whatever its other streams' events say.
+        if b.pending_events == 0 && b.state == BlockState::PendingFree {
             let (addr, size, stream) = (b.addr, b.size, b.stream);
             self.note(Note::WaitOver { addr, size, stream });
             self.finish_free(block);
@@ -74,8 +75,8 @@ impl Heap {
     }
 
     /// Adds `stream` to the streams block `i` is used on.
-    pub(crate) fn record_stream(&mut self, i: u32, stream: u32) {
-        let b = &mut self.blocks[i as usize];
+    pub(crate) fn record_stream(&mut self, i: BlockId, stream: u32) {
+        let b = &mut self.blocks[i];
         if b.stream != stream {
             let uses = &mut b.extra.get_or_insert_with(Box::default).uses;
             if !uses.contains(&stream) {
