@@ -1,7 +1,7 @@
 //! `Buffer<T>`: the typed handle to an allocated block.
 
-use super::ids::BlockId;
 use super::heap::TensorMeta;
+use super::ids::BlockId;
 use super::{Shared, Stream};
 use crate::error::{Error, Result};
 use std::fmt;

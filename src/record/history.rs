@@ -56,12 +56,23 @@ impl Action {
 
 /// Where an allocation was made: stack, scope and thread, interned per allocator (a program
 /// has a bounded number of them, whatever it runs for).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Site {
-    /// Index in the stack table, or `NO_STACK`.
-    pub(crate) stack: u32,
+    /// Index in the stack table, where a stack was captured.
+    pub(crate) stack: Option<u32>,
     pub(crate) scope: u32,
     pub(crate) thread: u32,
+}
+
+/// Three words, as the recorder's hasher takes them (a derived hash would feed it the
+/// `Option`'s discriminant byte by byte, on every recorded allocation). A missing stack hashes
+/// as `u32::MAX`, an id no stack table reaches; equality still tells them apart.
+impl std::hash::Hash for Site {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write_u32(self.stack.unwrap_or(u32::MAX));
+        state.write_u32(self.scope);
+        state.write_u32(self.thread);
+    }
 }
 
 /// Who did it, and in which step: 16 bytes per block and per event.
@@ -72,8 +83,6 @@ pub(crate) struct Context {
     pub(crate) step: u64,
 }
 
-pub(crate) const NO_STACK: u32 = u32::MAX;
-const NO_SITE: u32 = u32::MAX;
 const SIZE_BITS: u32 = 56;
 
 /// One recorded event, 40 bytes: the action shares a word with the size (sizes stay below
@@ -85,7 +94,8 @@ pub(crate) struct Event {
     /// Clock ticks since the recorder started (see `Clock`).
     pub(crate) ticks: u64,
     step: u64,
-    site: u32,
+    /// The context's site + 1 (`None`: no context), in the same four bytes.
+    site: Option<std::num::NonZeroU32>,
     pub(crate) stream: u32,
 }
 
@@ -94,7 +104,8 @@ impl Event {
     pub(crate) fn new(action: Action, addr: u64, size: u64, stream: u32, ticks: u64, ctx: Option<Context>) -> Self {
         let code = action as u64;
         let size = size.min((1 << SIZE_BITS) - 1);
-        let (site, step) = ctx.map_or((NO_SITE, 0), |c| (c.site, c.step));
+        let (site, step) =
+            ctx.map_or((None, 0), |c| (c.site.checked_add(1).and_then(std::num::NonZeroU32::new), c.step));
         Event { addr, size_action: size | code << SIZE_BITS, ticks, step, site, stream }
     }
 
@@ -107,7 +118,7 @@ impl Event {
     }
 
     pub(crate) fn context(&self) -> Option<Context> {
-        (self.site != NO_SITE).then_some(Context { site: self.site, step: self.step })
+        self.site.map(|s| Context { site: s.get() - 1, step: self.step })
     }
 }
 

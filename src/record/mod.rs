@@ -18,7 +18,7 @@ pub use symbols::Frame;
 #[cfg(feature = "tracing")]
 pub use tracing_layer::ScopeLayer;
 
-pub(crate) use history::{Context, Event, Ring, Site, NO_STACK};
+pub(crate) use history::{Context, Event, Ring, Site};
 pub(crate) use scope::{is_within, path as scope_path, thread_id, thread_name, ROOT as ROOT_SCOPE};
 pub(crate) use stack::capture;
 #[cfg(test)]
@@ -127,7 +127,8 @@ impl Hasher for IdentityHasher {
 pub(crate) struct StackTable {
     /// First stack with each hash; further ones chain through `next`.
     by_hash: HashMap<u64, u32, BuildHasherDefault<IdentityHasher>>,
-    next: Vec<u32>,
+    /// The next stack of the same hash, if any.
+    next: Vec<Option<u32>>,
     pub(crate) stacks: Vec<Box<[usize]>>,
 }
 
@@ -148,11 +149,13 @@ impl StackTable {
                     if *self.stacks[i as usize] == *ips {
                         return i;
                     }
-                    if self.next[i as usize] == NO_STACK {
-                        self.next[i as usize] = id;
-                        break;
+                    match self.next[i as usize] {
+                        Some(next) => i = next,
+                        None => {
+                            self.next[i as usize] = Some(id);
+                            break;
+                        }
                     }
-                    i = self.next[i as usize];
                 }
             }
             std::collections::hash_map::Entry::Vacant(v) => {
@@ -160,7 +163,7 @@ impl StackTable {
             }
         }
         self.stacks.push(ips.into());
-        self.next.push(NO_STACK);
+        self.next.push(None);
         id
     }
 
@@ -432,8 +435,7 @@ impl Pending {
     #[inline]
     pub(crate) fn intern(self, rec: &mut Recorder) -> Context {
         let table = &mut rec.stacks;
-        let stack =
-            if self.has_stack { with_scratch(|s| table.intern_hashed(&s.ips[..s.len], self.hash)) } else { NO_STACK };
+        let stack = self.has_stack.then(|| with_scratch(|s| table.intern_hashed(&s.ips[..s.len], self.hash)));
         let site = rec.sites.intern(Site { stack, scope: self.scope, thread: self.thread });
         Context { site, step: self.step }
     }

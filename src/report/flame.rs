@@ -62,9 +62,9 @@ fn escape_frame(p: &str) -> String {
 pub fn folded(snapshot: &Snapshot, kind: FoldedKind) -> String {
     // Sum by (scope, stack) first: a program has far fewer of those than blocks, and each line
     // is formatted once.
-    let mut by_ctx: HashMap<(u32, Option<u32>), u64> = HashMap::new();
+    let mut by_ctx: HashMap<Option<(u32, Option<u32>)>, u64> = HashMap::new();
     let mut add = |ctx: Option<&ContextInfo>, size: u64| {
-        let n = by_ctx.entry(ctx.map_or((u32::MAX, None), |c| (c.scope, c.stack))).or_default();
+        let n = by_ctx.entry(ctx.map(|c| (c.scope, c.stack))).or_default();
         *n = n.saturating_add(size);
     };
     match kind {
@@ -74,8 +74,8 @@ pub fn folded(snapshot: &Snapshot, kind: FoldedKind) -> String {
         }
     }
     let mut lines: BTreeMap<String, u64> = BTreeMap::new();
-    for ((scope, stack), size) in by_ctx {
-        let ctx = (scope != u32::MAX).then_some(ContextInfo { stack, scope, thread: 0, step: 0 });
+    for (key, size) in by_ctx {
+        let ctx = key.map(|(scope, stack)| ContextInfo { stack, scope, thread: 0, step: 0 });
         let n = lines.entry(stack_line(snapshot, ctx.as_ref())).or_default();
         *n = n.saturating_add(size);
     }

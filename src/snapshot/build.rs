@@ -5,7 +5,7 @@ use super::model::{BlockInfo, BlockState, ContextInfo, HistoryEntry, SegmentInfo
 use crate::alloc::heap::{self, Heap};
 use crate::alloc::CachingAllocator;
 use crate::intern::Interner;
-use crate::record::{scope_path, thread_name, Action, Context, Event, Frame, Symbolizer, NO_STACK};
+use crate::record::{scope_path, thread_name, Action, Context, Event, Frame, Symbolizer};
 
 /// The version of the snapshot model written by this build.
 pub const SNAPSHOT_VERSION: u32 = 2;
@@ -78,7 +78,7 @@ fn copy(heap: &Heap) -> Raw {
 }
 
 struct FullContext {
-    stack: u32,
+    stack: Option<u32>,
     scope: u32,
     thread: u32,
     step: u64,
@@ -101,7 +101,7 @@ impl Tables {
         let site = raw.sites[c.site as usize];
         let c = FullContext { stack: site.stack, scope: site.scope, thread: site.thread, step: c.step };
         let raw = &raw.stacks[..];
-        let stack = (c.stack != NO_STACK).then(|| self.stack(c.stack, raw, sym));
+        let stack = c.stack.map(|s| self.stack(s, raw, sym));
         let scope = self.scopes.id(c.scope, |&s| scope_path(s));
         let thread = self.threads.id(c.thread, |&t| thread_name(t));
         ContextInfo { stack, scope, thread, step: c.step }

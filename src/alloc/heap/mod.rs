@@ -15,8 +15,8 @@
 //! - [`check`]: the invariants, recounted from the blocks (tests and `check_invariants`).
 
 use super::config::AllocatorConfig;
-use super::ids::{BlockId, SegmentId, Slots};
 use super::free_index::{Flags, FreeIndex};
+use super::ids::{BlockId, SegmentId, Slots};
 use pages::Offer;
 
 mod arena;
