@@ -213,12 +213,7 @@ impl FreeIndex {
     /// Adds free block `block` of `size` bytes at `addr` for `stream` in `pool` (0 or 1).
     pub(crate) fn insert(&mut self, block: BlockId, pool: usize, stream: u32, size: u64, addr: u64, flags: Flags) {
         let bin = stream as usize * 2 + pool;
-        if self.bins.len() <= bin {
-            self.bins.resize_with(bin + 1, || None);
-        }
-        if self.bins[bin].is_none() {
-            self.bins[bin] = Some(self.spare.pop().unwrap_or_else(Bins::new));
-        }
+        self.ensure_bins(bin);
         let i = block.index();
         if self.entries.len() <= i {
             self.entries.resize(i + 1, EMPTY);
@@ -231,15 +226,37 @@ impl FreeIndex {
         self.set_flags(block, flags);
     }
 
-    /// Removes `block`; returns whether it was indexed.
-    pub(crate) fn remove(&mut self, block: BlockId) -> bool {
-        let Some(&e) = self.entries.get(block.index()) else { return false };
-        let Some(bin) = e.bin else { return false };
-        self.set_flags(block, Flags::default());
+    /// Moves indexed `block` to the bins of `stream` in `pool`, keeping its size, address and
+    /// flags (a segment taken over by another stream).
+    pub(crate) fn rehome(&mut self, block: BlockId, pool: usize, stream: u32) {
+        let e = self.entries[block.index()];
+        let old = e.bin.expect("rehome of a block that is not indexed");
+        let bin = stream as usize * 2 + pool;
+        if old as usize == bin {
+            return;
+        }
         self.unlink(e);
-        self.len -= 1;
-        self.entries[block.index()] = EMPTY;
-        let slot = &mut self.bins[bin as usize];
+        self.release_bin_entry(old as usize);
+        self.ensure_bins(bin);
+        let head = self.push_front(bin, class_of(e.size), block);
+        self.bins[bin].as_mut().expect("the bins exist").len += 1;
+        let e = &mut self.entries[block.index()];
+        (e.prev, e.next, e.bin) = (None, head, Some(bin as u32));
+    }
+
+    /// Makes the bins of `bin` exist (from the spare ones when there are).
+    fn ensure_bins(&mut self, bin: usize) {
+        if self.bins.len() <= bin {
+            self.bins.resize_with(bin + 1, || None);
+        }
+        if self.bins[bin].is_none() {
+            self.bins[bin] = Some(self.spare.pop().unwrap_or_else(Bins::new));
+        }
+    }
+
+    /// One block fewer in the bins of `bin`; emptied bins go to the spare ones.
+    fn release_bin_entry(&mut self, bin: usize) {
+        let slot = &mut self.bins[bin];
         let bins = slot.as_mut().expect("an indexed block's bins exist");
         bins.len -= 1;
         if bins.len == 0 {
@@ -250,6 +267,17 @@ impl FreeIndex {
                 self.spare.push(emptied);
             }
         }
+    }
+
+    /// Removes `block`; returns whether it was indexed.
+    pub(crate) fn remove(&mut self, block: BlockId) -> bool {
+        let Some(&e) = self.entries.get(block.index()) else { return false };
+        let Some(bin) = e.bin else { return false };
+        self.set_flags(block, Flags::default());
+        self.unlink(e);
+        self.len -= 1;
+        self.entries[block.index()] = EMPTY;
+        self.release_bin_entry(bin as usize);
         true
     }
 

@@ -157,14 +157,15 @@ impl Heap {
             if offer == Offer::Idle {
                 self.adoptable.swap_remove(k);
             }
-            self.unindex_free(b);
             let s = self.blocks[b].segment;
             let seg = &mut self.segments[s];
             seg.stream = stream;
             let (addr, seg_size) = (seg.addr, seg.size);
             self.blocks[b].stream = stream;
             self.note(Note::SegmentAdopted { addr, size: seg_size, from: old, to: stream });
-            self.index_free(b);
+            // Moved between the streams' bins in one step: a whole segment stays free, whole
+            // and unsplit, so its flags and counters do not change.
+            self.free.rehome(b, pool as usize, stream);
             return Some(b);
         }
         None
