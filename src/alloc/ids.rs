@@ -1,5 +1,6 @@
-//! Typed ids of the heap's arena: a block or a segment is named by its slot, and absence is
-//! `Option` (stored in the same four bytes, the id being kept as slot + 1), never a sentinel.
+//! Typed ids of the heap: a block or a segment is named by its slot, and absence is `Option`
+//! (stored in the same four bytes, the id being kept as slot + 1), never a sentinel; a stream by
+//! its allocator-local index.
 
 use std::marker::PhantomData;
 use std::num::NonZeroU32;
@@ -53,6 +54,25 @@ slot_id!(
     SegmentId,
     "segment"
 );
+
+/// An allocator-local stream: its index among the heap's streams (0: the default stream), as
+/// `Stream::id` gives it and the history records it.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, PartialOrd, Ord)]
+pub(crate) struct StreamId(pub(crate) u32);
+
+impl std::fmt::Display for StreamId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl StreamId {
+    /// Its index among the heap's streams.
+    #[inline]
+    pub(crate) fn index(self) -> usize {
+        self.0 as usize
+    }
+}
 
 /// What [`Slots`] are indexed by.
 pub(crate) trait SlotId: Copy {

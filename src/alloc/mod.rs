@@ -129,7 +129,7 @@ pub struct ScopeUsage {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Stream {
     pub(crate) allocator: u64,
-    pub(crate) id: u32,
+    pub(crate) id: ids::StreamId,
     pub(crate) raw: u64,
 }
 
@@ -142,7 +142,7 @@ impl From<&Stream> for Stream {
 impl Stream {
     /// The allocator-local index of this stream; `0` is the default stream.
     pub fn id(&self) -> u32 {
-        self.id
+        self.id.0
     }
 
     /// The backend's handle for this stream.
@@ -268,7 +268,7 @@ impl CachingAllocator {
 
     /// The backend's default stream.
     pub fn default_stream(&self) -> Stream {
-        Stream { allocator: self.shared.id, id: 0, raw: 0 }
+        Stream { allocator: self.shared.id, id: ids::StreamId(0), raw: 0 }
     }
 
     /// Creates a new stream on the backend.

@@ -31,7 +31,7 @@ fn copy(heap: &Heap) -> Raw {
                 address: seg.addr,
                 total_size: seg.size,
                 mapped_size: seg.mapped,
-                stream: seg.stream,
+                stream: seg.stream.0,
                 pool: seg.pool,
                 allocated_size: 0,
                 active_size: 0,

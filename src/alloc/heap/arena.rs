@@ -87,7 +87,7 @@ impl Heap {
         b.state = BlockState::Free;
         let (stream, size, addr) = (b.stream, b.size, b.addr);
         let flags = self.free_flags(i);
-        self.free.insert(i, pool as usize, stream, size, addr, flags);
+        self.free.insert(i, pool as usize, stream.0, size, addr, flags);
         self.count_split(i);
     }
 

@@ -16,7 +16,7 @@
 
 use super::config::AllocatorConfig;
 use super::free_index::{Flags, FreeIndex};
-use super::ids::{BlockId, SegmentId, Slots};
+use super::ids::{BlockId, SegmentId, Slots, StreamId};
 use pages::Offer;
 
 mod arena;
@@ -77,7 +77,7 @@ pub(crate) struct Block {
     pub(crate) prev: Option<BlockId>,
     pub(crate) next: Option<BlockId>,
     /// Allocator-local stream the block belongs to.
-    pub(crate) stream: u32,
+    pub(crate) stream: StreamId,
     pub(crate) state: BlockState,
     /// Whether some page inside this free block may be unmapped.
     pub(crate) unmapped: bool,
@@ -95,7 +95,7 @@ pub(crate) struct Block {
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Extra {
     /// Other streams the block was used on (`record_stream`).
-    pub(crate) uses: Vec<u32>,
+    pub(crate) uses: Vec<StreamId>,
     pub(crate) meta: Option<TensorMeta>,
 }
 
@@ -104,7 +104,7 @@ pub(crate) struct Segment {
     pub(crate) addr: u64,
     pub(crate) size: u64,
     pub(crate) pool: Pool,
-    pub(crate) stream: u32,
+    pub(crate) stream: StreamId,
     /// First block (lowest address).
     pub(crate) head: Option<BlockId>,
     /// One bit per page: set when unmapped.
@@ -199,7 +199,7 @@ impl Heap {
     pub(crate) fn alloc(
         &mut self,
         backend: &dyn Backend,
-        stream: u32,
+        stream: StreamId,
         requested: u64,
         ctx: Option<Context>,
     ) -> Result<Grant> {
@@ -210,7 +210,7 @@ impl Heap {
             self.process_pending(backend);
         }
         let pool = Self::pool_of(size);
-        self.streams[stream as usize].last_alloc = self.grows;
+        self.streams[stream.index()].last_alloc = self.grows;
         let block = match self.hot {
             Some(hot) if self.blocks[hot].size == size && self.blocks[hot].stream == stream => {
                 // The block freed last has this very size: reuse it as it is (no index lookup,
@@ -243,8 +243,8 @@ impl Heap {
     }
 
     /// Best fit among the free blocks of `pool` on `stream`.
-    fn find_free(&self, pool: Pool, stream: u32, size: u64) -> Option<BlockId> {
-        let (block, found) = self.free.find(pool as usize, stream, size)?;
+    fn find_free(&self, pool: Pool, stream: StreamId, size: u64) -> Option<BlockId> {
+        let (block, found) = self.free.find(pool as usize, stream.0, size)?;
         if let Some(max) = self.config.max_split_size {
             // Do not hand an oversize block to a small request, nor a much larger one to a
             // large request (PyTorch's rules).
@@ -317,7 +317,14 @@ impl Heap {
 
     /// No cached block fits: reclaim if over the soft limit, then reserve a new segment,
     /// retrying once after releasing the whole cache if the backend refuses.
-    fn grow(&mut self, backend: &dyn Backend, pool: Pool, stream: u32, requested: u64, size: u64) -> Result<BlockId> {
+    fn grow(
+        &mut self,
+        backend: &dyn Backend,
+        pool: Pool,
+        stream: StreamId,
+        requested: u64,
+        size: u64,
+    ) -> Result<BlockId> {
         let mut seg_size = self.segment_size(size).ok_or_else(|| {
             Error::InvalidRequest(format!("{requested} bytes cannot be rounded to a segment size without overflow"))
         })?;
@@ -360,7 +367,7 @@ impl Heap {
         Ok(self.add_segment(pool, stream, addr, seg_size))
     }
 
-    fn add_segment(&mut self, pool: Pool, stream: u32, addr: u64, size: u64) -> BlockId {
+    fn add_segment(&mut self, pool: Pool, stream: StreamId, addr: u64, size: u64) -> BlockId {
         let pages = size.div_ceil(self.page);
         let seg = Segment {
             addr,
@@ -427,7 +434,7 @@ impl Heap {
         };
         let mut waiting = 0;
         for s in uses {
-            let raw = self.streams[s as usize].raw;
+            let raw = self.streams[s.index()].raw;
             match backend.record_event(raw) {
                 Ok(event) => {
                     self.pending.push(PendingEvent { event, block: i });
@@ -640,9 +647,9 @@ mod tests {
     #[test]
     fn split_and_merge_keep_one_free_block_per_hole() {
         let (mut h, sim) = heap("fragmentation_limit:off");
-        let a = h.alloc(&sim, 0, 1000, None).unwrap();
-        let b = h.alloc(&sim, 0, 1000, None).unwrap();
-        let c = h.alloc(&sim, 0, 1000, None).unwrap();
+        let a = h.alloc(&sim, StreamId(0), 1000, None).unwrap();
+        let b = h.alloc(&sim, StreamId(0), 1000, None).unwrap();
+        let c = h.alloc(&sim, StreamId(0), 1000, None).unwrap();
         assert_eq!(b.addr, a.addr + 1024);
         assert_eq!(h.free.len(), 1, "the rest of the segment");
         h.free(&sim, b.block, None);
@@ -663,23 +670,23 @@ mod tests {
     #[test]
     fn the_block_freed_last_serves_the_next_request_of_its_size() {
         let (mut h, sim) = heap("");
-        let a = h.alloc(&sim, 0, 1000, None).unwrap();
-        let b = h.alloc(&sim, 0, 1000, None).unwrap();
+        let a = h.alloc(&sim, StreamId(0), 1000, None).unwrap();
+        let b = h.alloc(&sim, StreamId(0), 1000, None).unwrap();
         h.free(&sim, b.block, None);
         assert_eq!(h.hot, Some(b.block), "kept aside, not merged");
         assert_eq!(h.stats.active_bytes.current(), 1024, "but no longer counted as active");
-        let again = h.alloc(&sim, 0, 900, None).unwrap();
+        let again = h.alloc(&sim, StreamId(0), 900, None).unwrap();
         assert_eq!((again.block, again.addr), (b.block, b.addr));
         assert_eq!(h.hot, None);
         // Another size merges it first, as an immediate free would have.
         h.free(&sim, again.block, None);
-        let big = h.alloc(&sim, 0, 4096, None).unwrap();
+        let big = h.alloc(&sim, StreamId(0), 4096, None).unwrap();
         assert_eq!(big.addr, b.addr, "the merged hole is reused from its start");
         assert_eq!(h.free.len(), 1);
         // A request on another stream does not take it.
         h.free(&sim, big.block, None);
         h.streams.push(StreamSlot::new(1));
-        let other = h.alloc(&sim, 1, 4096, None).unwrap();
+        let other = h.alloc(&sim, StreamId(1), 4096, None).unwrap();
         assert_ne!(other.addr, big.addr);
         for g in [a, other] {
             h.free(&sim, g.block, None);
@@ -692,7 +699,7 @@ mod tests {
     #[test]
     fn soft_limit_follows_the_peak_of_allocated_bytes() {
         let (mut h, sim) = heap("fragmentation_limit:1.5");
-        let a = h.alloc(&sim, 0, 10 << 20, None).unwrap();
+        let a = h.alloc(&sim, StreamId(0), 10 << 20, None).unwrap();
         assert_eq!(h.soft_limit(&sim, 0), 15 << 20);
         h.free(&sim, a.block, None);
         assert_eq!(h.soft_limit(&sim, 0), 15 << 20, "the limit keeps the peak");

@@ -3,7 +3,7 @@
 //! statistics (PyTorch's counters) and the history events it implies, so that neither is
 //! woven into the algorithms, and a counter's rule is read in one place.
 
-use super::{Heap, Pool};
+use super::{Heap, Pool, StreamId};
 use crate::record::{Action, Context};
 
 /// Something that happened to blocks, segments or pages, with what the statistics and the
@@ -11,26 +11,26 @@ use crate::record::{Action, Context};
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Note {
     /// A block was handed out to a buffer: allocated and active.
-    Alloc { addr: u64, size: u64, requested: u64, pool: Pool, stream: u32, ctx: Option<Context> },
+    Alloc { addr: u64, size: u64, requested: u64, pool: Pool, stream: StreamId, ctx: Option<Context> },
     /// A buffer was dropped: its block is no longer allocated. With `waiting`, other streams
     /// still use it (a `free_requested` now, `free_completed` later), else it is free at once.
-    Release { addr: u64, size: u64, requested: u64, pool: Pool, stream: u32, ctx: Option<Context>, waiting: bool },
+    Release { addr: u64, size: u64, requested: u64, pool: Pool, stream: StreamId, ctx: Option<Context>, waiting: bool },
     /// The last stream a dropped block waited for is done with it (`free_completed`).
-    WaitOver { addr: u64, size: u64, stream: u32 },
+    WaitOver { addr: u64, size: u64, stream: StreamId },
     /// No stream uses a dropped block any more: it leaves the active counters.
     Deactivate { size: u64, pool: Pool },
     /// A free block that shares its segment with others starts (`true`) or stops being one:
     /// the inactive-split counters.
     SplitFree { size: u64, pool: Pool, counted: bool },
     /// A segment was reserved from the backend.
-    SegmentReserved { addr: u64, size: u64, pool: Pool, stream: u32 },
+    SegmentReserved { addr: u64, size: u64, pool: Pool, stream: StreamId },
     /// A segment was given back to the backend, `mapped` bytes of it still mapped.
-    SegmentReleased { addr: u64, size: u64, mapped: u64, pool: Pool, stream: u32 },
+    SegmentReleased { addr: u64, size: u64, mapped: u64, pool: Pool, stream: StreamId },
     /// A cached segment moved from stream `from` to stream `to` (no backend call): it leaves
     /// one stream and joins the other in the history, as a replay of the trace would see it.
-    SegmentAdopted { addr: u64, size: u64, from: u32, to: u32 },
+    SegmentAdopted { addr: u64, size: u64, from: StreamId, to: StreamId },
     /// Pages `[addr, addr + len)` of a segment were mapped (`true`) or unmapped.
-    Pages { addr: u64, len: u64, pool: Pool, stream: u32, mapped: bool },
+    Pages { addr: u64, len: u64, pool: Pool, stream: StreamId, mapped: bool },
     /// A request failed for lack of memory, the device having `device_free` bytes free.
     Oom { requested: u64, device_free: u64 },
     /// A request failed once and is retried after releasing the cache.
@@ -51,7 +51,7 @@ impl Heap {
         let st = &mut self.stats;
         match n {
             Note::Alloc { addr, size, requested, pool, stream, ctx } => {
-                self.recorder.event(Action::Alloc, addr, size, stream, ctx);
+                self.recorder.event(Action::Alloc, addr, size, stream.0, ctx);
                 st.allocation.inc(pool, 1);
                 st.allocated_bytes.inc(pool, size);
                 st.active.inc(pool, 1);
@@ -69,10 +69,10 @@ impl Heap {
                     self.stats.oversize_allocations.dec(1);
                 }
                 let action = if waiting { Action::FreeRequested } else { Action::FreeCompleted };
-                self.recorder.event(action, addr, size, stream, ctx);
+                self.recorder.event(action, addr, size, stream.0, ctx);
             }
             Note::WaitOver { addr, size, stream } => {
-                self.recorder.event(Action::FreeCompleted, addr, size, stream, None);
+                self.recorder.event(Action::FreeCompleted, addr, size, stream.0, None);
             }
             Note::Deactivate { size, pool } => {
                 st.active.dec(pool, 1);
@@ -87,7 +87,7 @@ impl Heap {
                 st.inactive_split_bytes.dec(pool, size);
             }
             Note::SegmentReserved { addr, size, pool, stream } => {
-                self.recorder.event(Action::SegmentAlloc, addr, size, stream, None);
+                self.recorder.event(Action::SegmentAlloc, addr, size, stream.0, None);
                 st.num_device_alloc += 1;
                 st.segment.inc(pool, 1);
                 st.reserved_bytes.inc(pool, size);
@@ -96,7 +96,7 @@ impl Heap {
                 }
             }
             Note::SegmentReleased { addr, size, mapped, pool, stream } => {
-                self.recorder.event(Action::SegmentFree, addr, size, stream, None);
+                self.recorder.event(Action::SegmentFree, addr, size, stream.0, None);
                 st.num_device_free += 1;
                 st.segment.dec(pool, 1);
                 st.reserved_bytes.dec(pool, mapped);
@@ -105,17 +105,17 @@ impl Heap {
                 }
             }
             Note::SegmentAdopted { addr, size, from, to } => {
-                self.recorder.event(Action::SegmentFree, addr, size, from, None);
-                self.recorder.event(Action::SegmentAlloc, addr, size, to, None);
+                self.recorder.event(Action::SegmentFree, addr, size, from.0, None);
+                self.recorder.event(Action::SegmentAlloc, addr, size, to.0, None);
                 st.num_segment_adoptions += 1;
             }
             Note::Pages { addr, len, pool, stream, mapped } => {
                 if mapped {
-                    self.recorder.event(Action::SegmentMap, addr, len, stream, None);
+                    self.recorder.event(Action::SegmentMap, addr, len, stream.0, None);
                     st.num_device_map += 1;
                     st.reserved_bytes.inc(pool, len);
                 } else {
-                    self.recorder.event(Action::SegmentUnmap, addr, len, stream, None);
+                    self.recorder.event(Action::SegmentUnmap, addr, len, stream.0, None);
                     st.num_device_unmap += 1;
                     st.reserved_bytes.dec(pool, len);
                 }

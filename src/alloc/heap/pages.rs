@@ -3,7 +3,7 @@
 
 use super::observe::Note;
 use super::Heap;
-use crate::alloc::ids::{BlockId, SegmentId};
+use crate::alloc::ids::{BlockId, SegmentId, StreamId};
 use crate::backend::Backend;
 use crate::error::BackendError;
 
@@ -98,7 +98,7 @@ impl Heap {
         blk.state == super::BlockState::Free
             && blk.prev.is_none()
             && blk.next.is_none()
-            && self.streams[blk.stream as usize].last_alloc + super::IDLE_GROWS <= self.grows
+            && self.streams[blk.stream.index()].last_alloc + super::IDLE_GROWS <= self.grows
     }
 
     /// The sweep, every `IDLE_GROWS` requests that found no cached block: releases the idle
@@ -125,7 +125,7 @@ impl Heap {
         backend: &dyn Backend,
         offer: Offer,
         pool: super::Pool,
-        stream: u32,
+        stream: StreamId,
         sizes: std::ops::RangeInclusive<u64>,
     ) -> Option<BlockId> {
         const LOOK: usize = 8;
@@ -149,7 +149,7 @@ impl Heap {
                 continue;
             }
             let old = blk.stream;
-            if let Err(e) = backend.synchronize(self.streams[old as usize].raw) {
+            if let Err(e) = backend.synchronize(self.streams[old.index()].raw) {
                 self.note(Note::BackendError);
                 self.last_error = Some(format!("synchronizing stream {old} to take over its cached segment: {e}"));
                 return None;
@@ -165,7 +165,7 @@ impl Heap {
             self.note(Note::SegmentAdopted { addr, size: seg_size, from: old, to: stream });
             // Moved between the streams' bins in one step: a whole segment stays free, whole
             // and unsplit, so its flags and counters do not change.
-            self.free.rehome(b, pool as usize, stream);
+            self.free.rehome(b, pool as usize, stream.0);
             return Some(b);
         }
         None

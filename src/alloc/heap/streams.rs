@@ -75,7 +75,7 @@ impl Heap {
     }
 
     /// Adds `stream` to the streams block `i` is used on.
-    pub(crate) fn record_stream(&mut self, i: BlockId, stream: u32) {
+    pub(crate) fn record_stream(&mut self, i: BlockId, stream: StreamId) {
         let b = &mut self.blocks[i];
         if b.stream != stream {
             let uses = &mut b.extra.get_or_insert_with(Box::default).uses;
@@ -86,10 +86,10 @@ impl Heap {
     }
 
     /// Adds a stream, returning its allocator-local id.
-    pub(crate) fn add_stream(&mut self, raw: RawStream) -> Result<u32> {
+    pub(crate) fn add_stream(&mut self, raw: RawStream) -> Result<StreamId> {
         let id = u32::try_from(self.streams.len()).map_err(|_| Error::Usage("too many streams".into()))?;
         self.streams.push(StreamSlot::new(raw));
-        Ok(id)
+        Ok(StreamId(id))
     }
 
     /// The backend's handles of the streams, by allocator-local id.
