@@ -3,7 +3,7 @@
 use crate::alloc::{AllocatorConfig, CachingAllocator};
 use crate::backend::{Backend, HostBackend, SimBackend};
 use crate::error::{Error, Result};
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
 

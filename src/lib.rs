@@ -275,6 +275,7 @@ pub mod replay;
 pub mod report;
 pub mod snapshot;
 pub mod testing;
+mod sync;
 mod units;
 
 /// Typed allocator statistics ([`CachingAllocator::stats`]) and PyTorch's key names for them.

@@ -26,7 +26,7 @@ use crate::error::{Error, Result};
 use crate::record::{CaptureFlags, Pending, RecordConfig, Symbolizer};
 use heap::Heap;
 use keepalive::KeepAlive;
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::mem::ManuallyDrop;
@@ -68,7 +68,7 @@ impl Shared {
     /// Takes the lock with the heap settled: the block the last free kept aside for a request
     /// of its size is merged first, so that what is read or changed is exactly the heap without
     /// that shortcut. Only `alloc` and `free` take the lock without it.
-    pub(crate) fn lock(&self) -> parking_lot::MutexGuard<'_, Locked> {
+    pub(crate) fn lock(&self) -> crate::sync::MutexGuard<'_, Locked> {
         let mut locked = self.heap.lock();
         locked.heap.settle();
         locked

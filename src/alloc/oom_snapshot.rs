@@ -2,7 +2,7 @@
 //! through or over a link or a special file, one writer at a time in the process, a distinct
 //! file for each snapshot the process writes to a shared path, complete or absent.
 
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 use std::collections::HashSet;
 use std::fs::{self, OpenOptions};
 use std::io::{ErrorKind, Write};

@@ -2,7 +2,7 @@
 //! wherever they were allocated.
 
 use super::{CachingAllocator, Shared};
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 use std::mem::ManuallyDrop;
 use std::sync::{Arc, Weak};
 

@@ -1,6 +1,6 @@
 use super::{Backend, RawEvent, RawStream};
 use crate::error::BackendError;
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 use std::collections::BTreeSet;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};

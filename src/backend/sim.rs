@@ -1,6 +1,6 @@
 use super::{Backend, RawEvent, RawStream, DEFAULT_PAGE_SIZE};
 use crate::error::{fmt_bytes, BackendError};
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 

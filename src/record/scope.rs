@@ -1,6 +1,6 @@
 //! Named scopes, per thread, and the step marker.
 
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::marker::PhantomData;

@@ -6,7 +6,7 @@ mod virtual_memory;
 use super::{Backend, RawEvent, RawStream, DEFAULT_PAGE_SIZE};
 use crate::error::{BackendError, Error};
 use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaStream, DriverError};
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
 use virtual_memory::Pages;
