@@ -274,8 +274,8 @@ pub mod record;
 pub mod replay;
 pub mod report;
 pub mod snapshot;
-pub mod testing;
 mod sync;
+pub mod testing;
 mod units;
 
 /// Typed allocator statistics ([`CachingAllocator::stats`]) and PyTorch's key names for them.

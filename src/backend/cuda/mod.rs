@@ -5,8 +5,8 @@ mod virtual_memory;
 
 use super::{Backend, RawEvent, RawStream, DEFAULT_PAGE_SIZE};
 use crate::error::{BackendError, Error};
-use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaStream, DriverError};
 use crate::sync::Mutex;
+use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaStream, DriverError};
 use std::collections::HashMap;
 use std::sync::Arc;
 use virtual_memory::Pages;
