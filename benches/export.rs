@@ -1,7 +1,7 @@
 //! Export benchmarks: flamegraph and JSON of a snapshot of 1,000,000 live blocks over 10,000
 //! distinct stacks, and reading a PyTorch pickle of about 100 MB.
 //!
-//! `cargo bench --bench export`
+//! `cargo bench --features flamegraph --bench export`
 
 use divan::{black_box, Bencher};
 use std::sync::OnceLock;

@@ -5,7 +5,7 @@
 //! the memory summary.
 //!
 //! ```text
-//! cargo run --release --example training_loop
+//! cargo run --release --example training_loop --features flamegraph
 //! ```
 
 use vramscope::{backend::HostBackend, Buffer, CachingAllocator};
