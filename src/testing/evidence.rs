@@ -246,30 +246,12 @@ impl Evidence {
         };
         let live = report::folded(after, FoldedKind::Live);
         let growth = growth_folded(&report::folded(before, FoldedKind::Live), &live);
-        let figures: Vec<String> = v.per_iteration.iter().map(|x| x.to_string()).collect();
-        let metric = match test.metric {
-            Metric::LiveBytes => "live bytes",
-            Metric::LiveBlocks => "live blocks",
-            Metric::ReservedBytes => "reserved bytes",
-        };
-        let subtitle = format!("{metric} of the test at the end of each iteration: {}", figures.join(", "));
         let mut files: Vec<(&str, Vec<u8>)> =
             vec![("report.txt", v.report.as_bytes().to_vec()), ("snapshot.json", after.to_json().into_bytes())];
-        let title = format!("{}: memory kept over {} measured iterations", test.name, test.iters);
         // The SVGs with the `flamegraph` feature; the folded stacks they are drawn from always
         // (any flamegraph tool draws them: `inferno-flamegraph growth.folded > growth.svg`).
         #[cfg(feature = "flamegraph")]
-        {
-            if let Ok(svg) = report::flamegraph_with_subtitle(&growth, &title, Some(&subtitle)) {
-                files.push(("growth.svg", svg.into_bytes()));
-            }
-            if let Ok(svg) = report::flamegraph(&live, &format!("{}: live memory after the last iteration", test.name))
-            {
-                files.push(("live.svg", svg.into_bytes()));
-            }
-        }
-        #[cfg(not(feature = "flamegraph"))]
-        let _ = (title, subtitle);
+        files.extend(flamegraphs(test, v, &growth, &live));
         files.push(("growth.folded", growth.into_bytes()));
         files.push(("live.folded", live.into_bytes()));
         files
@@ -280,6 +262,27 @@ impl Evidence {
             })
             .collect()
     }
+}
+
+/// `growth.svg`, titled with the metric per iteration, and `live.svg`, of the folded stacks.
+#[cfg(feature = "flamegraph")]
+fn flamegraphs(test: &MemTest, v: &Verdict, growth: &str, live: &str) -> Vec<(&'static str, Vec<u8>)> {
+    let figures: Vec<String> = v.per_iteration.iter().map(|x| x.to_string()).collect();
+    let metric = match test.metric {
+        Metric::LiveBytes => "live bytes",
+        Metric::LiveBlocks => "live blocks",
+        Metric::ReservedBytes => "reserved bytes",
+    };
+    let subtitle = format!("{metric} of the test at the end of each iteration: {}", figures.join(", "));
+    let title = format!("{}: memory kept over {} measured iterations", test.name, test.iters);
+    let mut files = Vec::new();
+    if let Ok(svg) = report::flamegraph_with_subtitle(growth, &title, Some(&subtitle)) {
+        files.push(("growth.svg", svg.into_bytes()));
+    }
+    if let Ok(svg) = report::flamegraph(live, &format!("{}: live memory after the last iteration", test.name)) {
+        files.push(("live.svg", svg.into_bytes()));
+    }
+    files
 }
 
 /// The folded lines whose bytes grew from `before` to `after`, with only the growth.
