@@ -60,9 +60,6 @@ impl<T: Hash + Eq + Clone> Interner<T, T> {
 
     /// The index of `value`, appended when new.
     pub(crate) fn intern(&mut self, value: T) -> u32 {
-        if let Some(&id) = self.ids.get(&value) {
-            return id;
-        }
         self.id(value, T::clone)
     }
 
