@@ -408,6 +408,34 @@ impl FreeIndex {
     pub(crate) fn len(&self) -> usize {
         self.len
     }
+
+    /// Everything that decides the index's future answers, in words (tests compare two
+    /// indexes with it): each bin's lists in order, the dense lists in order, and each entry.
+    #[cfg(test)]
+    pub(crate) fn dump(&self) -> String {
+        use std::fmt::Write;
+        let mut out = String::new();
+        for (bin, bins) in self.bins.iter().enumerate() {
+            let Some(bins) = bins else { continue };
+            let _ = write!(out, "bin {bin} ({} blocks):", bins.len);
+            for c in 0..CLASSES {
+                let mut next = bins.head(c);
+                if next.is_some() {
+                    let _ = write!(out, " [{c}]");
+                }
+                while let Some(b) = next {
+                    let _ = write!(out, " {}", b.index());
+                    next = self.entries[b.index()].next;
+                }
+            }
+            out.push('\n');
+        }
+        let _ = writeln!(out, "lists {:?}", self.lists);
+        for (i, e) in self.entries.iter().enumerate().filter(|(_, e)| e.bin.is_some()) {
+            let _ = writeln!(out, "{i}: {:?} {:?} {} {:#x} {:?} {:?}", e.prev, e.next, e.size, e.addr, e.bin, e.listed);
+        }
+        out
+    }
 }
 
 #[cfg(test)]

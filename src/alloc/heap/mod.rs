@@ -17,7 +17,7 @@
 use super::config::AllocatorConfig;
 use super::free_index::{Flags, FreeIndex};
 use super::ids::{BlockId, SegmentId, Slots, StreamId};
-use pages::Offer;
+use pages::{Deferred, Offer};
 
 mod arena;
 mod check;
@@ -147,6 +147,9 @@ pub(crate) struct Heap {
     /// The block freed last, if it is kept aside unmerged for the next request of its exact
     /// size on its stream; see [`Heap::settle`].
     hot: Option<BlockId>,
+    /// Whether [`Heap::grow`] may defer merging `hot` (off only to test that deferring
+    /// changes nothing).
+    defer_hot: bool,
     /// The largest free piece given back to the backend by the limit since the last new peak
     /// of allocated bytes.
     released_since_peak: u64,
@@ -154,6 +157,15 @@ pub(crate) struct Heap {
     last_error: Option<String>,
     /// Stacks, history and what to record.
     recorder: Recorder,
+}
+
+/// What [`Heap::grow`] found for a request.
+#[derive(Debug, Clone, Copy)]
+enum Grown {
+    /// A free block (new, or of a segment taken over) for `take` to hand out.
+    Free(BlockId),
+    /// The block to hand out as it is, already its size and off the free index.
+    Handed(BlockId),
 }
 
 /// What `alloc` hands back.
@@ -187,6 +199,7 @@ impl Heap {
             limit_max: config.fragmentation_limit_max.resolve(backend.costly_segments()),
             released_since_peak: 0,
             hot: None,
+            defer_hot: true,
             last_error: None,
             config,
             recorder: Recorder::new(record),
@@ -219,13 +232,25 @@ impl Heap {
                 hot
             }
             _ => {
-                self.settle();
+                // The block freed last may be about to become a whole segment that this request
+                // takes over from its stream; see `Heap::deferred_hot`.
+                let deferred = self.deferred_hot(pool, stream, size);
+                if deferred.is_none() {
+                    self.settle();
+                }
                 let found = match self.find_free(pool, stream, size) {
-                    Some(i) => i,
-                    None => self.grow(backend, pool, stream, requested, size)?,
+                    Some(i) => {
+                        // Merging the block freed last changes only its own stream's blocks.
+                        self.settle();
+                        Grown::Free(i)
+                    }
+                    None => self.grow(backend, pool, stream, requested, size, deferred)?,
                 };
-                // A failure here is mapping pages for a cached block, even after a retry.
-                self.take(backend, found, size).map_err(|e| self.oom(backend, requested, size, e))?
+                match found {
+                    // A failure here is mapping pages for a cached block, even after a retry.
+                    Grown::Free(i) => self.take(backend, i, size).map_err(|e| self.oom(backend, requested, size, e))?,
+                    Grown::Handed(i) => i,
+                }
             }
         };
         let b = &mut self.blocks[block];
@@ -317,6 +342,11 @@ impl Heap {
 
     /// No cached block fits: reclaim if over the soft limit, then reserve a new segment,
     /// retrying once after releasing the whole cache if the backend refuses.
+    ///
+    /// With `deferred`, the block freed last is still kept aside although it would merge into a
+    /// whole segment: this behaves exactly as if it had been merged before (it is, before any
+    /// step that could see the difference), except that taking that segment over hands out the
+    /// kept block as it lies instead of merging and splitting it again.
     fn grow(
         &mut self,
         backend: &dyn Backend,
@@ -324,7 +354,8 @@ impl Heap {
         stream: StreamId,
         requested: u64,
         size: u64,
-    ) -> Result<BlockId> {
+        mut deferred: Option<Deferred>,
+    ) -> Result<Grown> {
         let mut seg_size = self.segment_size(size).ok_or_else(|| {
             Error::InvalidRequest(format!("{requested} bytes cannot be rounded to a segment size without overflow"))
         })?;
@@ -332,17 +363,31 @@ impl Heap {
         self.note_regrowth(size);
         self.grows += 1;
         if self.grows.is_multiple_of(IDLE_GROWS) {
+            deferred = None;
+            self.settle();
             self.release_idle(backend);
         }
         if let Some(b) = self.adopt(backend, Offer::Idle, pool, stream, size..=u64::MAX) {
-            return Ok(b);
+            self.settle();
+            return Ok(Grown::Free(b));
         }
         let limit = self.soft_limit(backend, size);
         if self.reserved() + seg_size > limit {
             // Over the limit, reclaiming would release other streams' whole cached segments to
             // make room for a new one: take one of those over instead when it fits.
-            if let Some(b) = self.adopt(backend, Offer::Whole, pool, stream, size..=seg_size.max(exact)) {
-                return Ok(b);
+            let fits = seg_size.max(exact);
+            let taken = match deferred.filter(|d| d.segment_size <= fits) {
+                // Merged, the kept block's segment would be the last whole segment listed, the
+                // first that `adopt` looks at, and it fits: take it over as it lies (or, if its
+                // stream cannot be waited for, merge it and go on as `adopt` would).
+                Some(d) => self.take_over_deferred(backend, d, stream).map(Grown::Handed),
+                None => {
+                    self.settle();
+                    self.adopt(backend, Offer::Whole, pool, stream, size..=fits).map(Grown::Free)
+                }
+            };
+            if let Some(taken) = taken {
+                return Ok(taken);
             }
             self.reclaim(backend, seg_size, limit);
             if self.reserved() + seg_size > limit {
@@ -350,6 +395,7 @@ impl Heap {
                 seg_size = exact;
             }
         }
+        self.settle();
         let addr = match backend.reserve(seg_size) {
             Ok(a) => a,
             Err(first) => {
@@ -364,7 +410,7 @@ impl Heap {
                 }
             }
         };
-        Ok(self.add_segment(pool, stream, addr, seg_size))
+        Ok(Grown::Free(self.add_segment(pool, stream, addr, seg_size)))
     }
 
     fn add_segment(&mut self, pool: Pool, stream: StreamId, addr: u64, size: u64) -> BlockId {
@@ -694,6 +740,148 @@ mod tests {
         h.settle();
         h.release_cache(&sim, true);
         assert_eq!(sim.used_memory(), 0);
+    }
+
+    /// The heap's whole state in words, for comparing two heaps.
+    fn state(h: &Heap) -> String {
+        let mut s = format!("{h:?}\n{}", h.free.dump());
+        if !h.defer_hot {
+            s = s.replace("defer_hot: false", "defer_hot: true");
+        }
+        s
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Alloc {
+            stream: usize,
+            bytes: u64,
+        },
+        /// Allocated and freed at once (the pattern the deferral serves).
+        Temporary {
+            stream: usize,
+            bytes: u64,
+        },
+        Free(usize),
+        RecordStream {
+            block: usize,
+            stream: usize,
+        },
+        CompleteEvents,
+        EmptyCache,
+    }
+
+    fn ops() -> impl proptest::strategy::Strategy<Value = Vec<Op>> {
+        use proptest::prelude::*;
+        // Few sizes, so that a temporary freed on one stream is often asked for on another.
+        let bytes =
+            prop_oneof![Just(512u64), Just(1000), Just(1 << 20), Just(3 << 20), Just(12 << 20), 1u64..(30 << 20)];
+        let op = prop_oneof![
+            5 => (0..6usize, bytes.clone()).prop_map(|(stream, bytes)| Op::Alloc { stream, bytes }),
+            4 => (0..6usize, bytes).prop_map(|(stream, bytes)| Op::Temporary { stream, bytes }),
+            5 => any::<usize>().prop_map(Op::Free),
+            1 => (any::<usize>(), 0..6usize).prop_map(|(block, stream)| Op::RecordStream { block, stream }),
+            1 => Just(Op::CompleteEvents),
+            1 => Just(Op::EmptyCache),
+        ];
+        proptest::collection::vec(op, 1..120)
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 400, ..Default::default() })]
+
+        /// Deferring the merge of the block freed last (`Heap::deferred_hot`) leaves the heap
+        /// exactly as merging it first does: after every operation the two heaps, one with
+        /// and one without, agree in every block, segment, counter and free list, in order.
+        #[test]
+        fn deferred_takeover_is_the_merge_and_split(
+            ops in ops(),
+            config in 0..5usize,
+            mapped_pages in proptest::bool::ANY,
+        ) {
+            use crate::backend::EventMode;
+            let conf = ["", "fragmentation_limit:off", "max_split_size_mb:40,roundup_power2_divisions:4",
+                "fragmentation_limit:1.0,release_pages:false", ""][config];
+            let costly = config == 4;
+            let make = |defer| {
+                let sim = SimBackend::with_events(1 << 40, EventMode::Manual).with_costly_segments(costly);
+                let mut c = AllocatorConfig::parse(conf).unwrap();
+                c.release_pages &= mapped_pages;
+                let mut h = Heap::new(0, c, RecordConfig::off(), &sim);
+                h.defer_hot = defer;
+                for _ in 1..6 {
+                    let raw = sim.create_stream().unwrap();
+                    h.add_stream(raw).unwrap();
+                }
+                (h, sim)
+            };
+            let (mut a, sa) = make(true);
+            let (mut b, sb) = make(false);
+            let mut live: Vec<(BlockId, BlockId)> = Vec::new();
+            for (k, op) in ops.iter().enumerate() {
+                match *op {
+                    Op::Alloc { stream, bytes } | Op::Temporary { stream, bytes } => {
+                        let ga = a.alloc(&sa, StreamId(stream as u32), bytes, None).unwrap();
+                        let gb = b.alloc(&sb, StreamId(stream as u32), bytes, None).unwrap();
+                        proptest::prop_assert_eq!(ga.addr, gb.addr);
+                        if matches!(op, Op::Temporary { .. }) {
+                            a.free(&sa, ga.block, None);
+                            b.free(&sb, gb.block, None);
+                        } else {
+                            live.push((ga.block, gb.block));
+                        }
+                    }
+                    Op::Free(i) if !live.is_empty() => {
+                        let (ba, bb) = live.swap_remove(i % live.len());
+                        a.free(&sa, ba, None);
+                        b.free(&sb, bb, None);
+                    }
+                    Op::RecordStream { block, stream } if !live.is_empty() => {
+                        let (ba, bb) = live[block % live.len()];
+                        a.settle();
+                        b.settle();
+                        a.record_stream(ba, StreamId(stream as u32));
+                        b.record_stream(bb, StreamId(stream as u32));
+                    }
+                    Op::CompleteEvents => {
+                        sa.complete_events();
+                        sb.complete_events();
+                    }
+                    Op::EmptyCache => {
+                        a.settle();
+                        b.settle();
+                        a.release_cache(&sa, true);
+                        b.release_cache(&sb, true);
+                    }
+                    _ => {}
+                }
+                proptest::prop_assert_eq!(state(&a), state(&b), "after op {} ({:?})", k, op);
+            }
+        }
+    }
+
+    #[test]
+    fn a_temporary_on_each_new_stream_is_handed_out_without_merging() {
+        // The benchmark's pattern: the block freed last on one stream is the segment's front,
+        // and the next stream takes that segment over.
+        let (mut h, sim) = heap("");
+        let mut last = None;
+        for _ in 0..200 {
+            let raw = sim.create_stream().unwrap();
+            let s = h.add_stream(raw).unwrap();
+            let deferred = h.deferred_hot(Pool::Small, s, 512).is_some();
+            let g = h.alloc(&sim, s, 512, None).unwrap();
+            if let Some((block, addr)) = last {
+                assert!(deferred, "the block freed last is deferred");
+                assert_eq!((g.block, g.addr), (block, addr), "and handed out again");
+            }
+            h.free(&sim, g.block, None);
+            last = Some((g.block, g.addr));
+        }
+        assert_eq!(h.stats.num_segment_adoptions, 199);
+        assert_eq!(h.reserved(), 2 << 20, "one segment throughout");
+        h.settle();
+        crate::alloc::heap::check_heap(&h).unwrap();
     }
 
     #[test]

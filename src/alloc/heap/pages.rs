@@ -7,6 +7,16 @@ use crate::alloc::ids::{BlockId, SegmentId, StreamId};
 use crate::backend::Backend;
 use crate::error::BackendError;
 
+/// The block kept aside by the last free, whose merge [`Heap::grow`] defers (see
+/// [`Heap::deferred_hot`]), and the free remainder of its segment.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Deferred {
+    hot: BlockId,
+    rest: BlockId,
+    /// Their sum: the whole segment.
+    pub(super) segment_size: u64,
+}
+
 /// Where [`Heap::adopt`] looks for a segment to take over.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Offer {
@@ -149,9 +159,7 @@ impl Heap {
                 continue;
             }
             let old = blk.stream;
-            if let Err(e) = backend.synchronize(self.streams[old.index()].raw) {
-                self.note(Note::BackendError);
-                self.last_error = Some(format!("synchronizing stream {old} to take over its cached segment: {e}"));
+            if !self.wait_for_stream_to_take_over(backend, old) {
                 return None;
             }
             if offer == Offer::Idle {
@@ -169,6 +177,83 @@ impl Heap {
             return Some(b);
         }
         None
+    }
+
+    /// Waits for stream `old`'s work before another stream takes over a cached segment of
+    /// it; false (the error noted) if the backend could not.
+    fn wait_for_stream_to_take_over(&mut self, backend: &dyn Backend, old: StreamId) -> bool {
+        match backend.synchronize(self.streams[old.index()].raw) {
+            Ok(()) => true,
+            Err(e) => {
+                self.note(Note::BackendError);
+                self.last_error = Some(format!("synchronizing stream {old} to take over its cached segment: {e}"));
+                false
+            }
+        }
+    }
+
+    /// Whether the block kept aside by the last free (see [`Heap::settle`]) would, merged, be
+    /// a whole segment that a request of `size` bytes in `pool` on `stream` would take over as
+    /// it lies: a block of that size at the segment's start, on another stream, whose only
+    /// neighbour is a free remainder that `take` would split off again. The common case is a
+    /// temporary allocated and freed on each of many streams in turn.
+    ///
+    /// [`Heap::grow`] then defers the merge: if the request ends in [`Heap::adopt`] over the
+    /// soft limit, that merge (block and remainder into one whole segment, listed last among
+    /// the whole segments, so the first that `adopt` looks at) and the split that follows
+    /// would restore the very same two blocks, so they are skipped; any other outcome settles
+    /// first, before the step that could see the difference. The heap's state after the
+    /// request is the same either way (`tests::deferred_takeover_is_the_merge_and_split`).
+    pub(super) fn deferred_hot(&self, pool: super::Pool, stream: StreamId, size: u64) -> Option<Deferred> {
+        let hot = self.hot?;
+        let h = &self.blocks[hot];
+        if !self.defer_hot || h.stream == stream || h.size != size || h.pool != pool || h.prev.is_some() {
+            return None;
+        }
+        let rest = h.next?;
+        let r = &self.blocks[rest];
+        if r.state != super::BlockState::Free || r.next.is_some() || r.unmapped {
+            return None;
+        }
+        let segment_size = h.size + r.size;
+        // `take` splits the merged segment at `size` again (its rules, with the remainder).
+        let splits = match pool {
+            super::Pool::Small => r.size >= super::MIN_BLOCK,
+            super::Pool::Large => r.size > super::SMALL_SIZE && !self.is_oversize(segment_size),
+        };
+        splits.then_some(Deferred { hot, rest, segment_size })
+    }
+
+    /// Takes over the segment of the deferred block for `stream`, handing out the block as it
+    /// lies (see [`Heap::deferred_hot`]). If the old stream cannot be waited for, merges the
+    /// block (as `adopt`, which would have failed the same way, found it) and returns `None`.
+    pub(super) fn take_over_deferred(
+        &mut self,
+        backend: &dyn Backend,
+        d: Deferred,
+        stream: StreamId,
+    ) -> Option<BlockId> {
+        debug_assert_eq!(self.hot, Some(d.hot));
+        let old = self.blocks[d.hot].stream;
+        if !self.wait_for_stream_to_take_over(backend, old) {
+            self.settle();
+            return None;
+        }
+        self.hot = None;
+        let s = self.blocks[d.hot].segment;
+        let seg = &mut self.segments[s];
+        seg.stream = stream;
+        let (addr, seg_size, pool) = (seg.addr, seg.size, seg.pool);
+        self.blocks[d.hot].stream = stream;
+        self.blocks[d.rest].stream = stream;
+        self.note(Note::SegmentAdopted { addr, size: seg_size, from: old, to: stream });
+        // The remainder keeps its size and flags, as after a merge and a split; it left the
+        // inactive-split counters at the merge and came back at the split, which the
+        // cumulative totals count.
+        self.uncount_split(d.rest);
+        self.count_split(d.rest);
+        self.free.rehome(d.rest, pool as usize, stream.0);
+        Some(d.hot)
     }
 
     /// Releases everything cached: every fully free segment and, with `pages`, the pages under
