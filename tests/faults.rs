@@ -185,3 +185,37 @@ fn a_handle_dropped_while_another_allocates_and_goes_frees_everything() {
         assert_eq!(sim.used_memory(), 0, "its cached segments were released");
     }
 }
+
+#[test]
+fn no_segment_changes_stream_without_waiting_for_the_old_stream() {
+    // Stream 1's temporary leaves a cached segment that stream 2 would take over (over the
+    // soft limit), but waiting for stream 1 fails: stream 2 does not get that memory; the
+    // cached segment is given back to the backend instead (which orders the release after the
+    // stream's work, as `cuMemFree` does) and stream 2 reserves its own. The failure is counted
+    // and kept as the last error.
+    let faulty = Arc::new(FaultyBackend::new(SimBackend::new(1 << 40), FaultPlan::Never));
+    let alloc = CachingAllocator::new(faulty.clone());
+    let (s1, s2) = (alloc.new_stream().unwrap(), alloc.new_stream().unwrap());
+    let first = alloc.alloc::<u8>(s1, 512).unwrap();
+    let addr = first.device_ptr();
+    drop(first);
+    faulty.set_wait_plan(FaultPlan::From(0));
+    let second = alloc.alloc::<u8>(s2, 512).unwrap();
+    assert_ne!(second.device_ptr(), addr, "stream 1's block is not handed to stream 2 unwaited");
+    assert_eq!(alloc.stats().num_segment_adoptions, 0);
+    assert_eq!(alloc.stats().num_backend_errors, 1);
+    let err = alloc.last_error().expect("the failed wait is reported");
+    assert!(err.contains("synchronizing stream 1 to take over its cached segment"), "{err}");
+    assert!(err.contains("injected failure of stream wait #0"), "{err}");
+    assert_eq!(alloc.memory_reserved(), 2 << 20, "stream 1's segment released, stream 2's reserved");
+    assert_eq!(alloc.stats().num_device_free, 1);
+    alloc.check_invariants().unwrap();
+    // Once waits work again, the next stream takes a cached segment over.
+    faulty.set_wait_plan(FaultPlan::Never);
+    drop(second);
+    let s3 = alloc.new_stream().unwrap();
+    drop(alloc.alloc::<u8>(s3, 512).unwrap());
+    assert_eq!(alloc.stats().num_segment_adoptions, 1);
+    assert_eq!(alloc.memory_reserved(), 2 << 20, "no new segment");
+    alloc.check_invariants().unwrap();
+}

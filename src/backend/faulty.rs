@@ -79,6 +79,9 @@ pub struct FaultyBackend<B> {
     plan: Mutex<FaultPlan>,
     requests: AtomicU64,
     injected: AtomicU64,
+    /// Which stream waits (`synchronize` calls) fail, counted on their own.
+    waits_plan: Mutex<FaultPlan>,
+    waits: AtomicU64,
 }
 
 impl<B: Backend> fmt::Debug for FaultyBackend<B> {
@@ -88,6 +91,8 @@ impl<B: Backend> fmt::Debug for FaultyBackend<B> {
             .field("plan", &*self.plan.lock())
             .field("requests", &self.requests.load(Ordering::Relaxed))
             .field("injected", &self.injected.load(Ordering::Relaxed))
+            .field("waits_plan", &*self.waits_plan.lock())
+            .field("waits", &self.waits.load(Ordering::Relaxed))
             .finish()
     }
 }
@@ -95,7 +100,22 @@ impl<B: Backend> fmt::Debug for FaultyBackend<B> {
 impl<B: Backend> FaultyBackend<B> {
     /// Wraps `inner`, failing the requests `plan` names.
     pub fn new(inner: B, plan: FaultPlan) -> Self {
-        FaultyBackend { inner, plan: Mutex::new(plan), requests: AtomicU64::new(0), injected: AtomicU64::new(0) }
+        FaultyBackend {
+            inner,
+            plan: Mutex::new(plan),
+            requests: AtomicU64::new(0),
+            injected: AtomicU64::new(0),
+            waits_plan: Mutex::new(FaultPlan::Never),
+            waits: AtomicU64::new(0),
+        }
+    }
+
+    /// Also fails the stream waits (`synchronize` calls) that `plan` names, counted from 0 over
+    /// those calls alone (the size the plan sees is 0), with a backend error other than out of
+    /// memory: for testing what the allocator does when it cannot wait for a stream (before
+    /// another stream takes over its cached segment, or to complete pending frees).
+    pub fn set_wait_plan(&self, plan: FaultPlan) {
+        *self.waits_plan.lock() = plan;
     }
 
     /// Replaces the plan; the request count goes on from where it is.
@@ -108,7 +128,7 @@ impl<B: Backend> FaultyBackend<B> {
         self.requests.load(Ordering::Relaxed)
     }
 
-    /// Failures injected so far.
+    /// Failures injected so far (memory requests and stream waits).
     pub fn injected(&self) -> u64 {
         self.injected.load(Ordering::Relaxed)
     }
@@ -181,6 +201,11 @@ unsafe impl<B: Backend> Backend for FaultyBackend<B> {
         self.inner.destroy_event(event)
     }
     fn synchronize(&self, stream: RawStream) -> Result<(), BackendError> {
+        let index = self.waits.fetch_add(1, Ordering::Relaxed);
+        if self.waits_plan.lock().fails(index, 0) {
+            self.injected.fetch_add(1, Ordering::Relaxed);
+            return Err(BackendError::Other(format!("injected failure of stream wait #{index}")));
+        }
         self.inner.synchronize(stream)
     }
     fn host_ptr(&self, addr: u64) -> Option<*mut u8> {

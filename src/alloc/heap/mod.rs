@@ -798,13 +798,20 @@ mod tests {
             ops in ops(),
             config in 0..5usize,
             mapped_pages in proptest::bool::ANY,
+            failing_waits in 0..4u64,
         ) {
-            use crate::backend::EventMode;
+            use crate::backend::{EventMode, FaultPlan, FaultyBackend};
             let conf = ["", "fragmentation_limit:off", "max_split_size_mb:40,roundup_power2_divisions:4",
                 "fragmentation_limit:1.0,release_pages:false", ""][config];
             let costly = config == 4;
             let make = |defer| {
                 let sim = SimBackend::with_events(1 << 40, EventMode::Manual).with_costly_segments(costly);
+                let sim = FaultyBackend::new(sim, FaultPlan::Never);
+                if failing_waits > 0 {
+                    // Every few stream waits fail: a take-over that cannot wait must merge and
+                    // go on exactly as `adopt` does.
+                    sim.set_wait_plan(FaultPlan::Custom(std::sync::Arc::new(move |i, _| i % (failing_waits + 1) == 0)));
+                }
                 let mut c = AllocatorConfig::parse(conf).unwrap();
                 c.release_pages &= mapped_pages;
                 let mut h = Heap::new(0, c, RecordConfig::off(), &sim);
@@ -844,8 +851,8 @@ mod tests {
                         b.record_stream(bb, StreamId(stream as u32));
                     }
                     Op::CompleteEvents => {
-                        sa.complete_events();
-                        sb.complete_events();
+                        sa.inner().complete_events();
+                        sb.inner().complete_events();
                     }
                     Op::EmptyCache => {
                         a.settle();
