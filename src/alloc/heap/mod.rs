@@ -4,7 +4,8 @@
 //! Where each rule lives:
 //!
 //! - here: serving a request (`alloc`: the block freed last, then best fit, then a new or
-//!   adopted segment) and freeing (`free`, merging with free neighbours);
+//!   adopted segment, the block freed last handed on as it lies where its segment changes
+//!   stream) and freeing (`free`, merging with free neighbours);
 //! - [`sizing`]: rounding, pools and segment sizes (PyTorch's rules), oversize blocks;
 //! - [`arena`]: the block and segment slots and the free index over free blocks;
 //! - [`streams`]: streams, and blocks waiting for other streams' events before reuse;
@@ -145,7 +146,8 @@ pub(crate) struct Heap {
     /// How far `limit_factor` may rise; `None`: it stays.
     limit_max: Option<f64>,
     /// The block freed last, if it is kept aside unmerged for the next request of its exact
-    /// size on its stream; see [`Heap::settle`].
+    /// size on its stream (or on another stream that takes its segment over); see
+    /// [`Heap::settle`] and [`Heap::deferred_hot`].
     hot: Option<BlockId>,
     /// Whether [`Heap::grow`] may defer merging `hot` (off only to test that deferring
     /// changes nothing).
