@@ -507,7 +507,7 @@ impl SnapshotSource for MemTest {
 }
 
 /// Pins the live tensors of a memory test, an allocator or a snapshot with `insta` (see
-/// [`SnapshotSource`](crate::testing::SnapshotSource) for what each covers: a `MemTest` pins only
+/// [`SnapshotSource`] for what each covers: a `MemTest` pins only
 /// its own blocks, an allocator all of its blocks): the snapshot file lands beside the calling
 /// test, as with `insta::assert_snapshot!`. The report is deterministic (see
 /// [`testing::snapshot_report`](crate::testing::snapshot_report)), so a change in what a step
