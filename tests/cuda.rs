@@ -137,7 +137,7 @@ fn a_block_used_on_another_stream_waits_for_that_work() {
     alloc.synchronize(s1).unwrap();
     alloc.synchronize(s2).unwrap();
     let mut data = vec![0u8; bytes];
-    b.copy_from_device(reused.device_ptr(), &mut data).unwrap();
+    b.copy_from_device(s1.raw(), reused.device_ptr(), &mut data).unwrap();
     let overwritten = data.iter().filter(|&&x| x != 0xAB).count();
     eprintln!("reused after {} other blocks", others.len());
     assert_eq!(overwritten, 0, "stream 2 wrote {overwritten} bytes into the block after it was handed out again");
@@ -207,7 +207,7 @@ fn spin_on(
 }
 
 /// The proof that `owner` (on stream `s1`) got memory the spin kernel on `s2` wrote only after
-/// the kernel finished. A synchronous copy does not wait for stream 2 (a non-blocking stream):
+/// the kernel finished. The copy out runs on stream 1 and does not wait for stream 2:
 /// had the memory come early, unwritten or stale values would show. And nothing of the kernel
 /// lands after the new owner's writes: a marker written on `s1` reads back whole once both
 /// streams are done.
@@ -255,6 +255,56 @@ fn a_segment_taken_over_from_a_stream_with_a_running_kernel_waits_for_it() {
     assert_eq!(taken.device_ptr(), addr, "stream 2's segment is taken over");
     assert_eq!(alloc.stats().num_segment_adoptions, 1);
     assert_handed_over_after_the_kernel(&b, &alloc, &taken, (s1, s2), (n, iters, seed));
+}
+
+/// `to_vec` is ordered on the buffer's stream (here a non-blocking one, which the driver's
+/// plain synchronous copies do not wait for). Proved by data: the copy out reads the whole
+/// output of a kernel queued on the buffer's stream just before it.
+#[test]
+fn a_copy_out_sees_the_work_queued_on_the_buffers_stream() {
+    let _device = shared_device();
+    let Some(b) = backend() else { return };
+    let alloc = CachingAllocator::new(b.clone());
+    let s = alloc.new_stream().unwrap();
+    let (n, iters, seed) = (1u32 << 24, 1u32 << 18, 0xc0b1);
+    let mut buf = alloc.alloc::<u32>(s, n as usize).unwrap();
+    let (cu, _module) = spin_on(&b, s, &mut buf, (n, iters, seed));
+    let running = !cu.record_event(None).unwrap().try_is_complete().unwrap();
+    let out = buf.to_vec().unwrap();
+    let stale = (0..n).filter(|&i| out[i as usize] != spin_value(i, iters, seed)).count();
+    eprintln!("kernel running at the copy out: {running}");
+    assert_eq!(stale, 0, "the copy out read {stale} of {n} elements before the kernel wrote them");
+}
+
+/// `copy_from_host` is ordered on the buffer's stream. Proved by data: a block freed on its
+/// stream while a kernel still writes it, reused there at once and filled from the host, reads
+/// back as filled once the stream is done (had the copy landed before the kernel was done, the
+/// kernel's writes would show).
+#[test]
+fn a_copy_in_lands_after_the_previous_owners_kernel() {
+    let _device = shared_device();
+    let Some(b) = backend() else { return };
+    let alloc = CachingAllocator::new(b.clone());
+    let s = alloc.new_stream().unwrap();
+    let (n, iters, seed) = (1u32 << 24, 1u32 << 18, 0xc0b2);
+    let mut first = alloc.alloc::<u32>(s, n as usize).unwrap();
+    let (cu, _module) = spin_on(&b, s, &mut first, (n, iters, seed));
+    let addr = first.device_ptr();
+    drop(first);
+    let running = !cu.record_event(None).unwrap().try_is_complete().unwrap();
+    let mut second = alloc.alloc::<u32>(s, n as usize).unwrap();
+    assert_eq!(second.device_ptr(), addr, "a block freed on its stream is reused there at once");
+    let fill: Vec<u32> = (0..n).map(|i| i.wrapping_mul(2_654_435_761) ^ 0xF111).collect();
+    second.copy_from_host(&fill).unwrap();
+    alloc.synchronize(s).unwrap();
+    let mut back = vec![0u8; n as usize * 4];
+    // Read back with the stream done, whatever `to_vec` does.
+    b.copy_from_device(s.raw(), addr, &mut back).unwrap();
+    let late =
+        (0..n as usize).filter(|&i| u32::from_ne_bytes(back[i * 4..i * 4 + 4].try_into().unwrap()) != fill[i]).count();
+    eprintln!("kernel running at the copy in: {running}");
+    assert_eq!(late, 0, "the previous owner's kernel overwrote {late} of {n} elements after the copy in");
+    alloc.check_invariants().unwrap();
 }
 
 #[test]

@@ -202,7 +202,9 @@ impl<T: Pod> Buffer<T> {
     }
 
     /// Copies `src` into the buffer; `src` must have exactly [`len`](Self::len) elements. On
-    /// device backends (CUDA) the copy is synchronous.
+    /// device backends (CUDA) the copy runs in order on the buffer's stream, after the work
+    /// queued there (a kernel of the block's previous owner included), and is complete when
+    /// this returns.
     pub fn copy_from_host(&mut self, src: &[T]) -> Result<()> {
         if src.len() != self.len {
             return Err(Error::Usage(format!("copy of {} elements into a buffer of {}", src.len(), self.len)));
@@ -213,17 +215,23 @@ impl<T: Pod> Buffer<T> {
         }
         // SAFETY: `T: Pod` has no padding, so its values are plain initialized bytes.
         let bytes = unsafe { std::slice::from_raw_parts(src.as_ptr().cast::<u8>(), std::mem::size_of_val(src)) };
-        self.shared().backend.copy_to_device(self.addr, bytes).map_err(|e| self.not_addressable(e))
+        self.shared().backend.copy_to_device(self.stream.raw, self.addr, bytes).map_err(|e| self.not_addressable(e))
     }
 
-    /// Copies the contents out (synchronously on device backends).
+    /// Copies the contents out. On device backends (CUDA) the copy runs in order on the
+    /// buffer's stream, so it sees the work queued there (kernels writing the buffer), and is
+    /// complete when this returns. Work on other streams is not waited for: order it with
+    /// the buffer's stream first, as for any stream-ordered memory.
     pub fn to_vec(&self) -> Result<Vec<T>> {
         if self.len == 0 || self.shared().backend.host_ptr(self.addr).is_some() {
             return Ok(self.as_host_slice()?.to_vec());
         }
         let size = std::mem::size_of::<T>();
         let mut bytes = vec![0u8; self.len * size];
-        self.shared().backend.copy_from_device(self.addr, &mut bytes).map_err(|e| self.not_addressable(e))?;
+        self.shared()
+            .backend
+            .copy_from_device(self.stream.raw, self.addr, &mut bytes)
+            .map_err(|e| self.not_addressable(e))?;
         // SAFETY: `bytes` holds `len` values' worth of bytes and `T: Pod` accepts any bit
         // pattern; unaligned reads because a `Vec<u8>` is only byte-aligned.
         Ok((0..self.len).map(|i| unsafe { bytes.as_ptr().add(i * size).cast::<T>().read_unaligned() }).collect())

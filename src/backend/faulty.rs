@@ -211,15 +211,15 @@ unsafe impl<B: Backend> Backend for FaultyBackend<B> {
     fn host_ptr(&self, addr: u64) -> Option<*mut u8> {
         self.inner.host_ptr(addr)
     }
-    fn copy_to_device(&self, addr: u64, src: &[u8]) -> Result<(), BackendError> {
-        self.inner.copy_to_device(addr, src)
+    fn copy_to_device(&self, stream: RawStream, addr: u64, src: &[u8]) -> Result<(), BackendError> {
+        self.inner.copy_to_device(stream, addr, src)
     }
     #[cfg(feature = "cuda-backend")]
     fn cuda_stream(&self, stream: RawStream) -> Option<std::sync::Arc<cudarc::driver::CudaStream>> {
         self.inner.cuda_stream(stream)
     }
-    fn copy_from_device(&self, addr: u64, dst: &mut [u8]) -> Result<(), BackendError> {
-        self.inner.copy_from_device(addr, dst)
+    fn copy_from_device(&self, stream: RawStream, addr: u64, dst: &mut [u8]) -> Result<(), BackendError> {
+        self.inner.copy_from_device(stream, addr, dst)
     }
 }
 

@@ -155,16 +155,20 @@ pub unsafe trait Backend: Send + Sync + fmt::Debug + 'static {
         None
     }
 
-    /// Copies `src` to device address `addr`, synchronously. The default refuses: backends
-    /// without memory behind them (sim) or with host-addressable memory (host) do not need it.
-    fn copy_to_device(&self, addr: u64, src: &[u8]) -> Result<(), BackendError> {
-        let _ = (addr, src);
+    /// Copies `src` to device address `addr` in order on `stream`: after the work queued on
+    /// it before the call (which may still use the memory: a block freed on its stream is
+    /// reused on that stream at once), and complete when the call returns. The default
+    /// refuses: backends without memory behind them (sim) or with host-addressable memory
+    /// (host) do not need it.
+    fn copy_to_device(&self, stream: RawStream, addr: u64, src: &[u8]) -> Result<(), BackendError> {
+        let _ = (stream, addr, src);
         Err(BackendError::Unsupported("copies to device memory"))
     }
 
-    /// Copies from device address `addr` into `dst`, synchronously.
-    fn copy_from_device(&self, addr: u64, dst: &mut [u8]) -> Result<(), BackendError> {
-        let _ = (addr, dst);
+    /// Copies from device address `addr` into `dst` in order on `stream` (after the work
+    /// queued on it before the call), complete when the call returns.
+    fn copy_from_device(&self, stream: RawStream, addr: u64, dst: &mut [u8]) -> Result<(), BackendError> {
+        let _ = (stream, addr, dst);
         Err(BackendError::Unsupported("copies from device memory"))
     }
 }

@@ -316,15 +316,28 @@ unsafe impl Backend for CudaBackend {
         self.stream(stream)
     }
 
-    fn copy_to_device(&self, addr: u64, src: &[u8]) -> Result<(), BackendError> {
+    // Copies go on the buffer's own stream, then wait for it: `cuMemcpyHtoD` and
+    // `cuMemcpyDtoH` run on the legacy default stream, which does not wait for the
+    // non-blocking streams that `create_stream` makes, so a copy into a block reused on its
+    // stream could land before (and be overwritten by) the previous owner's kernel, and a copy
+    // out could read before the buffer's own kernel wrote.
+
+    fn copy_to_device(&self, stream: RawStream, addr: u64, src: &[u8]) -> Result<(), BackendError> {
+        let s = self.stream_or_err(stream)?;
         self.bind()?;
-        // SAFETY: the caller (a `Buffer`) owns `[addr, addr + src.len())`.
-        unsafe { result::memcpy_htod_sync(addr, src) }.map_err(|e| driver("cuMemcpyHtoD", e))
+        // SAFETY: the caller (a `Buffer`) owns `[addr, addr + src.len())`; `src` outlives the
+        // copy, which is complete once the stream is synchronized below (or, if that fails, the
+        // context is unusable and the copy never runs).
+        unsafe { result::memcpy_htod_async(addr, src, s.cu_stream()) }.map_err(|e| driver("cuMemcpyHtoDAsync", e))?;
+        s.synchronize().map_err(|e| driver("cuStreamSynchronize", e))
     }
 
-    fn copy_from_device(&self, addr: u64, dst: &mut [u8]) -> Result<(), BackendError> {
+    fn copy_from_device(&self, stream: RawStream, addr: u64, dst: &mut [u8]) -> Result<(), BackendError> {
+        let s = self.stream_or_err(stream)?;
         self.bind()?;
-        // SAFETY: the caller (a `Buffer`) owns `[addr, addr + dst.len())`.
-        unsafe { result::memcpy_dtoh_sync(dst, addr) }.map_err(|e| driver("cuMemcpyDtoH", e))
+        // SAFETY: the caller (a `Buffer`) owns `[addr, addr + dst.len())`; `dst` is borrowed
+        // until the stream is synchronized below, when the copy is complete.
+        unsafe { result::memcpy_dtoh_async(dst, addr, s.cu_stream()) }.map_err(|e| driver("cuMemcpyDtoHAsync", e))?;
+        s.synchronize().map_err(|e| driver("cuStreamSynchronize", e))
     }
 }
