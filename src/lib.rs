@@ -119,8 +119,9 @@
 //! Streams: a freed block is reused at once on the stream it was allocated on. A block used on
 //! another stream ([`CachingAllocator::record_stream`]) is reused only after an event recorded on
 //! that stream at free time has completed.
-//! A whole cached segment changes stream in two cases, after the allocator waited for its old
-//! stream: over the fragmentation limit, where reclaiming would otherwise release it, and when
+//! A whole cached segment changes stream in two cases, with the new stream's work ordered after
+//! the old stream's (on CUDA the new stream waits for an event recorded on the old one; the
+//! host does not block; copies run on their buffer's stream): over the fragmentation limit, where reclaiming would otherwise release it, and when
 //! its stream is idle (it has not allocated during the last 64 requests that needed a new
 //! segment); idle streams' whole segments nobody takes are released at the next sweep, so that
 //! a program creating streams without end keeps a bounded cache. Each stream with a live block

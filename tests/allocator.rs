@@ -377,11 +377,12 @@ fn streams_created_without_end_hold_a_bounded_cache() {
     }
 }
 
-/// The backend of the simulated device, logging which streams the allocator waits for.
+/// The backend of the simulated device, logging which streams the allocator orders after which.
 #[derive(Debug)]
 struct SyncLog {
     sim: SimBackend,
-    synced: std::sync::Mutex<Vec<vramscope::backend::RawStream>>,
+    /// `(waiting, on)` of each `order_after`.
+    ordered: std::sync::Mutex<Vec<(vramscope::backend::RawStream, vramscope::backend::RawStream)>>,
 }
 
 // SAFETY: every call goes to the simulated backend, which keeps the promises.
@@ -418,27 +419,34 @@ unsafe impl vramscope::backend::Backend for SyncLog {
         self.sim.destroy_event(event)
     }
     fn synchronize(&self, stream: vramscope::backend::RawStream) -> Result<(), vramscope::error::BackendError> {
-        self.synced.lock().unwrap().push(stream);
         self.sim.synchronize(stream)
+    }
+    fn order_after(
+        &self,
+        waiting: vramscope::backend::RawStream,
+        on: vramscope::backend::RawStream,
+    ) -> Result<(), vramscope::error::BackendError> {
+        self.ordered.lock().unwrap().push((waiting, on));
+        self.sim.order_after(waiting, on)
     }
 }
 
 /// Over the soft limit, a request on a stream without cache takes over another stream's whole
-/// cached segment instead of releasing it and reserving a new one, and waits for that stream
-/// first; the history shows the segment leaving one stream and joining the other.
+/// cached segment instead of releasing it and reserving a new one, with its own work ordered
+/// after that stream's first; the history shows the segment leaving one stream and joining the other.
 #[test]
 fn a_segment_taken_over_from_another_stream_waits_for_that_stream() {
-    let backend = Arc::new(SyncLog { sim: SimBackend::new(1 << 30), synced: Default::default() });
+    let backend = Arc::new(SyncLog { sim: SimBackend::new(1 << 30), ordered: Default::default() });
     let alloc = CachingAllocator::new(backend.clone());
     alloc.record_memory_history(vramscope::record::RecordConfig::default());
     let (s1, s2) = (alloc.default_stream(), alloc.new_stream().unwrap());
     let a = alloc.alloc::<u8>(&s2, 8 * MIB as usize).unwrap();
     let addr = a.device_ptr();
     drop(a);
-    backend.synced.lock().unwrap().clear();
+    backend.ordered.lock().unwrap().clear();
     let b = alloc.alloc::<u8>(&s1, 8 * MIB as usize).unwrap();
     assert_eq!(b.device_ptr(), addr, "stream 2's cached segment is taken over");
-    assert_eq!(*backend.synced.lock().unwrap(), [s2.raw()], "after waiting for stream 2");
+    assert_eq!(*backend.ordered.lock().unwrap(), [(s1.raw(), s2.raw())], "stream 1 ordered after stream 2");
     let st = alloc.stats();
     assert_eq!((st.num_segment_adoptions, st.num_device_alloc), (1, 1));
     let snap = alloc.snapshot();

@@ -205,7 +205,7 @@ fn no_segment_changes_stream_without_waiting_for_the_old_stream() {
     assert_eq!(alloc.stats().num_segment_adoptions, 0);
     assert_eq!(alloc.stats().num_backend_errors, 1);
     let err = alloc.last_error().expect("the failed wait is reported");
-    assert!(err.contains("synchronizing stream 1 to take over its cached segment"), "{err}");
+    assert!(err.contains("ordering stream 2 after stream 1 to take over its cached segment"), "{err}");
     assert!(err.contains("injected failure of stream wait #0"), "{err}");
     assert_eq!(alloc.memory_reserved(), 2 << 20, "stream 1's segment released, stream 2's reserved");
     assert_eq!(alloc.stats().num_device_free, 1);

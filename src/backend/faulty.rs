@@ -79,7 +79,7 @@ pub struct FaultyBackend<B> {
     plan: Mutex<FaultPlan>,
     requests: AtomicU64,
     injected: AtomicU64,
-    /// Which stream waits (`synchronize` calls) fail, counted on their own.
+    /// Which stream waits (`synchronize` and `order_after` calls) fail, counted on their own.
     waits_plan: Mutex<FaultPlan>,
     waits: AtomicU64,
 }
@@ -110,10 +110,11 @@ impl<B: Backend> FaultyBackend<B> {
         }
     }
 
-    /// Also fails the stream waits (`synchronize` calls) that `plan` names, counted from 0 over
-    /// those calls alone (the size the plan sees is 0), with a backend error other than out of
-    /// memory: for testing what the allocator does when it cannot wait for a stream (before
-    /// another stream takes over its cached segment, or to complete pending frees).
+    /// Also fails the stream waits (`synchronize` and `order_after` calls) that `plan` names,
+    /// counted from 0 over those calls alone (the size the plan sees is 0), with a backend error
+    /// other than out of memory: for testing what the allocator does when it cannot wait for a
+    /// stream (before another stream takes over its cached segment, or to complete pending
+    /// frees).
     pub fn set_wait_plan(&self, plan: FaultPlan) {
         *self.waits_plan.lock() = plan;
     }
@@ -136,6 +137,16 @@ impl<B: Backend> FaultyBackend<B> {
     /// The wrapped backend.
     pub fn inner(&self) -> &B {
         &self.inner
+    }
+
+    /// Counts a stream wait and fails it if the wait plan says so.
+    fn check_wait(&self) -> Result<(), BackendError> {
+        let index = self.waits.fetch_add(1, Ordering::Relaxed);
+        if self.waits_plan.lock().fails(index, 0) {
+            self.injected.fetch_add(1, Ordering::Relaxed);
+            return Err(BackendError::Other(format!("injected failure of stream wait #{index}")));
+        }
+        Ok(())
     }
 
     fn check(&self, size: u64) -> Result<(), BackendError> {
@@ -201,12 +212,12 @@ unsafe impl<B: Backend> Backend for FaultyBackend<B> {
         self.inner.destroy_event(event)
     }
     fn synchronize(&self, stream: RawStream) -> Result<(), BackendError> {
-        let index = self.waits.fetch_add(1, Ordering::Relaxed);
-        if self.waits_plan.lock().fails(index, 0) {
-            self.injected.fetch_add(1, Ordering::Relaxed);
-            return Err(BackendError::Other(format!("injected failure of stream wait #{index}")));
-        }
+        self.check_wait()?;
         self.inner.synchronize(stream)
+    }
+    fn order_after(&self, waiting: RawStream, on: RawStream) -> Result<(), BackendError> {
+        self.check_wait()?;
+        self.inner.order_after(waiting, on)
     }
     fn host_ptr(&self, addr: u64) -> Option<*mut u8> {
         self.inner.host_ptr(addr)

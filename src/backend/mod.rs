@@ -63,6 +63,11 @@ pub type RawEvent = u64;
 ///   [`synchronize`](Backend::synchronize) that returns `Ok`, mean that every piece of work
 ///   queued on the stream before the event (or the call) has finished touching memory: the
 ///   allocator then hands that memory to other work.
+/// - After [`order_after`](Backend::order_after)`(waiting, on)` returns `Ok`, no work queued
+///   on `waiting` from then on, nor a copy ([`copy_to_device`](Backend::copy_to_device),
+///   [`copy_from_device`](Backend::copy_from_device)) on it, touches memory before the work
+///   queued on `on` before the call has finished: the allocator then hands memory that `on`'s
+///   work used to work on `waiting`.
 pub unsafe trait Backend: Send + Sync + fmt::Debug + 'static {
     /// A short name for reports: `host`, `sim`, `cuda`.
     fn name(&self) -> &str;
@@ -140,6 +145,16 @@ pub unsafe trait Backend: Send + Sync + fmt::Debug + 'static {
 
     /// Blocks until all work queued on `stream` is done.
     fn synchronize(&self, stream: RawStream) -> Result<(), BackendError>;
+
+    /// Orders the work queued on stream `waiting` from now on after the work queued so far on
+    /// stream `on`, without blocking the host where the backend can (CUDA: `waiting` waits
+    /// for an event recorded on `on`). The allocator calls it before a cached segment of `on`
+    /// serves requests on `waiting`. The default blocks until `on` is done
+    /// ([`synchronize`](Backend::synchronize)).
+    fn order_after(&self, waiting: RawStream, on: RawStream) -> Result<(), BackendError> {
+        let _ = waiting;
+        self.synchronize(on)
+    }
 
     /// A host pointer through which the bytes at device address `addr` can be read and written
     /// directly, for backends whose memory lives in this process (the host backend).

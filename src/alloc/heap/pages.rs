@@ -127,8 +127,9 @@ impl Heap {
     }
 
     /// Instead of reserving a new segment for `sizes.start()` bytes on `stream`, takes over a
-    /// whole cached segment (of a size in `sizes`) of another stream, after waiting for that
-    /// stream's work so that nothing it queued can still touch the memory. Looks at the last few
+    /// whole cached segment (of a size in `sizes`) of another stream, with `stream`'s work
+    /// ordered after that stream's so that nothing it queued can still touch the memory when
+    /// the new owner's work runs (`Backend::order_after`). Looks at the last few
     /// candidates of `offer` only, so that a request costs constant time.
     pub(super) fn adopt(
         &mut self,
@@ -159,7 +160,7 @@ impl Heap {
                 continue;
             }
             let old = blk.stream;
-            if !self.wait_for_stream_to_take_over(backend, old) {
+            if !self.order_for_take_over(backend, old, stream) {
                 return None;
             }
             if offer == Offer::Idle {
@@ -179,14 +180,16 @@ impl Heap {
         None
     }
 
-    /// Waits for stream `old`'s work before another stream takes over a cached segment of
-    /// it; false (the error noted) if the backend could not.
-    fn wait_for_stream_to_take_over(&mut self, backend: &dyn Backend, old: StreamId) -> bool {
-        match backend.synchronize(self.streams[old.index()].raw) {
+    /// Orders stream `new`'s work after stream `old`'s before `new` takes over a cached
+    /// segment of `old` (on CUDA without blocking the host: `Backend::order_after`); false
+    /// (the error noted) if the backend could not.
+    fn order_for_take_over(&mut self, backend: &dyn Backend, old: StreamId, new: StreamId) -> bool {
+        match backend.order_after(self.streams[new.index()].raw, self.streams[old.index()].raw) {
             Ok(()) => true,
             Err(e) => {
                 self.note(Note::BackendError);
-                self.last_error = Some(format!("synchronizing stream {old} to take over its cached segment: {e}"));
+                self.last_error =
+                    Some(format!("ordering stream {new} after stream {old} to take over its cached segment: {e}"));
                 false
             }
         }
@@ -235,7 +238,7 @@ impl Heap {
     ) -> Option<BlockId> {
         debug_assert_eq!(self.hot, Some(d.hot));
         let old = self.blocks[d.hot].stream;
-        if !self.wait_for_stream_to_take_over(backend, old) {
+        if !self.order_for_take_over(backend, old, stream) {
             self.settle();
             return None;
         }

@@ -312,6 +312,13 @@ unsafe impl Backend for CudaBackend {
         self.stream_or_err(stream)?.synchronize().map_err(|e| driver("cuStreamSynchronize", e))
     }
 
+    fn order_after(&self, waiting: RawStream, on: RawStream) -> Result<(), BackendError> {
+        let (w, o) = (self.stream_or_err(waiting)?, self.stream_or_err(on)?);
+        // An event recorded on `on` now, which `waiting` waits for: stream-ordered, the host
+        // goes on at once. Copies run on their buffer's stream (below), so they wait too.
+        w.join(&o).map_err(|e| driver("cuEventRecord + cuStreamWaitEvent", e))
+    }
+
     fn cuda_stream(&self, stream: RawStream) -> Option<Arc<CudaStream>> {
         self.stream(stream)
     }
