@@ -47,11 +47,14 @@ impl CudaSegments {
 
 /// Device memory of one CUDA device, with its streams and events.
 ///
-/// Segments come from `cuMemAlloc`, or from virtual memory ([`CudaSegments`]); streams are `cudarc` [`CudaStream`]s (raw stream 0 is the
-/// context's default stream); cross-stream reuse waits on events recorded at free time and
-/// queried without blocking. Buffers are not host-addressable: their contents move with
+/// Segments come from `cuMemAlloc`, or from virtual memory ([`CudaSegments`]); streams are
+/// `cudarc` [`CudaStream`]s (raw stream 0 is the context's default stream, the others are
+/// non-blocking); cross-stream reuse waits on events recorded at free time and queried without
+/// blocking, and a segment taken over by another stream orders that stream after an event on
+/// the old one. Buffers are not host-addressable: their contents move with
 /// [`Buffer::copy_from_host`](crate::Buffer::copy_from_host) and
-/// [`Buffer::to_vec`](crate::Buffer::to_vec), which copy synchronously.
+/// [`Buffer::to_vec`](crate::Buffer::to_vec), which copy on the buffer's stream (after the work
+/// queued there) and return when the copy is done.
 ///
 /// ```no_run
 /// # #[cfg(feature = "cuda-backend")] {
