@@ -164,7 +164,7 @@ fn a_block_written_by_a_running_kernel_on_another_stream_waits_for_it() {
     // Whether the kernel still runs now depends on what else the device does (another test's
     // synchronizing call can hold this thread up until it is done); it is reported, and the
     // proof below holds either way.
-    let running = !cu2.record_event(None).unwrap().try_is_complete().unwrap();
+    let running = still_running(&cu2);
     // While the kernel runs, requests of the same size get other memory; keep them, so that
     // the only way back to `addr` is the allocator deciding stream 2 has passed the kernel.
     let mut others = Vec::new();
@@ -183,6 +183,12 @@ fn a_block_written_by_a_running_kernel_on_another_stream_waits_for_it() {
         others.len()
     );
     assert_handed_over_after_the_kernel(&b, &alloc, &reused, (s1, s2), (n, iters, seed));
+}
+
+/// Whether the work queued on `cu` so far is still running (reported by the tests whose proof
+/// holds either way).
+fn still_running(cu: &cudarc::driver::CudaStream) -> bool {
+    !cu.record_event(None).unwrap().try_is_complete().unwrap()
 }
 
 /// Queues the spin kernel (`tests/cuda_kernel.ptx`) on stream `s`: for a few hundred
@@ -251,11 +257,11 @@ fn a_segment_taken_over_from_a_stream_with_a_running_kernel_waits_for_it() {
     // reuse it at once; another stream must wait (checked below).
     let (cu2, _module) = spin_on(&b, s2, &mut big, (n, iters, seed));
     drop(big);
-    let running = !cu2.record_event(None).unwrap().try_is_complete().unwrap();
+    let running = still_running(&cu2);
     let asked = Instant::now();
     let taken = alloc.alloc::<u32>(&s1, n as usize).unwrap();
     let took = asked.elapsed();
-    let still = !cu2.record_event(None).unwrap().try_is_complete().unwrap();
+    let still = still_running(&cu2);
     eprintln!("kernel running when stream 1 asked: {running}; after the take-over ({took:?}): {still}");
     assert_eq!(taken.device_ptr(), addr, "stream 2's segment is taken over");
     assert_eq!(alloc.stats().num_segment_adoptions, 1);
@@ -274,7 +280,7 @@ fn a_copy_out_sees_the_work_queued_on_the_buffers_stream() {
     let (n, iters, seed) = (1u32 << 24, 1u32 << 18, 0xc0b1);
     let mut buf = alloc.alloc::<u32>(s, n as usize).unwrap();
     let (cu, _module) = spin_on(&b, s, &mut buf, (n, iters, seed));
-    let running = !cu.record_event(None).unwrap().try_is_complete().unwrap();
+    let running = still_running(&cu);
     let out = buf.to_vec().unwrap();
     let stale = (0..n).filter(|&i| out[i as usize] != spin_value(i, iters, seed)).count();
     eprintln!("kernel running at the copy out: {running}");
@@ -296,7 +302,7 @@ fn a_copy_in_lands_after_the_previous_owners_kernel() {
     let (cu, _module) = spin_on(&b, s, &mut first, (n, iters, seed));
     let addr = first.device_ptr();
     drop(first);
-    let running = !cu.record_event(None).unwrap().try_is_complete().unwrap();
+    let running = still_running(&cu);
     let mut second = alloc.alloc::<u32>(s, n as usize).unwrap();
     assert_eq!(second.device_ptr(), addr, "a block freed on its stream is reused there at once");
     let fill: Vec<u32> = (0..n).map(|i| i.wrapping_mul(2_654_435_761) ^ 0xF111).collect();

@@ -139,26 +139,34 @@ impl<B: Backend> FaultyBackend<B> {
         &self.inner
     }
 
-    /// Counts a stream wait and fails it if the wait plan says so.
-    fn check_wait(&self) -> Result<(), BackendError> {
-        let index = self.waits.fetch_add(1, Ordering::Relaxed);
-        if self.waits_plan.lock().fails(index, 0) {
+    /// Counts one call in `count`; if `plan` fails it, counts the failure and returns the
+    /// call's index.
+    fn inject(&self, plan: &Mutex<FaultPlan>, count: &AtomicU64, size: u64) -> Option<u64> {
+        let index = count.fetch_add(1, Ordering::Relaxed);
+        let fails = plan.lock().fails(index, size);
+        if fails {
             self.injected.fetch_add(1, Ordering::Relaxed);
-            return Err(BackendError::Other(format!("injected failure of stream wait #{index}")));
         }
-        Ok(())
+        fails.then_some(index)
     }
 
+    /// Counts a stream wait and fails it if the wait plan says so.
+    fn check_wait(&self) -> Result<(), BackendError> {
+        match self.inject(&self.waits_plan, &self.waits, 0) {
+            Some(index) => Err(BackendError::Other(format!("injected failure of stream wait #{index}"))),
+            None => Ok(()),
+        }
+    }
+
+    /// Counts a memory request and fails it if the plan says so.
     fn check(&self, size: u64) -> Result<(), BackendError> {
-        let index = self.requests.fetch_add(1, Ordering::Relaxed);
-        if self.plan.lock().fails(index, size) {
-            self.injected.fetch_add(1, Ordering::Relaxed);
-            return Err(BackendError::OutOfMemory {
+        match self.inject(&self.plan, &self.requests, size) {
+            Some(index) => Err(BackendError::OutOfMemory {
                 requested: size,
                 message: format!("injected failure of memory request #{index}"),
-            });
+            }),
+            None => Ok(()),
         }
-        Ok(())
     }
 }
 
