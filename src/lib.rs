@@ -214,7 +214,9 @@
 //! - `CudaBackend` (cargo feature `cuda`): a CUDA device through `cudarc`, the driver loaded at
 //!   run time (a missing driver or device is an error); `cuMemAlloc` segments or virtual-memory
 //!   ones whose free pages can be given back (`CudaSegments`, `VRAMSCOPE_CUDA_SEGMENTS`), cudarc
-//!   streams, reuse across streams gated by CUDA events. [`device`] picks it when a device is
+//!   streams, reuse across streams gated by CUDA events, copies in order on the buffer's stream,
+//!   segments taken over by another stream ordered after the old one by an event (the host does
+//!   not wait). [`device`] picks it when a device is
 //!   present. Its segment calls are costly, so the fragmentation limit rises on churn there
 //!   ([`LimitMax::Auto`]).
 //!
@@ -227,7 +229,12 @@
 //! - [`HostBackend`]: host memory with a capacity limit; buffers hold real data. The default
 //!   without a GPU.
 //! - [`SimBackend`]: address space only, any capacity, for replaying traces of any size.
-//! - [`FaultyBackend`]: fails chosen requests of another backend, for testing OOM handling.
+//! - [`FaultyBackend`]: fails chosen memory requests and stream waits of another backend, for
+//!   testing OOM handling and streams that cannot be waited for.
+//!
+//! Implementing [`Backend`] yourself: `copy_to_device` and `copy_from_device` take the stream to
+//! copy on, and `order_after` (by default a blocking `synchronize`) orders one stream after
+//! another; the trait's `# Safety` section says what each promises.
 //!
 //! ## Configuration
 //!
