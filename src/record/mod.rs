@@ -10,10 +10,12 @@ mod stack;
 mod symbols;
 #[cfg(feature = "tracing")]
 mod tracing_layer;
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+mod unwind;
 
 pub use history::Action;
 pub use scope::{current_scope, current_step, scope, step, Scope, ScopeGuard, Scoped};
-pub use stack::{frame_pointers_available, StackMode};
+pub use stack::{capture_stack, fast_fallbacks, fast_unwinder, frame_pointers_available, StackMode, Unwinder};
 pub use symbols::Frame;
 #[cfg(feature = "tracing")]
 pub use tracing_layer::ScopeLayer;

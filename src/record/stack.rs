@@ -1,12 +1,13 @@
 //! Stack capture: one `#[inline(never)]` capture site, raw instruction pointers only.
 //!
-//! The fast mode walks frame pointers, validating every step against the current thread's
-//! stack bounds and alignment and stopping at the first bad frame; it is complete when the
-//! program is built with `-C force-frame-pointers=yes`. Where frame pointers are missing (the
-//! walk was checked once per process against the unwinder and did not agree), the fast mode
-//! falls back to the `backtrace` crate's unwinder, which the full mode always uses.
+//! The fast mode ([`StackMode::Fast`]) uses the best unwinder this platform has
+//! ([`fast_unwinder`]): on x86-64 Linux the caching DWARF unwinder of `super::unwind`, exact
+//! in any build; elsewhere a frame-pointer walk, validated against the thread's stack bounds
+//! and used only where it was checked once per process against the `backtrace` crate's
+//! unwinder, else that unwinder. The full mode always uses the `backtrace` crate's unwinder.
 
 use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 /// How allocations capture their stack.
@@ -16,11 +17,71 @@ use std::sync::OnceLock;
 pub enum StackMode {
     /// No stacks.
     Off,
-    /// Frame-pointer walk (falls back to the unwinder where frame pointers are missing).
+    /// The fastest exact unwinder of the platform ([`fast_unwinder`] says which): cached
+    /// unwind tables on x86-64 Linux, frame pointers or the `backtrace` crate elsewhere.
     #[default]
     Fast,
-    /// The `backtrace` crate's unwinder: complete without frame pointers, slower.
+    /// The `backtrace` crate's unwinder: complete everywhere, microseconds per stack.
     Full,
+}
+
+/// Which unwinder took a recording's stacks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Unwinder {
+    /// No stacks were taken.
+    None,
+    /// The unwind tables (`.eh_frame`) of the loaded objects, with the rule for each return
+    /// address cached per thread: exact without frame pointers, through C and C++ libraries
+    /// (x86-64 Linux).
+    CachedTables,
+    /// The frame-pointer chain (where the platform has no cached unwinder and this build
+    /// keeps frame pointers).
+    FramePointers,
+    /// The `backtrace` crate's unwinder.
+    Backtrace,
+}
+
+/// The unwinder [`StackMode::Fast`] uses in this process: [`Unwinder::CachedTables`] on
+/// x86-64 Linux; elsewhere [`Unwinder::FramePointers`] where the walk agreed with the
+/// `backtrace` crate's unwinder when checked once, else [`Unwinder::Backtrace`].
+///
+/// ```
+/// println!("fast stacks: {:?}", vramscope::record::fast_unwinder());
+/// ```
+pub fn fast_unwinder() -> Unwinder {
+    if cfg!(all(target_arch = "x86_64", target_os = "linux")) {
+        Unwinder::CachedTables
+    } else if frame_pointers_work() {
+        Unwinder::FramePointers
+    } else {
+        Unwinder::Backtrace
+    }
+}
+
+/// Captures in the fast mode that met a frame the cached unwinder does not model (a signal
+/// handler's frame, code generated at run time) and were taken by the `backtrace` crate's
+/// unwinder instead, in this process so far.
+pub fn fast_fallbacks() -> u64 {
+    FALLBACKS.load(Ordering::Relaxed)
+}
+
+static FALLBACKS: AtomicU64 = AtomicU64::new(0);
+
+/// Captures the calling thread's stack as return addresses, innermost first, as an allocation
+/// recording with `mode` does, into `out` (at most `out.len()` frames); returns how many.
+/// The first frames are vramscope's own.
+///
+/// ```
+/// use vramscope::record::{capture_stack, StackMode};
+/// let mut frames = [0usize; 64];
+/// let n = capture_stack(StackMode::Fast, &mut frames);
+/// assert!(n > 0);
+/// ```
+#[inline(never)]
+pub fn capture_stack(mode: StackMode, out: &mut [usize]) -> usize {
+    capture(mode, out).0
 }
 
 thread_local! {
@@ -144,21 +205,40 @@ fn walk(mut fp: usize, low: usize, hi: usize, out: &mut [usize]) -> (usize, u64)
 pub(crate) fn capture(mode: StackMode, out: &mut [usize]) -> (usize, u64) {
     let n = match mode {
         StackMode::Off => return (0, 0),
-        StackMode::Fast if frame_pointers_work() => {
-            let here = 0u8;
-            let low = std::ptr::addr_of!(here) as usize;
-            let (lo, hi) = stack_bounds();
-            if hi != 0 {
-                let (n, h) = walk(frame_pointer(), low.max(lo), hi, out);
-                if n > 0 {
-                    return (n, h);
-                }
-            }
-            unwind(out)
-        }
-        StackMode::Fast | StackMode::Full => unwind(out),
+        StackMode::Fast => fast(out),
+        StackMode::Full => unwind(out),
     };
     (n, hash_stack(&out[..n]))
+}
+
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+#[inline(always)]
+fn fast(out: &mut [usize]) -> usize {
+    match super::unwind::capture(out, stack_bounds()) {
+        Some(n) => n,
+        None => {
+            FALLBACKS.fetch_add(1, Ordering::Relaxed);
+            unwind(out)
+        }
+    }
+}
+
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+#[inline(always)]
+fn fast(out: &mut [usize]) -> usize {
+    if frame_pointers_work() {
+        let here = 0u8;
+        let low = std::ptr::addr_of!(here) as usize;
+        let (lo, hi) = stack_bounds();
+        if hi != 0 {
+            let (n, _) = walk(frame_pointer(), low.max(lo), hi, out);
+            if n > 0 {
+                return n;
+            }
+        }
+    }
+    FALLBACKS.fetch_add(1, Ordering::Relaxed);
+    unwind(out)
 }
 
 fn unwind(out: &mut [usize]) -> usize {
