@@ -150,30 +150,34 @@ fn frame_pointer() -> usize {
     0
 }
 
-/// One step of the stack hash (see [`hash_stack`]).
+/// One step of a serial hash of words (the site table's; see [`hash_stack`] for stacks).
 #[inline(always)]
 pub(crate) fn mix(h: u64, ip: usize) -> u64 {
     (h.rotate_left(5) ^ ip as u64).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95)
 }
 
-/// The hash the stack table files a stack under; the frame-pointer walk computes it as it goes.
+/// The hash the stack table files a stack under. Each frame is multiplied on its own and the
+/// products summed (with the frame's position folded in), so the multiplications of a long
+/// stack run side by side instead of one after another.
 #[inline]
 pub(crate) fn hash_stack(ips: &[usize]) -> u64 {
-    ips.iter().fold(0, |h, &ip| mix(h, ip)) ^ ips.len() as u64
+    let sum = ips.iter().enumerate().fold(ips.len() as u64, |h, (i, &ip)| {
+        h.wrapping_add((ip as u64 ^ (i as u64).rotate_right(12)).wrapping_mul(0x9e37_79b9_7f4a_7c15))
+    });
+    (sum ^ (sum >> 31)).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95)
 }
 
-/// Walks the frame-pointer chain from `fp`, pushing return addresses, and returns their hash.
+/// Walks the frame-pointer chain from `fp`, pushing return addresses; returns how many.
 /// Every frame must lie inside `[low, hi)` (the live part of this thread's stack), be
 /// word-aligned and above the previous one; the walk stops at the first frame that is not.
 #[inline(always)]
-fn walk(mut fp: usize, low: usize, hi: usize, out: &mut [usize]) -> (usize, u64) {
+fn walk(mut fp: usize, low: usize, hi: usize, out: &mut [usize]) -> usize {
     const WORD: usize = std::mem::size_of::<usize>();
     let low = low.max(WORD);
-    let mut h = 0;
     let mut n = 0;
     // A frame record at `fp` is readable when `low <= fp <= hi - 2 words`.
     let Some(span) = hi.checked_sub(2 * WORD).and_then(|last| last.checked_sub(low)) else {
-        return (0, 0);
+        return 0;
     };
     while n < out.len() {
         if fp.wrapping_sub(low) > span || !fp.is_multiple_of(WORD) {
@@ -189,13 +193,12 @@ fn walk(mut fp: usize, low: usize, hi: usize, out: &mut [usize]) -> (usize, u64)
         }
         out[n] = ret;
         n += 1;
-        h = mix(h, ret);
         if next <= fp {
             break;
         }
         fp = next;
     }
-    (n, h ^ n as u64)
+    n
 }
 
 /// Captures the calling thread's stack into `out` (at most `out.len()` frames) and returns
@@ -205,7 +208,7 @@ fn walk(mut fp: usize, low: usize, hi: usize, out: &mut [usize]) -> (usize, u64)
 pub(crate) fn capture(mode: StackMode, out: &mut [usize]) -> (usize, u64) {
     let n = match mode {
         StackMode::Off => return (0, 0),
-        StackMode::Fast => fast(out),
+        StackMode::Fast => return fast(out),
         StackMode::Full => unwind(out),
     };
     (n, hash_stack(&out[..n]))
@@ -213,32 +216,34 @@ pub(crate) fn capture(mode: StackMode, out: &mut [usize]) -> (usize, u64) {
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 #[inline(always)]
-fn fast(out: &mut [usize]) -> usize {
+fn fast(out: &mut [usize]) -> (usize, u64) {
     match super::unwind::capture(out, stack_bounds()) {
-        Some(n) => n,
+        Some(hashed) => hashed,
         None => {
             FALLBACKS.fetch_add(1, Ordering::Relaxed);
-            unwind(out)
+            let n = unwind(out);
+            (n, hash_stack(&out[..n]))
         }
     }
 }
 
 #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
 #[inline(always)]
-fn fast(out: &mut [usize]) -> usize {
+fn fast(out: &mut [usize]) -> (usize, u64) {
     if frame_pointers_work() {
         let here = 0u8;
         let low = std::ptr::addr_of!(here) as usize;
         let (lo, hi) = stack_bounds();
         if hi != 0 {
-            let (n, _) = walk(frame_pointer(), low.max(lo), hi, out);
+            let n = walk(frame_pointer(), low.max(lo), hi, out);
             if n > 0 {
-                return n;
+                return (n, hash_stack(&out[..n]));
             }
         }
     }
     FALLBACKS.fetch_add(1, Ordering::Relaxed);
-    unwind(out)
+    let n = unwind(out);
+    (n, hash_stack(&out[..n]))
 }
 
 fn unwind(out: &mut [usize]) -> usize {
@@ -315,9 +320,8 @@ fn calibrate_inner(n: usize) -> bool {
     let here = 0u8;
     let low = (std::ptr::addr_of!(here) as usize).max(lo);
     let mut fp = [0usize; 6];
-    let (n, h) = walk(frame_pointer(), low, hi, &mut fp);
+    let n = walk(frame_pointer(), low, hi, &mut fp);
     let fp = &fp[..n];
-    debug_assert_eq!(h, hash_stack(fp));
     let mut uw = [0usize; 16];
     let m = unwind(&mut uw);
     let uw = &uw[..m];
@@ -349,10 +353,10 @@ mod tests {
     fn walk_stops_at_bad_frames() {
         let mut out = [0usize; 8];
         // Misaligned, below the bound, above the bound, null: nothing is read.
-        assert_eq!(walk(0x1001, 0x1000, 0x2000, &mut out).0, 0);
-        assert_eq!(walk(0x800, 0x1000, 0x2000, &mut out).0, 0);
-        assert_eq!(walk(0x1ff8, 0x1000, 0x2000, &mut out).0, 0);
-        assert_eq!(walk(0, 0, usize::MAX, &mut out).0, 0);
+        assert_eq!(walk(0x1001, 0x1000, 0x2000, &mut out), 0);
+        assert_eq!(walk(0x800, 0x1000, 0x2000, &mut out), 0);
+        assert_eq!(walk(0x1ff8, 0x1000, 0x2000, &mut out), 0);
+        assert_eq!(walk(0, 0, usize::MAX, &mut out), 0);
         // A fake chain: two frames, then a frame pointer that goes back down.
         let mut chain = [0usize; 6];
         let base = chain.as_ptr() as usize;
@@ -360,9 +364,8 @@ mod tests {
         chain[1] = 0xaaaa;
         chain[2] = base;
         chain[3] = 0xbbbb;
-        let (n, h) = walk(std::hint::black_box(&chain).as_ptr() as usize, base, base + 48, &mut out);
+        let n = walk(std::hint::black_box(&chain).as_ptr() as usize, base, base + 48, &mut out);
         assert_eq!(&out[..n], [0xaaaa, 0xbbbb]);
-        assert_eq!(h, hash_stack(&out[..n]));
     }
 
     #[test]

@@ -38,11 +38,90 @@ struct ThreadState {
     cache: RuleCache,
     generation: u64,
     ctx: Option<Box<objects::Context>>,
+    /// This thread's previous walk, and a spare buffer for the next.
+    last: Trace,
+    spare: Vec<Seen>,
+}
+
+/// What one walk read, frame by frame, so that the next capture from the same place can check
+/// the same stack slots instead of looking the rules up again (see [`walk`]).
+#[derive(Debug)]
+struct Trace {
+    frames: Vec<Seen>,
+    /// The walk ended after its last frame (the stack's end, or a slot outside the stack),
+    /// rather than because the output was full.
+    stopped: bool,
+    /// The slots every frame read with the values they held, in frame order, flat.
+    checks: Vec<[u64; 2]>,
+    /// `checks_end[k]`: how many checks frames `0..=k` make.
+    checks_end: Vec<usize>,
+    /// The frames' return addresses.
+    ras: Vec<usize>,
+    /// The last capture's length and hash.
+    hash: (usize, u64),
+}
+
+impl Trace {
+    const fn new() -> Trace {
+        Trace {
+            frames: Vec::new(),
+            stopped: false,
+            checks: Vec::new(),
+            checks_end: Vec::new(),
+            ras: Vec::new(),
+            hash: (0, 0),
+        }
+    }
+
+    /// Forgets the walk.
+    fn clear(&mut self) {
+        self.frames.clear();
+        self.checks.clear();
+        self.checks_end.clear();
+        self.ras.clear();
+    }
+
+    /// Derives the flat checks from `frames`.
+    fn index(&mut self) {
+        self.checks.clear();
+        self.checks_end.clear();
+        self.ras.clear();
+        for f in &self.frames {
+            self.checks.push([f.ra_at, f.ra]);
+            if f.fp_at != 0 {
+                self.checks.push([f.fp_at, f.fp_after]);
+            }
+            self.checks_end.push(self.checks.len());
+            self.ras.push(f.ra as usize);
+        }
+    }
+}
+
+/// One frame of a walk: the registers it started from, the slots it read and what they held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Seen {
+    lookup: u64,
+    sp: u64,
+    fp: u64,
+    ra_at: u64,
+    ra: u64,
+    /// Where the caller's frame pointer was read (0: not read, it is `fp` unchanged).
+    fp_at: u64,
+    /// The caller's frame pointer.
+    fp_after: u64,
+    cfa: u64,
 }
 
 thread_local! {
-    static STATE: RefCell<ThreadState> =
-        const { RefCell::new(ThreadState { cache: RuleCache::new(), generation: 0, ctx: None }) };
+    static STATE: RefCell<ThreadState> = const {
+        RefCell::new(ThreadState {
+            cache: RuleCache::new(),
+            generation: 0,
+            ctx: None,
+            last: Trace::new(),
+            spare: Vec::new(),
+        })
+    };
 }
 
 /// The registers an unwind starts from: this function's own frame.
@@ -73,11 +152,12 @@ fn registers() -> Regs {
 }
 
 /// Captures the calling thread's return addresses into `out`, innermost first, starting with
-/// the return address into this function's caller. `stack` is the thread's stack `[lo, hi)`.
+/// the return address into this function's caller, and returns how many and their
+/// [`hash_stack`](super::stack::hash_stack). `stack` is the thread's stack `[lo, hi)`.
 /// `None`: a frame this unwinder does not model was met (or the thread is not on the stack
 /// it was given); the caller unwinds with the `backtrace` crate instead.
 #[inline(never)]
-pub(crate) fn capture(out: &mut [usize], stack: (usize, usize)) -> Option<usize> {
+pub(crate) fn capture(out: &mut [usize], stack: (usize, usize)) -> Option<(usize, u64)> {
     let regs = registers();
     STATE
         .try_with(|state| {
@@ -86,62 +166,200 @@ pub(crate) fn capture(out: &mut [usize], stack: (usize, usize)) -> Option<usize>
             let generation = GENERATION.load(Ordering::Relaxed);
             if state.generation != generation {
                 state.cache.clear();
+                state.last.clear();
                 state.generation = generation;
             }
-            walk(&mut state, regs, stack, out)
+            if let Some(hit) = replay(&mut state.last, regs, out) {
+                return Some(hit);
+            }
+            let n = walk(&mut state, regs, stack, out)?;
+            if state.generation != generation {
+                // A miss saw objects unloaded during this walk: its trace may hold stale rules.
+                state.last.clear();
+            }
+            let hash = super::stack::hash_stack(&out[..n]);
+            state.last.hash = (n, hash);
+            Some((n, hash))
         })
         .ok()
         .flatten()
 }
 
-/// The unwind proper.
+/// The whole previous walk again, where this capture starts from the registers it started
+/// from and every slot it read holds the same value: then the walk would read the same slots
+/// under the same rules (see [`walk`]) and give the same frames. The slots need no bounds
+/// check: the same stack pointer gives the same lower bound as when they were read.
 #[inline(always)]
-fn walk(state: &mut ThreadState, mut regs: Regs, (lo, hi): (usize, usize), out: &mut [usize]) -> Option<usize> {
+fn replay(last: &mut Trace, regs: Regs, out: &mut [usize]) -> Option<(usize, u64)> {
+    let first = last.frames.first()?;
+    if (first.lookup, first.sp, first.fp) != (regs.pc, regs.sp, regs.fp) || out.is_empty() {
+        return None;
+    }
+    let m = out.len().min(last.frames.len());
+    // Where the previous walk stopped after `m` frames, or where `out` is full: the same end.
+    if m == last.frames.len() && !last.stopped && m < out.len() {
+        return None;
+    }
+    // SAFETY: every slot was an aligned word of this thread's stack, at or above the stack
+    // pointer of the capture that read it, which is the stack pointer now: mapped and
+    // readable while this function runs.
+    let same = last.checks[..last.checks_end[m - 1]].iter().all(|&[at, v]| unsafe { *(at as *const u64) } == v);
+    if !same {
+        return None;
+    }
+    out[..m].copy_from_slice(&last.ras[..m]);
+    if last.hash.0 != m {
+        last.hash = (m, super::stack::hash_stack(&out[..m]));
+    }
+    Some(last.hash)
+}
+
+/// The unwind proper.
+///
+/// A frame is a function of three registers (the address whose rule applies, the stack
+/// pointer, the frame pointer) and of the stack slots its rule reads. When the walk reaches a
+/// state the previous capture of this thread also passed through (same three registers), the
+/// previous walk's remaining frames are checked instead of recomputed: each slot it read must
+/// hold the same value now. Those loads do not depend on each other, where looking rules up
+/// chains a table lookup on every loaded return address; a capture from a place the thread
+/// captured from before costs a compare per frame. By induction over the frames the result
+/// is exactly the full walk's: the same state, the same rules (the table is only cleared,
+/// never changed, and a cleared table clears the trace), the same slots with the same values.
+/// Where a slot differs, the walk goes on from that frame's state as usual, and the next
+/// frame whose state the previous walk also had is checked again.
+#[inline(always)]
+fn walk(state: &mut ThreadState, regs: Regs, (lo, hi): (usize, usize), out: &mut [usize]) -> Option<usize> {
     const WORD: u64 = 8;
     let (lo, hi) = ((lo as u64).max(regs.sp), hi as u64);
     if !(lo <= regs.sp && regs.sp < hi) {
         return None;
     }
+    let readable = |at: u64| at >= lo && at <= hi - WORD && at.is_multiple_of(WORD);
+    // SAFETY (for every `read` below): the callers check `readable(at)`, so `at` is an aligned
+    // word of this thread's stack between the live stack pointer and the stack's top, mapped
+    // and readable while this function runs.
+    let read = |at: u64| unsafe { *(at as *const u64) };
+    let last = std::mem::take(&mut state.last.frames);
+    let last_stopped = state.last.stopped;
+    // The previous walk is written back below, changed or not.
+    let mut new = std::mem::take(&mut state.spare);
+    new.clear();
+    // Frames taken verbatim from `last[..same]` while nothing differed (no copy needed then).
+    let mut same = 0;
+    let mut diverged = false;
     // The first frame's row is the one at its own address; a caller's is the one at the call
     // instruction, just before the return address.
-    let mut lookup = regs.pc;
+    let (mut lookup, mut sp, mut fp) = (regs.pc, regs.sp, regs.fp);
+    let mut j = 0;
     let mut n = 0;
-    while n < out.len() {
+    let mut stopped = false;
+    'frames: while n < out.len() {
+        // Resume the previous walk where it passed through this state.
+        while j < last.len() && last[j].sp < sp {
+            j += 1;
+        }
+        if j < last.len() && last[j].sp == sp && last[j].lookup == lookup && last[j].fp == fp {
+            let mut k = j;
+            while k < last.len() && n < out.len() {
+                let f = &last[k];
+                let ok = readable(f.ra_at)
+                    && read(f.ra_at) == f.ra
+                    && (f.fp_at == 0 || (readable(f.fp_at) && read(f.fp_at) == f.fp_after));
+                if !ok {
+                    break;
+                }
+                out[n] = f.ra as usize;
+                n += 1;
+                if !diverged && k == same {
+                    same += 1;
+                } else {
+                    if !diverged {
+                        new.extend_from_slice(&last[..same]);
+                        diverged = true;
+                    }
+                    new.push(*f);
+                }
+                k += 1;
+            }
+            if k == last.len() {
+                if last_stopped {
+                    // The same state after the last frame, so the same end.
+                    stopped = true;
+                    break 'frames;
+                }
+                let f = &last[k - 1];
+                (lookup, sp, fp) = (f.ra - 1, f.cfa, f.fp_after);
+            } else if n < out.len() {
+                // A slot differs: walk this frame from its state.
+                let f = &last[k];
+                (lookup, sp, fp) = (f.lookup, f.sp, f.fp);
+            }
+            j = k + 1;
+            if n == out.len() {
+                break;
+            }
+        }
         let word = match state.cache.get(lookup) {
             Some(w) => w,
             None => miss(state, lookup),
         };
         let rule = match Step::decode(word) {
             Step::Rule(r) => r,
-            Step::End => break,
-            Step::Fallback => return None,
+            Step::End => {
+                stopped = true;
+                break;
+            }
+            Step::Fallback => {
+                state.spare = new;
+                state.last.frames = last;
+                return None;
+            }
         };
-        let base = if rule.cfa_from_fp { regs.fp } else { regs.sp };
+        let base = if rule.cfa_from_fp { fp } else { sp };
         let cfa = base.wrapping_add(u64::from(rule.cfa_offset));
         let ra_at = cfa.wrapping_sub(u64::from(rule.ra_below));
         // Every slot read lies on this thread's stack, above the current frame.
-        let readable = |at: u64| at >= lo && at <= hi - WORD && at.is_multiple_of(WORD);
-        if !readable(ra_at) || cfa <= regs.sp {
+        if !readable(ra_at) || cfa <= sp {
+            stopped = true;
             break;
         }
-        // SAFETY: `ra_at` is an aligned word of this thread's stack between the live stack
-        // pointer and the stack's top, mapped and readable while this function runs.
-        let ra = unsafe { *(ra_at as *const u64) };
-        if let Some(below) = rule.fp_below {
-            let fp_at = cfa.wrapping_sub(u64::from(below));
-            if !readable(fp_at) {
-                break;
+        let ra = read(ra_at);
+        let (fp_at, fp_after) = match rule.fp_below {
+            Some(below) => {
+                let at = cfa.wrapping_sub(u64::from(below));
+                if !readable(at) {
+                    stopped = true;
+                    break;
+                }
+                (at, read(at))
             }
-            // SAFETY: as above.
-            regs.fp = unsafe { *(fp_at as *const u64) };
-        }
+            None => (0, fp),
+        };
         if ra == 0 {
+            stopped = true;
             break;
         }
+        if !diverged {
+            new.extend_from_slice(&last[..same]);
+            diverged = true;
+        }
+        new.push(Seen { lookup, sp, fp, ra_at, ra, fp_at, fp_after, cfa });
         out[n] = ra as usize;
         n += 1;
-        regs.sp = cfa;
-        lookup = ra - 1;
+        (lookup, sp, fp) = (ra - 1, cfa, fp_after);
+    }
+    if !diverged && same == last.len() && stopped == last_stopped {
+        // Exactly the previous walk: keep it.
+        state.spare = new;
+        state.last.frames = last;
+    } else {
+        if !diverged {
+            new.extend_from_slice(&last[..same]);
+        }
+        state.spare = last;
+        state.last.frames = new;
+        state.last.stopped = stopped;
+        state.last.index();
     }
     Some(n)
 }
@@ -169,4 +387,91 @@ fn miss(state: &mut ThreadState, lookup: u64) -> u64 {
 #[cfg(test)]
 pub(crate) fn cached_addresses() -> usize {
     STATE.with(|s| s.borrow().cache.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rule::Rule;
+    use super::*;
+
+    fn state() -> ThreadState {
+        ThreadState { cache: RuleCache::new(), generation: 0, ctx: None, last: Trace::new(), spare: Vec::new() }
+    }
+
+    /// A stack of words at a fixed place, and rules for made-up code addresses: the start
+    /// (`P`) saves the frame pointer; `A` finds its CFA from the frame pointer; `B` and `C`
+    /// end the stack.
+    const P: u64 = 0x10_0000;
+    const A: u64 = 0x20_0000;
+    const B: u64 = 0x30_0000;
+    const C: u64 = 0x40_0000;
+
+    fn rules(state: &mut ThreadState) {
+        let saves_fp = Rule::new(false, 16, -8, Some(-16)).unwrap();
+        let from_fp = Rule::new(true, 16, -8, Some(-16)).unwrap();
+        state.cache.insert(P, Step::Rule(saves_fp).encode());
+        state.cache.insert(A, Step::Rule(from_fp).encode());
+        state.cache.insert(B, Step::End.encode());
+        state.cache.insert(C, Step::End.encode());
+    }
+
+    fn run(state: &mut ThreadState, stack: &[u64], out: &mut [usize]) -> Vec<usize> {
+        let base = stack.as_ptr() as u64;
+        let regs = Regs { pc: P, sp: base, fp: 0 };
+        let bounds = (base as usize, base as usize + stack.len() * 8);
+        let n = match replay(&mut state.last, regs, out) {
+            Some((n, _)) => n,
+            None => walk(state, regs, bounds, out).expect("no fallback"),
+        };
+        out[..n].to_vec()
+    }
+
+    #[test]
+    fn a_remembered_walk_sees_a_changed_frame_pointer_slot() {
+        let mut stack = vec![0u64; 16];
+        let base = stack.as_ptr() as u64;
+        // Frame 0: saved frame pointer, return address into A.
+        stack[0] = base + 32;
+        stack[1] = A + 1;
+        // Frame 1 (CFA = fp + 16 = base + 48): saved frame pointer, return address into B.
+        stack[4] = base + 64;
+        stack[5] = B + 1;
+        // Another frame 1, for when frame 0's saved frame pointer points at it.
+        stack[8] = base + 96;
+        stack[9] = C + 1;
+        let mut st = state();
+        rules(&mut st);
+        let mut out = [0usize; 8];
+        assert_eq!(run(&mut st, &stack, &mut out), [A as usize + 1, B as usize + 1]);
+        assert_eq!(run(&mut st, &stack, &mut out), [A as usize + 1, B as usize + 1], "replayed");
+        // The same return addresses everywhere but another saved frame pointer: the caller's
+        // frame is elsewhere.
+        stack[0] = base + 64;
+        assert_eq!(run(&mut st, &stack, &mut out), [A as usize + 1, C as usize + 1]);
+        stack[0] = base + 32;
+        assert_eq!(run(&mut st, &stack, &mut out), [A as usize + 1, B as usize + 1]);
+        // A changed return address.
+        stack[5] = C + 1;
+        assert_eq!(run(&mut st, &stack, &mut out), [A as usize + 1, C as usize + 1]);
+        // A short output, then a longer one resumes after the remembered frames.
+        stack[5] = B + 1;
+        assert_eq!(run(&mut st, &stack, &mut out[..1]), [A as usize + 1]);
+        assert_eq!(run(&mut st, &stack, &mut out), [A as usize + 1, B as usize + 1]);
+    }
+
+    #[test]
+    fn slots_outside_the_stack_end_the_walk() {
+        let mut stack = vec![0u64; 4];
+        let base = stack.as_ptr() as u64;
+        // Frame 0's saved frame pointer points above the stack: A's CFA is outside.
+        stack[0] = base + 4096;
+        stack[1] = A + 1;
+        let mut st = state();
+        rules(&mut st);
+        let mut out = [0usize; 8];
+        assert_eq!(run(&mut st, &stack, &mut out), [A as usize + 1]);
+        assert_eq!(run(&mut st, &stack, &mut out), [A as usize + 1]);
+        stack[1] = 0;
+        assert_eq!(run(&mut st, &stack, &mut out), Vec::<usize>::new(), "a zero return address ends it");
+    }
 }
