@@ -57,9 +57,53 @@ fn an_allocation_resolves_to_its_file_line_and_function_in_both_modes() {
 
 #[test]
 fn this_build_walks_frame_pointers() {
-    // The project builds with `-C force-frame-pointers=yes` (.cargo/config.toml), so the fast
-    // mode's frame-pointer walk must be in use here, not the fallback.
+    // The project builds with `-C force-frame-pointers=yes` (.cargo/config.toml): the walk
+    // agrees with the unwinder. The fast mode uses the cached unwinder on x86-64 Linux anyway.
     assert!(vramscope::record::frame_pointers_available());
+}
+
+#[inline(never)]
+fn site_one(alloc: &CachingAllocator) -> (Buffer<u8>, u32) {
+    let line = line!() + 1;
+    (alloc.alloc::<u8>(&alloc.default_stream(), 100).unwrap(), line)
+}
+
+#[inline(never)]
+fn site_two(alloc: &CachingAllocator) -> (Buffer<u8>, u32) {
+    let line = line!() + 1;
+    (alloc.alloc::<u8>(&alloc.default_stream(), 200).unwrap(), line)
+}
+
+/// The recorder reuses the site of a thread's previous allocation where the unwinder says the
+/// frames are the same: sites that alternate, repeat and change scope must each keep their own
+/// line and scope, in the fast mode as in the full one.
+#[test]
+fn alternating_sites_and_scopes_keep_their_own_lines() {
+    for mode in [StackMode::Fast, StackMode::Full] {
+        let alloc = allocator(with_stacks(mode));
+        let mut kept = Vec::new();
+        let mut expected = Vec::new();
+        for i in 0..40 {
+            let _guard = (i % 3 == 0).then(|| vramscope::scope("third"));
+            let (b, line) = if i % 5 < 2 { site_one(&alloc) } else { site_two(&alloc) };
+            expected.push((b.len(), line, if i % 3 == 0 { "third" } else { "" }));
+            kept.push(b);
+        }
+        let snap = alloc.snapshot();
+        let mut seen: Vec<(usize, u32, String)> = snap
+            .live_blocks()
+            .map(|b| {
+                let ctx = b.context.expect("recorded");
+                let top = snap.stack_frames(ctx.stack.expect("a stack")).next().expect("a frame");
+                (b.requested_size as usize, top.line.expect("a line"), snap.scopes[ctx.scope as usize].join("/"))
+            })
+            .collect();
+        let mut expected: Vec<(usize, u32, String)> =
+            expected.into_iter().map(|(n, l, s)| (n, l, s.to_string())).collect();
+        seen.sort();
+        expected.sort();
+        assert_eq!(seen, expected, "{mode:?}");
+    }
 }
 
 #[test]

@@ -219,6 +219,24 @@ pub(crate) struct Recorder {
     pub(crate) sites: SiteTable,
     pub(crate) history: Ring,
     pub(crate) clock: Clock,
+    /// Per thread (by id, [`LAST_SITES`] slots, allocated at first use), the site its last
+    /// capture was interned as (see [`Pending::intern`]).
+    last_site: Vec<LastSite>,
+}
+
+/// Slots of [`Recorder::last_site`]: threads whose ids differ by a multiple share one.
+const LAST_SITES: usize = 256;
+
+/// What a thread's last interned capture was: its unwinder trace version, length and scope,
+/// and the site it became.
+#[derive(Debug, Clone, Copy, Default)]
+struct LastSite {
+    thread: u32,
+    /// 0: none (trace versions start at 1).
+    version: u64,
+    len: usize,
+    scope: u32,
+    site: u32,
 }
 
 /// A cheap timestamp: the CPU's time-stamp counter where there is one (a few nanoseconds to
@@ -291,7 +309,14 @@ impl std::fmt::Debug for Recorder {
 impl Recorder {
     pub(crate) fn new(config: RecordConfig) -> Self {
         let history = Ring::new(config.max_entries);
-        Recorder { config, stacks: StackTable::default(), sites: SiteTable::default(), history, clock: Clock::new() }
+        Recorder {
+            config,
+            stacks: StackTable::default(),
+            sites: SiteTable::default(),
+            history,
+            clock: Clock::new(),
+            last_site: Vec::new(),
+        }
     }
 
     pub(crate) fn set_config(&mut self, config: RecordConfig) {
@@ -347,6 +372,8 @@ pub(crate) struct Pending {
     pub(crate) step: u64,
     has_stack: bool,
     hash: u64,
+    /// The unwinder's trace version and the stack's length, where the cached unwinder took it.
+    version: Option<(u64, usize)>,
 }
 
 /// What to capture per allocation, readable without the allocator's lock.
@@ -412,17 +439,17 @@ impl Pending {
     #[inline]
     pub(crate) fn capture(config: Capture) -> Pending {
         let has_stack = config.stacks != StackMode::Off && config.depth > 0;
-        let hash = if has_stack {
+        let (hash, version) = if has_stack {
             with_scratch(|s| {
-                let (n, h) = capture(config.stacks, &mut s.ips[..config.depth.min(MAX_STACK_DEPTH)]);
-                s.len = n;
-                h
+                let c = capture(config.stacks, &mut s.ips[..config.depth.min(MAX_STACK_DEPTH)]);
+                s.len = c.len;
+                (c.hash, c.version.map(|v| (v, c.len)))
             })
         } else {
-            0
+            (0, None)
         };
         let (scope, counter) = if config.scopes { scope::current_counted() } else { (scope::ROOT, None) };
-        Pending { scope, counter, thread: thread_id(), step: current_step(), has_stack, hash }
+        Pending { scope, counter, thread: thread_id(), step: current_step(), has_stack, hash, version }
     }
 
     /// Counts an allocation in the captured scope (see [`Scope::allocations`]).
@@ -434,11 +461,27 @@ impl Pending {
     }
 
     /// Interns the captured stack and site; must run on the thread that captured.
+    ///
+    /// Where the thread's last capture interned here had the same unwinder trace version and
+    /// length (so the same frames, see `unwind::Captured::version`) and the same scope, it is the
+    /// same site: the stack is neither hashed into the table nor compared again.
     #[inline]
     pub(crate) fn intern(self, rec: &mut Recorder) -> Context {
+        let slot = self.thread as usize % LAST_SITES;
+        if let (Some((version, len)), Some(last)) = (self.version, rec.last_site.get(slot)) {
+            if (last.thread, last.version, last.len, last.scope) == (self.thread, version, len, self.scope) {
+                return Context { site: last.site, step: self.step };
+            }
+        }
         let table = &mut rec.stacks;
         let stack = self.has_stack.then(|| with_scratch(|s| table.intern_hashed(&s.ips[..s.len], self.hash)));
         let site = rec.sites.intern(Site { stack, scope: self.scope, thread: self.thread });
+        if let Some((version, len)) = self.version {
+            if rec.last_site.is_empty() {
+                rec.last_site = vec![LastSite::default(); LAST_SITES];
+            }
+            rec.last_site[slot] = LastSite { thread: self.thread, version, len, scope: self.scope, site };
+        }
         Context { site, step: self.step }
     }
 }

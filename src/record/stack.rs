@@ -81,7 +81,7 @@ static FALLBACKS: AtomicU64 = AtomicU64::new(0);
 /// ```
 #[inline(never)]
 pub fn capture_stack(mode: StackMode, out: &mut [usize]) -> usize {
-    capture(mode, out).0
+    capture(mode, out).len
 }
 
 thread_local! {
@@ -201,35 +201,50 @@ fn walk(mut fp: usize, low: usize, hi: usize, out: &mut [usize]) -> usize {
     n
 }
 
-/// Captures the calling thread's stack into `out` (at most `out.len()` frames) and returns
-/// the number of frames and their [`hash_stack`]. The first frames are vramscope's own;
-/// reports trim them.
+/// A captured stack: how many frames, their [`hash_stack`], and where the cached unwinder took
+/// it, its trace version (two captures of one thread with the same version and length hold
+/// the same frames).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Captured {
+    pub(crate) len: usize,
+    pub(crate) hash: u64,
+    pub(crate) version: Option<u64>,
+}
+
+impl Captured {
+    fn hashed(out: &[usize]) -> Captured {
+        Captured { len: out.len(), hash: hash_stack(out), version: None }
+    }
+}
+
+/// Captures the calling thread's stack into `out` (at most `out.len()` frames). The first
+/// frames are vramscope's own; reports trim them.
 #[inline(never)]
-pub(crate) fn capture(mode: StackMode, out: &mut [usize]) -> (usize, u64) {
+pub(crate) fn capture(mode: StackMode, out: &mut [usize]) -> Captured {
     let n = match mode {
-        StackMode::Off => return (0, 0),
+        StackMode::Off => return Captured { len: 0, hash: 0, version: None },
         StackMode::Fast => return fast(out),
         StackMode::Full => unwind(out),
     };
-    (n, hash_stack(&out[..n]))
+    Captured::hashed(&out[..n])
 }
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 #[inline(always)]
-fn fast(out: &mut [usize]) -> (usize, u64) {
+fn fast(out: &mut [usize]) -> Captured {
     match super::unwind::capture(out, stack_bounds()) {
-        Some(hashed) => hashed,
+        Some(c) => Captured { len: c.len, hash: c.hash, version: Some(c.version) },
         None => {
             FALLBACKS.fetch_add(1, Ordering::Relaxed);
             let n = unwind(out);
-            (n, hash_stack(&out[..n]))
+            Captured::hashed(&out[..n])
         }
     }
 }
 
 #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
 #[inline(always)]
-fn fast(out: &mut [usize]) -> (usize, u64) {
+fn fast(out: &mut [usize]) -> Captured {
     if frame_pointers_work() {
         let here = 0u8;
         let low = std::ptr::addr_of!(here) as usize;
@@ -237,13 +252,13 @@ fn fast(out: &mut [usize]) -> (usize, u64) {
         if hi != 0 {
             let n = walk(frame_pointer(), low.max(lo), hi, out);
             if n > 0 {
-                return (n, hash_stack(&out[..n]));
+                return Captured::hashed(&out[..n]);
             }
         }
     }
     FALLBACKS.fetch_add(1, Ordering::Relaxed);
     let n = unwind(out);
-    (n, hash_stack(&out[..n]))
+    Captured::hashed(&out[..n])
 }
 
 fn unwind(out: &mut [usize]) -> usize {
@@ -338,15 +353,19 @@ mod tests {
     #[test]
     fn captures_something_in_every_mode() {
         let mut out = [0usize; 32];
-        assert_eq!(capture(StackMode::Off, &mut out).0, 0);
-        let (n, h) = capture(StackMode::Full, &mut out);
-        assert!(n > 2, "{:?}", &out[..n]);
-        assert_eq!(h, hash_stack(&out[..n]));
-        let (n, h) = capture(StackMode::Fast, &mut out);
-        assert!(n > 0);
-        assert_eq!(h, hash_stack(&out[..n]));
-        assert!(capture(StackMode::Fast, &mut out[..2]).0 <= 2);
-        assert!(capture(StackMode::Full, &mut out[..2]).0 <= 2);
+        assert_eq!(capture(StackMode::Off, &mut out).len, 0);
+        let c = capture(StackMode::Full, &mut out);
+        assert!(c.len > 2, "{:?}", &out[..c.len]);
+        assert_eq!(c.hash, hash_stack(&out[..c.len]));
+        assert_eq!(c.version, None);
+        for _ in 0..3 {
+            // The first, then a replay of the same walk: the same version.
+            let c = capture(StackMode::Fast, &mut out);
+            assert!(c.len > 0);
+            assert_eq!(c.hash, hash_stack(&out[..c.len]));
+        }
+        assert!(capture(StackMode::Fast, &mut out[..2]).len <= 2);
+        assert!(capture(StackMode::Full, &mut out[..2]).len <= 2);
     }
 
     #[test]
@@ -372,7 +391,7 @@ mod tests {
     fn deep_and_odd_stacks_never_crash() {
         fn recurse(n: usize, out: &mut [usize; 64]) -> usize {
             if n == 0 {
-                return capture(StackMode::Fast, out).0;
+                return capture(StackMode::Fast, out).len;
             }
             let pad = [n as u8; 64];
             std::hint::black_box(&pad);

@@ -59,6 +59,21 @@ struct Trace {
     ras: Vec<usize>,
     /// The last capture's length and hash.
     hash: (usize, u64),
+    /// Changes whenever `frames` change: a capture's frames are the same as another's of this
+    /// thread when both have the same version and length (see [`Captured::version`]).
+    version: u64,
+}
+
+/// A capture's result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Captured {
+    /// Frames written.
+    pub(crate) len: usize,
+    /// Their [`hash_stack`](super::stack::hash_stack).
+    pub(crate) hash: u64,
+    /// The capturing thread's trace version: two captures of one thread with the same version
+    /// and length hold the same frames, so a recorder may reuse what it made of the first.
+    pub(crate) version: u64,
 }
 
 impl Trace {
@@ -70,11 +85,13 @@ impl Trace {
             checks_end: Vec::new(),
             ras: Vec::new(),
             hash: (0, 0),
+            version: 0,
         }
     }
 
     /// Forgets the walk.
     fn clear(&mut self) {
+        self.version += 1;
         self.frames.clear();
         self.checks.clear();
         self.checks_end.clear();
@@ -83,6 +100,7 @@ impl Trace {
 
     /// Derives the flat checks from `frames`.
     fn index(&mut self) {
+        self.version += 1;
         self.checks.clear();
         self.checks_end.clear();
         self.ras.clear();
@@ -152,12 +170,11 @@ fn registers() -> Regs {
 }
 
 /// Captures the calling thread's return addresses into `out`, innermost first, starting with
-/// the return address into this function's caller, and returns how many and their
-/// [`hash_stack`](super::stack::hash_stack). `stack` is the thread's stack `[lo, hi)`.
+/// the return address into this function's caller. `stack` is the thread's stack `[lo, hi)`.
 /// `None`: a frame this unwinder does not model was met (or the thread is not on the stack
 /// it was given); the caller unwinds with the `backtrace` crate instead.
 #[inline(never)]
-pub(crate) fn capture(out: &mut [usize], stack: (usize, usize)) -> Option<(usize, u64)> {
+pub(crate) fn capture(out: &mut [usize], stack: (usize, usize)) -> Option<Captured> {
     let regs = registers();
     STATE
         .try_with(|state| {
@@ -169,8 +186,8 @@ pub(crate) fn capture(out: &mut [usize], stack: (usize, usize)) -> Option<(usize
                 state.last.clear();
                 state.generation = generation;
             }
-            if let Some(hit) = replay(&mut state.last, regs, out) {
-                return Some(hit);
+            if let Some((len, hash)) = replay(&mut state.last, regs, out) {
+                return Some(Captured { len, hash, version: state.last.version });
             }
             let n = walk(&mut state, regs, stack, out)?;
             if state.generation != generation {
@@ -179,7 +196,7 @@ pub(crate) fn capture(out: &mut [usize], stack: (usize, usize)) -> Option<(usize
             }
             let hash = super::stack::hash_stack(&out[..n]);
             state.last.hash = (n, hash);
-            Some((n, hash))
+            Some(Captured { len: n, hash, version: state.last.version })
         })
         .ok()
         .flatten()
