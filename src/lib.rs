@@ -165,21 +165,24 @@
 //! stacks [`StackMode::Fast`] (the default), [`StackMode::Full`] or off, a depth limit, scopes,
 //! the history's size and which events carry context ([`ContextLevel`]).
 //!
-//! Stacks are raw instruction pointers captured at one `#[inline(never)]` site, each distinct
-//! stack stored once per allocator, and resolved to file, line and function only when a
-//! snapshot is taken, each address once. The fast mode walks frame pointers, checking every
-//! frame against the thread's stack bounds and alignment, so it cannot read outside the stack;
-//! build with frame pointers to make it complete:
-//!
-//! ```toml
-//! # .cargo/config.toml of your project
-//! [build]
-//! rustflags = ["-C", "force-frame-pointers=yes"]
-//! ```
-//!
-//! Without them the fast mode finds out once per process ([`frame_pointers_available`]) and
-//! uses the `backtrace` crate's unwinder instead, as the full mode always does (about 20 times
-//! slower per allocation).
+//! Stacks are return addresses captured at one `#[inline(never)]` site, each distinct stack
+//! stored once per allocator, and resolved to file, line and function only when a snapshot is
+//! taken, each address once. They need no build flags. On x86-64 Linux the fast mode
+//! ([`fast_unwinder`] says which unwinder a process uses) reads the unwind tables that every
+//! object carries for panics and C++ exceptions (`.eh_frame`), found through
+//! `dl_iterate_phdr`, so it is exact without frame pointers and through C and C++ libraries
+//! (libcuda, libcupti) that have none; the rule at each return address is read once per thread
+//! and cached, and an allocation from a place the thread allocated from before only checks
+//! that the stack slots the last walk read still hold the same values. In a release build
+//! without frame pointers a recorded pair costs about twice an unrecorded one, where the
+//! `backtrace` crate's unwinder ([`StackMode::Full`]) costs 60 times (BENCHMARKS.md, "Stacks
+//! as users build"). Libraries loaded later (`dlopen`) are found at their first frame; frames
+//! the cached unwinder does not model (signal handlers, code generated at run time) are taken
+//! by the `backtrace` crate's unwinder, counted by [`fast_fallbacks`]. Every read is checked
+//! against the thread's stack bounds. A snapshot records which unwinder took its stacks
+//! ([`Snapshot::stack_capture`]). Elsewhere (aarch64, macOS, Windows) the fast mode walks
+//! frame pointers where a once-per-process check ([`frame_pointers_available`]) finds them
+//! complete, and uses the `backtrace` crate's unwinder otherwise.
 //!
 //! Scopes are per thread: [`scope`] guards nest, [`current_scope`] and [`Scope::enter`] carry a
 //! scope into a thread you spawn, [`Scope::wrap`] into an async task (a guard is tied to its
@@ -270,6 +273,9 @@
 //! [`StackMode::Full`]: record::StackMode::Full
 //! [`ContextLevel`]: record::ContextLevel
 //! [`frame_pointers_available`]: record::frame_pointers_available
+//! [`fast_unwinder`]: record::fast_unwinder
+//! [`fast_fallbacks`]: record::fast_fallbacks
+//! [`Snapshot::stack_capture`]: snapshot::Snapshot::stack_capture
 
 #![warn(missing_docs, unreachable_pub)]
 

@@ -267,3 +267,30 @@ fn allocations_from_deep_and_small_stacks_never_crash() {
         assert!(alloc.snapshot().history.iter().any(|e| e.action == Action::Alloc));
     }
 }
+
+/// A snapshot says how its stacks were taken; a snapshot of format version 2 (without it)
+/// still loads.
+#[test]
+fn snapshots_name_the_unwinder_and_older_ones_still_load() {
+    use vramscope::record::Unwinder;
+    let alloc = allocator(RecordConfig::default());
+    let b = alloc.alloc::<u8>(&alloc.default_stream(), 10).unwrap();
+    let snap = alloc.snapshot();
+    let capture = snap.stack_capture.expect("recorded by this build");
+    assert_eq!(capture.mode, StackMode::Fast);
+    assert_eq!(capture.unwinder, vramscope::record::fast_unwinder());
+    if cfg!(all(target_arch = "x86_64", target_os = "linux")) {
+        assert_eq!(capture.unwinder, Unwinder::CachedTables);
+    }
+    let json = snap.to_json();
+    assert!(json.contains(r#""stack_capture":{"mode":"fast","unwinder":"cached_tables","fallbacks":"#), "{json}");
+    let mut old: serde_json::Value = serde_json::from_str(&json).unwrap();
+    old["version"] = 2.into();
+    old.as_object_mut().unwrap().remove("stack_capture");
+    let loaded = Snapshot::from_bytes(old.to_string().as_bytes(), "v2.json").expect("version 2 loads");
+    assert_eq!(loaded.stack_capture, None);
+    assert_eq!(loaded.live_blocks().count(), 1);
+    drop(b);
+    let off = allocator(RecordConfig::off()).snapshot().stack_capture.unwrap();
+    assert_eq!((off.mode, off.unwinder), (StackMode::Off, Unwinder::None));
+}

@@ -8,7 +8,10 @@ use crate::intern::Interner;
 use crate::record::{scope_path, thread_name, Action, Context, Event, Frame, Symbolizer};
 
 /// The version of the snapshot model written by this build.
-pub const SNAPSHOT_VERSION: u32 = 2;
+///
+/// 3 (2026-11-23): [`Snapshot::stack_capture`]. 2: [`Snapshot::time_origin_us`]. Every earlier
+/// version still loads.
+pub const SNAPSHOT_VERSION: u32 = 3;
 
 struct Raw {
     device: usize,
@@ -21,6 +24,7 @@ struct Raw {
     sites: Vec<crate::record::Site>,
     stats: std::collections::BTreeMap<String, u64>,
     clock: crate::record::Clock,
+    stacks_mode: crate::record::StackMode,
 }
 
 fn copy(heap: &Heap) -> Raw {
@@ -74,6 +78,7 @@ fn copy(heap: &Heap) -> Raw {
         sites: rec.sites.sites.clone(),
         stats: heap.stats().to_map(),
         clock: rec.clock,
+        stacks_mode: rec.config.stacks,
     }
 }
 
@@ -204,6 +209,7 @@ impl CachingAllocator {
             time_origin_us: raw.clock.origin_us(),
             allocator_settings: None,
             external_annotations: Vec::new(),
+            stack_capture: Some(super::model::StackCapture::now(raw.stacks_mode)),
         }
     }
 }

@@ -9,7 +9,9 @@ mod torch;
 mod validate;
 
 pub use build::SNAPSHOT_VERSION;
-pub use model::{BlockInfo, BlockState, ContextInfo, HistoryEntry, SegmentInfo, SegmentSummary, Snapshot};
+pub use model::{
+    BlockInfo, BlockState, ContextInfo, HistoryEntry, SegmentInfo, SegmentSummary, Snapshot, StackCapture,
+};
 
 /// What a file's first byte says it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

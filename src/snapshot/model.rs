@@ -1,7 +1,7 @@
 //! The snapshot model: plain serde data of segments, blocks with their context, and the
 //! history, with frames and stacks stored once in tables.
 
-use crate::record::{Action, Frame};
+use crate::record::{Action, Frame, StackMode, Unwinder};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -42,6 +42,36 @@ pub struct Snapshot {
     /// PyTorch's `external_annotations` (profiler ranges with their times), kept as read.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub external_annotations: Vec<serde_json::Value>,
+    /// How the recording took its stacks (format version 3 on; absent in earlier snapshots
+    /// and in PyTorch's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stack_capture: Option<StackCapture>,
+}
+
+/// How a recording took its stacks: what a reader needs to trust them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct StackCapture {
+    /// The allocator's [`RecordConfig::stacks`](crate::record::RecordConfig::stacks).
+    pub mode: StackMode,
+    /// The unwinder that mode uses in the process that took the snapshot.
+    pub unwinder: Unwinder,
+    /// Stacks of the fast mode that the `backtrace` crate's unwinder took instead (frames the
+    /// cached unwinder does not model), in that process so far
+    /// ([`fast_fallbacks`](crate::record::fast_fallbacks)).
+    pub fallbacks: u64,
+}
+
+impl StackCapture {
+    /// The capture of `mode` in this process now.
+    pub(crate) fn now(mode: StackMode) -> StackCapture {
+        let unwinder = match mode {
+            StackMode::Off => Unwinder::None,
+            StackMode::Full => Unwinder::Backtrace,
+            _ => crate::record::fast_unwinder(),
+        };
+        StackCapture { mode, unwinder, fallbacks: crate::record::fast_fallbacks() }
+    }
 }
 
 /// One segment.
@@ -213,6 +243,7 @@ impl Snapshot {
             time_origin_us: 0,
             allocator_settings: None,
             external_annotations: Vec::new(),
+            stack_capture: None,
         }
     }
 

@@ -331,6 +331,7 @@ impl Snapshot {
             time_origin_us,
             allocator_settings: settings,
             external_annotations: annotations,
+            stack_capture: None,
         })
     }
 }
