@@ -300,3 +300,94 @@ fn the_cached_unwinder_took_every_stack() {
     }
     assert!(COMPARED.load(Ordering::Relaxed) >= 50);
 }
+
+/// Builds a shared library of C code without frame pointers that calls back through a few
+/// frames of its own; `None` where no C compiler is found (printed).
+fn c_library(dir: &std::path::Path, name: &str, padding: usize) -> Option<std::path::PathBuf> {
+    let src = dir.join(format!("{name}.c"));
+    // Padding functions move the calling code, so that a library loaded where an unloaded one
+    // was has other return addresses than the cached ones.
+    let pad: String = (0..padding).map(|i| format!("int pad{i}(int x) {{ return x * {i} + 1; }}\n")).collect();
+    std::fs::write(
+        &src,
+        format!(
+            "{pad}
+typedef void (*callback)(void *);
+__attribute__((noinline)) void inner(callback f, void *data, int n) {{
+    volatile char buffer[48];
+    buffer[0] = (char)n;
+    if (n > 0) inner(f, data, n - 1); else f(data);
+    buffer[1] = buffer[0];
+}}
+void call_through(callback f, void *data, int depth) {{ inner(f, data, depth); __asm__ volatile(\"\"); }}
+"
+        ),
+    )
+    .ok()?;
+    let out = dir.join(format!("lib{name}.so"));
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let status = std::process::Command::new(&cc)
+        .args(["-O2", "-fomit-frame-pointer", "-shared", "-fPIC", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .status();
+    match status {
+        Ok(s) if s.success() => Some(out),
+        other => {
+            println!("skipped: {cc} could not build a shared library ({other:?})");
+            None
+        }
+    }
+}
+
+extern "C" fn compare_from_c(data: *mut c_void) {
+    // SAFETY: `data` is the `Option<String>` that `through_library` passes, alive during the call.
+    let failure = unsafe { &mut *data.cast::<Option<String>>() };
+    let caught = std::panic::catch_unwind(compare_here);
+    if let Err(e) = caught {
+        *failure = Some(e.downcast_ref::<String>().cloned().unwrap_or_else(|| "a panic".into()));
+    }
+}
+
+/// Calls `compare_here` through `call_through` of the library at `path`, then unloads it.
+fn through_library(path: &std::path::Path) {
+    let name = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: loads a library this test built; its constructor-free C code has no side effects.
+    let handle = unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    assert!(!handle.is_null(), "dlopen {}", path.display());
+    // SAFETY: the symbol exists in the library built above, with this signature.
+    let call: extern "C" fn(extern "C" fn(*mut c_void), *mut c_void, i32) = unsafe {
+        let sym = libc::dlsym(handle, c"call_through".as_ptr());
+        assert!(!sym.is_null());
+        std::mem::transmute::<*mut c_void, extern "C" fn(extern "C" fn(*mut c_void), *mut c_void, i32)>(sym)
+    };
+    for depth in [0, 3, 7] {
+        let mut failure: Option<String> = None;
+        call(compare_from_c, (&raw mut failure).cast(), depth);
+        if let Some(f) = failure {
+            panic!("through {} at depth {depth}: {f}", path.display());
+        }
+    }
+    // SAFETY: no code or data of the library is in use any more.
+    assert_eq!(unsafe { libc::dlclose(handle) }, 0);
+}
+
+/// Libraries loaded after the first capture (as cudarc loads the driver) are unwound through,
+/// C frames without frame pointers included, and so are libraries loaded where an unloaded one
+/// was.
+#[test]
+fn stacks_through_libraries_loaded_and_unloaded_later() {
+    let dir = std::env::temp_dir().join(format!("vramscope-unwind-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let Some(first) = c_library(&dir, "first", 0) else { return };
+    let Some(second) = c_library(&dir, "second", 40) else { return };
+    compare_here();
+    let before = fast_fallbacks();
+    through_library(&first);
+    through_library(&second);
+    through_library(&first);
+    if cfg!(all(target_arch = "x86_64", target_os = "linux")) {
+        assert_eq!(fast_fallbacks(), before, "a stack through C fell back to the backtrace crate");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -400,12 +400,6 @@ fn miss(state: &mut ThreadState, lookup: u64) -> u64 {
     word
 }
 
-/// Return addresses this thread has cached rules for (for tests and benchmarks).
-#[cfg(test)]
-pub(crate) fn cached_addresses() -> usize {
-    STATE.with(|s| s.borrow().cache.len())
-}
-
 #[cfg(test)]
 mod tests {
     use super::rule::Rule;
