@@ -7,7 +7,9 @@
 //! time a thread meets a return address, [`objects::find`] reads the rule there and this
 //! module caches it, packed in one word ([`rule::Step`]), in a per-thread table
 //! ([`cache::RuleCache`]); afterwards the frame costs one table lookup and one or two reads of
-//! the stack, with no lock, no system call and no atomic operation shared between threads.
+//! the stack, with no lock, no system call and no atomic write. A capture from a place the
+//! thread captured from before does not even look the rules up: it checks that the stack
+//! slots the last walk read still hold what they held ([`walk`], [`replay`]).
 //!
 //! Frames with frame pointers need no special case: their rule says "the CFA is the frame
 //! pointer plus 16", which the same lookup finds. Frames the packed rule cannot describe
@@ -251,11 +253,13 @@ fn walk(state: &mut ThreadState, regs: Regs, (lo, hi): (usize, usize), out: &mut
     if !(lo <= regs.sp && regs.sp < hi) {
         return None;
     }
-    let readable = |at: u64| at >= lo && at <= hi - WORD && at.is_multiple_of(WORD);
-    // SAFETY (for every `read` below): the callers check `readable(at)`, so `at` is an aligned
-    // word of this thread's stack between the live stack pointer and the stack's top, mapped
-    // and readable while this function runs.
-    let read = |at: u64| unsafe { *(at as *const u64) };
+    // The word at `at`, where it is an aligned word of this thread's stack between the live
+    // stack pointer and the stack's top; `None` elsewhere.
+    let read = |at: u64| {
+        let on_stack = at >= lo && at <= hi - WORD && at.is_multiple_of(WORD);
+        // SAFETY: such a word is mapped and readable while this function runs.
+        on_stack.then(|| unsafe { *(at as *const u64) })
+    };
     let last = std::mem::take(&mut state.last.frames);
     let last_stopped = state.last.stopped;
     // The previous walk is written back below, changed or not.
@@ -279,9 +283,7 @@ fn walk(state: &mut ThreadState, regs: Regs, (lo, hi): (usize, usize), out: &mut
             let mut k = j;
             while k < last.len() && n < out.len() {
                 let f = &last[k];
-                let ok = readable(f.ra_at)
-                    && read(f.ra_at) == f.ra
-                    && (f.fp_at == 0 || (readable(f.fp_at) && read(f.fp_at) == f.fp_after));
+                let ok = read(f.ra_at) == Some(f.ra) && (f.fp_at == 0 || read(f.fp_at) == Some(f.fp_after));
                 if !ok {
                     break;
                 }
@@ -336,19 +338,18 @@ fn walk(state: &mut ThreadState, regs: Regs, (lo, hi): (usize, usize), out: &mut
         let cfa = base.wrapping_add(u64::from(rule.cfa_offset));
         let ra_at = cfa.wrapping_sub(u64::from(rule.ra_below));
         // Every slot read lies on this thread's stack, above the current frame.
-        if !readable(ra_at) || cfa <= sp {
+        let Some(ra) = read(ra_at).filter(|_| cfa > sp) else {
             stopped = true;
             break;
-        }
-        let ra = read(ra_at);
+        };
         let (fp_at, fp_after) = match rule.fp_below {
             Some(below) => {
                 let at = cfa.wrapping_sub(u64::from(below));
-                if !readable(at) {
+                let Some(saved) = read(at) else {
                     stopped = true;
                     break;
-                }
-                (at, read(at))
+                };
+                (at, saved)
             }
             None => (0, fp),
         };

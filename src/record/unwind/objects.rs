@@ -44,6 +44,12 @@ pub(crate) fn find(lookup: u64, ctx: &mut Context) -> Found {
 }
 
 /// `dl_iterate_phdr`'s callback: stops (returns 1) at the object that holds the address.
+///
+/// # Safety
+///
+/// `info` must point at a `dl_phdr_info` of `size` bytes describing a loaded object, valid
+/// for the call, and `data` at the [`Search`] of this iteration, borrowed by nothing else: as
+/// `dl_iterate_phdr` calls it from [`find`], holding the loader's lock.
 unsafe extern "C" fn visit(info: *mut libc::dl_phdr_info, size: usize, data: *mut c_void) -> c_int {
     // SAFETY: `data` is the `Search` that `find` passed, borrowed by nothing else while the
     // iteration runs; `info` points at a valid `dl_phdr_info` of `size` bytes for the duration
