@@ -32,6 +32,8 @@ fn exercise(snap: &Snapshot) {
     let folded = report::folded(snap, FoldedKind::Live);
     #[cfg(feature = "flamegraph")]
     let _ = report::flamegraph(&folded, "t");
+    #[cfg(not(feature = "flamegraph"))]
+    drop(folded);
     let _ = report::folded(snap, FoldedKind::Allocated);
     let _ = snap.to_json();
     let _ = snap.to_pytorch_pickle();
