@@ -84,3 +84,10 @@ fn assert_mem_snapshot_pins_an_allocators_live_tensors() {
     vramscope::assert_mem_snapshot!("model_snapshot", alloc.snapshot());
     drop(w);
 }
+
+/// A test named with a raw identifier: the macro uses the bare name.
+#[gpu_mem_test(iters = 2)]
+fn r#match() {
+    let a = vramscope::device(0);
+    drop(a.alloc::<u8>(&a.default_stream(), 64).unwrap());
+}

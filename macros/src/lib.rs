@@ -6,6 +6,7 @@
 use proc_macro::TokenStream;
 use proc_macro2::{Span, TokenStream as TokenStream2};
 use quote::{quote, quote_spanned};
+use syn::ext::IdentExt;
 use syn::parse::Parser;
 use syn::punctuated::Punctuated;
 use syn::{Expr, ExprLit, ItemFn, Lit, MetaNameValue, ReturnType, Token};
@@ -105,8 +106,14 @@ fn parse_options(args: TokenStream2) -> syn::Result<Options> {
         Some(all) => all.combine(e),
         None => errors = Some(e),
     };
+    let mut seen: Vec<String> = Vec::new();
     for nv in &list {
         let key = nv.path.get_ident().map(ToString::to_string).unwrap_or_default();
+        if !key.is_empty() && seen.contains(&key) {
+            push(syn::Error::new_spanned(&nv.path, format!("`{key}` is given twice; give each key once")));
+            continue;
+        }
+        seen.push(key.clone());
         let r: syn::Result<()> = (|| {
             match key.as_str() {
                 "iters" => {
@@ -211,7 +218,9 @@ fn expand(args: TokenStream2, item: TokenStream2) -> syn::Result<TokenStream2> {
     let (iters, warmup, tolerance, device) = (o.iters as usize, o.warmup as usize, &o.tolerance, o.device as usize);
     // At module level, so that a refused tolerance fails every build, not only `cargo test`
     // (test functions are left out of other builds before constants are evaluated).
-    let tolerance_const = syn::Ident::new(&format!("__VRAMSCOPE_TOLERANCE_{name}"), Span::call_site());
+    // A raw identifier (`fn r#match`) names the test by its bare name.
+    let bare = name.unraw();
+    let tolerance_const = syn::Ident::new(&format!("__VRAMSCOPE_TOLERANCE_{bare}"), Span::call_site());
     let metric = syn::Ident::new(o.metric, Span::call_site());
     let backend = syn::Ident::new(o.backend, Span::call_site());
     let snapshot = if o.snapshot {
@@ -226,7 +235,7 @@ fn expand(args: TokenStream2, item: TokenStream2) -> syn::Result<TokenStream2> {
         #(#attrs)*
         #test_attr
         #vis #sig {
-            let __vramscope_test = ::vramscope::testing::MemTest::new(::core::concat!(::core::module_path!(), "::", ::core::stringify!(#name)))
+            let __vramscope_test = ::vramscope::testing::MemTest::new(::core::concat!(::core::module_path!(), "::", ::core::stringify!(#bare)))
                 .iters(#iters)
                 .warmup(#warmup)
                 .tolerance(#tolerance_const)
