@@ -301,7 +301,9 @@ pub mod stats {
 /// `VRAMSCOPE_ALLOC_CONF`), the environment variables that choose the default devices and
 /// OOM snapshots, and the byte-size parser they all use.
 pub mod config {
-    pub use crate::alloc::{AllocatorConfig, LimitMax, ALLOC_CONF_ENV, OOM_SNAPSHOT_ENV};
+    pub use crate::alloc::{
+        AllocatorConfig, LimitMax, ALLOC_CONF_ENV, MAX_FRAGMENTATION_LIMIT, OOM_SNAPSHOT_ENV, ROUNDUP_INTERVALS,
+    };
     pub use crate::device::{parse_bytes, BACKEND_ENV, CAPACITY_ENV, DEFAULT_HOST_CAPACITY, DEFAULT_SIM_CAPACITY};
     pub use crate::units::{parse_byte_size, ByteSizeError};
 }

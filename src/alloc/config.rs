@@ -8,7 +8,29 @@ pub const ALLOC_CONF_ENV: &str = "VRAMSCOPE_ALLOC_CONF";
 
 /// Keys accepted in a configuration string, for error messages.
 const KEYS: &str = "max_split_size_mb, roundup_power2_divisions, garbage_collection_threshold, \
-                    fragmentation_limit, fragmentation_limit_max, release_pages, expandable_segments";
+                    fragmentation_limit, fragmentation_limit_max, release_pages, expandable_segments, backend";
+
+/// Keys of `PYTORCH_CUDA_ALLOC_CONF` that vramscope does not implement. A configuration
+/// naming one is refused, as an unknown key is: a setting vramscope would silently ignore
+/// would make the configuration say what the allocator does not do.
+const PYTORCH_ONLY_KEYS: [&str; 8] = [
+    "max_non_split_rounding_mb",
+    "release_lock_on_cudamalloc",
+    "pinned_use_cuda_host_register",
+    "pinned_num_register_threads",
+    "pinned_use_background_threads",
+    "pinned_reserve_segment_size_mb",
+    "expandable_segments_handle_type",
+    "graph_capture_record_stream_reuse",
+];
+
+/// Size intervals of [`AllocatorConfig::roundup_power2_divisions`]: 1 MiB to 64 GiB, as
+/// PyTorch's.
+pub const ROUNDUP_INTERVALS: usize = 16;
+
+/// The most [`AllocatorConfig::fragmentation_limit`] and `fragmentation_limit_max` take (a
+/// limit above it is no limit: say `off`).
+pub const MAX_FRAGMENTATION_LIMIT: f64 = 16.0;
 
 /// How a [`CachingAllocator`](crate::CachingAllocator) sizes, splits and reclaims memory.
 ///
@@ -30,9 +52,15 @@ pub struct AllocatorConfig {
     /// Blocks larger than this are never split, and requests smaller than it never take them
     /// (PyTorch's `max_split_size_mb`). Default: `None`, no limit.
     pub max_split_size: Option<u64>,
-    /// Round request sizes up to one of this many divisions between powers of two
-    /// (PyTorch's `roundup_power2_divisions`); `0` or `1` rounds to 512 bytes only. Default: `0`.
-    pub roundup_power2_divisions: u32,
+    /// Round request sizes up to one of this many divisions between powers of two, per size
+    /// interval as PyTorch keeps them (`roundup_power2_divisions`): entry `i` applies to requests
+    /// of `2^i` MiB up to `2^(i+1)` MiB, entry 0 also to smaller ones and entry 15 to larger
+    /// ones (32 GiB on); `0` or `1` rounds to 512 bytes only. The string form takes one number
+    /// for every size (`roundup_power2_divisions:4`) or PyTorch's list, read as PyTorch reads
+    /// it (`roundup_power2_divisions:[256:1,512:2,>:8]`): each `MiB:divisions` pair sets the
+    /// interval starting at that size, the first pair also every smaller one, and `>` every
+    /// interval from the last pair's on (that one included). Default: all `0`.
+    pub roundup_power2_divisions: [u32; ROUNDUP_INTERVALS],
     /// When reserved memory would exceed this fraction of the device's capacity, release cached
     /// segments before growing (PyTorch's `garbage_collection_threshold`). Default: `None`.
     pub garbage_collection_threshold: Option<f64>,
@@ -58,7 +86,7 @@ impl Default for AllocatorConfig {
     fn default() -> Self {
         AllocatorConfig {
             max_split_size: None,
-            roundup_power2_divisions: 0,
+            roundup_power2_divisions: [0; ROUNDUP_INTERVALS],
             garbage_collection_threshold: None,
             fragmentation_limit: Some(1.05),
             fragmentation_limit_max: LimitMax::Auto,
@@ -119,19 +147,28 @@ impl AllocatorConfig {
     /// Parses `key:value` pairs separated by commas, as in `PYTORCH_CUDA_ALLOC_CONF`.
     ///
     /// Keys: `max_split_size_mb` (an integer number of MiB, more than 20),
-    /// `roundup_power2_divisions` (a power of two, at most 64), `garbage_collection_threshold`
-    /// (a number strictly between 0 and 1), `fragmentation_limit` and `fragmentation_limit_max`
-    /// (numbers at least 1, or `off`; the second also `auto`),
-    /// `release_pages` and its PyTorch-named alias `expandable_segments` (`True` or `False`).
-    /// Unknown keys and malformed values are errors naming the key and the accepted form; an
+    /// `roundup_power2_divisions` (0 or a power of two, at most 64, or PyTorch's list
+    /// `[256:1,512:2,>:8]`), `garbage_collection_threshold` (a number strictly between 0 and 1),
+    /// `fragmentation_limit` and `fragmentation_limit_max` (numbers from 1 to
+    /// [`MAX_FRAGMENTATION_LIMIT`], or `off`; the second also `auto`), `release_pages` and its
+    /// PyTorch-named alias `expandable_segments` (`True` or `False`), and `backend:native`
+    /// (vramscope is PyTorch's native allocator; `cudaMallocAsync` is refused). Each key at most
+    /// once. Unknown keys, PyTorch's keys that vramscope does not implement
+    /// (`max_non_split_rounding_mb`, the `pinned_*` keys, ...) and malformed values are errors
+    /// naming the key and the accepted form: vramscope refuses a setting it would ignore. An
     /// empty string is the default configuration.
     pub fn parse(s: &str) -> Result<Self> {
         let mut c = AllocatorConfig::default();
-        for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        let mut seen: Vec<&str> = Vec::new();
+        for item in split_items(s)?.into_iter().map(str::trim).filter(|i| !i.is_empty()) {
             let (key, value) = item
                 .split_once(':')
                 .map(|(k, v)| (k.trim(), v.trim()))
                 .ok_or_else(|| bad(item, format!("expected `key:value`; accepted keys: {KEYS}")))?;
+            if seen.contains(&key) {
+                return Err(bad(key, "is given twice; give each key once"));
+            }
+            seen.push(key);
             match key {
                 "max_split_size_mb" => {
                     let mb: u64 = value.parse().map_err(|_| {
@@ -144,11 +181,26 @@ impl AllocatorConfig {
                         mb.checked_mul(1 << 20).ok_or_else(|| bad(key, format!("{mb} MiB does not fit in 64 bits")))?;
                     c.max_split_size = Some(bytes);
                 }
-                "roundup_power2_divisions" => {
-                    let d: u32 = value.parse().map_err(|_| {
-                        bad(key, format!("`{value}` is not a whole number (e.g. roundup_power2_divisions:4)"))
-                    })?;
-                    c.roundup_power2_divisions = d;
+                "roundup_power2_divisions" => c.roundup_power2_divisions = parse_divisions(value)?,
+                // PyTorch's choice of allocator: vramscope is the caching one (`native`).
+                "backend" if value == "native" => {}
+                "backend" => {
+                    return Err(bad(
+                        key,
+                        format!(
+                            "`{value}` is PyTorch's choice of allocator; vramscope is the caching allocator \
+                             (`native`): choose where its memory comes from with VRAMSCOPE_BACKEND"
+                        ),
+                    ))
+                }
+                _ if PYTORCH_ONLY_KEYS.contains(&key) => {
+                    return Err(bad(
+                        key,
+                        format!(
+                            "is PyTorch's key, which vramscope does not implement (it refuses settings it \
+                             would ignore): remove it; accepted keys: {KEYS}"
+                        ),
+                    ))
                 }
                 "garbage_collection_threshold" => {
                     let t: f64 = value.parse().map_err(|_| {
@@ -206,14 +258,20 @@ impl AllocatorConfig {
 
     /// Checks the ranges of the values (also of those set directly on the struct).
     pub(crate) fn validate(&self) -> Result<()> {
+        let in_range = |x: f64| (1.0..=MAX_FRAGMENTATION_LIMIT).contains(&x);
+        let out_of_range = |key: &str, x: f64| {
+            // `{:e}` keeps a huge or tiny value one short word (`1e308`, not 309 digits).
+            let shown = if x.is_finite() && x.abs() < 1e6 { format!("{x}") } else { format!("{x:e}") };
+            bad(key, format!("{shown} must be at least 1 and at most {MAX_FRAGMENTATION_LIMIT} (`off` for no limit)"))
+        };
         if let Some(f) = self.fragmentation_limit {
-            if !(f.is_finite() && f >= 1.0) {
-                return Err(bad("fragmentation_limit", format!("{f} must be at least 1")));
+            if !in_range(f) {
+                return Err(out_of_range("fragmentation_limit", f));
             }
         }
         if let LimitMax::At(m) = self.fragmentation_limit_max {
-            if !(m.is_finite() && m >= 1.0) {
-                return Err(bad("fragmentation_limit_max", format!("{m} must be at least 1")));
+            if !in_range(m) {
+                return Err(out_of_range("fragmentation_limit_max", m));
             }
         }
         if let (Some(f), LimitMax::At(m)) = (self.fragmentation_limit, self.fragmentation_limit_max) {
@@ -229,12 +287,85 @@ impl AllocatorConfig {
                 return Err(bad("garbage_collection_threshold", format!("{t} must be strictly between 0 and 1")));
             }
         }
-        let d = self.roundup_power2_divisions;
-        if d > 64 || (d > 0 && !d.is_power_of_two()) {
-            return Err(bad("roundup_power2_divisions", format!("{d} must be 0 or a power of two of at most 64")));
+        for &d in &self.roundup_power2_divisions {
+            if d > 64 || (d > 0 && !d.is_power_of_two()) {
+                return Err(bad("roundup_power2_divisions", format!("{d} must be 0 or a power of two of at most 64")));
+            }
         }
         Ok(())
     }
+
+    /// The divisions that apply to a request of `size` bytes (PyTorch's
+    /// `roundup_power2_divisions(size)`).
+    pub(crate) fn divisions_for(&self, size: u64) -> u32 {
+        let log = 63 - size.max(1).leading_zeros() as usize;
+        self.roundup_power2_divisions[log.saturating_sub(20).min(ROUNDUP_INTERVALS - 1)]
+    }
+}
+
+/// Splits a configuration string at the commas outside brackets (PyTorch's list values).
+fn split_items(s: &str) -> Result<Vec<&str>> {
+    let (mut items, mut depth, mut start) = (Vec::new(), 0usize, 0);
+    for (i, ch) in s.char_indices() {
+        match ch {
+            '[' => depth += 1,
+            ']' => {
+                depth = depth.checked_sub(1).ok_or_else(|| bad(&s[start..=i], "a `]` without its `[`"))?;
+            }
+            ',' if depth == 0 => {
+                items.push(&s[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    if depth > 0 {
+        return Err(bad(s[start..].trim(), "a `[` without its `]`"));
+    }
+    items.push(&s[start..]);
+    Ok(items)
+}
+
+/// `roundup_power2_divisions`: one number for every size, or PyTorch's list of
+/// `MiB:divisions` pairs (`[256:1,512:2,>:8]`), read as PyTorch reads it: the first pair also
+/// covers every smaller size, `>` every size after the last pair.
+fn parse_divisions(value: &str) -> Result<[u32; ROUNDUP_INTERVALS]> {
+    const KEY: &str = "roundup_power2_divisions";
+    let number = |v: &str| {
+        v.trim().parse::<u32>().map_err(|_| {
+            bad(KEY, format!("`{}` is not a whole number (e.g. roundup_power2_divisions:4 or [256:1,>:4])", v.trim()))
+        })
+    };
+    let Some(list) = value.strip_prefix('[') else {
+        return Ok([number(value)?; ROUNDUP_INTERVALS]);
+    };
+    let list = list
+        .strip_suffix(']')
+        .ok_or_else(|| bad(KEY, format!("`{value}`: a list ends with `]` (e.g. [256:1,512:2,>:4])")))?;
+    let mut out = [0u32; ROUNDUP_INTERVALS];
+    let (mut first, mut last) = (true, 0usize);
+    for pair in list.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (mib, divisions) = pair
+            .split_once(':')
+            .ok_or_else(|| bad(KEY, format!("`{pair}` is not `MiB:divisions` (e.g. [256:1,512:2,>:4])")))?;
+        let divisions = number(divisions)?;
+        if mib.trim() == ">" {
+            out[last..].fill(divisions);
+            continue;
+        }
+        let mib = u64::from(number(mib)?);
+        if !mib.is_power_of_two() {
+            return Err(bad(KEY, format!("{mib} MiB: the sizes of a list are powers of two (e.g. 256:1)")));
+        }
+        let index = (mib.trailing_zeros() as usize).min(ROUNDUP_INTERVALS - 1);
+        if first {
+            out[..index].fill(divisions);
+            first = false;
+        }
+        out[index] = divisions;
+        last = index;
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -256,7 +387,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.max_split_size, Some(128 << 20));
-        assert_eq!(c.roundup_power2_divisions, 4);
+        assert_eq!(c.roundup_power2_divisions, [4; ROUNDUP_INTERVALS]);
         assert_eq!(c.garbage_collection_threshold, Some(0.6));
         assert_eq!(c.fragmentation_limit, Some(1.2));
         assert_eq!(c.fragmentation_limit_max, LimitMax::At(1.3));
@@ -273,6 +404,27 @@ mod tests {
         assert_eq!(AllocatorConfig::parse("fragmentation_limit:off").unwrap().fragmentation_limit, None);
     }
 
+    /// PyTorch's list form, read as `parseRoundUpPower2Divisions` reads it.
+    #[test]
+    fn divisions_per_size_interval() {
+        let c =
+            AllocatorConfig::parse("roundup_power2_divisions:[256:1,512:2,1024:4,>:8],max_split_size_mb:64").unwrap();
+        let mut expected = [1; ROUNDUP_INTERVALS];
+        expected[9] = 2;
+        expected[10..].fill(8);
+        expected[10] = 8;
+        assert_eq!(c.roundup_power2_divisions, expected);
+        assert_eq!(c.max_split_size, Some(64 << 20), "the list's commas do not end the item");
+        assert_eq!(c.divisions_for(100), 1);
+        assert_eq!(c.divisions_for(300 << 20), 1, "256 MiB to 512 MiB: the pair 256:1");
+        assert_eq!(c.divisions_for(600 << 20), 2);
+        assert_eq!(c.divisions_for(1 << 40), 8);
+        let c = AllocatorConfig::parse("roundup_power2_divisions:[1:4]").unwrap();
+        assert_eq!(c.roundup_power2_divisions[0], 4);
+        assert_eq!(c.roundup_power2_divisions[1], 0, "no `>`: later intervals keep 0");
+        assert_eq!(AllocatorConfig::parse("backend:native").unwrap(), AllocatorConfig::default());
+    }
+
     #[test]
     fn errors_name_the_key_and_form() {
         for (input, key, needle) in [
@@ -280,6 +432,16 @@ mod tests {
             ("max_split_size_mb:10", "max_split_size_mb", "more than 20"),
             ("max_split_size_mb:99999999999999999", "max_split_size_mb", "64 bits"),
             ("roundup_power2_divisions:3", "roundup_power2_divisions", "power of two"),
+            ("roundup_power2_divisions:[256:1,300:2]", "roundup_power2_divisions", "powers of two"),
+            ("roundup_power2_divisions:[256:1,512:3]", "roundup_power2_divisions", "power of two"),
+            ("roundup_power2_divisions:[256-1]", "roundup_power2_divisions", "MiB:divisions"),
+            ("roundup_power2_divisions:[256:1", "roundup_power2_divisions:[256:1", "without its `]`"),
+            ("fragmentation_limit:1e308", "fragmentation_limit", "1e308 must be at least 1 and at most 16"),
+            ("fragmentation_limit:17", "fragmentation_limit", "at most 16"),
+            ("fragmentation_limit_max:inf", "fragmentation_limit_max", "at most 16"),
+            ("backend:cudaMallocAsync", "backend", "VRAMSCOPE_BACKEND"),
+            ("max_non_split_rounding_mb:64", "max_non_split_rounding_mb", "does not implement"),
+            ("fragmentation_limit:1.1,fragmentation_limit:1.2", "fragmentation_limit", "twice"),
             ("garbage_collection_threshold:1.5", "garbage_collection_threshold", "between 0 and 1"),
             ("fragmentation_limit:0.5", "fragmentation_limit", "at least 1"),
             ("fragmentation_limit:NaN", "fragmentation_limit", "at least 1"),

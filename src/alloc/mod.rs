@@ -18,7 +18,7 @@ pub(crate) mod stats;
 pub use stats::{Counter, MemoryStats, Pool, PoolCounters};
 
 pub use buffer::{Buffer, Pod};
-pub use config::{AllocatorConfig, LimitMax, ALLOC_CONF_ENV};
+pub use config::{AllocatorConfig, LimitMax, ALLOC_CONF_ENV, MAX_FRAGMENTATION_LIMIT, ROUNDUP_INTERVALS};
 pub use heap::TensorMeta;
 
 use crate::backend::Backend;

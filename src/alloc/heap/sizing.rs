@@ -9,7 +9,7 @@ impl Heap {
         if size <= MIN_BLOCK {
             return Some(MIN_BLOCK);
         }
-        let d = u64::from(self.config.roundup_power2_divisions);
+        let d = u64::from(self.config.divisions_for(size));
         if d > 1 && size > MIN_BLOCK * d {
             // Round up to the next of `d` equal divisions between two powers of two.
             let floor = 1u64 << (63 - size.leading_zeros());
