@@ -108,10 +108,11 @@ enum Command {
     Convert {
         /// A vramscope JSON snapshot or a PyTorch snapshot pickle.
         file: PathBuf,
-        /// The format to write.
-        #[arg(long, value_enum, default_value_t = Format::Json)]
-        to: Format,
-        /// Where to write (required for `--to pickle`).
+        /// The format to write. Default: the output's extension (`.json`; `.pickle` or `.pkl`),
+        /// else JSON. A `--to` that contradicts the extension is refused.
+        #[arg(long, value_enum)]
+        to: Option<Format>,
+        /// Where to write (required for a pickle).
         #[arg(short = 'o', long = "output")]
         output: Option<PathBuf>,
     },
@@ -153,12 +154,31 @@ enum BackendKind {
     Cuda,
 }
 
-#[derive(Clone, Copy, ValueEnum)]
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Format {
     /// vramscope's JSON snapshot.
     Json,
     /// PyTorch's snapshot pickle.
     Pickle,
+}
+
+impl Format {
+    fn name(self) -> &'static str {
+        match self {
+            Format::Json => "json",
+            Format::Pickle => "pickle",
+        }
+    }
+}
+
+/// The format a file's extension names, if it names one.
+fn format_of_name(path: &std::path::Path) -> Option<Format> {
+    let ext = path.extension()?.to_str()?.to_ascii_lowercase();
+    match ext.as_str() {
+        "json" => Some(Format::Json),
+        "pickle" | "pkl" => Some(Format::Pickle),
+        _ => None,
+    }
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -268,11 +288,28 @@ fn run(cli: Cli) -> Result<(), Failure> {
             emit(&out, &svg)
         }
         Command::Convert { file, to, output } => {
+            let named = output.as_deref().and_then(format_of_name);
+            let to = match (to, named) {
+                (Some(to), Some(named)) if to != named => {
+                    let name = output.as_deref().map(|p| p.display().to_string()).unwrap_or_default();
+                    return Err(Failure(
+                        2,
+                        format!(
+                            "--to {} contradicts the output's name {name} ({}): drop --to or rename the output",
+                            to.name(),
+                            named.name()
+                        ),
+                    ));
+                }
+                (Some(to), _) => to,
+                (None, Some(named)) => named,
+                (None, None) => Format::Json,
+            };
             let snap = Snapshot::load(file)?;
             match (to, output) {
                 (Format::Json, output) => emit(&Output { output }, &(snap.to_json() + "\n")),
                 (Format::Pickle, Some(path)) => write_output(&path, &snap.to_pytorch_pickle()),
-                (Format::Pickle, None) => Err(Failure(2, "--to pickle writes binary data: name a file with -o".into())),
+                (Format::Pickle, None) => Err(Failure(2, "a pickle is binary data: name a file with -o".into())),
             }
         }
         Command::Replay { file, backend, json, warm, config, capacity, record } => {

@@ -108,6 +108,19 @@ fn outputs_go_to_files_and_convert_round_trips() {
     let (code, _, err) = vramscope(&["convert", &f, "--to", "pickle"]);
     assert_eq!(code, 2);
     assert!(err.contains("-o"), "{err}");
+    // The format follows the output's name; a `--to` that contradicts it is refused.
+    let by_name = dir.join("by_name.pickle");
+    assert_eq!(vramscope(&["convert", json.to_str().unwrap(), "-o", by_name.to_str().unwrap()]).0, 0);
+    assert_eq!(std::fs::read(&by_name).unwrap()[0], 0x80, "a pickle, as the name says");
+    let by_name_json = dir.join("by_name.JSON");
+    assert_eq!(vramscope(&["convert", by_name.to_str().unwrap(), "-o", by_name_json.to_str().unwrap()]).0, 0);
+    assert_eq!(std::fs::read(&by_name_json).unwrap()[0], b'{');
+    let contradicted = dir.join("contradicted.pickle");
+    let (code, _, err) =
+        vramscope(&["convert", json.to_str().unwrap(), "--to", "json", "-o", contradicted.to_str().unwrap()]);
+    assert_eq!(code, 2);
+    assert!(err.contains("--to json contradicts") && err.lines().count() == 1, "{err}");
+    assert!(!contradicted.exists(), "nothing written");
     std::fs::remove_dir_all(&dir).ok();
 }
 
