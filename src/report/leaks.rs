@@ -35,6 +35,7 @@ pub struct LeakCandidate {
     pub steps: u32,
     /// The first and last step (the numbers passed to `vramscope::step`) or window (from 1)
     /// whose memory was kept: a window's allocations show in the floor of the next one.
+    /// Per-step figures count the steps that occurred, not the range of their numbers.
     pub grew_from: u64,
     /// See `grew_from`.
     pub grew_until: u64,
@@ -73,7 +74,9 @@ const MAX_STEP_WINDOWS: u64 = 100;
 /// Sites whose live memory keeps growing, largest growth first.
 ///
 /// The history is replayed and cut into windows: one per step where the program marked steps
-/// (`vramscope::step`), else ten windows of equal numbers of events (not of equal time: the
+/// (`vramscope::step`; the steps that occurred, in order, whatever their numbers: `step(i * 3)`,
+/// a run resumed at step 10000 or sparse numbers give what 0, 1, 2, ... gives), else ten
+/// windows of equal numbers of events (not of equal time: the
 /// first steps of a PyTorch program are slow). For each allocation site (the innermost frame
 /// of the program itself) the *floor* of its live bytes in each window is taken: the least it
 /// held at any moment of the window. Temporaries, however large, are freed within a step and
@@ -96,15 +99,23 @@ pub fn leaks(snapshot: &Snapshot) -> Vec<LeakCandidate> {
     }
     let step_of = |i: usize| hist[i].context.map_or(0, |c: ContextInfo| c.step);
     let allocs = || (0..hist.len()).filter(|&i| hist[i].action == Action::Alloc);
-    let (min_step, max_step) = allocs().fold((u64::MAX, 0), |(lo, hi), i| (lo.min(step_of(i)), hi.max(step_of(i))));
-    let by_step = max_step > min_step && max_step - min_step >= 2;
+    // The step numbers that occurred, in order: windows follow the steps a program marked, not
+    // the range of their numbers, so that strided (`step(i * 3)`), resumed (0, then 10000 on)
+    // and sparse numbering give what 0, 1, 2, ... gives.
+    let mut steps: Vec<u64> = allocs().map(step_of).collect();
+    steps.sort_unstable();
+    steps.dedup();
+    let by_step = steps.len() >= 3;
     // One window per step, up to MAX_STEP_WINDOWS (then steps are grouped): the floors cost
     // sites x windows.
-    let marked = max_step.saturating_sub(min_step).saturating_add(1);
+    let marked = steps.len() as u64;
     let windows = if by_step { marked.min(MAX_STEP_WINDOWS) as usize } else { WINDOWS };
+    // The rank of a step among those that occurred (a free's step between two of them counts
+    // with the next).
+    let rank = |step: u64| steps.partition_point(|&s| s < step) as u64;
     let window_of = |i: usize| -> usize {
         if by_step {
-            let k = u128::from(step_of(i).max(min_step) - min_step) * windows as u128 / u128::from(marked);
+            let k = u128::from(rank(step_of(i)).min(marked - 1)) * windows as u128 / u128::from(marked);
             (k as usize).min(windows - 1)
         } else {
             (i * windows / hist.len()).min(windows - 1)
@@ -230,7 +241,8 @@ pub fn leaks(snapshot: &Snapshot) -> Vec<LeakCandidate> {
         let kept_from = |w: u32| -> u64 {
             let k = u64::from(w.saturating_sub(1));
             if by_step {
-                min_step + (u128::from(k) * u128::from(marked) / windows as u128) as u64
+                let r = (u128::from(k) * u128::from(marked)).div_ceil(windows as u128) as usize;
+                steps[r.min(steps.len() - 1)]
             } else {
                 k + 1
             }

@@ -1,0 +1,80 @@
+//! The leak finder on any step numbering: the same program numbered 0, 1, 2, ..., with a
+//! stride, resumed from a checkpoint, or sparsely, gives the same leaking lines with the same
+//! per-step figures; only the step numbers it names follow the program's. (One test in its own
+//! binary: `vramscope::step` is process-wide.)
+
+use vramscope::{backend::SimBackend, report, Buffer, CachingAllocator, Snapshot, Stream};
+
+#[inline(never)]
+fn keep(alloc: &CachingAllocator, s: &Stream, kept: &mut Vec<Buffer<u8>>) {
+    kept.push(alloc.alloc::<u8>(s, 1 << 20).unwrap());
+}
+
+#[inline(never)]
+fn temporary(alloc: &CachingAllocator, s: &Stream) {
+    drop(alloc.alloc::<u8>(s, 4 << 20).unwrap());
+}
+
+#[inline(never)]
+fn replaced(alloc: &CachingAllocator, s: &Stream, slot: &mut Option<Buffer<u8>>) {
+    *slot = Some(alloc.alloc::<u8>(s, 2 << 20).unwrap());
+}
+
+/// The same snapshot with every step number `s` replaced by `f(s)`.
+fn renumbered(json: &serde_json::Value, f: &dyn Fn(u64) -> u64) -> Snapshot {
+    fn walk(v: &mut serde_json::Value, f: &dyn Fn(u64) -> u64) {
+        match v {
+            serde_json::Value::Object(m) => {
+                if let Some(ctx) = m.get_mut("context").and_then(|c| c.as_object_mut()) {
+                    if let Some(step) = ctx.get("step").and_then(serde_json::Value::as_u64) {
+                        ctx.insert("step".into(), f(step).into());
+                    }
+                }
+                m.values_mut().for_each(|x| walk(x, f));
+            }
+            serde_json::Value::Array(a) => a.iter_mut().for_each(|x| walk(x, f)),
+            _ => {}
+        }
+    }
+    let mut v = json.clone();
+    walk(&mut v, f);
+    Snapshot::from_bytes(v.to_string().as_bytes(), "renumbered").expect("still a snapshot")
+}
+
+#[test]
+fn strided_resumed_and_sparse_steps_give_the_same_verdicts() {
+    let alloc = CachingAllocator::new(SimBackend::new(1 << 40));
+    let s = alloc.default_stream();
+    let (mut kept, mut slot) = (Vec::new(), None);
+    for i in 0..30 {
+        vramscope::step(i);
+        keep(&alloc, &s, &mut kept);
+        temporary(&alloc, &s);
+        replaced(&alloc, &s, &mut slot);
+    }
+    let json: serde_json::Value = serde_json::from_str(&alloc.snapshot().to_json()).unwrap();
+    let base = report::leaks(&renumbered(&json, &|s| s));
+    assert_eq!(base.len(), 1, "{base:#?}");
+    assert!(base[0].site.contains("keep"), "{base:#?}");
+    assert_eq!(base[0].bytes_per_step, 1 << 20);
+    let cases: [(&str, &dyn Fn(u64) -> u64); 5] = [
+        ("stride 2", &|s| s * 2),
+        ("stride 3", &|s| s * 3),
+        ("stride 5", &|s| s * 5),
+        ("resumed: loaded at 0, then 10001 on", &|s| if s == 0 { 0 } else { 10_000 + s }),
+        ("sparse: squares", &|s| s * s),
+    ];
+    for (name, f) in cases {
+        let found = report::leaks(&renumbered(&json, f));
+        assert_eq!(found.len(), base.len(), "{name}: {found:#?}");
+        for (a, b) in found.iter().zip(&base) {
+            assert_eq!(a.site, b.site, "{name}");
+            assert_eq!(a.bytes_per_step, b.bytes_per_step, "{name}");
+            assert_eq!(a.blocks_per_step, b.blocks_per_step, "{name}");
+            assert_eq!((a.growing_steps, a.steps), (b.growing_steps, b.steps), "{name}");
+            assert_eq!((a.grew_from, a.grew_until), (f(b.grew_from), f(b.grew_until)), "{name}: the program's numbers");
+            assert_eq!((a.blocks, a.bytes), (b.blocks, b.bytes), "{name}");
+        }
+    }
+    drop(kept);
+}
