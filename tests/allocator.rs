@@ -451,11 +451,11 @@ fn a_segment_taken_over_from_another_stream_waits_for_that_stream() {
     assert_eq!((st.num_segment_adoptions, st.num_device_alloc), (1, 1));
     let snap = alloc.snapshot();
     assert_eq!(snap.segments.len(), 1);
-    assert_eq!(snap.segments[0].stream, s1.id(), "the snapshot puts the segment on stream 1");
+    assert_eq!(snap.segments[0].stream, u64::from(s1.id()), "the snapshot puts the segment on stream 1");
     let moves: Vec<_> = snap.history.iter().filter(|h| h.addr == addr).map(|h| (h.action, h.stream)).collect();
     assert!(
-        moves.windows(2).any(|w| w[0] == (vramscope::record::Action::SegmentFree, s2.id())
-            && w[1] == (vramscope::record::Action::SegmentAlloc, s1.id())),
+        moves.windows(2).any(|w| w[0] == (vramscope::record::Action::SegmentFree, u64::from(s2.id()))
+            && w[1] == (vramscope::record::Action::SegmentAlloc, u64::from(s1.id()))),
         "{moves:?}"
     );
     alloc.check_invariants().unwrap();

@@ -42,6 +42,21 @@ fn snapshot() -> serde_json::Value {
     })
 }
 
+/// A vramscope JSON snapshot of 5,000 allocation events sharing one stack of 1,000 frames.
+fn shared_stack() -> Vec<u8> {
+    let frames: Vec<_> =
+        (0..1000).map(|i| json!({"function": format!("layer_{i}"), "file": "model.rs", "line": i + 1})).collect();
+    let ctx = json!({"stack": 0, "scope": 0, "thread": 0, "step": 0});
+    let history: Vec<_> = (0..5000u64)
+        .map(|i| json!({"action": "alloc", "addr": i * 512, "size": 512, "stream": 0, "time_ns": i, "context": ctx}))
+        .collect();
+    let v = json!({
+        "version": 4, "device": 0, "backend": "sim", "segments": [], "history": history, "history_dropped": 0,
+        "frames": frames, "stacks": [(0..1000).collect::<Vec<u32>>()], "scopes": [[]], "threads": ["main"], "stats": {}
+    });
+    serde_json::to_vec(&v).unwrap()
+}
+
 fn edited(edit: impl FnOnce(&mut serde_json::Value)) -> Vec<u8> {
     let mut v = snapshot();
     edit(&mut v);
@@ -61,7 +76,8 @@ fn inputs() -> Vec<(&'static str, Vec<u8>, &'static str, Expect)> {
     use Expect::*;
     vec![
         ("block_bomb.pickle", hostile::block_bomb(20_000), "summary", Refused("expands to more than")),
-        ("frame_bomb.pickle", hostile::frame_bomb(20_000), "summary", Refused("expands to more than")),
+        // 400 million frames by reference, but one shared list of 20,000: read once.
+        ("frame_bomb.pickle", hostile::frame_bomb(20_000), "summary", Answer("Allocated memory")),
         ("cycle.pickle", hostile::cycle(), "summary", Refused("reference cycle")),
         ("consistent.json", edited(|_| {}), "live", Answer("train_step")),
         (
@@ -101,6 +117,41 @@ fn inputs() -> Vec<(&'static str, Vec<u8>, &'static str, Expect)> {
             "leaks",
             Refused("history[1].context: scope 3 does not exist"),
         ),
+        // Round three: shared strings and bytes, each copy paid for by its length.
+        (
+            "shared_compile_context.pickle",
+            hostile::shared_compile_context(200_000, 1_000_000),
+            "summary",
+            Refused("device_traces[0][33]: the pickle expands to more than"),
+        ),
+        (
+            "shared_settings_bytes.pickle",
+            hostile::shared_settings_bytes(2_000, 1_000_000),
+            "summary",
+            Refused("allocator_settings: the pickle expands to more than"),
+        ),
+        (
+            "distinct_frames_one_name.pickle",
+            hostile::distinct_frames_one_name(20_000, 4_000_000),
+            "summary",
+            Refused("device_traces[0][0]: frame 20: the pickle expands to more than"),
+        ),
+        // A shared event whose frame, or scope, is one long string: read once, answered.
+        (
+            "shared_frame_name.pickle",
+            hostile::shared_frame_name(200_000, 4_000_000),
+            "summary",
+            Answer("Allocated memory"),
+        ),
+        (
+            "shared_user_metadata.pickle",
+            hostile::shared_user_metadata(200_000, 4_000_000),
+            "summary",
+            Answer("Allocated memory"),
+        ),
+        ("shared_stack.json", shared_stack(), "summary", Answer("Allocated memory")),
+        // 64-bit addresses and stream handles, kept whole: two streams 2^32 apart print apart.
+        ("pytorch_edges.pickle", hostile::pytorch_edges(), "segments", Answer("s4294967312")),
         (
             "huge_sizes.json",
             edited(|v| {
@@ -156,4 +207,68 @@ fn the_command_line_refuses_each_with_one_line_or_answers() {
             }
         }
     }
+}
+
+/// Runs the command line; its stdout, or a panic naming the command and its stderr.
+fn vramscope(args: &[&std::ffi::OsStr]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_vramscope")).args(args).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "vramscope {args:?}: {stderr}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Round three's files that must be answered the same through `convert`: the 64-bit edges
+/// survive both ways (the second round trip writes the first's bytes, and the JSON of the
+/// original equals the JSON of its pickle), and a JSON snapshot whose 5,000 events share one
+/// stack of 1,000 frames converts to a pickle smaller than the JSON (frames shared through
+/// the pickle memo, as PyTorch's pickler shares them).
+#[test]
+fn convert_keeps_64_bit_values_and_shares_frames() {
+    let tmp = std::env::temp_dir().join(format!("vramscope-round3-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let at = |name: &str| tmp.join(name).into_os_string();
+    let edges = dir().join("pytorch_edges.pickle").into_os_string();
+    let convert = |from: &std::ffi::OsStr, to: &str| vramscope(&["convert".as_ref(), from, "-o".as_ref(), &at(to)]);
+    convert(&edges, "a.pickle");
+    convert(&at("a.pickle"), "b.pickle");
+    convert(&edges, "e.json");
+    convert(&at("a.pickle"), "a.json");
+    let read = |name: &str| std::fs::read(tmp.join(name)).unwrap();
+    assert!(read("a.pickle") == read("b.pickle"), "the second round trip differs from the first");
+    let (e, a) = (String::from_utf8(read("e.json")).unwrap(), String::from_utf8(read("a.json")).unwrap());
+    assert_eq!(e, a, "the original and its pickle read differently");
+    let json: serde_json::Value = serde_json::from_str(&e).unwrap();
+    let seg = &json["segments"][1];
+    assert_eq!(seg["address"], (1u64 << 63) + (1 << 40), "{seg}");
+    assert_eq!(seg["stream"], (1u64 << 32) + 16);
+    assert_eq!(seg["expandable"], true);
+    assert_eq!(json["segments"][0]["stream"], 16);
+    assert_eq!(seg["blocks"][0]["size"], 512, "the key given last");
+    assert_eq!(json["history"][0]["user_metadata"], json!({"step": 3}));
+    assert_eq!(json["frames"][0], json!({"function": "torch::unwind::unwind()", "file": null, "line": null}));
+    assert_eq!(json["allocator_settings"], json!({"expandable_segments": true}));
+
+    let shared = dir().join("shared_stack.json");
+    convert(shared.as_os_str(), "shared.pickle");
+    let (json_len, pickle_len) = (std::fs::metadata(&shared).unwrap().len(), read("shared.pickle").len() as u64);
+    assert!(pickle_len < json_len, "{pickle_len} bytes of pickle for {json_len} of JSON");
+    convert(&at("shared.pickle"), "shared2.pickle");
+    assert!(read("shared.pickle") == read("shared2.pickle"));
+    std::fs::remove_dir_all(&tmp).unwrap();
+}
+
+/// A 3 GB file of zeros is refused from its first bytes, without reading the rest.
+#[test]
+fn a_large_file_of_something_else_is_refused_from_its_head() {
+    let path = std::env::temp_dir().join(format!("vramscope-zeros-{}", std::process::id()));
+    let file = std::fs::File::create(&path).unwrap();
+    file.set_len(3 << 30).unwrap(); // sparse: no disk written
+    let started = Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_vramscope")).arg("summary").arg(&path).output().unwrap();
+    let took = started.elapsed();
+    std::fs::remove_file(&path).unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("neither a PyTorch snapshot pickle"), "{stderr}");
+    assert!(took < Duration::from_secs(2), "{took:?}");
 }

@@ -47,7 +47,7 @@ impl Trace {
     /// `{"events": [["a"|"f", addr, size, stream], ...]}`.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Trace> {
         let path = path.as_ref();
-        let data = crate::snapshot::read_input(path)?;
+        let data = crate::snapshot::read_input(path, "a JSON trace")?;
         Self::from_bytes(&data, &path.display().to_string())
     }
 
@@ -100,7 +100,7 @@ impl Trace {
                     Action::FreeCompleted => TraceOp::Free,
                     _ => return None,
                 };
-                Some(TraceEvent { op, addr: e.addr, size: e.size, stream: u64::from(e.stream) })
+                Some(TraceEvent { op, addr: e.addr, size: e.size, stream: e.stream })
             })
             .collect();
         Ok(Trace { source: source.to_string(), events })

@@ -167,6 +167,7 @@ mod tests {
             address: 0,
             total_size: 2 << 20,
             mapped_size: 2 << 20,
+            expandable: false,
             stream: 0,
             pool: crate::alloc::Pool::Small,
             allocated_size: 512,

@@ -9,9 +9,11 @@ use crate::record::{scope_path, thread_name, Action, Context, Event, Frame, Symb
 
 /// The version of the snapshot model written by this build.
 ///
-/// 3 (2026-11-23): [`Snapshot::stack_capture`]. 2: [`Snapshot::time_origin_us`]. Every earlier
+/// 4 (2026-11-24): streams in 64 bits (PyTorch's stream handles whole),
+/// [`SegmentInfo::expandable`], [`HistoryEntry::user_metadata`]. 3 (2026-11-23):
+/// [`Snapshot::stack_capture`]. 2: [`Snapshot::time_origin_us`]. Every earlier
 /// version still loads.
-pub const SNAPSHOT_VERSION: u32 = 3;
+pub const SNAPSHOT_VERSION: u32 = 4;
 
 struct Raw {
     device: usize,
@@ -35,7 +37,8 @@ fn copy(heap: &Heap) -> Raw {
                 address: seg.addr,
                 total_size: seg.size,
                 mapped_size: seg.mapped,
-                stream: seg.stream.0,
+                expandable: false,
+                stream: u64::from(seg.stream.0),
                 pool: seg.pool,
                 allocated_size: 0,
                 active_size: 0,
@@ -188,10 +191,11 @@ impl CachingAllocator {
                 action: e.action(),
                 addr: e.addr,
                 size: e.size(),
-                stream: e.stream,
+                stream: u64::from(e.stream),
                 time_ns: to_ns(e.ticks),
                 context: e.context().map(|c| t.context(c, &raw, &mut sym)),
                 compile_context: None,
+                user_metadata: None,
             })
             .collect();
         Snapshot {

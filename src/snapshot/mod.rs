@@ -22,18 +22,35 @@ pub(crate) enum FileKind {
     Json,
 }
 
+/// How much of a file's head [`read_input`] looks at before reading the rest.
+const HEAD_BYTES: usize = 64 * 1024;
+
 /// Reads an input file whole: only a regular file (a FIFO would block forever and a device
-/// such as `/dev/zero` never ends).
-pub(crate) fn read_input(path: &std::path::Path) -> crate::error::Result<Vec<u8>> {
+/// such as `/dev/zero` never ends), and only once its first bytes say it is a pickle or JSON
+/// (`what` names the JSON expected), so that a large file of something else is refused after
+/// reading its head, not all of it.
+pub(crate) fn read_input(path: &std::path::Path, what: &str) -> crate::error::Result<Vec<u8>> {
+    use std::io::Read;
     let name = || path.display().to_string();
     let io = |error| crate::error::Error::Io { path: name(), error };
-    if !std::fs::metadata(path).map_err(io)?.is_file() {
-        return Err(crate::error::Error::Format {
-            source_name: name(),
-            message: "not a regular file (a directory, device, FIFO or socket): name a file".into(),
-        });
+    let format = |message: String| crate::error::Error::Format { source_name: name(), message };
+    let meta = std::fs::metadata(path).map_err(io)?;
+    if !meta.is_file() {
+        return Err(format("not a regular file (a directory, device, FIFO or socket): name a file".into()));
     }
-    std::fs::read(path).map_err(io)
+    let mut file = std::fs::File::open(path).map_err(io)?;
+    let mut data = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0).min(HEAD_BYTES));
+    (&mut file).take(HEAD_BYTES as u64).read_to_end(&mut data).map_err(io)?;
+    if let Err(m) = sniff(&data, what) {
+        let whitespace_head = data.len() == HEAD_BYTES && data.iter().all(u8::is_ascii_whitespace);
+        return Err(format(if whitespace_head {
+            format!("its first {} KiB are whitespace: neither a PyTorch snapshot pickle nor {what}", HEAD_BYTES / 1024)
+        } else {
+            m
+        }));
+    }
+    file.read_to_end(&mut data).map_err(io)?;
+    Ok(data)
 }
 
 /// Tells a pickle from JSON, or says why the data is neither.

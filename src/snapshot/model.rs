@@ -84,8 +84,13 @@ pub struct SegmentInfo {
     pub total_size: u64,
     /// Bytes of it mapped (less than `total_size` where pages under free holes were unmapped).
     pub mapped_size: u64,
-    /// Allocator-local stream.
-    pub stream: u32,
+    /// Whether the segment can grow and shrink in place (PyTorch's `is_expandable`, kept as
+    /// read; vramscope's segments say so through `mapped_size`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub expandable: bool,
+    /// The stream: vramscope's allocator-local index, or the CUDA stream handle a PyTorch
+    /// snapshot names (a pointer, kept whole).
+    pub stream: u64,
     /// The pool (`small` or `large` in JSON and pickles).
     pub pool: crate::alloc::Pool,
     /// Bytes in allocated blocks.
@@ -213,8 +218,8 @@ pub struct HistoryEntry {
     pub addr: u64,
     /// Bytes.
     pub size: u64,
-    /// Allocator-local stream.
-    pub stream: u32,
+    /// The stream, as [`SegmentInfo::stream`].
+    pub stream: u64,
     /// Nanoseconds since [`Snapshot::time_origin_us`].
     pub time_ns: u64,
     /// Who, where recorded for this action.
@@ -223,6 +228,10 @@ pub struct HistoryEntry {
     /// PyTorch's `compile_context` of the event (`N/A` outside `torch.compile`), kept as read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compile_context: Option<String>,
+    /// PyTorch's `user_metadata` of the event where it is not a string (a string is a scope
+    /// path, in `context`), kept as read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_metadata: Option<serde_json::Value>,
 }
 
 impl Snapshot {

@@ -89,13 +89,36 @@ impl Value {
         }
     }
 
-    /// Looks up a string key in a dict.
+    /// Looks up a string key in a dict. A key given twice (`SETITEMS` may repeat one) has the
+    /// value given last, as in the dict Python builds.
     pub(crate) fn get(&self, key: &str) -> Option<Value> {
         match self {
             Value::Dict(d) => {
-                d.borrow().iter().find(|(k, _)| matches!(k, Value::Str(s) if &**s == key)).map(|(_, v)| v.clone())
+                d.borrow().iter().rev().find(|(k, _)| matches!(k, Value::Str(s) if &**s == key)).map(|(_, v)| v.clone())
             }
             _ => None,
+        }
+    }
+
+    /// The identity of a value the pickle may share through its memo: the address of a
+    /// container, string or bytes (`None` for numbers, booleans and `None`). Every reference to
+    /// one memoized value has the same identity while the value lives, so a reader can do the
+    /// work of a shared value once, not once per reference.
+    pub(crate) fn identity(&self) -> Option<usize> {
+        match self {
+            Value::Str(s) => Some(Rc::as_ptr(s) as *const u8 as usize),
+            Value::Bytes(b) => Some(Rc::as_ptr(b) as *const u8 as usize),
+            _ => container_id(self),
+        }
+    }
+
+    /// The length in bytes of a string or bytes value (0 for anything else): what copying it
+    /// costs.
+    pub(crate) fn byte_len(&self) -> usize {
+        match self {
+            Value::Str(s) => s.len(),
+            Value::Bytes(b) => b.len(),
+            _ => 0,
         }
     }
 

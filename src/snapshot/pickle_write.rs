@@ -4,6 +4,7 @@
 
 use super::model::{BlockState, ContextInfo, HistoryEntry, Snapshot};
 use crate::record::Action;
+use std::collections::HashMap;
 
 /// Pickle opcodes used here.
 mod op {
@@ -23,45 +24,102 @@ mod op {
     pub(super) const NEWTRUE: u8 = 0x88;
     pub(super) const NEWFALSE: u8 = 0x89;
     pub(super) const NONE: u8 = b'N';
+    pub(super) const MEMOIZE: u8 = 0x94;
+    pub(super) const BINGET: u8 = b'h';
+    pub(super) const LONG_BINGET: u8 = b'j';
 }
 
 /// Items per `APPENDS`, as in Python's pickler.
 const BATCH: usize = 1000;
 
-/// Appends pickle opcodes to a buffer.
-struct W(Vec<u8>);
+/// Strings shorter than this are written out each time rather than shared through the memo
+/// (a memo reference takes 2 or 5 bytes).
+const SHARED_STRING: usize = 4;
+
+/// Appends pickle opcodes to a buffer, sharing repeated strings, frames and frame lists through
+/// the pickle memo as Python's pickler shares repeated objects.
+#[derive(Default)]
+struct W {
+    out: Vec<u8>,
+    /// Values stored in the memo so far.
+    memo_len: u32,
+    strings: HashMap<String, u32>,
+    frames: HashMap<u32, u32>,
+    stacks: HashMap<u32, u32>,
+}
 
 impl W {
     fn int(&mut self, v: i64) {
         if let Ok(small) = i32::try_from(v) {
-            self.0.push(op::BININT);
-            self.0.extend_from_slice(&small.to_le_bytes());
+            self.out.push(op::BININT);
+            self.out.extend_from_slice(&small.to_le_bytes());
         } else {
-            // Eight bytes at most, as the memory_viz page's reader requires.
-            self.0.push(op::LONG1);
-            self.0.push(8);
-            self.0.extend_from_slice(&v.to_le_bytes());
+            // Eight bytes, as the memory_viz page's reader requires.
+            self.out.push(op::LONG1);
+            self.out.push(8);
+            self.out.extend_from_slice(&v.to_le_bytes());
         }
     }
 
+    /// An unsigned integer. From 2^63 on (no address or size a GPU has, but a file may say so)
+    /// it takes nine bytes, the sign byte 0, so that it reads back unchanged.
     fn uint(&mut self, v: u64) {
-        self.int(i64::try_from(v).unwrap_or(i64::MAX));
+        match i64::try_from(v) {
+            Ok(v) => self.int(v),
+            Err(_) => {
+                self.out.push(op::LONG1);
+                self.out.push(9);
+                self.out.extend_from_slice(&v.to_le_bytes());
+                self.out.push(0);
+            }
+        }
+    }
+
+    /// Stores the value on top of the stack in the memo and returns its index.
+    fn memoize(&mut self) -> u32 {
+        self.out.push(op::MEMOIZE);
+        self.memo_len += 1;
+        self.memo_len - 1
+    }
+
+    /// Pushes memo entry `index` again.
+    fn get(&mut self, index: u32) {
+        match u8::try_from(index) {
+            Ok(i) => self.out.extend_from_slice(&[op::BINGET, i]),
+            Err(_) => {
+                self.out.push(op::LONG_BINGET);
+                self.out.extend_from_slice(&index.to_le_bytes());
+            }
+        }
     }
 
     fn float(&mut self, v: f64) {
-        self.0.push(op::BINFLOAT);
-        self.0.extend_from_slice(&v.to_be_bytes());
+        self.out.push(op::BINFLOAT);
+        self.out.extend_from_slice(&v.to_be_bytes());
     }
 
     fn str(&mut self, s: &str) {
-        if s.len() < 256 {
-            self.0.push(op::SHORT_BINUNICODE);
-            self.0.push(s.len() as u8);
-        } else {
-            self.0.push(op::BINUNICODE);
-            self.0.extend_from_slice(&(s.len() as u32).to_le_bytes());
+        if s.len() >= SHARED_STRING {
+            if let Some(&index) = self.strings.get(s) {
+                return self.get(index);
+            }
         }
-        self.0.extend_from_slice(s.as_bytes());
+        self.str_unshared(s);
+        if s.len() >= SHARED_STRING {
+            let index = self.memoize();
+            self.strings.insert(s.to_string(), index);
+        }
+    }
+
+    fn str_unshared(&mut self, s: &str) {
+        if s.len() < 256 {
+            self.out.push(op::SHORT_BINUNICODE);
+            self.out.push(s.len() as u8);
+        } else {
+            self.out.push(op::BINUNICODE);
+            self.out.extend_from_slice(&(s.len() as u32).to_le_bytes());
+        }
+        self.out.extend_from_slice(s.as_bytes());
     }
 
     /// A value kept as read from a PyTorch snapshot (dicts, lists, strings, numbers, booleans,
@@ -69,7 +127,7 @@ impl W {
     fn json(&mut self, v: &serde_json::Value) {
         use serde_json::Value as J;
         match v {
-            J::Null => self.0.push(op::NONE),
+            J::Null => self.out.push(op::NONE),
             J::Bool(b) => self.bool(*b),
             J::Number(n) => match (n.as_i64(), n.as_u64()) {
                 (Some(i), _) => self.int(i),
@@ -88,34 +146,34 @@ impl W {
     }
 
     fn bool(&mut self, b: bool) {
-        self.0.push(if b { op::NEWTRUE } else { op::NEWFALSE });
+        self.out.push(if b { op::NEWTRUE } else { op::NEWFALSE });
     }
 
     /// A dict of `n` entries written by `f` as key, value, key, value...
     fn dict(&mut self, f: impl FnOnce(&mut W)) {
-        self.0.push(op::EMPTY_DICT);
-        self.0.push(op::MARK);
+        self.out.push(op::EMPTY_DICT);
+        self.out.push(op::MARK);
         f(self);
-        self.0.push(op::SETITEMS);
+        self.out.push(op::SETITEMS);
     }
 
     /// A list, its items appended in batches of 1,000 as Python's pickler does (readers that
     /// spread one batch into a call's arguments stay within their limits).
     fn list<T>(&mut self, items: impl IntoIterator<Item = T>, mut f: impl FnMut(&mut W, T)) {
-        self.0.push(op::EMPTY_LIST);
+        self.out.push(op::EMPTY_LIST);
         let mut n = 0;
         for item in items {
             if n % BATCH == 0 {
                 if n > 0 {
-                    self.0.push(op::APPENDS);
+                    self.out.push(op::APPENDS);
                 }
-                self.0.push(op::MARK);
+                self.out.push(op::MARK);
             }
             f(self, item);
             n += 1;
         }
         if n > 0 {
-            self.0.push(op::APPENDS);
+            self.out.push(op::APPENDS);
         }
     }
 }
@@ -128,8 +186,8 @@ impl Snapshot {
     /// (settings, annotations, segment stacks, compile contexts, times) is written back as it
     /// was. Threads and steps have no place in that schema.
     pub fn to_pytorch_pickle(&self) -> Vec<u8> {
-        let mut w = W(Vec::with_capacity(1 << 16));
-        w.0.extend_from_slice(&[op::PROTO, 4]);
+        let mut w = W { out: Vec::with_capacity(1 << 16), ..W::default() };
+        w.out.extend_from_slice(&[op::PROTO, 4]);
         w.dict(|w| {
             w.str("segments");
             w.list(&self.segments, |w, seg| {
@@ -141,7 +199,7 @@ impl Snapshot {
                         ("allocated_size", seg.allocated_size),
                         ("active_size", seg.active_size),
                         ("requested_size", seg.requested_size),
-                        ("stream", u64::from(seg.stream)),
+                        ("stream", seg.stream),
                     ] {
                         w.str(k);
                         w.uint(v);
@@ -151,9 +209,9 @@ impl Snapshot {
                     w.str("segment_pool_id");
                     w.int(0);
                     w.int(0);
-                    w.0.push(op::TUPLE2);
+                    w.out.push(op::TUPLE2);
                     w.str("is_expandable");
-                    w.bool(seg.mapped_size != seg.total_size);
+                    w.bool(seg.expandable || seg.mapped_size != seg.total_size);
                     w.str("frames");
                     self.write_frames(w, seg.context.as_ref());
                     w.str("blocks");
@@ -200,36 +258,31 @@ impl Snapshot {
                         w.str("size");
                         w.uint(e.size);
                         w.str("stream");
-                        w.uint(u64::from(e.stream));
+                        w.uint(e.stream);
                         w.str("time_us");
                         w.uint(self.time_origin_us.saturating_add(e.time_ns / 1000));
                         w.str("compile_context");
                         w.str(e.compile_context.as_deref().unwrap_or("N/A"));
                         w.str("user_metadata");
-                        w.str(&self.scope_path(e.context.as_ref()));
+                        match &e.user_metadata {
+                            Some(meta) => w.json(meta),
+                            None => w.str(&self.scope_path(e.context.as_ref())),
+                        }
                         w.str("frames");
                         self.write_frames(w, e.context.as_ref());
                     })
                 })
             });
-            w.str("allocator_settings");
-            match &self.allocator_settings {
-                // PyTorch's, as read.
-                Some(settings) => w.json(settings),
-                None => w.dict(|w| {
-                    w.str("PYTORCH_CUDA_ALLOC_CONF");
-                    w.str("");
-                    w.str("garbage_collection_threshold");
-                    w.float(0.0);
-                    w.str("expandable_segments");
-                    w.bool(false);
-                }),
+            // PyTorch's, as read; none is invented where the snapshot has none.
+            if let Some(settings) = &self.allocator_settings {
+                w.str("allocator_settings");
+                w.json(settings);
             }
             w.str("external_annotations");
             w.list(&self.external_annotations, |w, a| w.json(a));
         });
-        w.0.push(op::STOP);
-        w.0
+        w.out.push(op::STOP);
+        w.out
     }
 
     /// The history as PyTorch's trace has it: every free is a `free_requested` followed by a
@@ -251,10 +304,21 @@ impl Snapshot {
         })
     }
 
-    /// PyTorch's frame list of a context's stack, innermost first.
+    /// PyTorch's frame list of a context's stack, innermost first: each stack's list and each
+    /// frame written once and referenced through the memo after, as PyTorch's own pickles share
+    /// them. An unknown file is written `??` and an unknown line 0, as PyTorch writes them.
     fn write_frames(&self, w: &mut W, ctx: Option<&ContextInfo>) {
-        let stack: Vec<_> = ctx.and_then(|c| c.stack).map(|s| self.stack_frames(s).collect()).unwrap_or_default();
-        w.list(stack, |w, f| {
+        let Some(stack) = ctx.and_then(|c| c.stack).filter(|&s| (s as usize) < self.stacks.len()) else {
+            return w.list(std::iter::empty::<()>(), |_, ()| {});
+        };
+        if let Some(&index) = w.stacks.get(&stack) {
+            return w.get(index);
+        }
+        let frames = self.stacks[stack as usize].iter().filter_map(|&id| Some((id, self.frames.get(id as usize)?)));
+        w.list(frames, |w, (frame, f)| {
+            if let Some(&index) = w.frames.get(&frame) {
+                return w.get(index);
+            }
             w.dict(|w| {
                 w.str("name");
                 w.str(&f.function);
@@ -262,8 +326,12 @@ impl Snapshot {
                 w.str(f.file.as_deref().unwrap_or("??"));
                 w.str("line");
                 w.uint(u64::from(f.line.unwrap_or(0)));
-            })
+            });
+            let index = w.memoize();
+            w.frames.insert(frame, index);
         });
+        let index = w.memoize();
+        w.stacks.insert(stack, index);
     }
 }
 

@@ -15,10 +15,15 @@ fn bad(source: &str, message: impl Into<String>) -> Error {
 }
 
 /// How much work reading a pickle may do: the logical elements it expands to (segments, blocks,
-/// frames, events, and the fields looked up in each), against a budget proportional to its
-/// size. A pickle's memo lets one list appear many times for a few bytes each, so a small file
-/// can stand for billions of blocks; PyTorch's own snapshots expand to about 0.03 elements per
-/// byte (0.025 for resnet_train, 0.030 for leaky_train), far below the budget's 8 per byte.
+/// frames, events, and the fields looked up in each) and the bytes of text it copies (one
+/// element per [`BYTES_PER_ELEMENT`] bytes), against a budget proportional to its size. A
+/// pickle's memo lets one list or string appear many times for a few bytes each, so a small
+/// file can stand for billions of blocks or gigabytes of text. The 17 PyTorch snapshots under
+/// `fixtures/torch` spend 0.18 to 0.60 elements per byte of the file (text included), far below
+/// the budget's 8 per byte; what the budget lets a file copy is at most twice the budget in
+/// bytes, 16 times the file's size plus 2 MB. Values the pickle shares and the reader keeps once (frames, stacks,
+/// scope paths) are read and paid for once, at their first reference; what each reference
+/// copies (a compile context, settings) is paid for at each.
 struct Budget {
     left: u64,
     total: u64,
@@ -28,6 +33,11 @@ impl Budget {
     fn for_bytes(n: usize) -> Budget {
         let total = 1_000_000u64.saturating_add((n as u64).saturating_mul(8));
         Budget { left: total, total }
+    }
+
+    /// Spends the elements that copying `bytes` bytes of text costs.
+    fn spend_bytes(&mut self, bytes: usize, at: &dyn Fn() -> String, source: &str) -> Result<()> {
+        self.spend(bytes.div_ceil(BYTES_PER_ELEMENT), at, source)
     }
 
     /// Spends `n` elements for what is read at `at`, or says the file expands too far.
@@ -41,8 +51,8 @@ impl Budget {
                 source,
                 format!(
                     "{}: the pickle expands to more than {} elements (8 per byte of the file, plus a \
-                     million): shared references repeat the same data far beyond what a memory \
-                     snapshot holds, refused",
+                     million; copied text counts one per {BYTES_PER_ELEMENT} bytes): shared references \
+                     repeat the same data far beyond what a memory snapshot holds, refused",
                     at(),
                     self.total
                 ),
@@ -51,26 +61,55 @@ impl Budget {
     }
 }
 
-/// Frames, stacks and scopes interned while reading.
+/// Bytes of copied text that cost one element of the [`Budget`].
+const BYTES_PER_ELEMENT: usize = 2;
+
+/// Frames, stacks and scopes interned while reading, and what was made of each value the
+/// pickle shares, by its identity ([`Value::identity`]), so that a shared frame list, frame or
+/// scope string is read once however often it is referenced.
 struct Tables {
     frames: Interner<Frame>,
     stacks: Interner<Vec<u32>>,
     /// Scope paths from PyTorch's `user_metadata` strings (`a/b`); index 0 is the root.
     scopes: Interner<String, Vec<String>>,
+    stack_of: HashMap<usize, Option<u32>>,
+    frame_of: HashMap<usize, u32>,
+    scope_of: HashMap<usize, u32>,
 }
 
 impl Tables {
     fn new() -> Self {
         let mut scopes = Interner::default();
         scopes.id(String::new(), |_| Vec::new());
-        Tables { frames: Interner::default(), stacks: Interner::default(), scopes }
+        Tables {
+            frames: Interner::default(),
+            stacks: Interner::default(),
+            scopes,
+            stack_of: HashMap::new(),
+            frame_of: HashMap::new(),
+            scope_of: HashMap::new(),
+        }
     }
 
-    /// The scope of a trace entry's `user_metadata` (vramscope writes scope paths there, `/`
-    /// between names); the root for an empty or absent one.
-    fn scope(&mut self, meta: Option<Value>) -> u32 {
-        let Some(text) = meta.as_ref().and_then(Value::as_str).filter(|t| !t.is_empty()) else { return 0 };
-        self.scopes.id(text.to_string(), |text| text.split('/').map(str::to_string).collect())
+    /// The scope of a trace entry's `user_metadata` when it is a string (vramscope writes scope
+    /// paths there, `/` between names); the root for an empty, absent or other one.
+    fn scope(
+        &mut self,
+        meta: Option<&Value>,
+        budget: &mut Budget,
+        at: &dyn Fn() -> String,
+        source: &str,
+    ) -> Result<u32> {
+        let Some(v) = meta.filter(|v| v.as_str().is_some_and(|t| !t.is_empty())) else { return Ok(0) };
+        let id = v.identity().expect("a string has an identity");
+        if let Some(&scope) = self.scope_of.get(&id) {
+            return Ok(scope);
+        }
+        budget.spend_bytes(v.byte_len(), at, source)?;
+        let text = v.as_str().unwrap_or_default();
+        let scope = self.scopes.id(text.to_string(), |text| text.split('/').map(str::to_string).collect());
+        self.scope_of.insert(id, scope);
+        Ok(scope)
     }
 
     /// The stack of a `frames` list; `None` when it is empty or absent.
@@ -82,21 +121,65 @@ impl Tables {
         source: &str,
     ) -> Result<Option<u32>> {
         let Some(frames) = frames else { return Ok(None) };
-        budget.spend(frames.len(), at, source)?;
-        let Some(list) = frames.items() else { return Ok(None) };
-        if list.is_empty() {
-            return Ok(None);
+        let id = frames.identity();
+        if let Some(&known) = id.and_then(|id| self.stack_of.get(&id)) {
+            return Ok(known);
         }
+        budget.spend(frames.len(), at, source)?;
+        let list = frames.items().unwrap_or_default();
         let mut ids = Vec::with_capacity(list.len());
         for (i, f) in list.iter().enumerate() {
-            budget.spend(f.len(), at, source)?;
-            let text = |k: &str| f.get(k).and_then(|v| v.as_str().map(str::to_string));
-            let function = text("name").ok_or_else(|| bad(source, format!("{}: frame {i} has no `name`", at())))?;
-            let line = f.get("line").and_then(|v| v.as_i128()).and_then(|l| u32::try_from(l).ok());
-            ids.push(self.frames.intern(Frame { function, file: text("filename"), line }));
+            let known = f.identity().and_then(|id| self.frame_of.get(&id));
+            let frame = match known {
+                Some(&frame) => frame,
+                None => {
+                    let frame = self.frames.intern(read_frame(f, budget, &|| format!("{}: frame {i}", at()), source)?);
+                    if let Some(id) = f.identity() {
+                        self.frame_of.insert(id, frame);
+                    }
+                    frame
+                }
+            };
+            ids.push(frame);
         }
-        Ok(Some(self.stacks.intern(ids)))
+        let stack = (!ids.is_empty()).then(|| self.stacks.intern(ids));
+        if let Some(id) = id {
+            self.stack_of.insert(id, stack);
+        }
+        Ok(stack)
     }
+}
+
+/// One frame of a `frames` list. PyTorch writes `??` where it knows no file and line 0 where it
+/// knows no line (its C++ frames); both are read as unknown, and written back the same way.
+fn read_frame(f: &Value, budget: &mut Budget, at: &dyn Fn() -> String, source: &str) -> Result<Frame> {
+    budget.spend(f.len().max(1), at, source)?;
+    let mut text = |key: &str| -> Result<Option<String>> {
+        match f.get(key) {
+            None | Some(Value::None) => Ok(None),
+            Some(v @ Value::Str(_)) => {
+                budget.spend_bytes(v.byte_len(), at, source)?;
+                Ok(v.as_str().map(str::to_string))
+            }
+            Some(v) => Err(bad(source, format!("{}: `{key}` is a {}, expected a string", at(), v.type_name()))),
+        }
+    };
+    let function = text("name")?.ok_or_else(|| bad(source, format!("{} has no `name`", at())))?;
+    let file = text("filename")?.filter(|f| f != "??");
+    let line = match f.get("line") {
+        None | Some(Value::None) => None,
+        Some(v) => match v.as_i128().map(u32::try_from) {
+            Some(Ok(0)) => None,
+            Some(Ok(line)) => Some(line),
+            _ => {
+                return Err(bad(
+                    source,
+                    format!("{}: `line` is {v:?}, expected a line number from 0 to {}", at(), u32::MAX),
+                ))
+            }
+        },
+    };
+    Ok(Frame { function, file, line })
 }
 
 fn uint(v: &Value, key: &str, at: &dyn Fn() -> String, source: &str) -> Result<u64> {
@@ -162,6 +245,12 @@ fn to_json(
         return Err(bad(source, format!("{}: nested more than {MAX_DEPTH} deep", at())));
     }
     budget.spend(v.len().max(1), at, source)?;
+    // Each reference copies a string; bytes become a list of numbers, 32 bytes each.
+    match v {
+        Value::Str(_) => budget.spend_bytes(v.byte_len(), at, source)?,
+        Value::Bytes(_) => budget.spend_bytes(v.byte_len().saturating_mul(32), at, source)?,
+        _ => {}
+    }
     Ok(match v {
         Value::None => J::Null,
         Value::Bool(b) => J::Bool(*b),
@@ -195,7 +284,7 @@ impl Snapshot {
     /// Reads a snapshot from a file: vramscope's JSON or a PyTorch snapshot pickle.
     pub fn load(path: impl AsRef<std::path::Path>) -> Result<Snapshot> {
         let path = path.as_ref();
-        let data = super::read_input(path)?;
+        let data = super::read_input(path, "a vramscope JSON snapshot")?;
         Self::from_bytes(&data, &path.display().to_string())
     }
 
@@ -280,7 +369,8 @@ impl Snapshot {
                 address: uint(seg, "address", &at, source)?,
                 total_size,
                 mapped_size: total_size,
-                stream: u32::try_from(uint(seg, "stream", &at, source).unwrap_or(0) % (1 << 32)).unwrap_or(0),
+                expandable: seg.get("is_expandable").is_some_and(|v| v.as_i128() == Some(1)),
+                stream: uint(seg, "stream", &at, source).unwrap_or(0),
                 pool: match seg.get("segment_type").as_ref().and_then(Value::as_str) {
                     Some("small") => Pool::Small,
                     _ => Pool::Large,
@@ -361,8 +451,21 @@ fn read_history(root: &Value, t: &mut Tables, budget: &mut Budget, source: &str)
         let time_us = e.get("time_us").and_then(|v| v.as_i128()).unwrap_or(0);
         let start = *t0.get_or_insert(time_us);
         let stack = t.stack(e.get("frames"), budget, &at, source)?;
-        let scope = t.scope(e.get("user_metadata"));
-        let compile_context = e.get("compile_context").and_then(|c| c.as_str().map(str::to_string));
+        let meta = e.get("user_metadata");
+        let scope = t.scope(meta.as_ref(), budget, &at, source)?;
+        let user_metadata = match &meta {
+            Some(v) if !matches!(v, Value::Str(_) | Value::None) => {
+                Some(to_json(v, 0, budget, &|| format!("{}.user_metadata", at()), source)?)
+            }
+            _ => None,
+        };
+        let compile_context = match e.get("compile_context") {
+            Some(c @ Value::Str(_)) => {
+                budget.spend_bytes(c.byte_len(), &at, source)?;
+                c.as_str().map(str::to_string)
+            }
+            _ => None,
+        };
         out.push(HistoryEntry {
             action,
             // PyTorch's `oom` entries have no address but the bytes the device had free.
@@ -372,12 +475,13 @@ fn read_history(root: &Value, t: &mut Tables, budget: &mut Budget, source: &str)
                 uint(e, "addr", &at, source)?
             },
             size: uint(e, "size", &at, source)?,
-            stream: u32::try_from(uint(e, "stream", &at, source).unwrap_or(0) % (1 << 32)).unwrap_or(0),
+            stream: uint(e, "stream", &at, source).unwrap_or(0),
             // Saturating: a hostile file's times may be any 128-bit integers, in any order.
             time_ns: u64::try_from(time_us.saturating_sub(start).max(0).saturating_mul(1000)).unwrap_or(u64::MAX),
             context: context_in(stack, scope),
             // "N/A" (outside torch.compile) is what the writer puts where there is none.
             compile_context: compile_context.filter(|c| c != "N/A"),
+            user_metadata,
         });
     }
     let origin = t0.map_or(0, |t: i128| u64::try_from(t.max(0)).unwrap_or(u64::MAX));
