@@ -103,6 +103,25 @@ fn oom_snapshots_are_complete_and_never_clobber() {
     assert_eq!(paths.len(), 8, "one file per snapshot: {paths:?}");
     no_partials(&dir);
 
+    // Odd paths: empty, a missing directory with a trailing slash, a file in a missing
+    // directory, a file under a file. Each is refused in a line that says what is wrong, and
+    // nothing is written (in the working directory either).
+    let missing = dir.join("missing");
+    for (target, says) in [
+        (std::ffi::OsString::new(), "is set but empty: name a file or a directory".to_string()),
+        (format!("{}/", missing.display()).into(), format!("the directory {}/ does not exist", missing.display())),
+        (missing.join("oom.json").into(), format!("the directory {} does not exist", missing.display())),
+        (target.join("oom.json").into(), format!("{} is not a directory", target.display())),
+    ] {
+        std::env::set_var(OOM_SNAPSHOT_ENV, &target);
+        let (report, message) = oom("odd");
+        assert_eq!(report.snapshot_path, None, "{target:?}: {message}");
+        assert!(message.contains(&says), "{target:?}: {message}");
+    }
+    assert!(!missing.exists());
+    let cwd = std::env::current_dir().unwrap();
+    assert!(std::fs::read_dir(&cwd).unwrap().all(|e| !e.unwrap().file_name().to_string_lossy().contains(".partial")));
+
     // A full disk (a file size limit of 4 KiB, which makes writes fail as ENOSPC would): the
     // error says why, no file appears and no temporary is left behind.
     let full = dir.join("full");

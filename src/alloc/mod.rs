@@ -373,8 +373,11 @@ impl CachingAllocator {
     /// file it names, or, if that is a directory, to a new `oom-<pid>-<n>.json` inside it. The
     /// file is written beside its destination under a temporary name and renamed into place, so
     /// it is complete or absent; a link or a special file at the destination is refused; writers
-    /// in this process take turns, and a second snapshot to the same file goes to a numbered
-    /// sibling (`oom-2.json`), so that each error names the file holding its own snapshot.
+    /// take turns, in this process and (through a lock on the directory) across processes; a
+    /// file is replaced only when it is an earlier run's (older than this process), and a second
+    /// snapshot to the same file, from this process or another of the same job, goes to a
+    /// numbered sibling (`oom-2.json`), so that each error names the file holding its own
+    /// snapshot. An empty value, or a file in a directory that does not exist, is refused.
     fn dump_oom_snapshot(&self) -> Option<std::result::Result<String, String>> {
         let target = std::path::PathBuf::from(std::env::var_os(OOM_SNAPSHOT_ENV)?);
         let written = oom_snapshot::write(&target, || self.snapshot().to_json());

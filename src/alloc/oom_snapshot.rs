@@ -1,12 +1,14 @@
 //! Writing a snapshot when an allocation runs out of memory (`VRAMSCOPE_OOM_SNAPSHOT`): never
-//! through or over a link or a special file, one writer at a time in the process, a distinct
-//! file for each snapshot the process writes to a shared path, complete or absent.
+//! through or over a link or a special file, one writer at a time in the process and, through a
+//! lock on the destination's directory, across processes; a distinct file for each snapshot
+//! written to a shared path, complete or absent.
 
 use crate::sync::Mutex;
 use std::collections::HashSet;
 use std::fs::{self, OpenOptions};
 use std::io::{ErrorKind, Write};
 use std::path::{Path, PathBuf};
+use std::time::SystemTime;
 
 /// Files this process has written, so that a second out-of-memory error does not replace the
 /// first one's snapshot; held while a snapshot is written, so writers take turns.
@@ -17,7 +19,11 @@ static WRITTEN: Mutex<Option<HashSet<PathBuf>>> = Mutex::new(None);
 pub(super) fn write(target: &Path, json: impl FnOnce() -> String) -> Result<PathBuf, String> {
     let mut written = WRITTEN.lock();
     let written = written.get_or_insert_with(HashSet::new);
-    let path = destination(target, written)?;
+    check_target(target)?;
+    // Processes sharing the destination take turns from choosing the file to renaming it into
+    // place: eight processes running out of memory at once write eight files.
+    let _turn = lock_directory(target)?;
+    let path = destination(target, written, process_start())?;
     let tmp = temporary(&path);
     let result =
         write_new(&tmp, json().as_bytes()).map_err(|e| format!("writing {}: {e}", tmp.display())).and_then(|()| {
@@ -33,14 +39,91 @@ pub(super) fn write(target: &Path, json: impl FnOnce() -> String) -> Result<Path
     Ok(path)
 }
 
-/// The file to write: in a directory, a new `oom-<pid>-<n>.json`; a path this process wrote
-/// before gets a numbered sibling (`oom.json`, then `oom-2.json`).
-fn destination(target: &Path, written: &HashSet<PathBuf>) -> Result<PathBuf, String> {
+/// Refuses a destination that names no file: empty, or in a directory that does not exist.
+fn check_target(target: &Path) -> Result<(), String> {
+    let text = target.as_os_str().to_string_lossy();
+    if text.is_empty() {
+        return Err(format!("{} is set but empty: name a file or a directory", super::OOM_SNAPSHOT_ENV));
+    }
+    let parent = match fs::symlink_metadata(target) {
+        Ok(_) => return Ok(()),
+        Err(e) if e.kind() != ErrorKind::NotFound && e.kind() != ErrorKind::NotADirectory => {
+            return Err(format!("{}: {e}", target.display()))
+        }
+        // A missing path ending in `/` names a directory that does not exist.
+        Err(_) if text.ends_with('/') => target,
+        Err(_) => parent_of(target),
+    };
+    match fs::metadata(parent) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err(format!("{}: {} is not a directory", target.display(), parent.display())),
+        Err(_) => Err(format!(
+            "{}: the directory {} does not exist: create it, or name a file in one that does",
+            target.display(),
+            parent.display()
+        )),
+    }
+}
+
+/// The directory a file path is in (`.` for a bare name).
+fn parent_of(path: &Path) -> &Path {
+    path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."))
+}
+
+/// Takes the lock that writers of every process share for the destination's directory (an
+/// advisory lock on the directory itself: nothing is left behind), released on drop. Where the
+/// system cannot lock a directory, writers choose their files without it.
+fn lock_directory(target: &Path) -> Result<Option<fs::File>, String> {
+    let dir = if fs::metadata(target).is_ok_and(|m| m.is_dir()) { target } else { parent_of(target) };
+    let Ok(handle) = fs::File::open(dir) else { return Ok(None) };
+    #[cfg(unix)]
+    {
+        use std::os::fd::AsRawFd;
+        loop {
+            // SAFETY: `handle` is an open file, so its descriptor is valid for the call; the
+            // lock is released when the descriptor is closed (the handle dropped).
+            if unsafe { libc::flock(handle.as_raw_fd(), libc::LOCK_EX) } == 0 {
+                return Ok(Some(handle));
+            }
+            if std::io::Error::last_os_error().kind() != ErrorKind::Interrupted {
+                return Ok(None);
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    Ok(None)
+}
+
+/// When this process started, where the system says (Linux: `/proc/self/stat` and the boot
+/// time in `/proc/stat`).
+fn process_start() -> Option<SystemTime> {
+    let stat = fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name (which may hold spaces) in parentheses; the start time,
+    // field 22, in clock ticks since boot.
+    let ticks: u64 = stat.rsplit_once(')')?.1.split_whitespace().nth(19)?.parse().ok()?;
+    let boot: u64 =
+        fs::read_to_string("/proc/stat").ok()?.lines().find_map(|l| l.strip_prefix("btime "))?.trim().parse().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let per_second = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).ok().filter(|&t| t > 0)?;
+    let start = std::time::Duration::from_secs(boot) + std::time::Duration::from_millis(ticks * 1000 / per_second);
+    SystemTime::UNIX_EPOCH.checked_add(start)
+}
+
+/// The file to write: in a directory, a new `oom-<pid>-<n>.json`. A file is replaced only when
+/// it was there before this process started (an earlier run's); one this process wrote, or one
+/// written since it started (another process of the same job), is kept, and the snapshot goes
+/// to a numbered sibling (`oom.json`, then `oom-2.json`).
+fn destination(target: &Path, written: &HashSet<PathBuf>, started: Option<SystemTime>) -> Result<PathBuf, String> {
     match fs::symlink_metadata(target) {
         Ok(m) if m.is_dir() => Ok(first_free(|n| target.join(format!("oom-{}-{n}.json", std::process::id())))),
-        Ok(_) => {
+        Ok(m) => {
             refuse_special(target)?;
-            if !written.contains(target) {
+            // A second of slack: file times and the start time are counted differently.
+            let earlier_run = match (m.modified(), started) {
+                (Ok(modified), Some(started)) => modified + std::time::Duration::from_secs(1) < started,
+                _ => false,
+            };
+            if !written.contains(target) && earlier_run {
                 return Ok(target.to_path_buf());
             }
             let stem = target.file_stem().map_or_else(|| "oom".into(), |s| s.to_string_lossy().into_owned());
