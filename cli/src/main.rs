@@ -248,38 +248,96 @@ fn to_json<T: serde::Serialize>(value: &T) -> Result<String, Failure> {
     serde_json::to_string_pretty(value).map(|s| s + "\n").map_err(|e| Failure(1, e.to_string()))
 }
 
+/// A report of each device of `snaps` (one snapshot, or before and after): made once for a
+/// snapshot of one device; for several, once per device, the text under a `device N:` line and
+/// the JSON as an object keyed by device.
+fn per_device<T: serde::Serialize>(
+    snaps: &[&Snapshot],
+    json: bool,
+    make: impl Fn(&[&Snapshot]) -> T,
+    render: impl Fn(&T) -> String,
+) -> Result<String, Failure> {
+    let mut devices: Vec<usize> = snaps.iter().flat_map(|s| s.devices()).collect();
+    devices.sort_unstable();
+    devices.dedup();
+    if devices.len() <= 1 {
+        let report = make(snaps);
+        return if json { to_json(&report) } else { Ok(render(&report)) };
+    }
+    let on = |d: usize| {
+        let owned: Vec<Snapshot> = snaps.iter().map(|s| s.for_device(d)).collect();
+        make(&owned.iter().collect::<Vec<_>>())
+    };
+    let reports: Vec<(usize, T)> = devices.iter().map(|&d| (d, on(d))).collect();
+    if json {
+        let map: std::collections::BTreeMap<String, &T> = reports.iter().map(|(d, r)| (d.to_string(), r)).collect();
+        return to_json(&map);
+    }
+    Ok(reports.iter().map(|(d, r)| format!("device {d}:\n{}", render(r))).collect::<Vec<_>>().join("\n"))
+}
+
+/// Folded stacks of every device: for a snapshot of several, each device's stacks under a root
+/// frame `device N`.
+fn folded_per_device(snap: &Snapshot, kind: FoldedKind) -> String {
+    let devices = snap.devices();
+    if devices.len() <= 1 {
+        return report::folded(snap, kind);
+    }
+    devices
+        .iter()
+        .flat_map(|&d| {
+            let folded = report::folded(&snap.for_device(d), kind);
+            folded.lines().map(|l| format!("device {d};{l}\n")).collect::<Vec<_>>()
+        })
+        .collect()
+}
+
 fn run(cli: Cli) -> Result<(), Failure> {
     match cli.command {
         Command::Summary { file, json, out } => {
             let snap = Snapshot::load(file)?;
-            emit(&out, &if json { to_json(&snap.stats)? } else { report::summary(&snap) })
+            let text = if json {
+                per_device(&[&snap], true, |s| s[0].stats.clone(), |_| String::new())?
+            } else {
+                per_device(&[&snap], false, |s| report::summary(s[0]), String::clone)?
+            };
+            emit(&out, &text)
         }
         Command::Live { file, json, out } => {
-            let groups = report::live(&Snapshot::load(file)?);
-            emit(&out, &if json { to_json(&groups)? } else { report::LiveGroup::render(&groups) })
+            let snap = Snapshot::load(file)?;
+            emit(&out, &per_device(&[&snap], json, |s| report::live(s[0]), |g| report::LiveGroup::render(g))?)
         }
         Command::Leaks { file, json, out } => {
-            let leaks = report::leaks(&Snapshot::load(file)?);
-            emit(&out, &if json { to_json(&leaks)? } else { report::LeakCandidate::render(&leaks) })
+            let snap = Snapshot::load(file)?;
+            emit(&out, &per_device(&[&snap], json, |s| report::leaks(s[0]), |l| report::LeakCandidate::render(l))?)
         }
         Command::Diff { before, after, json, out } => {
-            let d = report::diff(&Snapshot::load(before)?, &Snapshot::load(after)?);
-            emit(&out, &if json { to_json(&d)? } else { report::SiteDelta::render(&d) })
+            let (before, after) = (Snapshot::load(before)?, Snapshot::load(after)?);
+            let d =
+                per_device(&[&before, &after], json, |s| report::diff(s[0], s[1]), |d| report::SiteDelta::render(d))?;
+            emit(&out, &d)
         }
         Command::Segments { file, json, out } => {
             let snap = Snapshot::load(file)?;
-            emit(&out, &if json { to_json(&snap.segments)? } else { report::segments(&snap) })
+            let text = if json {
+                per_device(&[&snap], true, |s| s[0].segments.clone(), |_| String::new())?
+            } else {
+                per_device(&[&snap], false, |s| report::segments(s[0]), String::clone)?
+            };
+            emit(&out, &text)
         }
         Command::Folded { file, allocated, out } => {
             let kind = if allocated { FoldedKind::Allocated } else { FoldedKind::Live };
-            emit(&out, &report::folded(&Snapshot::load(file)?, kind))
+            emit(&out, &folded_per_device(&Snapshot::load(file)?, kind))
         }
         Command::Flamegraph { file, allocated, before, out } => {
             let kind = if allocated { FoldedKind::Allocated } else { FoldedKind::Live };
             let title = format!("{} of {}", if allocated { "allocated bytes" } else { "live bytes" }, file.display());
-            let after = report::folded(&Snapshot::load(&file)?, kind);
+            let after = folded_per_device(&Snapshot::load(&file)?, kind);
             let svg = match before {
-                Some(b) => report::differential_flamegraph(&report::folded(&Snapshot::load(b)?, kind), &after, &title)?,
+                Some(b) => {
+                    report::differential_flamegraph(&folded_per_device(&Snapshot::load(b)?, kind), &after, &title)?
+                }
                 None => report::flamegraph(&after, &title)?,
             };
             if out.output.is_none() && std::io::IsTerminal::is_terminal(&std::io::stdout()) {

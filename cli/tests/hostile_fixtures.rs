@@ -152,6 +152,8 @@ fn inputs() -> Vec<(&'static str, Vec<u8>, &'static str, Expect)> {
         ("shared_stack.json", shared_stack(), "summary", Answer("Allocated memory")),
         // 64-bit addresses and stream handles, kept whole: two streams 2^32 apart print apart.
         ("pytorch_edges.pickle", hostile::pytorch_edges(), "segments", Answer("s4294967312")),
+        // Two GPUs: each device's figures apart.
+        ("two_devices.pickle", hostile::two_devices(), "summary", Answer("device 1:")),
         (
             "huge_sizes.json",
             edited(|v| {
@@ -247,6 +249,29 @@ fn convert_keeps_64_bit_values_and_shares_frames() {
     assert_eq!(json["history"][0]["user_metadata"], json!({"step": 3}));
     assert_eq!(json["frames"][0], json!({"function": "torch::unwind::unwind()", "file": null, "line": null}));
     assert_eq!(json["allocator_settings"], json!({"expandable_segments": true}));
+
+    // Two devices: each keeps its segment and its trace, in both directions.
+    let two = dir().join("two_devices.pickle").into_os_string();
+    convert(&two, "two.pickle");
+    convert(&at("two.pickle"), "two2.pickle");
+    convert(&two, "two.json");
+    convert(&at("two.pickle"), "two2.json");
+    assert!(read("two.pickle") == read("two2.pickle"));
+    assert_eq!(read("two.json"), read("two2.json"));
+    let json: serde_json::Value = serde_json::from_slice(&read("two.json")).unwrap();
+    let devices: Vec<_> = json["segments"].as_array().unwrap().iter().map(|s| s["device"].clone()).collect();
+    assert_eq!(devices, [json!(0), json!(1)]);
+    let events: Vec<_> =
+        json["history"].as_array().unwrap().iter().map(|e| (e["device"].clone(), e["time_ns"].clone())).collect();
+    assert_eq!(
+        events,
+        [(json!(0), json!(0)), (json!(1), json!(100_000)), (json!(0), json!(200_000)), (json!(1), json!(300_000))]
+    );
+    // The summary of each device holds its own memory only.
+    let summary = vramscope(&["summary".as_ref(), &two]);
+    let (zero, one) = summary.split_once("device 1:").unwrap();
+    assert!(zero.contains("device 0:") && zero.contains("1024 KiB") && !zero.contains("3072 KiB"), "{summary}");
+    assert!(one.contains("3072 KiB") && !one.contains("1024 KiB"), "{summary}");
 
     let shared = dir().join("shared_stack.json");
     convert(shared.as_os_str(), "shared.pickle");

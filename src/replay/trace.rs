@@ -90,7 +90,10 @@ impl Trace {
     /// The allocations and completed frees of a PyTorch snapshot's `device_traces` (of the
     /// device with the most events), read as a [`Snapshot`]'s history.
     fn from_pickle(data: &[u8], source: &str) -> Result<Trace> {
-        let snap = Snapshot::from_pytorch_pickle(data, source)?;
+        let all = Snapshot::from_pytorch_pickle(data, source)?;
+        let on = |d: usize| all.history.iter().filter(|e| e.device.unwrap_or(all.device) == d).count();
+        let busiest = all.devices().into_iter().max_by_key(|&d| (on(d), std::cmp::Reverse(d))).unwrap_or(all.device);
+        let snap = all.for_device(busiest);
         let events = snap
             .history
             .iter()

@@ -169,6 +169,7 @@ mod tests {
             mapped_size: 2 << 20,
             expandable: false,
             stream: 0,
+            device: None,
             pool: crate::alloc::Pool::Small,
             allocated_size: 512,
             active_size: 512,

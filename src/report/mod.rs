@@ -24,9 +24,18 @@ pub use segments::segments;
 use crate::record::Frame;
 use crate::snapshot::{ContextInfo, Snapshot};
 
-/// The memory summary table in PyTorch's layout, from the snapshot's statistics.
+/// The memory summary table in PyTorch's layout, from the snapshot's statistics: one table per
+/// device of a snapshot of several ([`Snapshot::for_device`]).
 pub fn summary(snapshot: &Snapshot) -> String {
-    crate::alloc::stats::summary_table(&snapshot.stats, &snapshot.backend, snapshot.device)
+    let devices = snapshot.devices();
+    if devices.len() <= 1 {
+        return crate::alloc::stats::summary_table(&snapshot.stats, &snapshot.backend, snapshot.device);
+    }
+    let table = |d: usize| {
+        let s = snapshot.for_device(d);
+        crate::alloc::stats::summary_table(&s.stats, &s.backend, d)
+    };
+    devices.into_iter().map(table).collect::<Vec<_>>().join("\n")
 }
 
 /// Whether a frame belongs to a library rather than the program being examined: Python

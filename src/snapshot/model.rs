@@ -91,6 +91,10 @@ pub struct SegmentInfo {
     /// The stream: vramscope's allocator-local index, or the CUDA stream handle a PyTorch
     /// snapshot names (a pointer, kept whole).
     pub stream: u64,
+    /// The device, in a snapshot of several ([`Snapshot::devices`]); `None`: the snapshot's
+    /// [`device`](Snapshot::device).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<usize>,
     /// The pool (`small` or `large` in JSON and pickles).
     pub pool: crate::alloc::Pool,
     /// Bytes in allocated blocks.
@@ -220,6 +224,9 @@ pub struct HistoryEntry {
     pub size: u64,
     /// The stream, as [`SegmentInfo::stream`].
     pub stream: u64,
+    /// The device, as [`SegmentInfo::device`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<usize>,
     /// Nanoseconds since [`Snapshot::time_origin_us`].
     pub time_ns: u64,
     /// Who, where recorded for this action.
@@ -265,6 +272,43 @@ impl Snapshot {
     /// The frames of stack `index`, innermost first.
     pub fn stack_frames(&self, index: u32) -> impl Iterator<Item = &Frame> {
         self.stacks.get(index as usize).into_iter().flatten().filter_map(|&f| self.frames.get(f as usize))
+    }
+
+    /// The devices the snapshot holds, in order: one for vramscope's snapshots, each GPU's
+    /// for a PyTorch snapshot of several.
+    pub fn devices(&self) -> Vec<usize> {
+        let segments = self.segments.iter().map(|s| s.device);
+        let events = self.history.iter().map(|e| e.device);
+        let mut out: Vec<usize> = segments.chain(events).map(|d| d.unwrap_or(self.device)).collect();
+        if out.is_empty() {
+            out.push(self.device);
+        }
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
+    /// The part of the snapshot on `device`: its segments and history, as a snapshot of that
+    /// device alone (the frame, stack and scope tables are shared). Every report reads one
+    /// device: the command line runs each report once per device of a snapshot of several.
+    pub fn for_device(&self, device: usize) -> Snapshot {
+        let on = |d: Option<usize>| d.unwrap_or(self.device) == device;
+        let mut out = Snapshot {
+            device,
+            segments: self.segments.iter().filter(|s| on(s.device)).cloned().collect(),
+            history: self.history.iter().filter(|e| on(e.device)).cloned().collect(),
+            ..self.clone()
+        };
+        for s in &mut out.segments {
+            s.device = None;
+        }
+        for e in &mut out.history {
+            e.device = None;
+        }
+        if self.devices().len() > 1 {
+            out.stats = super::torch::stats_of(&out.segments);
+        }
+        out
     }
 
     /// Live (allocated) blocks with their segment.

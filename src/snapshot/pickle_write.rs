@@ -193,7 +193,7 @@ impl Snapshot {
             w.list(&self.segments, |w, seg| {
                 w.dict(|w| {
                     for (k, v) in [
-                        ("device", self.device as u64),
+                        ("device", seg.device.unwrap_or(self.device) as u64),
                         ("address", seg.address),
                         ("total_size", seg.total_size),
                         ("allocated_size", seg.allocated_size),
@@ -245,9 +245,12 @@ impl Snapshot {
                     });
                 })
             });
+            // One trace per device index up to the highest, as PyTorch writes them.
             w.str("device_traces");
-            w.list([()], |w, ()| {
-                w.list(self.pytorch_trace(), |w, (action, e)| {
+            let last = self.devices().last().copied().unwrap_or(self.device);
+            w.list(0..=last, |w, device| {
+                let on = move |e: &&HistoryEntry| e.device.unwrap_or(self.device) == device;
+                w.list(self.pytorch_trace(on), |w, (action, e)| {
                     w.dict(|w| {
                         w.str("action");
                         w.str(action.name());
@@ -289,9 +292,12 @@ impl Snapshot {
     /// `free_completed` (immediately where nothing waited), while vramscope records only the
     /// completion of a free that nothing held up. Without the request, PyTorch's viewer draws
     /// such a block as waiting on another stream until the end.
-    fn pytorch_trace(&self) -> impl Iterator<Item = (Action, &HistoryEntry)> + '_ {
+    fn pytorch_trace<'a>(
+        &'a self,
+        on: impl FnMut(&&HistoryEntry) -> bool + 'a,
+    ) -> impl Iterator<Item = (Action, &'a HistoryEntry)> + 'a {
         let mut requested = std::collections::HashSet::new();
-        self.history.iter().flat_map(move |e| {
+        self.history.iter().filter(on).flat_map(move |e| {
             let request = match e.action {
                 Action::FreeRequested => {
                     requested.insert(e.addr);

@@ -228,6 +228,9 @@ fn context_in(stack: Option<u32>, scope: u32) -> Option<ContextInfo> {
     (stack.is_some() || scope != 0).then_some(ContextInfo { stack, scope, thread: 0, step: 0 })
 }
 
+/// Device indices a PyTorch snapshot may name (a trace list per device up to the highest).
+const MAX_DEVICES: usize = 1 << 16;
+
 /// Nesting allowed in the free-form parts kept as read (settings, annotations).
 pub(super) const MAX_DEPTH: usize = 32;
 
@@ -332,13 +335,17 @@ impl Snapshot {
             .ok_or_else(|| bad(source, format!("`segments` is a {}, expected a list", segments_v.type_name())))?;
         let mut t = Tables::new();
         let mut segments = Vec::with_capacity(segs.len());
-        let mut device = None;
         for (si, seg) in segs.iter().enumerate() {
             let at = || format!("segments[{si}]");
             budget.spend(seg.len(), &at, source)?;
-            if device.is_none() {
-                device = seg.get("device").and_then(|d| d.as_i128()).and_then(|d| usize::try_from(d).ok());
-            }
+            let device = match seg.get("device") {
+                None | Some(Value::None) => 0,
+                Some(d) => {
+                    d.as_i128().and_then(|d| usize::try_from(d).ok()).filter(|&d| d < MAX_DEVICES).ok_or_else(|| {
+                        bad(source, format!("{}: `device` is {d:?}, expected a device index below {MAX_DEVICES}", at()))
+                    })?
+                }
+            };
             let blocks_v = seg.get("blocks");
             budget.spend(blocks_v.as_ref().map_or(0, Value::len), &at, source)?;
             let blocks_v = blocks_v.and_then(|b| b.items()).unwrap_or_default();
@@ -380,10 +387,28 @@ impl Snapshot {
                 requested_size: uint(seg, "requested_size", &at, source).unwrap_or(0),
                 blocks,
                 context: context(made_by),
+                device: Some(device),
             });
         }
         segments.sort_by_key(|s| s.address);
         let (history, time_origin_us) = read_history(&root, &mut t, &mut budget, source)?;
+        // Devices are named on each part only in a snapshot of several.
+        let mut devices: Vec<usize> =
+            segments.iter().filter_map(|s| s.device).chain(history.iter().map(|(d, _)| *d)).collect();
+        devices.sort_unstable();
+        devices.dedup();
+        let several = devices.len() > 1;
+        let device = devices.first().copied().unwrap_or(0);
+        for s in &mut segments {
+            s.device = s.device.filter(|_| several);
+        }
+        let history: Vec<HistoryEntry> = history
+            .into_iter()
+            .map(|(d, mut e)| {
+                e.device = several.then_some(d);
+                e
+            })
+            .collect();
         // A block's scope is its allocation's (the trace carries scopes, the blocks do not).
         let mut scope_at: HashMap<u64, u32> = HashMap::new();
         for e in history.iter().filter(|e| e.action == Action::Alloc) {
@@ -408,7 +433,7 @@ impl Snapshot {
         let stats = stats_of(&segments);
         Ok(Snapshot {
             version: SNAPSHOT_VERSION,
-            device: device.unwrap_or(0),
+            device,
             backend: "pytorch".into(),
             segments,
             history,
@@ -426,70 +451,122 @@ impl Snapshot {
     }
 }
 
-/// The trace of the device with the most events, and its first event's `time_us` (the origin
-/// of the entries' `time_ns`).
-fn read_history(root: &Value, t: &mut Tables, budget: &mut Budget, source: &str) -> Result<(Vec<HistoryEntry>, u64)> {
+/// Every device's trace (`device_traces[d]` is device `d`'s), merged into one history in time
+/// order, each device's entries in their own order; each entry with its device. The origin of
+/// the entries' `time_ns` is the earliest `time_us` of all.
+fn read_history(
+    root: &Value,
+    t: &mut Tables,
+    budget: &mut Budget,
+    source: &str,
+) -> Result<(Vec<(usize, HistoryEntry)>, u64)> {
     let Some(traces) = root.get("device_traces") else { return Ok((Vec::new(), 0)) };
     budget.spend(traces.len(), &|| "device_traces".to_string(), source)?;
     let traces = traces
         .items()
         .ok_or_else(|| bad(source, format!("`device_traces` is a {}, expected a list", traces.type_name())))?;
-    let lists = traces.iter().enumerate().filter(|(_, v)| matches!(v, Value::List(_) | Value::Tuple(_)));
-    let Some((d, longest)) = lists.max_by_key(|(_, v)| v.len()) else {
-        return Ok((Vec::new(), 0));
+    // Each device's entries with their time in microseconds, as read.
+    let mut per_device: Vec<Vec<(i128, HistoryEntry)>> = Vec::new();
+    for (d, trace) in traces.iter().enumerate() {
+        let mut out = Vec::new();
+        if matches!(trace, Value::List(_) | Value::Tuple(_)) {
+            budget.spend(trace.len(), &|| format!("device_traces[{d}]"), source)?;
+            for (i, e) in trace.items().unwrap_or_default().iter().enumerate() {
+                let at = || format!("device_traces[{d}][{i}]");
+                if let Some(entry) = read_entry(e, t, budget, &at, source)? {
+                    out.push(entry);
+                }
+            }
+        }
+        per_device.push(out);
+    }
+    let Some(t0) = per_device.iter().flatten().map(|(time, _)| *time).min() else { return Ok((Vec::new(), 0)) };
+    // A merge by time that keeps each device's order (ties to the lower device).
+    let mut heads: std::collections::BinaryHeap<std::cmp::Reverse<(i128, usize)>> =
+        per_device.iter().enumerate().filter_map(|(d, v)| Some(std::cmp::Reverse((v.first()?.0, d)))).collect();
+    let mut next = vec![0usize; per_device.len()];
+    let mut merged = Vec::with_capacity(per_device.iter().map(Vec::len).sum());
+    while let Some(std::cmp::Reverse((_, d))) = heads.pop() {
+        let (time, mut entry) = std::mem::replace(&mut per_device[d][next[d]], (0, placeholder()));
+        // Saturating: a hostile file's times may be any 128-bit integers, in any order.
+        entry.time_ns = u64::try_from(time.saturating_sub(t0).max(0).saturating_mul(1000)).unwrap_or(u64::MAX);
+        merged.push((d, entry));
+        next[d] += 1;
+        if let Some((time, _)) = per_device[d].get(next[d]) {
+            heads.push(std::cmp::Reverse((*time, d)));
+        }
+    }
+    Ok((merged, u64::try_from(t0.max(0)).unwrap_or(u64::MAX)))
+}
+
+/// An entry to leave in place of one moved out.
+fn placeholder() -> HistoryEntry {
+    HistoryEntry {
+        action: Action::Alloc,
+        addr: 0,
+        size: 0,
+        stream: 0,
+        device: None,
+        time_ns: 0,
+        context: None,
+        compile_context: None,
+        user_metadata: None,
+    }
+}
+
+/// One trace entry with its `time_us`; `None` for an action vramscope does not know.
+fn read_entry(
+    e: &Value,
+    t: &mut Tables,
+    budget: &mut Budget,
+    at: &dyn Fn() -> String,
+    source: &str,
+) -> Result<Option<(i128, HistoryEntry)>> {
+    budget.spend(e.len(), at, source)?;
+    let Some(action) = e.get("action").as_ref().and_then(Value::as_str).and_then(Action::from_name) else {
+        return Ok(None);
     };
-    budget.spend(longest.len(), &|| format!("device_traces[{d}]"), source)?;
-    let Some(events) = longest.items() else { return Ok((Vec::new(), 0)) };
-    let mut out = Vec::with_capacity(events.len());
-    let mut t0 = None;
-    for (i, e) in events.iter().enumerate() {
-        let at = || format!("device_traces[{d}][{i}]");
-        budget.spend(e.len(), &at, source)?;
-        let Some(action) = e.get("action").as_ref().and_then(Value::as_str).and_then(Action::from_name) else {
-            continue;
-        };
-        let time_us = e.get("time_us").and_then(|v| v.as_i128()).unwrap_or(0);
-        let start = *t0.get_or_insert(time_us);
-        let stack = t.stack(e.get("frames"), budget, &at, source)?;
-        let meta = e.get("user_metadata");
-        let scope = t.scope(meta.as_ref(), budget, &at, source)?;
-        let user_metadata = match &meta {
-            Some(v) if !matches!(v, Value::Str(_) | Value::None) => {
-                Some(to_json(v, 0, budget, &|| format!("{}.user_metadata", at()), source)?)
-            }
-            _ => None,
-        };
-        let compile_context = match e.get("compile_context") {
-            Some(c @ Value::Str(_)) => {
-                budget.spend_bytes(c.byte_len(), &at, source)?;
-                c.as_str().map(str::to_string)
-            }
-            _ => None,
-        };
-        out.push(HistoryEntry {
+    let time_us = e.get("time_us").and_then(|v| v.as_i128()).unwrap_or(0);
+    let stack = t.stack(e.get("frames"), budget, at, source)?;
+    let meta = e.get("user_metadata");
+    let scope = t.scope(meta.as_ref(), budget, at, source)?;
+    let user_metadata = match &meta {
+        Some(v) if !matches!(v, Value::Str(_) | Value::None) => {
+            Some(to_json(v, 0, budget, &|| format!("{}.user_metadata", at()), source)?)
+        }
+        _ => None,
+    };
+    let compile_context = match e.get("compile_context") {
+        Some(c @ Value::Str(_)) => {
+            budget.spend_bytes(c.byte_len(), at, source)?;
+            c.as_str().map(str::to_string)
+        }
+        _ => None,
+    };
+    Ok(Some((
+        time_us,
+        HistoryEntry {
             action,
             // PyTorch's `oom` entries have no address but the bytes the device had free.
             addr: if action == Action::Oom {
-                uint(e, "device_free", &at, source).or_else(|_| uint(e, "addr", &at, source)).unwrap_or(0)
+                uint(e, "device_free", at, source).or_else(|_| uint(e, "addr", at, source)).unwrap_or(0)
             } else {
-                uint(e, "addr", &at, source)?
+                uint(e, "addr", at, source)?
             },
-            size: uint(e, "size", &at, source)?,
-            stream: uint(e, "stream", &at, source).unwrap_or(0),
-            // Saturating: a hostile file's times may be any 128-bit integers, in any order.
-            time_ns: u64::try_from(time_us.saturating_sub(start).max(0).saturating_mul(1000)).unwrap_or(u64::MAX),
+            size: uint(e, "size", at, source)?,
+            stream: uint(e, "stream", at, source).unwrap_or(0),
+            device: None,
+            time_ns: 0,
             context: context_in(stack, scope),
             // "N/A" (outside torch.compile) is what the writer puts where there is none.
             compile_context: compile_context.filter(|c| c != "N/A"),
             user_metadata,
-        });
-    }
-    let origin = t0.map_or(0, |t: i128| u64::try_from(t.max(0)).unwrap_or(u64::MAX));
-    Ok((out, origin))
+        },
+    )))
 }
 
 /// The current-value statistics a PyTorch snapshot implies (it carries no counters).
-fn stats_of(segments: &[SegmentInfo]) -> BTreeMap<String, u64> {
+pub(super) fn stats_of(segments: &[SegmentInfo]) -> BTreeMap<String, u64> {
     let mut m = BTreeMap::new();
     for (name, pool) in [("all", None), ("small_pool", Some(Pool::Small)), ("large_pool", Some(Pool::Large))] {
         let mut total = [0u64; 7];

@@ -338,3 +338,67 @@ pub fn pytorch_edges() -> Vec<u8> {
     p.op(b'.');
     p.0
 }
+
+/// A snapshot of two GPUs, as PyTorch writes one from a process using both: a segment on each
+/// device (1 MiB allocated on device 0, 3 MiB on device 1) and a trace per device, their
+/// events interleaved in time.
+pub fn two_devices() -> Vec<u8> {
+    let mut p = Pickle::new();
+    p.container(b'}');
+    p.op(b'(');
+    p.s("segments");
+    p.container(b']');
+    p.op(b'(');
+    for (device, base, used) in [(0u32, 1u64 << 40, 1u32 << 20), (1, 2 << 40, 3 << 20)] {
+        p.container(b'}');
+        p.op(b'(');
+        p.s("device").int(device).s("address").long(base).s("total_size").int(4 << 20);
+        p.s("allocated_size").int(used).s("active_size").int(used).s("requested_size").int(used);
+        p.s("stream").int(0).s("segment_type").s("large");
+        p.s("segment_pool_id").int(0).int(0).op(0x86).s("is_expandable").op(0x89);
+        p.s("frames").container(b']');
+        p.s("blocks").container(b']');
+        p.op(b'(');
+        p.container(b'}');
+        p.op(b'(');
+        p.s("address").long(base).s("size").int(used).s("requested_size").int(used).s("state").s("active_allocated");
+        p.s("frames").container(b']');
+        p.op(b'(');
+        p.container(b'}');
+        p.op(b'(').s("name").s(&format!("step_on_gpu{device}")).s("filename").s("train.py").s("line").int(10 + device);
+        p.op(b'u');
+        p.op(b'e');
+        p.op(b'u'); // block
+        p.container(b'}');
+        p.op(b'(');
+        p.s("address").long(base + u64::from(used)).s("size").int((4 << 20) - used).s("requested_size").int(0);
+        p.s("state").s("inactive").s("frames").container(b']');
+        p.op(b'u');
+        p.op(b'e'); // blocks
+        p.op(b'u'); // segment
+    }
+    p.op(b'e'); // segments
+    p.s("device_traces").container(b']');
+    p.op(b'(');
+    for (device, base, used, times) in
+        [(0u32, 1u64 << 40, 1u32 << 20, [100u32, 300]), (1, 2 << 40, 3 << 20, [200, 400])]
+    {
+        p.container(b']');
+        p.op(b'(');
+        for (action, time) in [("segment_alloc", times[0]), ("alloc", times[1])] {
+            p.container(b'}');
+            p.op(b'(');
+            p.s("action").s(action).s("addr").long(base).s("size");
+            p.int(if action == "alloc" { used } else { 4 << 20 });
+            p.s("stream").int(0).s("time_us").int(time).s("compile_context").s("N/A").s("user_metadata").s("");
+            p.s("frames").container(b']');
+            p.op(b'u');
+        }
+        p.op(b'e');
+        let _ = device;
+    }
+    p.op(b'e'); // device_traces
+    p.op(b'u'); // root
+    p.op(b'.');
+    p.0
+}
