@@ -15,9 +15,11 @@ if ! cargo fuzz --version >/dev/null 2>&1; then
   cargo install cargo-fuzz --locked --quiet
 fi
 cargo +nightly fuzz build -O
-# Seeds: the small fixtures (the 2.4 MB ResNet snapshot would slow every mutation down).
+# Seeds: the small fixtures (the 2.4 MB ResNet snapshot and the megabyte-sized hostile files
+# would slow every mutation down).
+small_hostile=$(find ../fixtures/hostile -type f -size -300k | sort | tr '\n' ' ')
 declare -A seeds=(
-  [snapshot]="../fixtures/torch/leaky_train.snapshot.pickle ../fixtures/hostile/*"
+  [snapshot]="../fixtures/torch/leaky_train.snapshot.pickle $small_hostile"
   [replay]="../fixtures/torch/leaky_train.snapshot.pickle ../fixtures/torch/leaky_train.trace.json"
   [config]="seeds/config/*"
 )

@@ -15,7 +15,11 @@ fuzz_target!(|data: &[u8]| {
     let folded = report::folded(&snap, FoldedKind::Live);
     let _ = report::flamegraph(&folded, "fuzz");
     let _ = report::folded(&snap, FoldedKind::Allocated);
-    // What vramscope writes, it reads back.
-    Snapshot::from_bytes(snap.to_json().as_bytes(), "fuzz.json").expect("our JSON reads back");
-    Snapshot::from_bytes(&snap.to_pytorch_pickle(), "fuzz.pickle").expect("our pickle reads back");
+    // What vramscope writes, it reads back: the JSON as the same snapshot, the pickle as one
+    // that writes the same pickle again.
+    let json = Snapshot::from_bytes(snap.to_json().as_bytes(), "fuzz.json").expect("our JSON reads back");
+    assert_eq!(json, snap, "the JSON read back differs");
+    let pickle = snap.to_pytorch_pickle();
+    let again = Snapshot::from_bytes(&pickle, "fuzz.pickle").expect("our pickle reads back");
+    assert!(again.to_pytorch_pickle() == pickle, "a second round trip through the pickle differs");
 });

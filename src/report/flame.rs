@@ -171,6 +171,7 @@ mod tests {
             stream: 0,
             device: None,
             pool: crate::alloc::Pool::Small,
+            pool_id: None,
             allocated_size: 512,
             active_size: 512,
             requested_size: 512,

@@ -41,6 +41,7 @@ fn copy(heap: &Heap) -> Raw {
                 stream: u64::from(seg.stream.0),
                 device: None,
                 pool: seg.pool,
+                pool_id: None,
                 allocated_size: 0,
                 active_size: 0,
                 requested_size: 0,

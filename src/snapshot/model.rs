@@ -97,6 +97,10 @@ pub struct SegmentInfo {
     pub device: Option<usize>,
     /// The pool (`small` or `large` in JSON and pickles).
     pub pool: crate::alloc::Pool,
+    /// PyTorch's `segment_pool_id` where it is not `(0, 0)`: the private pool of a CUDA graph
+    /// or a `torch.cuda.MemPool` the segment belongs to, kept as read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool_id: Option<(u64, u64)>,
     /// Bytes in allocated blocks.
     pub allocated_size: u64,
     /// Bytes in allocated or pending-free blocks.

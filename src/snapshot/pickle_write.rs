@@ -44,8 +44,14 @@ struct W {
     /// Values stored in the memo so far.
     memo_len: u32,
     strings: HashMap<String, u32>,
+    /// Frames by their first equal frame, as written (see [`Snapshot::canonical_frames`]).
+    canonical: Vec<u32>,
     frames: HashMap<u32, u32>,
-    stacks: HashMap<u32, u32>,
+    /// Stacks written, by their canonical frames and by their id.
+    stacks: HashMap<Vec<u32>, u32>,
+    stack_ids: HashMap<u32, u32>,
+    /// Scope paths written as `user_metadata`, by scope id.
+    scopes: HashMap<u32, u32>,
 }
 
 impl W {
@@ -98,17 +104,20 @@ impl W {
         self.out.extend_from_slice(&v.to_be_bytes());
     }
 
-    fn str(&mut self, s: &str) {
-        if s.len() >= SHARED_STRING {
-            if let Some(&index) = self.strings.get(s) {
-                return self.get(index);
-            }
+    /// A string, shared through the memo when it is long enough to gain; its memo index.
+    fn str(&mut self, s: &str) -> Option<u32> {
+        if s.len() < SHARED_STRING {
+            self.str_unshared(s);
+            return None;
+        }
+        if let Some(&index) = self.strings.get(s) {
+            self.get(index);
+            return Some(index);
         }
         self.str_unshared(s);
-        if s.len() >= SHARED_STRING {
-            let index = self.memoize();
-            self.strings.insert(s.to_string(), index);
-        }
+        let index = self.memoize();
+        self.strings.insert(s.to_string(), index);
+        Some(index)
     }
 
     fn str_unshared(&mut self, s: &str) {
@@ -134,7 +143,9 @@ impl W {
                 (_, Some(u)) => self.uint(u),
                 _ => self.float(n.as_f64().unwrap_or(0.0)),
             },
-            J::String(s) => self.str(s),
+            J::String(s) => {
+                self.str(s);
+            }
             J::Array(items) => self.list(items, |w, x| w.json(x)),
             J::Object(m) => self.dict(|w| {
                 for (k, x) in m {
@@ -186,7 +197,7 @@ impl Snapshot {
     /// (settings, annotations, segment stacks, compile contexts, times) is written back as it
     /// was. Threads and steps have no place in that schema.
     pub fn to_pytorch_pickle(&self) -> Vec<u8> {
-        let mut w = W { out: Vec::with_capacity(1 << 16), ..W::default() };
+        let mut w = W { out: Vec::with_capacity(1 << 16), canonical: self.canonical_frames(), ..W::default() };
         w.out.extend_from_slice(&[op::PROTO, 4]);
         w.dict(|w| {
             w.str("segments");
@@ -207,8 +218,9 @@ impl Snapshot {
                     w.str("segment_type");
                     w.str(seg.pool.name());
                     w.str("segment_pool_id");
-                    w.int(0);
-                    w.int(0);
+                    let (a, b) = seg.pool_id.unwrap_or((0, 0));
+                    w.uint(a);
+                    w.uint(b);
                     w.out.push(op::TUPLE2);
                     w.str("is_expandable");
                     w.bool(seg.expandable || seg.mapped_size != seg.total_size);
@@ -269,7 +281,7 @@ impl Snapshot {
                         w.str("user_metadata");
                         match &e.user_metadata {
                             Some(meta) => w.json(meta),
-                            None => w.str(&self.scope_path(e.context.as_ref())),
+                            None => self.write_scope(w, e.context.as_ref()),
                         }
                         w.str("frames");
                         self.write_frames(w, e.context.as_ref());
@@ -317,10 +329,20 @@ impl Snapshot {
         let Some(stack) = ctx.and_then(|c| c.stack).filter(|&s| (s as usize) < self.stacks.len()) else {
             return w.list(std::iter::empty::<()>(), |_, ()| {});
         };
-        if let Some(&index) = w.stacks.get(&stack) {
+        if let Some(&index) = w.stack_ids.get(&stack) {
             return w.get(index);
         }
-        let frames = self.stacks[stack as usize].iter().filter_map(|&id| Some((id, self.frames.get(id as usize)?)));
+        // Equal stacks (and equal frames) are written once, whatever their ids: the bytes
+        // depend on what is written, so that a second round trip writes the first's bytes.
+        let frames: Vec<(u32, &crate::record::Frame)> = self.stacks[stack as usize]
+            .iter()
+            .filter_map(|&id| Some((w.canonical[id as usize], self.frames.get(id as usize)?)))
+            .collect();
+        let key: Vec<u32> = frames.iter().map(|&(id, _)| id).collect();
+        if let Some(&index) = w.stacks.get(&key) {
+            w.stack_ids.insert(stack, index);
+            return w.get(index);
+        }
         w.list(frames, |w, (frame, f)| {
             if let Some(&index) = w.frames.get(&frame) {
                 return w.get(index);
@@ -337,7 +359,31 @@ impl Snapshot {
             w.frames.insert(frame, index);
         });
         let index = w.memoize();
-        w.stacks.insert(stack, index);
+        w.stacks.insert(key, index);
+        w.stack_ids.insert(stack, index);
+    }
+
+    /// A context's scope path (PyTorch's `user_metadata`), each scope's path made and written
+    /// once, then referenced through the memo.
+    fn write_scope(&self, w: &mut W, ctx: Option<&ContextInfo>) {
+        let scope = ctx.map_or(0, |c| c.scope);
+        if let Some(&index) = w.scopes.get(&scope) {
+            return w.get(index);
+        }
+        if let Some(index) = w.str(&self.scope_path(ctx)) {
+            w.scopes.insert(scope, index);
+        }
+    }
+
+    /// For each frame, the first frame that is written the same (name, file or `??`, line or
+    /// 0).
+    fn canonical_frames(&self) -> Vec<u32> {
+        fn written(f: &crate::record::Frame) -> (&str, &str, u32) {
+            (f.function.as_str(), f.file.as_deref().unwrap_or("??"), f.line.unwrap_or(0))
+        }
+        let mut first: HashMap<(&str, &str, u32), u32> = HashMap::new();
+        let frames = self.frames.iter().enumerate();
+        frames.map(|(i, f)| *first.entry(written(f)).or_insert(i as u32)).collect()
     }
 }
 
@@ -417,6 +463,145 @@ mod tests {
                 &mut out,
             );
             assert!(out.iter().any(|d| d.contains("time_us")), "{name}: {out:?}");
+        }
+    }
+
+    /// Edge values the third review found lost: addresses from 2^63, stream handles 2^32 apart
+    /// and above, lines up to 2^32 - 1, 64-bit times.
+    const ADDRESS_BASES: [u64; 3] = [1 << 40, (1 << 63) + (1 << 40), u64::MAX - (64 << 30)];
+    const STREAMS: [u64; 5] = [0, 16, (1 << 32) + 16, 0x7f12_3456_7890, u64::MAX];
+
+    /// A valid PyTorch snapshot (as `torch.cuda.memory._snapshot()` writes one, with its keys),
+    /// generated from `seed`-driven choices: several devices, segments of 1 to 4 blocks in every
+    /// state, frames with and without a known file and line, a trace per device with every
+    /// action (each free requested, then completed), metadata strings and dicts, compile
+    /// contexts, settings and annotations.
+    fn generated(choices: &[u64]) -> serde_json::Value {
+        use serde_json::json;
+        let mut c = choices.iter().copied().cycle();
+        let mut pick = move |n: u64| c.next().unwrap_or(0) % n;
+        let frames_pool = [
+            json!({"name": "torch::unwind::unwind()", "filename": "??", "line": 0}),
+            json!({"name": "train_step", "filename": "/work/train.py", "line": 42}),
+            json!({"name": "forward", "filename": "/x/site-packages/torch/nn/modules/module.py", "line": u32::MAX}),
+            json!({"name": "", "filename": "model.py", "line": 1}),
+        ];
+        let frames = |pick: &mut dyn FnMut(u64) -> u64| -> serde_json::Value {
+            (0..pick(4)).map(|_| frames_pool[pick(4) as usize].clone()).collect()
+        };
+        let devices = 1 + pick(3) as usize;
+        let base = ADDRESS_BASES[pick(3) as usize];
+        let mut segments = Vec::new();
+        for i in 0..pick(5) {
+            let device = pick(devices as u64);
+            let address = base + i * (64 << 20);
+            let pieces = 1 + pick(4);
+            let mut blocks = Vec::new();
+            let (mut allocated, mut active, mut requested) = (0u64, 0u64, 0u64);
+            for b in 0..pieces {
+                let size = 2 << 20;
+                let state = ["active_allocated", "active_pending_free", "inactive"][pick(3) as usize];
+                let asked = if state == "inactive" { 0 } else { size - pick(512) };
+                if state == "active_allocated" {
+                    allocated += size;
+                    requested += asked;
+                }
+                if state != "inactive" {
+                    active += size;
+                }
+                blocks.push(json!({"address": address + b * size, "size": size, "requested_size": asked,
+                                   "state": state, "frames": frames(&mut pick)}));
+            }
+            let pool_id = if pick(4) == 0 { json!([1, pick(3)]) } else { json!([0, 0]) };
+            let (stream, kind) = (STREAMS[pick(5) as usize], ["small", "large"][pick(2) as usize]);
+            segments.push(json!({
+                "device": device, "address": address, "total_size": pieces * (2 << 20),
+                "allocated_size": allocated, "active_size": active, "requested_size": requested,
+                "stream": stream, "segment_type": kind,
+                "segment_pool_id": pool_id, "is_expandable": pick(2) == 1, "frames": frames(&mut pick),
+                "blocks": blocks,
+            }));
+        }
+        let mut time = 1_700_000_000_000_000u64 + pick(1000);
+        let traces: Vec<serde_json::Value> = (0..devices)
+            .map(|_| {
+                let mut trace = Vec::new();
+                for _ in 0..1 + pick(6) {
+                    time += pick(3);
+                    let addr = base + pick(1 << 20) * 512;
+                    let action = [
+                        "alloc",
+                        "free",
+                        "segment_alloc",
+                        "segment_free",
+                        "segment_map",
+                        "segment_unmap",
+                        "oom",
+                        "snapshot",
+                    ][pick(8) as usize];
+                    let stream = STREAMS[pick(5) as usize];
+                    let meta = match pick(3) {
+                        0 => json!(""),
+                        1 => json!("epoch/step 3"),
+                        _ => json!({"step": pick(10), "tag": "eval"}),
+                    };
+                    let mut entry = json!({
+                        "action": action, "addr": addr, "size": 512 * (1 + pick(8)),
+                        "stream": stream, "time_us": time,
+                        "compile_context": if pick(2) == 0 { "N/A" } else { "[0/1]" },
+                        "user_metadata": meta, "frames": frames(&mut pick),
+                    });
+                    if action == "oom" {
+                        let free = entry["addr"].take();
+                        entry.as_object_mut().unwrap().remove("addr");
+                        entry["device_free"] = free;
+                    }
+                    if action == "free" {
+                        for step in ["free_requested", "free_completed"] {
+                            entry["action"] = step.into();
+                            trace.push(entry.clone());
+                        }
+                    } else {
+                        trace.push(entry);
+                    }
+                }
+                serde_json::Value::Array(trace)
+            })
+            .collect();
+        json!({
+            "segments": segments,
+            "device_traces": traces,
+            "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+                                   "garbage_collection_threshold": 0.6, "max_split_size": u64::MAX >> 1,
+                                   "expandable_segments": true},
+            "external_annotations": [{"name": "step", "stage": "START", "time_us": time}],
+        })
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+        /// Every field of a valid PyTorch snapshot survives `convert` both ways: the pickle
+        /// written parses to the original's values field by field, a second round trip writes
+        /// the first's bytes, and the JSON model reads back equal.
+        #[test]
+        fn generated_snapshots_round_trip(choices in proptest::collection::vec(proptest::prelude::any::<u64>(), 64)) {
+            let original = generated(&choices);
+            let mut w = super::W::default();
+            w.out.extend_from_slice(&[super::op::PROTO, 4]);
+            w.json(&original);
+            w.out.push(super::op::STOP);
+            let bytes = w.out;
+            let snap = Snapshot::from_bytes(&bytes, "generated").map_err(|e| proptest::test_runner::TestCaseError::fail(e.to_string()))?;
+            let first = snap.to_pytorch_pickle();
+            let mut out = Vec::new();
+            diff(&pickle::parse(&bytes).unwrap(), &pickle::parse(&first).unwrap(), "", &mut out);
+            proptest::prop_assert!(out.is_empty(), "{}", out.join("\n"));
+            let again = Snapshot::from_bytes(&first, "first").unwrap();
+            proptest::prop_assert_eq!(&again, &snap);
+            proptest::prop_assert!(again.to_pytorch_pickle() == first, "the second round trip wrote other bytes");
+            let through_json = Snapshot::from_bytes(snap.to_json().as_bytes(), "json").unwrap();
+            proptest::prop_assert_eq!(&through_json, &snap);
         }
     }
 }

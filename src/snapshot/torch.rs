@@ -382,6 +382,23 @@ impl Snapshot {
                     Some("small") => Pool::Small,
                     _ => Pool::Large,
                 },
+                pool_id: match seg.get("segment_pool_id") {
+                    None | Some(Value::None) => None,
+                    Some(v) => {
+                        let ids = v.items().unwrap_or_default();
+                        let id = |i: usize| ids.get(i).and_then(Value::as_i128).and_then(|n| u64::try_from(n).ok());
+                        match (ids.len(), id(0), id(1)) {
+                            (2, Some(0), Some(0)) => None,
+                            (2, Some(a), Some(b)) => Some((a, b)),
+                            _ => {
+                                return Err(bad(
+                                    source,
+                                    format!("{}: `segment_pool_id` is {v:?}, expected a pair of integers", at()),
+                                ))
+                            }
+                        }
+                    }
+                },
                 allocated_size: uint(seg, "allocated_size", &at, source).unwrap_or(0),
                 active_size: uint(seg, "active_size", &at, source).unwrap_or(0),
                 requested_size: uint(seg, "requested_size", &at, source).unwrap_or(0),
@@ -531,7 +548,7 @@ fn read_entry(
     let meta = e.get("user_metadata");
     let scope = t.scope(meta.as_ref(), budget, at, source)?;
     let user_metadata = match &meta {
-        Some(v) if !matches!(v, Value::Str(_) | Value::None) => {
+        Some(v) if !matches!(v, Value::Str(_)) => {
             Some(to_json(v, 0, budget, &|| format!("{}.user_metadata", at()), source)?)
         }
         _ => None,
