@@ -61,6 +61,7 @@ impl Drop for Shared {
         let heap = &mut self.heap.get_mut().heap;
         heap.settle();
         heap.release_cache(backend, false);
+        heap.release_everything(backend);
     }
 }
 

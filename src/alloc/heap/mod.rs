@@ -498,6 +498,9 @@ impl Heap {
                             self.blocks[i].addr
                         ));
                         self.blocks[i].state = BlockState::Stranded;
+                        // The events recorded for its earlier streams are still pending and
+                        // count down as they complete (the block stays out of use).
+                        self.blocks[i].pending_events = waiting;
                         let (addr, stream) = (self.blocks[i].addr, self.blocks[i].stream);
                         self.note(Note::Release { addr, size, requested, pool, stream, ctx, waiting: true });
                         return;

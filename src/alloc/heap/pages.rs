@@ -275,6 +275,30 @@ impl Heap {
         }
     }
 
+    /// At the allocator's end, when no buffer exists: gives back every segment still held,
+    /// those whose blocks are kept out of use included (a free whose event and synchronize
+    /// both failed, or a wait that could not be completed), and destroys the events still
+    /// pending. The backend waits for any work still queued on them, as
+    /// [`Backend::release`] promises, so nothing is reused early; without this such segments
+    /// stayed reserved until the process ended.
+    pub(crate) fn release_everything(&mut self, backend: &dyn Backend) {
+        for p in std::mem::take(&mut self.pending) {
+            backend.destroy_event(p.event);
+        }
+        let held: Vec<(SegmentId, u64, u64)> =
+            self.segments.iter().filter(|(_, s)| s.live).map(|(i, s)| (i, s.addr, s.size)).collect();
+        for (i, addr, size) in held {
+            // SAFETY: no buffer exists (the allocator's last reference is gone), so nothing on
+            // the host uses the segment; it is live, reserved from this backend with this size,
+            // and released once (marked below); queued device work is the backend's to wait for.
+            if let Err(e) = unsafe { backend.release(addr, size) } {
+                self.note(Note::BackendError);
+                self.last_error = Some(format!("releasing segment {addr:#x}: {e}"));
+            }
+            self.segments[i].live = false;
+        }
+    }
+
     /// Releases the segment whose only block is the free block `b`; false if the backend
     /// refused.
     fn release_segment_of(&mut self, backend: &dyn Backend, b: BlockId) -> bool {
