@@ -1,5 +1,5 @@
 use super::labels::Labels;
-use super::{bytes, is_library};
+use super::{bytes, frames};
 use crate::record::{Action, Frame};
 use crate::snapshot::{ContextInfo, Snapshot};
 use serde::Serialize;
@@ -264,7 +264,7 @@ pub fn leaks(snapshot: &Snapshot) -> Vec<LeakCandidate> {
         let callers = ctx
             .and_then(|c| c.stack)
             .map(|st| {
-                snapshot.stack_frames(st).filter(|f| !is_library(f)).skip(1).take(3).map(|f| f.to_string()).collect()
+                frames::program_frames(snapshot.stack_frames(st)).skip(1).take(3).map(|f| f.to_string()).collect()
             })
             .unwrap_or_default();
         let scope = {

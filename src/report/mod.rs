@@ -6,6 +6,7 @@
 
 mod diff;
 mod flame;
+mod frames;
 mod labels;
 mod leaks;
 mod live;
@@ -38,19 +39,12 @@ pub fn summary(snapshot: &Snapshot) -> String {
     devices.into_iter().map(table).collect::<Vec<_>>().join("\n")
 }
 
-/// Whether a frame belongs to a library rather than the program being examined: Python
-/// packages (`site-packages`, `dist-packages`), Rust crates from a registry or git
-/// (`~/.cargo/registry`, `~/.cargo/git`), and frames without a name.
-fn is_library(f: &Frame) -> bool {
-    f.file.as_deref().is_some_and(|p| {
-        ["site-packages", "dist-packages", "/.cargo/registry/", "/.cargo/git/"].iter().any(|l| p.contains(l))
-    }) || f.function.starts_with('<') && f.function.ends_with('>') && f.file.is_none()
-}
-
-/// The allocation site of a context: the innermost frame of the program itself.
+/// The allocation site of a context: the innermost frame of the program itself (the rule is
+/// in [`frames`]: a Python line where the stack has Python frames, never a library's frame or
+/// a framework's native code).
 pub(crate) fn site_frame<'a>(snap: &'a Snapshot, ctx: Option<&ContextInfo>) -> Option<&'a Frame> {
     let stack = ctx?.stack?;
-    snap.stack_frames(stack).find(|f| !is_library(f))
+    frames::program_frames(snap.stack_frames(stack)).next().or_else(|| frames::framework_op(snap.stack_frames(stack)))
 }
 
 /// `file:line (function)`, or `<no stack>`.

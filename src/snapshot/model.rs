@@ -274,7 +274,7 @@ impl Snapshot {
     }
 
     /// The frames of stack `index`, innermost first.
-    pub fn stack_frames(&self, index: u32) -> impl Iterator<Item = &Frame> {
+    pub fn stack_frames(&self, index: u32) -> impl Iterator<Item = &Frame> + Clone {
         self.stacks.get(index as usize).into_iter().flatten().filter_map(|&f| self.frames.get(f as usize))
     }
 

@@ -1,0 +1,189 @@
+//! Which frames of a stack are the program's own: the one rule every report uses to name the
+//! line that allocated (the site), the lines that called it, and the frames a flamegraph shows.
+//!
+//! A frame is one of:
+//!
+//! - a **library's**: Python packages (`site-packages`, `dist-packages`), Rust crates from a
+//!   registry or git (`~/.cargo/registry`, `~/.cargo/git`), and frames without a name
+//!   (`<unknown>`);
+//! - **native code under an interpreter**: in a stack that holds Python frames (a file ending
+//!   in `.py`), every other frame. PyTorch records such stacks by default
+//!   (`_record_memory_history()`, `stacks="all"`): its own C++ (`c10::`, `at::`, `torch::`),
+//!   CPython's (`_PyEval_EvalFrameDefault`, `PyObject_Call`), the C runtime (`__libc_start_main`)
+//!   around the Python frames. The program's line is a Python line there, whatever surrounds
+//!   it; this holds for any framework called from Python, not only PyTorch;
+//! - **a framework's or the runtime's native code** in a stack without Python frames: C++
+//!   functions in PyTorch's namespaces (`c10`, `at`, `torch`, `caffe2`, `pybind11`) or `std`,
+//!   the interpreter and C runtime (`Py…`, `_Py…`, `__libc_…`, `_start`), and C functions known
+//!   by name only (no `::`, no file: `pthread_…`, `__clone`);
+//! - otherwise **the program's own**.
+//!
+//! The site of a stack is its innermost frame of the program's own. A stack with none that ran
+//! a PyTorch operator (an allocation on autograd's backward thread, which has no Python frames)
+//! is named by that operator: its outermost `at::_ops::…` frame (`at::_ops::mm::call(…)`);
+//! reports say `<no stack>` for any other, as for a stack not recorded.
+
+use crate::record::Frame;
+
+/// Whether a frame belongs to a library rather than the program being examined.
+pub(crate) fn is_library(f: &Frame) -> bool {
+    f.file.as_deref().is_some_and(|p| {
+        ["site-packages", "dist-packages", "/.cargo/registry/", "/.cargo/git/"].iter().any(|l| p.contains(l))
+    }) || f.function.starts_with('<') && f.function.ends_with('>') && f.file.is_none()
+}
+
+/// Whether a frame is a Python frame (its file a `.py` file).
+fn is_python(f: &Frame) -> bool {
+    f.file.as_deref().is_some_and(|p| p.ends_with(".py"))
+}
+
+/// C++ namespaces of PyTorch and of the C++ library, whose functions are never the program's.
+const NATIVE_NAMESPACES: &[&str] = &["c10", "at", "torch", "caffe2", "pybind11", "std"];
+
+/// Whether a frame of a stack without Python frames is a framework's or the runtime's native
+/// code: a C++ function in [`NATIVE_NAMESPACES`] (a return type before the name is skipped:
+/// `bool at::cuda::blas::gemm<float>(…)`), or the interpreter's or C runtime's entry points.
+fn is_native(f: &Frame) -> bool {
+    let name = f.function.as_str();
+    if ["Py", "_Py", "__libc_", "_start"].iter().any(|p| name.starts_with(p)) {
+        return true;
+    }
+    if f.file.is_none() && !name.contains("::") {
+        return true;
+    }
+    // The qualified name: before the arguments and template arguments, after a return type.
+    let qualified = name.split(['(', '<']).next().unwrap_or("");
+    let qualified = qualified.rsplit(' ').next().unwrap_or("");
+    let root = qualified.split("::").next().unwrap_or("");
+    qualified.contains("::") && NATIVE_NAMESPACES.contains(&root)
+}
+
+/// The program's own frames of a stack, innermost first (see the module's rule).
+pub(crate) fn program_frames<'a, I>(frames: I) -> impl Iterator<Item = &'a Frame>
+where
+    I: Iterator<Item = &'a Frame> + Clone,
+{
+    let python = frames.clone().any(is_python);
+    frames.filter(move |f| !is_library(f) && if python { is_python(f) } else { !is_native(f) })
+}
+
+/// The operator a stack without frames of the program's own ran: its outermost `at::_ops::`
+/// frame, PyTorch's dispatcher entry for the operator the caller asked for.
+pub(crate) fn framework_op<'a>(frames: impl Iterator<Item = &'a Frame>) -> Option<&'a Frame> {
+    frames.filter(|f| f.function.starts_with("at::_ops::")).last()
+}
+
+/// PyTorch's own choice of frames to leave out of what its viewer shows (`frameFilter` in
+/// `MemoryViz.js`, `_frame_filter` in `torch.cuda._memory_viz`): the unwinder's, the
+/// interpreter's loop and call machinery, and the C runtime's entry. Flamegraphs of stacks that
+/// hold Python frames leave them out too; the framework's operators stay.
+pub(crate) fn is_unwinding_or_interpreter(f: &Frame) -> bool {
+    const FUNCTIONS: &[&str] = &[
+        "unwind::unwind",
+        "CapturedTraceback::gather",
+        "gather_with_cpp",
+        "_start",
+        "__libc_start_main",
+        "PyEval_",
+        "PyObject_",
+        "PyFunction_",
+    ];
+    const FILES: &[&str] = &[
+        "core/boxing",
+        "/Register",
+        "/Redispatch",
+        "pythonrun.c",
+        "Modules/main.c",
+        "Objects/call.c",
+        "Objects/methodobject.c",
+        "pycore_ceval.h",
+        "ceval.c",
+        "cpython/abstract.h",
+    ];
+    FUNCTIONS.iter().any(|n| f.function.contains(n))
+        || f.file.as_deref().is_some_and(|file| FILES.iter().any(|n| file.contains(n)))
+}
+
+/// Whether a stack holds Python frames (then its native frames are the interpreter's and the
+/// framework's).
+pub(crate) fn has_python<'a>(mut frames: impl Iterator<Item = &'a Frame>) -> bool {
+    frames.any(is_python)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(function: &str, file: Option<&str>, line: Option<u32>) -> Frame {
+        Frame { function: function.into(), file: file.map(Into::into), line }
+    }
+
+    /// A stack as PyTorch records it by default: C++ first, Python frames among the
+    /// interpreter's, the program's line inside the library's.
+    #[test]
+    fn the_program_line_of_a_default_pytorch_stack() {
+        let stack = [
+            frame("torch::unwind::unwind()", None, None),
+            frame(
+                "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc(unsigned long)",
+                Some("CUDACachingAllocator.cpp"),
+                None,
+            ),
+            frame("bool at::cuda::blas::gemm_and_bias<float, float>(bool, bool)", None, None),
+            frame("at::_ops::linear::call(at::Tensor const&)", None, None),
+            frame("_PyEval_EvalFrameDefault", None, None),
+            frame("forward", Some("/venv/lib/python3.12/site-packages/torch/nn/modules/linear.py"), Some(134)),
+            frame("PyMethod_New", None, None),
+            frame("train_step", Some("/work/train.py"), Some(31)),
+            frame("__libc_start_main", None, None),
+            frame("<module>", Some("/work/train.py"), Some(80)),
+        ];
+        let program: Vec<_> = program_frames(stack.iter()).map(|f| f.line).collect();
+        assert_eq!(program, [Some(31), Some(80)]);
+        let kept: Vec<_> = stack.iter().filter(|f| !is_unwinding_or_interpreter(f)).map(|f| &f.function).collect();
+        assert!(!kept.iter().any(|f| f.contains("unwind") || f.starts_with("_PyEval") || f.contains("libc")));
+        assert!(kept.iter().any(|f| f.starts_with("at::_ops::linear")), "the operator stays: {kept:?}");
+    }
+
+    /// Without Python frames: PyTorch's and the C++ library's namespaces and the runtime are
+    /// left out, Rust and other C++ code is the program's (a crate named `flat` is not `at`).
+    #[test]
+    fn native_stacks_keep_the_programs_own_code() {
+        let stack = [
+            frame("c10::cuda::CUDACachingAllocator::malloc(void**)", None, None),
+            frame("void std::__invoke_impl<void>(int)", None, None),
+            frame("flat::alloc_buffer", Some("src/flat.rs"), Some(3)),
+            frame("my_server::handle(Request const&)", None, None),
+            frame("__libc_start_main", None, None),
+        ];
+        let program: Vec<_> = program_frames(stack.iter()).map(|f| f.function.as_str()).collect();
+        assert_eq!(program, ["flat::alloc_buffer", "my_server::handle(Request const&)"]);
+        let rust = [frame("<T as core::ops::Fn>::call", None, None), frame("user::main", Some("src/main.rs"), Some(9))];
+        assert_eq!(program_frames(rust.iter()).count(), 2, "Rust paths are never PyTorch's");
+    }
+
+    /// Autograd's backward thread: PyTorch's C++ only, down to the thread's start. No frame is
+    /// the program's; the operator names the allocation.
+    #[test]
+    fn a_backward_thread_is_named_by_its_operator() {
+        let stack = [
+            frame(
+                "c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::allocate(unsigned long)",
+                None,
+                None,
+            ),
+            frame("at::_ops::mm::redispatch(c10::DispatchKeySet, at::Tensor const&)", None, None),
+            frame("at::_ops::mm::call(at::Tensor const&, at::Tensor const&)", None, None),
+            frame(
+                "torch::autograd::Engine::thread_main(std::shared_ptr<torch::autograd::GraphTask> const&)",
+                None,
+                None,
+            ),
+            frame("std::error_code::default_error_condition() const", None, None),
+            frame("pthread_condattr_setpshared", None, None),
+            frame("__clone", None, None),
+        ];
+        assert_eq!(program_frames(stack.iter()).count(), 0);
+        assert_eq!(framework_op(stack.iter()).map(|f| f.function.as_str()), Some(stack[2].function.as_str()));
+    }
+}
