@@ -5,6 +5,10 @@ use crate::record::{Action, Frame, StackMode, Unwinder};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
+/// Device indices a snapshot may name (PyTorch writes a trace list per device up to the
+/// highest).
+pub(crate) const MAX_DEVICES: usize = 1 << 16;
+
 /// Everything an allocator knew at one moment, symbolized. Every report reads this, never the
 /// allocator, so the same tools work on a snapshot loaded from disk.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -2,7 +2,7 @@
 //! into a [`Snapshot`].
 
 use super::build::SNAPSHOT_VERSION;
-use super::model::{BlockInfo, BlockState, ContextInfo, HistoryEntry, SegmentInfo, Snapshot};
+use super::model::{BlockInfo, BlockState, ContextInfo, HistoryEntry, SegmentInfo, Snapshot, MAX_DEVICES};
 use super::pickle::{self, Value};
 use crate::alloc::Pool;
 use crate::error::{Error, Result};
@@ -227,9 +227,6 @@ fn context(stack: Option<u32>) -> Option<ContextInfo> {
 fn context_in(stack: Option<u32>, scope: u32) -> Option<ContextInfo> {
     (stack.is_some() || scope != 0).then_some(ContextInfo { stack, scope, thread: 0, step: 0 })
 }
-
-/// Device indices a PyTorch snapshot may name (a trace list per device up to the highest).
-const MAX_DEVICES: usize = 1 << 16;
 
 /// Nesting allowed in the free-form parts kept as read (settings, annotations).
 pub(super) const MAX_DEPTH: usize = 32;

@@ -3,12 +3,24 @@
 //! breaks one of these is refused with the first inconsistency, its path and its values, rather
 //! than reported on with pieces silently skipped: a report over such a file would be wrong.
 
-use super::model::{ContextInfo, Snapshot};
+use super::model::{ContextInfo, Snapshot, MAX_DEVICES};
 
 impl Snapshot {
     /// Checks the snapshot's consistency; the error names the first inconsistency found
     /// (`segments[3].blocks[7]: ...`). Linear in the snapshot's size.
     pub fn validate(&self) -> Result<(), String> {
+        let device = |d: usize, at: &dyn Fn() -> String| {
+            (d < MAX_DEVICES)
+                .then_some(())
+                .ok_or_else(|| format!("{}: device {d} is not a device index (0 to {})", at(), MAX_DEVICES - 1))
+        };
+        device(self.device, &|| "device".into())?;
+        for (si, seg) in self.segments.iter().enumerate() {
+            seg.device.map_or(Ok(()), |d| device(d, &|| format!("segments[{si}]")))?;
+        }
+        for (hi, e) in self.history.iter().enumerate() {
+            e.device.map_or(Ok(()), |d| device(d, &|| format!("history[{hi}]")))?;
+        }
         let mut prev_end: Option<(usize, u64)> = None;
         for (si, seg) in self.segments.iter().enumerate() {
             let end = seg.address.checked_add(seg.total_size).ok_or_else(|| {
@@ -155,5 +167,20 @@ mod tests {
         s.segments[0].blocks[0].context = None;
         s.stacks.push(vec![0]);
         assert_eq!(s.validate().unwrap_err(), "stacks[0][0]: frame 0 does not exist (there are 0 frames)");
+    }
+
+    /// A device index beyond any machine's is refused: the pickle writer writes a trace list
+    /// per device up to the highest.
+    #[test]
+    fn device_indices_are_bounded() {
+        let mut s = snap(&[(4096, 4096)]);
+        s.segments[0].device = Some(1 << 60);
+        assert_eq!(
+            s.validate().unwrap_err(),
+            "segments[0]: device 1152921504606846976 is not a device index (0 to 65535)"
+        );
+        s.segments[0].device = Some(7);
+        s.device = usize::MAX;
+        assert!(s.validate().unwrap_err().starts_with("device: device 18446744073709551615 is not a device index"));
     }
 }
