@@ -180,7 +180,7 @@ fn a_private_allocator_counts() {
     assert_eq!(v.growth, 3 * 1024, "three 1,000-byte requests in 1,024-byte blocks");
     let site = format!("tests/mem_tests.rs:{line} (mem_tests::a_private_allocator_counts");
     assert!(v.report.contains(&site), "{site} not in\n{}", v.report);
-    assert!(v.report.contains("1 block, 1,000 B per iteration (in blocks of 1,024 B)"), "{}", v.report);
+    assert!(v.report.contains("1 block, 1,000 B per iteration (a block of 1,024 B)"), "{}", v.report);
     drop(outside);
 }
 

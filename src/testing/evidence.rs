@@ -35,6 +35,8 @@ struct Tally {
     blocks: u64,
     bytes: u64,
     requested: u64,
+    /// Each block's size.
+    sizes: Vec<u64>,
     tensors: BTreeSet<String>,
 }
 
@@ -57,6 +59,7 @@ fn tally(snap: &Snapshot, path: &[String]) -> BTreeMap<(String, String), Tally> 
         t.blocks += 1;
         t.bytes += b.size;
         t.requested += b.requested_size;
+        t.sizes.push(b.size);
         t.tensors.insert(match (&b.dtype, &b.shape) {
             (Some(d), Some(s)) => format!("{d}{s:?}"),
             (Some(d), None) => d.clone(),
@@ -73,7 +76,26 @@ struct Grown {
     blocks: u64,
     bytes: u64,
     requested: u64,
+    /// The sizes of the blocks it holds that it did not hold at the baseline, largest first.
+    sizes: Vec<u64>,
+    /// The sizes of the blocks it held at the baseline and no longer holds, largest first.
+    gone: Vec<u64>,
     tensor: String,
+}
+
+/// The blocks of `after` not in `before`, by size (a multiset difference), largest first.
+fn new_sizes(mut before: Vec<u64>, mut after: Vec<u64>) -> Vec<u64> {
+    before.sort_unstable_by(|a, b| b.cmp(a));
+    after.sort_unstable_by(|a, b| b.cmp(a));
+    let mut out = Vec::new();
+    let mut old = before.into_iter().peekable();
+    for size in after {
+        while old.next_if(|&o| o > size).is_some() {}
+        if old.next_if_eq(&size).is_none() {
+            out.push(size);
+        }
+    }
+    out
 }
 
 fn grown(before: &Snapshot, after: &Snapshot, path: &[String]) -> Vec<Grown> {
@@ -88,6 +110,8 @@ fn grown(before: &Snapshot, after: &Snapshot, path: &[String]) -> Vec<Grown> {
                 blocks: a.blocks.saturating_sub(z.blocks),
                 bytes: a.bytes.saturating_sub(z.bytes),
                 requested: a.requested.saturating_sub(z.requested),
+                sizes: new_sizes(z.sizes.clone(), a.sizes.clone()),
+                gone: new_sizes(a.sizes.clone(), z.sizes),
                 tensor: if a.tensors.len() == 1 {
                     a.tensors.into_iter().next().unwrap_or_default()
                 } else {
@@ -111,8 +135,15 @@ fn render_sites(s: &mut String, sites: &[Grown], iters: u64) {
             if even { (iters, "per iteration".to_string()) } else { (1, format!("over {iters} iterations")) };
         let mut detail =
             format!("{}, {} {when}", plural(g.blocks / k, "block", "blocks"), exact_and_round(g.requested / k));
-        if g.bytes != g.requested {
-            let _ = write!(detail, " (in blocks of {})", exact(g.bytes / k));
+        if g.blocks == 0 && g.sizes.len() == g.gone.len() && !g.sizes.is_empty() {
+            // As many blocks as before, larger: a buffer reallocated larger.
+            let (from, to) = (exact(g.gone.iter().sum::<u64>()), exact(g.sizes.iter().sum::<u64>()));
+            let _ = match g.sizes.len() {
+                1 => write!(detail, " (its block replaced by a larger one: {from} -> {to})"),
+                n => write!(detail, " (its {n} blocks replaced by larger ones: {from} -> {to} in all)"),
+            };
+        } else if g.bytes != g.requested {
+            let _ = write!(detail, " ({})", block_sizes(&g.sizes, g.blocks / k));
         }
         if !g.tensor.is_empty() {
             let _ = write!(detail, ", {}", g.tensor);
@@ -121,6 +152,22 @@ fn render_sites(s: &mut String, sites: &[Grown], iters: u64) {
             let _ = write!(detail, ", scope {}", g.scope);
         }
         let _ = writeln!(s, "      {detail}");
+    }
+}
+
+/// The sizes of a line's blocks, where rounding makes them differ from the bytes asked for:
+/// `a block of 512 B`, `blocks of 512 B`, `blocks of 4,096 B and 1,536 B`, `blocks of 4,096 B,
+/// 1,536 B and 2 other sizes`.
+fn block_sizes(sizes: &[u64], blocks: u64) -> String {
+    let mut distinct = sizes.to_vec();
+    distinct.dedup();
+    let names: Vec<String> = distinct.iter().take(2).map(|&n| exact(n)).collect();
+    match (blocks, distinct.len()) {
+        (1, 1) => format!("a block of {}", names[0]),
+        (_, 0) => "in blocks".to_string(),
+        (_, 1) => format!("blocks of {}", names[0]),
+        (_, 2) => format!("blocks of {} and {}", names[0], names[1]),
+        (_, n) => format!("blocks of {}, {} and {} other sizes", names[0], names[1], n - 2),
     }
 }
 
@@ -316,20 +363,47 @@ mod tests {
 
     #[test]
     fn sites_read_per_iteration_when_even() {
-        let g = |blocks, bytes, requested| Grown {
+        let g = |blocks, bytes, requested, sizes: &[u64]| Grown {
             site: "tests/a.rs:3 (a::f)".into(),
             scope: String::new(),
             blocks,
             bytes,
             requested,
+            sizes: sizes.to_vec(),
+            gone: Vec::new(),
             tensor: "float32[64, 64]".into(),
         };
         let mut s = String::new();
-        render_sites(&mut s, &[g(3, 3 * 16384, 3 * 16384)], 3);
+        render_sites(&mut s, &[g(3, 3 * 16384, 3 * 16384, &[16384; 3])], 3);
         assert_eq!(s, "  tests/a.rs:3 (a::f)\n      1 block, 16,384 B (16.00 KiB) per iteration, float32[64, 64]\n");
         let mut s = String::new();
-        render_sites(&mut s, &[g(2, 2048, 2000)], 3);
-        assert!(s.contains("2 blocks, 2,000 B (1.95 KiB) over 3 iterations (in blocks of 2,048 B)"), "{s}");
+        render_sites(&mut s, &[g(2, 2048, 2000, &[1024, 1024])], 3);
+        assert!(s.contains("2 blocks, 2,000 B (1.95 KiB) over 3 iterations (blocks of 1,024 B)"), "{s}");
+        // Two sizes per iteration: the blocks read as what they are, not as one block's size.
+        let mut s = String::new();
+        render_sites(&mut s, &[g(6, 3 * 5632, 3 * 5200, &[4096, 4096, 4096, 1536, 1536, 1536])], 3);
+        assert!(s.contains("2 blocks, 5,200 B (5.08 KiB) per iteration (blocks of 4,096 B and 1,536 B)"), "{s}");
+        let mut s = String::new();
+        render_sites(&mut s, &[g(3, 3 * 1024, 3 * 1000, &[1024; 3])], 3);
+        assert!(s.contains("1 block, 1,000 B per iteration (a block of 1,024 B)"), "{s}");
+        // A buffer reallocated larger each iteration: no block more, the one it has larger.
+        let mut s = String::new();
+        let mut grew = g(0, 3 * 2048, 3 * 2048, &[10240]);
+        grew.gone = vec![4096];
+        render_sites(&mut s, &[grew], 3);
+        assert!(
+            s.contains(
+                "0 blocks, 2,048 B (2.00 KiB) per iteration (its block replaced by a larger one: 4,096 B -> 10,240 B)"
+            ),
+            "{s}"
+        );
+    }
+
+    #[test]
+    fn new_blocks_are_a_multiset_difference() {
+        assert_eq!(new_sizes(vec![512, 4096], vec![4096, 512, 512, 1536, 4096]), [4096, 1536, 512]);
+        assert_eq!(new_sizes(vec![512, 512], vec![512]), Vec::<u64>::new());
+        assert_eq!(new_sizes(vec![], vec![7, 9]), [9, 7]);
     }
 
     #[test]
