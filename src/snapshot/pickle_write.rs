@@ -336,7 +336,10 @@ impl Snapshot {
         // depend on what is written, so that a second round trip writes the first's bytes.
         let frames: Vec<(u32, &crate::record::Frame)> = self.stacks[stack as usize]
             .iter()
-            .filter_map(|&id| Some((w.canonical[id as usize], self.frames.get(id as usize)?)))
+            .filter_map(|&id| {
+                let frame = self.frames.get(id as usize)?;
+                Some((*w.canonical.get(id as usize)?, frame))
+            })
             .collect();
         let key: Vec<u32> = frames.iter().map(|&(id, _)| id).collect();
         if let Some(&index) = w.stacks.get(&key) {

@@ -21,9 +21,9 @@ fn bad(source: &str, message: impl Into<String>) -> Error {
 /// file can stand for billions of blocks or gigabytes of text. The 17 PyTorch snapshots under
 /// `fixtures/torch` spend 0.18 to 0.60 elements per byte of the file (text included), far below
 /// the budget's 8 per byte; what the budget lets a file copy is at most twice the budget in
-/// bytes, 16 times the file's size plus 2 MB. Values the pickle shares and the reader keeps once (frames, stacks,
-/// scope paths) are read and paid for once, at their first reference; what each reference
-/// copies (a compile context, settings) is paid for at each.
+/// bytes, 16 times the file's size plus 2 MB. Values the pickle shares and the reader keeps
+/// once (frames, stacks, scope paths) are read and paid for once, at their first reference;
+/// what each reference copies (a compile context, settings) is paid for at each.
 struct Budget {
     left: u64,
     total: u64,
@@ -101,7 +101,7 @@ impl Tables {
         source: &str,
     ) -> Result<u32> {
         let Some(v) = meta.filter(|v| v.as_str().is_some_and(|t| !t.is_empty())) else { return Ok(0) };
-        let id = v.identity().expect("a string has an identity");
+        let Some(id) = v.identity() else { return Ok(0) };
         if let Some(&scope) = self.scope_of.get(&id) {
             return Ok(scope);
         }
