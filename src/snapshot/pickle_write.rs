@@ -262,7 +262,7 @@ impl Snapshot {
             let last = self.devices().last().copied().unwrap_or(self.device);
             w.list(0..=last, |w, device| {
                 let on = move |e: &&HistoryEntry| e.device.unwrap_or(self.device) == device;
-                w.list(self.pytorch_trace(on), |w, (action, e)| {
+                w.list(self.pytorch_trace(on), |w, (action, e, ctx)| {
                     w.dict(|w| {
                         w.str("action");
                         w.str(action.name());
@@ -281,10 +281,10 @@ impl Snapshot {
                         w.str("user_metadata");
                         match &e.user_metadata {
                             Some(meta) => w.json(meta),
-                            None => self.write_scope(w, e.context.as_ref()),
+                            None => self.write_scope(w, ctx.as_ref()),
                         }
                         w.str("frames");
-                        self.write_frames(w, e.context.as_ref());
+                        self.write_frames(w, ctx.as_ref());
                     })
                 })
             });
@@ -304,21 +304,50 @@ impl Snapshot {
     /// `free_completed` (immediately where nothing waited), while vramscope records only the
     /// completion of a free that nothing held up. Without the request, PyTorch's viewer draws
     /// such a block as waiting on another stream until the end.
+    ///
+    /// Each entry comes with the context to write. A free that vramscope recorded without a
+    /// stack gets its allocation's context (stack and scope), as PyTorch gives every free the
+    /// stack it recorded: its viewer otherwise shows such a block as having no frames and no
+    /// annotation. A PyTorch snapshot's entries are written as read.
     fn pytorch_trace<'a>(
         &'a self,
         on: impl FnMut(&&HistoryEntry) -> bool + 'a,
-    ) -> impl Iterator<Item = (Action, &'a HistoryEntry)> + 'a {
+    ) -> impl Iterator<Item = (Action, &'a HistoryEntry, Option<ContextInfo>)> + 'a {
+        let own = self.backend != "pytorch";
+        let mut allocated: HashMap<u64, ContextInfo> = HashMap::new();
         let mut requested = std::collections::HashSet::new();
         self.history.iter().filter(on).flat_map(move |e| {
+            let stackless = e.context.is_none_or(|c| c.stack.is_none());
+            let ctx = match e.action {
+                Action::Alloc => {
+                    match e.context {
+                        Some(c) => allocated.insert(e.addr, c),
+                        None => allocated.remove(&e.addr),
+                    };
+                    e.context
+                }
+                Action::FreeRequested | Action::FreeCompleted if own && stackless => {
+                    let from = allocated.get(&e.addr).copied();
+                    if e.action == Action::FreeCompleted {
+                        allocated.remove(&e.addr);
+                    }
+                    from.or(e.context)
+                }
+                Action::FreeCompleted => {
+                    allocated.remove(&e.addr);
+                    e.context
+                }
+                _ => e.context,
+            };
             let request = match e.action {
                 Action::FreeRequested => {
                     requested.insert(e.addr);
                     None
                 }
-                Action::FreeCompleted if !requested.remove(&e.addr) => Some((Action::FreeRequested, e)),
+                Action::FreeCompleted if !requested.remove(&e.addr) => Some((Action::FreeRequested, e, ctx)),
                 _ => None,
             };
-            request.into_iter().chain(std::iter::once((e.action, e)))
+            request.into_iter().chain(std::iter::once((e.action, e, ctx)))
         })
     }
 
@@ -606,5 +635,39 @@ mod tests {
             let through_json = Snapshot::from_bytes(snap.to_json().as_bytes(), "json").unwrap();
             proptest::prop_assert_eq!(&through_json, &snap);
         }
+    }
+
+    /// vramscope records a free without a stack; the pickle gives it its allocation's stack
+    /// and scope, so that PyTorch's viewer shows the block's frames and annotation at the free
+    /// as it does for PyTorch's own snapshots, and a second round trip writes the same bytes.
+    #[test]
+    fn frees_carry_their_allocations_stack_and_scope() {
+        let alloc = crate::CachingAllocator::new(crate::backend::SimBackend::new(1 << 30));
+        alloc.record_memory_history(crate::record::RecordConfig::default());
+        {
+            let _scope = crate::scope("train");
+            drop(alloc.alloc::<u8>(alloc.default_stream(), 4096).unwrap());
+        }
+        let snap = alloc.snapshot();
+        let free = snap.history.iter().find(|e| e.action == crate::record::Action::FreeCompleted).unwrap();
+        assert!(free.context.is_none_or(|c| c.stack.is_none()), "the recording gives frees no stack");
+        let bytes = snap.to_pytorch_pickle();
+        let root = pickle::parse(&bytes).unwrap();
+        let trace = root.get("device_traces").unwrap().items().unwrap()[0].items().unwrap();
+        let entry = |action: &str| {
+            trace.iter().find(|e| e.get("action").as_ref().and_then(Value::as_str) == Some(action)).unwrap().clone()
+        };
+        let frames = |e: &Value| {
+            e.get("frames").unwrap().items().unwrap().iter().map(|f| format!("{:?}", f.get("name"))).collect::<Vec<_>>()
+        };
+        let (a, r, f) = (entry("alloc"), entry("free_requested"), entry("free_completed"));
+        assert!(!frames(&a).is_empty());
+        assert_eq!(frames(&r), frames(&a));
+        assert_eq!(frames(&f), frames(&a));
+        for e in [&a, &r, &f] {
+            assert_eq!(e.get("user_metadata").as_ref().and_then(Value::as_str), Some("train"));
+        }
+        let again = Snapshot::from_bytes(&bytes, "again").unwrap().to_pytorch_pickle();
+        assert!(again == bytes, "the second round trip differs");
     }
 }
