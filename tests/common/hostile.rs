@@ -66,10 +66,20 @@ impl Pickle {
     }
 }
 
-/// `{"segments": [], "device_traces": [[event] * refs]}`: one allocation event, built by
-/// `fill` (which adds its keys and values after `action`, `addr`, `size`, `stream` and
+/// `{"segments": [], "device_traces": [[event] * refs]}`: one allocation event at time 0, built
+/// by `fill` (which adds its keys and values after `action`, `addr`, `size`, `stream` and
 /// `time_us`), referenced `refs` times.
 fn shared_event(refs: u32, fill: impl FnOnce(&mut Pickle)) -> Vec<u8> {
+    one_event_trace(refs, |p| {
+        p.s("time_us").int(0);
+        fill(p);
+    })
+}
+
+/// `{"segments": [], "device_traces": [[event] * refs]}`: one allocation event, built by
+/// `fill` (which adds its keys and values after `action`, `addr`, `size` and `stream`),
+/// referenced `refs` times.
+fn one_event_trace(refs: u32, fill: impl FnOnce(&mut Pickle)) -> Vec<u8> {
     let mut p = Pickle::new();
     p.container(b'}');
     p.op(b'(');
@@ -81,7 +91,7 @@ fn shared_event(refs: u32, fill: impl FnOnce(&mut Pickle)) -> Vec<u8> {
     p.op(b'(');
     let event = p.container(b'}');
     p.op(b'(');
-    p.s("action").s("alloc").s("addr").int(0).s("size").int(512).s("stream").int(0).s("time_us").int(0);
+    p.s("action").s("alloc").s("addr").int(0).s("size").int(512).s("stream").int(0);
     fill(&mut p);
     p.op(b'u'); // event
     for _ in 1..refs {
@@ -202,37 +212,19 @@ pub fn block_bomb(n: u32) -> Vec<u8> {
 /// `{"segments": [], "device_traces": [[event] * n]}` where the event's frames are
 /// `[frame] * n`: n² frames from O(n) bytes.
 pub fn frame_bomb(n: u32) -> Vec<u8> {
-    let mut p = Pickle::new();
-    p.container(b'}');
-    p.op(b'(');
-    p.s("segments");
-    p.container(b']');
-    p.s("device_traces");
-    p.container(b']');
-    p.container(b']');
-    p.op(b'(');
-    let event = p.container(b'}');
-    p.op(b'(');
-    p.s("action").s("alloc").s("addr").int(0).s("size").int(512).s("stream").int(0).s("frames");
-    p.container(b']');
-    p.op(b'(');
-    let frame = p.container(b'}');
-    p.op(b'(');
-    p.s("name").s("train_step").s("filename").s("train.py").s("line").int(3);
-    p.op(b'u');
-    for _ in 1..n {
-        p.get(frame);
-    }
-    p.op(b'e'); // frames
-    p.op(b'u'); // event
-    for _ in 1..n {
-        p.get(event);
-    }
-    p.op(b'e'); // the trace
-    p.op(b'a'); // device_traces.append(trace)
-    p.op(b'u'); // root: segments, device_traces
-    p.op(b'.');
-    p.0
+    one_event_trace(n, |p| {
+        p.s("frames");
+        p.container(b']');
+        p.op(b'(');
+        let frame = p.container(b'}');
+        p.op(b'(');
+        p.s("name").s("train_step").s("filename").s("train.py").s("line").int(3);
+        p.op(b'u');
+        for _ in 1..n {
+            p.get(frame);
+        }
+        p.op(b'e'); // frames
+    })
 }
 
 /// A list that contains itself, inside a dict that looks like a snapshot.
