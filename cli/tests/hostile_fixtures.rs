@@ -326,3 +326,34 @@ fn every_command_on_every_hostile_file_answers_or_refuses() {
     }
     std::fs::remove_file(&out_file).ok();
 }
+
+/// A snapshot whose last event names device 65,535 (the highest allowed) among 20,000 on
+/// device 0: the pickle holds a trace list per device up to it, and writing it splits the
+/// history by device once (it scanned the whole history once per device: 14 s for 100,000
+/// events in a release build).
+#[test]
+fn a_far_device_index_converts_at_once() {
+    let history: Vec<_> = (0..20_000u64)
+        .map(|i| json!({"action": "alloc", "addr": i * 512, "size": 512, "stream": 0, "time_ns": i}))
+        .collect();
+    let mut v = json!({
+        "version": 4, "device": 0, "backend": "sim", "segments": [], "history": history, "history_dropped": 0,
+        "frames": [], "stacks": [], "scopes": [[]], "threads": ["main"], "stats": {}
+    });
+    v["history"][19_999]["device"] = 65_535.into();
+    let dir = std::env::temp_dir().join(format!("vramscope-far-device-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("far.json"), serde_json::to_vec(&v).unwrap()).unwrap();
+    let started = Instant::now();
+    vramscope(&[
+        "convert".as_ref(),
+        dir.join("far.json").as_os_str(),
+        "-o".as_ref(),
+        dir.join("far.pickle").as_os_str(),
+    ]);
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    let summary = vramscope(&["summary".as_ref(), dir.join("far.pickle").as_os_str()]);
+    assert!(summary.contains("device 65535:"), "{summary}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

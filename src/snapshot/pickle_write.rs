@@ -257,12 +257,16 @@ impl Snapshot {
                     });
                 })
             });
-            // One trace per device index up to the highest, as PyTorch writes them.
+            // One trace per device index up to the highest, as PyTorch writes them; the history
+            // is split by device once.
             w.str("device_traces");
             let last = self.devices().last().copied().unwrap_or(self.device);
-            w.list(0..=last, |w, device| {
-                let on = move |e: &&HistoryEntry| e.device.unwrap_or(self.device) == device;
-                w.list(self.pytorch_trace(on), |w, (action, e, ctx)| {
+            let mut traces: Vec<Vec<&HistoryEntry>> = vec![Vec::new(); last + 1];
+            for e in &self.history {
+                traces[e.device.unwrap_or(self.device)].push(e);
+            }
+            w.list(&traces, |w, trace| {
+                w.list(self.pytorch_trace(trace.iter().copied()), |w, (action, e, ctx)| {
                     w.dict(|w| {
                         w.str("action");
                         w.str(action.name());
@@ -311,12 +315,12 @@ impl Snapshot {
     /// annotation. A PyTorch snapshot's entries are written as read.
     fn pytorch_trace<'a>(
         &'a self,
-        on: impl FnMut(&&HistoryEntry) -> bool + 'a,
+        trace: impl Iterator<Item = &'a HistoryEntry> + 'a,
     ) -> impl Iterator<Item = (Action, &'a HistoryEntry, Option<ContextInfo>)> + 'a {
         let own = self.backend != "pytorch";
         let mut allocated: HashMap<u64, ContextInfo> = HashMap::new();
         let mut requested = std::collections::HashSet::new();
-        self.history.iter().filter(on).flat_map(move |e| {
+        trace.flat_map(move |e| {
             let stackless = e.context.is_none_or(|c| c.stack.is_none());
             let ctx = match e.action {
                 Action::Alloc => {
