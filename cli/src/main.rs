@@ -264,11 +264,10 @@ fn per_device<T: serde::Serialize>(
         let report = make(snaps);
         return if json { to_json(&report) } else { Ok(render(&report)) };
     }
-    let on = |d: usize| {
-        let owned: Vec<Snapshot> = snaps.iter().map(|s| s.for_device(d)).collect();
-        make(&owned.iter().collect::<Vec<_>>())
-    };
-    let reports: Vec<(usize, T)> = devices.iter().map(|&d| (d, on(d))).collect();
+    // Each snapshot split by device once, then one report per device.
+    let parts: Vec<Vec<Snapshot>> = snaps.iter().map(|s| s.by_devices(&devices)).collect();
+    let reports: Vec<(usize, T)> =
+        devices.iter().enumerate().map(|(i, &d)| (d, make(&parts.iter().map(|p| &p[i]).collect::<Vec<_>>()))).collect();
     if json {
         let map: std::collections::BTreeMap<String, &T> = reports.iter().map(|(d, r)| (d.to_string(), r)).collect();
         return to_json(&map);
@@ -285,8 +284,9 @@ fn folded_per_device(snap: &Snapshot, kind: FoldedKind) -> String {
     }
     devices
         .iter()
-        .flat_map(|&d| {
-            let folded = report::folded(&snap.for_device(d), kind);
+        .zip(snap.by_devices(&devices))
+        .flat_map(|(&d, part)| {
+            let folded = report::folded(&part, kind);
             folded.lines().map(|l| format!("device {d};{l}\n")).collect::<Vec<_>>()
         })
         .collect()

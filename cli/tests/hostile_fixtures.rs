@@ -357,3 +357,25 @@ fn a_far_device_index_converts_at_once() {
     assert!(summary.contains("device 65535:"), "{summary}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// 20,000 events each on a device of its own: every report is made per device from one split
+/// of the snapshot (each device's part was filtered out of the whole history in turn, and
+/// PyTorch's 65,536 possible devices took the summary past two minutes).
+#[test]
+fn many_devices_are_split_once() {
+    let history: Vec<_> = (0..20_000u64)
+        .map(|i| json!({"action": "alloc", "addr": i * 512, "size": 512, "stream": 0, "time_ns": i, "device": i}))
+        .collect();
+    let v = json!({
+        "version": 4, "device": 0, "backend": "sim", "segments": [], "history": history, "history_dropped": 0,
+        "frames": [], "stacks": [], "scopes": [[]], "threads": ["main"], "stats": {}
+    });
+    let path = std::env::temp_dir().join(format!("vramscope-many-devices-{}.json", std::process::id()));
+    std::fs::write(&path, serde_json::to_vec(&v).unwrap()).unwrap();
+    let started = Instant::now();
+    let leaks = vramscope(&["leaks".as_ref(), path.as_os_str()]);
+    let took = started.elapsed();
+    std::fs::remove_file(&path).unwrap();
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    assert_eq!(leaks.matches("device ").count(), 20_000, "one report per device");
+}

@@ -91,8 +91,13 @@ impl Trace {
     /// device with the most events), read as a [`Snapshot`]'s history.
     fn from_pickle(data: &[u8], source: &str) -> Result<Trace> {
         let all = Snapshot::from_pytorch_pickle(data, source)?;
-        let on = |d: usize| all.history.iter().filter(|e| e.device.unwrap_or(all.device) == d).count();
-        let busiest = all.devices().into_iter().max_by_key(|&d| (on(d), std::cmp::Reverse(d))).unwrap_or(all.device);
+        let mut events_on: std::collections::BTreeMap<usize, usize> = std::collections::BTreeMap::new();
+        for e in &all.history {
+            *events_on.entry(e.device.unwrap_or(all.device)).or_default() += 1;
+        }
+        // The device with the most events (the lowest of equals); the snapshot's own if none.
+        let busiest =
+            events_on.iter().max_by_key(|&(&d, &n)| (n, std::cmp::Reverse(d))).map_or(all.device, |(&d, _)| d);
         let snap = all.for_device(busiest);
         let events = snap
             .history

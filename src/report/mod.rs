@@ -32,11 +32,9 @@ pub fn summary(snapshot: &Snapshot) -> String {
     if devices.len() <= 1 {
         return crate::alloc::stats::summary_table(&snapshot.stats, &snapshot.backend, snapshot.device);
     }
-    let table = |d: usize| {
-        let s = snapshot.for_device(d);
-        crate::alloc::stats::summary_table(&s.stats, &s.backend, d)
-    };
-    devices.into_iter().map(table).collect::<Vec<_>>().join("\n")
+    let parts = snapshot.by_devices(&devices);
+    let table = |s: &Snapshot| crate::alloc::stats::summary_table(&s.stats, &s.backend, s.device);
+    parts.iter().map(table).collect::<Vec<_>>().join("\n")
 }
 
 /// The allocation site of a context: the innermost frame of the program itself (the rule is

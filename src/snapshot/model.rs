@@ -297,26 +297,51 @@ impl Snapshot {
     }
 
     /// The part of the snapshot on `device`: its segments and history, as a snapshot of that
-    /// device alone (the frame, stack and scope tables are shared). Every report reads one
+    /// device alone (with copies of the frame, stack and scope tables). Every report reads one
     /// device: the command line runs each report once per device of a snapshot of several.
     pub fn for_device(&self, device: usize) -> Snapshot {
-        let on = |d: Option<usize>| d.unwrap_or(self.device) == device;
-        let mut out = Snapshot {
-            device,
-            segments: self.segments.iter().filter(|s| on(s.device)).cloned().collect(),
-            history: self.history.iter().filter(|e| on(e.device)).cloned().collect(),
-            ..self.clone()
-        };
-        for s in &mut out.segments {
-            s.device = None;
+        self.by_devices(&[device]).pop().expect("one snapshot per device asked for")
+    }
+
+    /// The parts of the snapshot on each of `devices` ([`Snapshot::for_device`] of each), made in
+    /// one pass over the segments and history; parts on other devices are left out.
+    pub fn by_devices(&self, devices: &[usize]) -> Vec<Snapshot> {
+        let slot: std::collections::HashMap<usize, usize> = devices.iter().enumerate().map(|(i, &d)| (d, i)).collect();
+        let mut segments: Vec<Vec<SegmentInfo>> = vec![Vec::new(); devices.len()];
+        let mut history: Vec<Vec<HistoryEntry>> = vec![Vec::new(); devices.len()];
+        for s in &self.segments {
+            if let Some(&i) = slot.get(&s.device.unwrap_or(self.device)) {
+                segments[i].push(SegmentInfo { device: None, ..s.clone() });
+            }
         }
-        for e in &mut out.history {
-            e.device = None;
+        for e in &self.history {
+            if let Some(&i) = slot.get(&e.device.unwrap_or(self.device)) {
+                history[i].push(HistoryEntry { device: None, ..e.clone() });
+            }
         }
-        if self.devices().len() > 1 {
-            out.stats = super::torch::stats_of(&out.segments);
-        }
-        out
+        // The statistics of a snapshot of several devices add them all: each part's are its own.
+        let several = self.devices().len() > 1;
+        devices
+            .iter()
+            .zip(segments.into_iter().zip(history))
+            .map(|(&device, (segments, history))| Snapshot {
+                version: self.version,
+                device,
+                backend: self.backend.clone(),
+                stats: if several { super::torch::stats_of(&segments) } else { self.stats.clone() },
+                segments,
+                history,
+                history_dropped: self.history_dropped,
+                frames: self.frames.clone(),
+                stacks: self.stacks.clone(),
+                scopes: self.scopes.clone(),
+                threads: self.threads.clone(),
+                time_origin_us: self.time_origin_us,
+                allocator_settings: self.allocator_settings.clone(),
+                external_annotations: self.external_annotations.clone(),
+                stack_capture: self.stack_capture,
+            })
+            .collect()
     }
 
     /// Live (allocated) blocks with their segment.
