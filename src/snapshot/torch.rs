@@ -495,37 +495,22 @@ fn read_history(
         per_device.push(out);
     }
     let Some(t0) = per_device.iter().flatten().map(|(time, _)| *time).min() else { return Ok((Vec::new(), 0)) };
-    // A merge by time that keeps each device's order (ties to the lower device).
-    let mut heads: std::collections::BinaryHeap<std::cmp::Reverse<(i128, usize)>> =
-        per_device.iter().enumerate().filter_map(|(d, v)| Some(std::cmp::Reverse((v.first()?.0, d)))).collect();
-    let mut next = vec![0usize; per_device.len()];
     let mut merged = Vec::with_capacity(per_device.iter().map(Vec::len).sum());
+    // A merge by time that keeps each device's order (ties to the lower device): the heap holds
+    // each device's next entry's time.
+    let mut lists: Vec<_> = per_device.into_iter().map(|v| v.into_iter().peekable()).collect();
+    let mut heads: std::collections::BinaryHeap<std::cmp::Reverse<(i128, usize)>> =
+        lists.iter_mut().enumerate().filter_map(|(d, l)| Some(std::cmp::Reverse((l.peek()?.0, d)))).collect();
     while let Some(std::cmp::Reverse((_, d))) = heads.pop() {
-        let (time, mut entry) = std::mem::replace(&mut per_device[d][next[d]], (0, placeholder()));
+        let Some((time, mut entry)) = lists[d].next() else { continue };
         // Saturating: a hostile file's times may be any 128-bit integers, in any order.
         entry.time_ns = u64::try_from(time.saturating_sub(t0).max(0).saturating_mul(1000)).unwrap_or(u64::MAX);
         merged.push((d, entry));
-        next[d] += 1;
-        if let Some((time, _)) = per_device[d].get(next[d]) {
+        if let Some((time, _)) = lists[d].peek() {
             heads.push(std::cmp::Reverse((*time, d)));
         }
     }
     Ok((merged, u64::try_from(t0.max(0)).unwrap_or(u64::MAX)))
-}
-
-/// An entry to leave in place of one moved out.
-fn placeholder() -> HistoryEntry {
-    HistoryEntry {
-        action: Action::Alloc,
-        addr: 0,
-        size: 0,
-        stream: 0,
-        device: None,
-        time_ns: 0,
-        context: None,
-        compile_context: None,
-        user_metadata: None,
-    }
 }
 
 /// One trace entry with its `time_us`; `None` for an action vramscope does not know.
