@@ -22,7 +22,7 @@ pub(super) fn write(target: &Path, json: impl FnOnce() -> String) -> Result<Path
     check_target(target)?;
     // Processes sharing the destination take turns from choosing the file to renaming it into
     // place: eight processes running out of memory at once write eight files.
-    let _turn = lock_directory(target)?;
+    let _turn = lock_directory(target);
     let path = destination(target, written, process_start())?;
     let tmp = temporary(&path);
     let result =
@@ -73,9 +73,9 @@ fn parent_of(path: &Path) -> &Path {
 /// Takes the lock that writers of every process share for the destination's directory (an
 /// advisory lock on the directory itself: nothing is left behind), released on drop. Where the
 /// system cannot lock a directory, writers choose their files without it.
-fn lock_directory(target: &Path) -> Result<Option<fs::File>, String> {
+fn lock_directory(target: &Path) -> Option<fs::File> {
     let dir = if fs::metadata(target).is_ok_and(|m| m.is_dir()) { target } else { parent_of(target) };
-    let Ok(handle) = fs::File::open(dir) else { return Ok(None) };
+    let handle = fs::File::open(dir).ok()?;
     #[cfg(unix)]
     {
         use std::os::fd::AsRawFd;
@@ -83,15 +83,15 @@ fn lock_directory(target: &Path) -> Result<Option<fs::File>, String> {
             // SAFETY: `handle` is an open file, so its descriptor is valid for the call; the
             // lock is released when the descriptor is closed (the handle dropped).
             if unsafe { libc::flock(handle.as_raw_fd(), libc::LOCK_EX) } == 0 {
-                return Ok(Some(handle));
+                return Some(handle);
             }
             if std::io::Error::last_os_error().kind() != ErrorKind::Interrupted {
-                return Ok(None);
+                return None;
             }
         }
     }
     #[cfg(not(unix))]
-    Ok(None)
+    None
 }
 
 /// When this process started, where the system says (Linux: `/proc/self/stat` and the boot

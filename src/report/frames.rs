@@ -65,7 +65,7 @@ pub(crate) fn program_frames<'a, I>(frames: I) -> impl Iterator<Item = &'a Frame
 where
     I: Iterator<Item = &'a Frame> + Clone,
 {
-    let python = frames.clone().any(is_python);
+    let python = has_python(frames.clone());
     frames.filter(move |f| !is_library(f) && if python { is_python(f) } else { !is_native(f) })
 }
 
