@@ -197,7 +197,11 @@
 //! [`report::leaks`], [`report::diff`], [`report::segments`], [`report::summary`], and
 //! [`report::folded`] stacks for `report::flamegraph` SVGs drawn by `inferno` (cargo feature
 //! `flamegraph`, off by default: a test suite does not need it).
-//! [`Snapshot::to_pytorch_pickle`] writes PyTorch's format for its own viewers.
+//! [`Snapshot::to_pytorch_pickle`] writes PyTorch's format for its own viewers. A report reads
+//! one device: [`report::summary`] makes a table per device of a snapshot of several, and for
+//! the others [`Snapshot::by_devices`] splits it (the command line does so for every report).
+//! The site a report names is the program's own innermost line: in PyTorch's default
+//! recordings, whose stacks hold its C++ frames around the Python ones, a Python line.
 //!
 //! ```
 //! use vramscope::{report, Snapshot};
