@@ -29,15 +29,15 @@
 //! kept alive per iteration, by the line that allocated it:
 //!   tests/leaks.rs:22 (leaks::a_forgotten_buffer::{{closure}})
 //!       1 block, 16,384 B (16.00 KiB) per iteration, float32[64, 64]
-//! live bytes grew 65,536 B (64.00 KiB) in 4 iterations (tolerance 0 B);
-//! live bytes of the test's blocks (all allocators) at the end of each iteration:
+//! live bytes of the test's blocks (bytes asked for, all allocators):
+//!   grew 65,536 B (64.00 KiB) in 4 iterations (tolerance 0 B); at the end of each iteration:
 //!     1        16,384 B (16.00 KiB)   warm-up
 //!     2        32,768 B (32.00 KiB)   +16,384 B (16.00 KiB)
 //! ...
 //! ```
 //!
-//! Bytes per site are what the code asked for (the 512-byte-rounded block size stands beside
-//! them where it differs). Before it fails it writes its evidence under
+//! Bytes per site are what the code asked for (the 512-byte-rounded block sizes stand beside
+//! them where they differ), and so is the figure `tolerance` is compared with. Before it fails it writes its evidence under
 //! `target/vramscope/<test>/` and names the paths: `growth.folded` (the folded stacks of only
 //! what grew) and `live.folded`, drawn as `growth.svg` (with the metric per iteration) and
 //! `live.svg` with the cargo feature `flamegraph`, `snapshot.json` (the test's blocks) and
@@ -52,7 +52,8 @@
 //! vramscope allocator saw (it measured nothing: memory from cudarc or a framework directly is
 //! not seen), and when it ran alone (no other memory test overlapped it) while memory outside
 //! its scope grew at every measured iteration (a thread that never entered the scope; with
-//! neighbours running, such growth could be theirs, and is not judged).
+//! neighbours running, such growth could be theirs, and is not judged). That report names the
+//! lines outside the scope that grew, with their figures, and how to carry the scope.
 //!
 //! Stacks name your code as you build it, without frame pointers or other flags: `file:line
 //! (function)` in the dev profile and in release with `debug = "line-tables-only"` (function

@@ -23,10 +23,26 @@ fn growth_from_a_thread_outside_the_scope_is_reported_when_alone() {
     assert_eq!(v.growth, 0, "nothing grew inside the scope");
     assert_eq!(v.unattributed_growth, Some(3 * 8192));
     assert!(
-        v.report.contains("memory outside the test's scope grew\n  by 24,576 B (24.00 KiB) in 3 iterations"),
+        v.report.contains(
+            "live bytes outside the test's scope grew\n  by 24,576 B (24.00 KiB) in 3 iterations \
+             (tolerance 0 B), while its own blocks did not."
+        ),
         "{}",
         v.report
     );
+    // One story: the figures below are those outside the scope, not a table of the test's 0 B.
+    assert!(
+        v.report.contains(
+            "live bytes outside the test's scope (bytes asked for, all allocators):\n  \
+             grew 24,576 B (24.00 KiB) in 3 iterations (tolerance 0 B); at the end of each iteration:"
+        ),
+        "{}",
+        v.report
+    );
+    assert!(v.report.contains("+8,192 B (8.00 KiB)"), "{}", v.report);
+    assert!(!v.report.contains("grew 0 B"), "{}", v.report);
+    // Every line vramscope writes fits 100 columns (the site names the test's own function).
+    assert!(v.report.lines().filter(|l| !l.starts_with("  tests/")).all(|l| l.len() <= 100), "{}", v.report);
     let site = format!("tests/mem_test_alone.rs:{line}");
     assert!(v.report.contains(&site), "{site} not in\n{}", v.report);
     assert!(v.report.contains("1 block, 8,192 B (8.00 KiB) per iteration"), "{}", v.report);

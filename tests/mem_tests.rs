@@ -66,6 +66,33 @@ fn tolerance_and_block_metric() {
     assert_eq!(v.growth, 2);
 }
 
+/// The tolerance is compared with what the report prints: bytes asked for, not the 512-byte
+/// blocks they round up to (100 B an iteration is 1,000 B in 10, not 5,120 B).
+#[test]
+fn tolerance_is_compared_with_the_bytes_asked_for() {
+    let mut kept = Vec::new();
+    let mut leak = || {
+        let a = alloc();
+        kept.push(a.alloc::<u8>(&a.default_stream(), 100).unwrap());
+    };
+    let v = MemTest::new("mem_tests::asked_within").iters(10).tolerance(1024).check(&mut leak);
+    assert!(v.passed, "1,000 B asked for is within 1 KiB: {}", v.report);
+    assert_eq!(v.growth, 1000);
+    let v = MemTest::new("mem_tests::asked_beyond").iters(10).tolerance(999).check(&mut leak);
+    assert!(!v.passed);
+    assert_eq!(v.growth, 1000);
+    assert!(v.report.contains("1 block, 100 B per iteration (a block of 512 B)"), "{}", v.report);
+    assert!(
+        v.report.contains(
+            "live bytes of the test's blocks (bytes asked for, all allocators):\n  \
+             grew 1,000 B in 10 iterations (tolerance 999 B); at the end of each iteration:"
+        ),
+        "{}",
+        v.report
+    );
+    assert!(v.report.lines().all(|l| l.len() <= 100), "{}", v.report);
+}
+
 #[test]
 fn results_stop_the_loop_and_are_returned() {
     let mut n = 0;
@@ -163,6 +190,7 @@ fn a_body_that_allocates_nothing_fails_and_says_why() {
         "{}",
         v.report
     );
+    assert!(!v.report.contains("at the end of each iteration"), "no table of nothing:\n{}", v.report);
 }
 
 /// Allocators the body builds count like `device(0)`: a leak through a private allocator fails
@@ -177,7 +205,7 @@ fn a_private_allocator_counts() {
         kept.push(private.alloc::<u16>(&private.default_stream(), 500).unwrap());
     });
     assert!(!v.passed);
-    assert_eq!(v.growth, 3 * 1024, "three 1,000-byte requests in 1,024-byte blocks");
+    assert_eq!(v.growth, 3 * 1000, "three 1,000-byte requests (in 1,024-byte blocks)");
     let site = format!("tests/mem_tests.rs:{line} (mem_tests::a_private_allocator_counts");
     assert!(v.report.contains(&site), "{site} not in\n{}", v.report);
     assert!(v.report.contains("1 block, 1,000 B per iteration (a block of 1,024 B)"), "{}", v.report);

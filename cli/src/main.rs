@@ -15,6 +15,17 @@ use vramscope::{
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Frames whose file or function contains PATTERN are the program's own code, whatever
+    /// the built-in rule says (e.g. `src/mypkg/` for a package installed under site-packages).
+    /// Repeat for more; the longer of a user-code and a library pattern that both match decides.
+    /// Default: the VRAMSCOPE_USER_CODE environment variable (comma-separated).
+    #[arg(long = "user-code", value_name = "PATTERN", global = true)]
+    user_code: Vec<String>,
+    /// Frames whose file or function contains PATTERN are a library's, never a site (e.g.
+    /// `vendor/`, `third_party/`, `my_helpers::`). Repeat for more. Default: the
+    /// VRAMSCOPE_LIBRARY environment variable (comma-separated).
+    #[arg(long = "library", value_name = "PATTERN", global = true)]
+    library: Vec<String>,
 }
 
 /// Where a report goes.
@@ -293,6 +304,14 @@ fn folded_per_device(snap: &Snapshot, kind: FoldedKind) -> String {
 }
 
 fn run(cli: Cli) -> Result<(), Failure> {
+    if !cli.user_code.is_empty() || !cli.library.is_empty() {
+        // The options replace the environment's patterns, each kind that is given.
+        let env = report::FramePolicy::from_env().map_err(|e| Failure(2, e.to_string()))?;
+        let (env_user, env_library) = (env.user_code_patterns().to_vec(), env.library_patterns().to_vec());
+        let user = if cli.user_code.is_empty() { env_user } else { cli.user_code.clone() };
+        let library = if cli.library.is_empty() { env_library } else { cli.library.clone() };
+        report::FramePolicy::new(user, library).map_err(|e| Failure(2, e.to_string()))?.install();
+    }
     match cli.command {
         Command::Summary { file, json, out } => {
             let snap = Snapshot::load(file)?;

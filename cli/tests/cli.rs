@@ -243,3 +243,34 @@ fn a_flamegraph_is_not_poured_into_a_terminal() {
     assert_eq!(out.status.code(), Some(2), "{text}");
     assert!(text.contains("name one with -o") && !text.contains("<svg"), "{text}");
 }
+
+/// `--library` and `--user-code` say whose frames are whose before the built-in rule: a line of
+/// code named a library's gives the site to its caller; the longer of two patterns decides; an
+/// empty pattern is refused in one line.
+#[test]
+fn user_code_and_library_patterns_move_the_site() {
+    let file = fixture("corpus/kv_cache_never_reset.snapshot.pickle");
+    let (code, out, err) = vramscope(&["leaks", &file]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("\ncorpus/programs.py:101 (kv_cache_never_reset)\n"), "{out}");
+    let (code, out, err) = vramscope(&["leaks", &file, "--library", "corpus/programs.py"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("\ncorpus/record.py:67 (run)\n"), "the caller is the site now:\n{out}");
+    assert!(!out.contains("programs.py"), "{out}");
+    let (code, out, err) = vramscope(&["--library", "corpus/", "live", &file, "--user-code", "corpus/programs.py"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("corpus/programs.py:101"), "the longer pattern decides:\n{out}");
+    // The environment says the same for every report of a process, a test suite's included.
+    let out = Command::new(env!("CARGO_BIN_EXE_vramscope"))
+        .args(["leaks", &file])
+        .env("VRAMSCOPE_LIBRARY", "vendor/,corpus/programs.py")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("\ncorpus/record.py:67 (run)\n"), "{text}");
+    let (code, out, err) = vramscope(&["leaks", &file, "--library", ""]);
+    assert_eq!(code, 2);
+    assert!(out.is_empty());
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("empty library pattern would match every frame"), "{err}");
+}

@@ -18,12 +18,155 @@
 //!   by name only (no `::`, no file: `pthread_…`, `__clone`);
 //! - otherwise **the program's own**.
 //!
+//! The user's word comes first ([`FramePolicy`]): a frame whose file or function contains a
+//! pattern given as the program's own code is the program's, one that contains a library
+//! pattern is a library's (the longer pattern decides where both match, the program's on a
+//! tie). That is how a monorepo names its vendored crates or a package installed under
+//! `site-packages` in editable mode as what they are.
+//!
 //! The site of a stack is its innermost frame of the program's own. A stack with none that ran
 //! a PyTorch operator (an allocation on autograd's backward thread, which has no Python frames)
 //! is named by that operator: its outermost `at::_ops::…` frame (`at::_ops::mm::call(…)`);
 //! reports say `<no stack>` for any other, as for a stack not recorded.
 
+use crate::error::{Error, Result};
 use crate::record::Frame;
+use std::sync::{Arc, OnceLock, RwLock};
+
+/// The environment variable naming the program's own code for every report: patterns
+/// separated by commas (see [`FramePolicy`]).
+pub const USER_CODE_ENV: &str = "VRAMSCOPE_USER_CODE";
+/// The environment variable naming libraries for every report: patterns separated by commas
+/// (see [`FramePolicy`]).
+pub const LIBRARY_ENV: &str = "VRAMSCOPE_LIBRARY";
+
+/// What the user says about whose frames are whose, ahead of the built-in rule (the module's
+/// documentation lists it): patterns of the program's own code and of libraries. A pattern
+/// matches a frame whose source file or function name contains it (`vendor/`, `third_party/`,
+/// `my_company_utils::`, `/src/mypkg/`). Where patterns of both kinds match, the longer
+/// decides (`--library vendor/ --user-code vendor/ours/` keeps `vendor/ours/` the program's);
+/// on a tie the frame is the program's.
+///
+/// Every report of the process uses the policy [`install`](Self::install)ed last; until one
+/// is, the policy of the environment variables [`USER_CODE_ENV`] and [`LIBRARY_ENV`] (so a
+/// test suite can say it without code: `VRAMSCOPE_LIBRARY=vendor/ cargo test`). The command
+/// line's `--user-code` and `--library` install theirs.
+///
+/// ```
+/// use vramscope::report::FramePolicy;
+/// let p = FramePolicy::new(["crates/app/"], ["vendor/"]).unwrap();
+/// assert!(FramePolicy::new([""], [] as [&str; 0]).is_err(), "an empty pattern would match every frame");
+/// # let _ = p;
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FramePolicy {
+    user_code: Vec<String>,
+    library: Vec<String>,
+}
+
+/// Whose a frame is, by the user's patterns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Said {
+    Program,
+    Library,
+}
+
+impl FramePolicy {
+    /// A policy of these patterns. An empty pattern (which would match every frame) is an
+    /// error naming its kind.
+    pub fn new<U, L>(user_code: U, library: L) -> Result<FramePolicy>
+    where
+        U: IntoIterator,
+        U::Item: Into<String>,
+        L: IntoIterator,
+        L::Item: Into<String>,
+    {
+        let check = |kind: &str, patterns: Vec<String>| {
+            if patterns.iter().any(|p| p.trim().is_empty()) {
+                return Err(Error::Usage(format!(
+                    "an empty {kind} pattern would match every frame: give a part of a path or a \
+                     function name, e.g. `vendor/` or `my_crate::`"
+                )));
+            }
+            Ok(patterns)
+        };
+        Ok(FramePolicy {
+            user_code: check("user-code", user_code.into_iter().map(Into::into).collect())?,
+            library: check("library", library.into_iter().map(Into::into).collect())?,
+        })
+    }
+
+    /// The policy of [`USER_CODE_ENV`] and [`LIBRARY_ENV`] (comma-separated patterns; empty
+    /// items between commas are skipped). A value that is not UTF-8 is an error naming it.
+    pub fn from_env() -> Result<FramePolicy> {
+        let list = |key: &str| -> Result<Vec<String>> {
+            match std::env::var(key) {
+                Ok(v) => Ok(v.split(',').map(str::trim).filter(|p| !p.is_empty()).map(String::from).collect()),
+                Err(std::env::VarError::NotPresent) => Ok(Vec::new()),
+                Err(std::env::VarError::NotUnicode(v)) => {
+                    Err(Error::Config { key: key.into(), message: format!("{v:?} is not UTF-8 text") })
+                }
+            }
+        };
+        FramePolicy::new(list(USER_CODE_ENV)?, list(LIBRARY_ENV)?)
+    }
+
+    /// Makes this the policy of every report in the process from now on.
+    pub fn install(self) {
+        *slot().write().unwrap_or_else(|e| e.into_inner()) = Arc::new(self);
+    }
+
+    /// The policy reports use now.
+    pub fn current() -> Arc<FramePolicy> {
+        slot().read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The patterns of the program's own code.
+    pub fn user_code_patterns(&self) -> &[String] {
+        &self.user_code
+    }
+
+    /// The library patterns.
+    pub fn library_patterns(&self) -> &[String] {
+        &self.library
+    }
+
+    /// Whether no pattern is given (the built-in rule alone decides).
+    pub fn is_empty(&self) -> bool {
+        self.user_code.is_empty() && self.library.is_empty()
+    }
+
+    /// What the patterns say of a frame, if any matches.
+    fn said(&self, f: &Frame) -> Option<Said> {
+        let longest = |patterns: &[String]| {
+            patterns
+                .iter()
+                .filter(|p| {
+                    f.function.contains(p.as_str()) || f.file.as_deref().is_some_and(|file| file.contains(p.as_str()))
+                })
+                .map(String::len)
+                .max()
+        };
+        match (longest(&self.user_code), longest(&self.library)) {
+            (Some(u), Some(l)) if l > u => Some(Said::Library),
+            (Some(_), _) => Some(Said::Program),
+            (None, Some(_)) => Some(Said::Library),
+            (None, None) => None,
+        }
+    }
+}
+
+/// The process's policy, first read from the environment (a value that is not UTF-8 is
+/// reported once on standard error and left out, as no policy).
+fn slot() -> &'static RwLock<Arc<FramePolicy>> {
+    static SLOT: OnceLock<RwLock<Arc<FramePolicy>>> = OnceLock::new();
+    SLOT.get_or_init(|| {
+        RwLock::new(Arc::new(FramePolicy::from_env().unwrap_or_else(|e| {
+            eprintln!("vramscope: {e}; reports use the built-in frame rule alone");
+            FramePolicy::default()
+        })))
+    })
+}
 
 /// Whether a frame belongs to a library rather than the program being examined.
 pub(crate) fn is_library(f: &Frame) -> bool {
@@ -66,7 +209,11 @@ where
     I: Iterator<Item = &'a Frame> + Clone,
 {
     let python = has_python(frames.clone());
-    frames.filter(move |f| !is_library(f) && if python { is_python(f) } else { !is_native(f) })
+    let policy = FramePolicy::current();
+    frames.filter(move |f| match policy.said(f) {
+        Some(said) => said == Said::Program,
+        None => !is_library(f) && if python { is_python(f) } else { !is_native(f) },
+    })
 }
 
 /// The operator a stack without frames of the program's own ran: its outermost `at::_ops::`
@@ -165,6 +312,25 @@ mod tests {
         assert_eq!(program_frames(inlined.iter()).count(), 1);
         let rust = [frame("<T as core::ops::Fn>::call", None, None), frame("user::main", Some("src/main.rs"), Some(9))];
         assert_eq!(program_frames(rust.iter()).count(), 2, "Rust paths are never PyTorch's");
+    }
+
+    /// The user's patterns come first; the longer of two that match decides.
+    #[test]
+    fn the_users_patterns_decide_first() {
+        let p = FramePolicy::new(["vendor/ours/", "installed_pkg/"], ["vendor/"]).unwrap();
+        let f = |file: &str| frame("f", Some(file), Some(1));
+        assert_eq!(p.said(&f("src/vendor/zlib/a.rs")), Some(Said::Library));
+        assert_eq!(p.said(&f("src/vendor/ours/a.rs")), Some(Said::Program));
+        assert_eq!(p.said(&f("/venv/site-packages/installed_pkg/m.py")), Some(Said::Program));
+        assert_eq!(p.said(&f("src/main.rs")), None);
+        let q = FramePolicy::new(["x"], ["x"]).unwrap();
+        assert_eq!(q.said(&f("x.rs")), Some(Said::Program), "a tie is the program's");
+        let by_name = FramePolicy::new([] as [&str; 0], ["helpers::"]).unwrap();
+        assert_eq!(by_name.said(&frame("helpers::alloc_buffer", None, None)), Some(Said::Library));
+        for (u, l) in [(vec![""], vec![]), (vec![], vec!["  "])] {
+            let e = FramePolicy::new(u, l).unwrap_err().to_string();
+            assert!(e.contains("would match every frame"), "{e}");
+        }
     }
 
     /// Autograd's backward thread: PyTorch's C++ only, down to the thread's start. No frame is

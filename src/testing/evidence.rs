@@ -104,7 +104,7 @@ fn grown(before: &Snapshot, after: &Snapshot, path: &[String]) -> Vec<Grown> {
         .into_iter()
         .filter_map(|(key, a)| {
             let z = b.get(&key).cloned().unwrap_or_default();
-            (a.bytes > z.bytes || a.blocks > z.blocks).then(|| Grown {
+            (a.requested > z.requested || a.bytes > z.bytes || a.blocks > z.blocks).then(|| Grown {
                 site: key.0,
                 scope: key.1,
                 blocks: a.blocks.saturating_sub(z.blocks),
@@ -120,7 +120,13 @@ fn grown(before: &Snapshot, after: &Snapshot, path: &[String]) -> Vec<Grown> {
             })
         })
         .collect();
-    out.sort_by(|x, y| y.bytes.cmp(&x.bytes).then_with(|| x.site.cmp(&y.site)).then_with(|| x.scope.cmp(&y.scope)));
+    out.sort_by(|x, y| {
+        y.requested
+            .cmp(&x.requested)
+            .then_with(|| y.bytes.cmp(&x.bytes))
+            .then_with(|| x.site.cmp(&y.site))
+            .then_with(|| x.scope.cmp(&y.scope))
+    });
     out
 }
 
@@ -211,16 +217,18 @@ impl Evidence {
                 }
             }
         } else if why.unattributed {
-            let _ = writeln!(s, "{}: memory outside the test's scope grew", test.name);
+            let _ = writeln!(s, "{}: {metric} outside the test's scope grew", test.name);
             let _ = writeln!(
                 s,
-                "  by {} in {}. The test ran alone, so this is the body's: a thread or task\n  \
-                 that did not enter the test's scope allocated it. Carry the scope:\n  \
-                 `let s = vramscope::current_scope();`, then `let _g = s.enter();` in the thread, or\n  \
-                 `s.wrap(future)` for a task. Kept alive per iteration, by the line that allocated it:",
+                "  by {} in {} (tolerance {}), while its own blocks did not.\n  \
+                 The test ran alone, so this is the body's: a thread or task that did not enter the\n  \
+                 test's scope allocated it. Carry the scope: `let s = vramscope::current_scope();`,\n  \
+                 then `let _g = s.enter();` in the thread, or `s.wrap(future)` for a task.",
                 unit(why.unscoped_growth.max(0) as u64),
                 plural(iters, "iteration", "iterations"),
+                unit(test.tolerance),
             );
+            s.push_str("kept alive per iteration outside the test's scope, by the line that allocated it:\n");
             render_sites(&mut s, &grown(&self.outside_before, &self.outside_after, &[]), iters);
         } else if why.nothing {
             let _ = writeln!(
@@ -242,11 +250,27 @@ impl Evidence {
                 plural(why.unscoped_allocators as u64, "allocator", "allocators")
             );
         }
+        // The figures behind the verdict: the test's blocks where they grew, the blocks outside
+        // its scope where those did; none where the body allocated nothing.
+        let (figures, outside) = if why.grew {
+            (&v.per_iteration, false)
+        } else if why.unattributed {
+            (&why.outside_per_iteration, true)
+        } else {
+            return s;
+        };
+        let subject = match (test.metric, outside) {
+            (Metric::LiveBytes, false) => "live bytes of the test's blocks (bytes asked for, all allocators)",
+            (Metric::LiveBytes, true) => "live bytes outside the test's scope (bytes asked for, all allocators)",
+            (Metric::LiveBlocks, false) => "live blocks of the test (all allocators)",
+            (Metric::LiveBlocks, true) => "live blocks outside the test's scope (all allocators)",
+            (Metric::ReservedBytes, _) => "reserved bytes (every allocator: the test's and any other's)",
+        };
+        let growth = if outside { why.unscoped_growth } else { v.growth }.max(0) as u64;
         let _ = writeln!(
             s,
-            "{metric} grew {} in {} (tolerance {});\n{metric} of the test's blocks (all \
-             allocators) at the end of each iteration:",
-            unit(v.growth.max(0) as u64),
+            "{subject}:\n  grew {} in {} (tolerance {}); at the end of each iteration:",
+            unit(growth),
             plural(iters, "iteration", "iterations"),
             unit(test.tolerance)
         );
@@ -256,7 +280,7 @@ impl Evidence {
             _ => format!("{:>14} {:<13}", exact(n), format!("({})", fmt_bytes(n))),
         };
         let mut previous: Option<u64> = None;
-        for (i, x) in v.per_iteration.iter().enumerate() {
+        for (i, x) in figures.iter().enumerate() {
             let tag = if i < test.warmup {
                 "warm-up".to_string()
             } else {

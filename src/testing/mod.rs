@@ -35,7 +35,9 @@ static STARTED: AtomicU64 = AtomicU64::new(0);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Metric {
-    /// Bytes of live blocks the test allocated (the default).
+    /// Bytes the test's live blocks asked for (the default): the figure each line of a
+    /// failure report shows, and the one [`MemTest::tolerance`] is compared with. Block sizes
+    /// (rounded up to 512 B) stand beside it in the report where they differ.
     LiveBytes,
     /// Number of live blocks the test allocated.
     LiveBlocks,
@@ -152,7 +154,9 @@ impl MemTest {
         self
     }
 
-    /// Growth allowed, in the metric's unit.
+    /// Growth allowed, in the metric's unit: bytes asked for with [`Metric::LiveBytes`] (not
+    /// the rounded block sizes, so 100 bytes an iteration pass `tolerance(1024)` for 10
+    /// iterations, as the report's figures say), blocks with [`Metric::LiveBlocks`].
     pub fn tolerance(mut self, t: u64) -> Self {
         self.tolerance = t;
         self
@@ -226,9 +230,9 @@ impl MemTest {
                 continue;
             }
             let (inside, outside) = alloc.scope_split(scope);
-            m.bytes = m.bytes.saturating_add(inside.bytes);
+            m.bytes = m.bytes.saturating_add(inside.requested_bytes);
             m.blocks = m.blocks.saturating_add(inside.blocks);
-            m.outside_bytes = m.outside_bytes.saturating_add(outside.bytes);
+            m.outside_bytes = m.outside_bytes.saturating_add(outside.requested_bytes);
             m.outside_blocks = m.outside_blocks.saturating_add(outside.blocks);
             if self.metric == Metric::ReservedBytes {
                 m.reserved = m.reserved.saturating_add(alloc.memory_reserved());
@@ -338,8 +342,16 @@ impl MemTest {
             verdict.report = format!("{}: no growth beyond the tolerance", self.name);
             return Ok((verdict, out));
         }
-        let failure =
-            Failure { grew, unattributed, nothing, unscoped_allocators: end.unscoped_allocators, unscoped_growth };
+        let outside_per_iteration =
+            measures[usize::from(self.warmup == 0)..].iter().map(|m| self.outside_value(m)).collect();
+        let failure = Failure {
+            grew,
+            unattributed,
+            nothing,
+            unscoped_allocators: end.unscoped_allocators,
+            unscoped_growth,
+            outside_per_iteration,
+        };
         let after = self.snapshots(scope, alone);
         let before = before.unwrap_or_default();
         let ev = evidence::Evidence::new(&path, &before, &after);
@@ -432,6 +444,7 @@ pub const MAX_ITERATIONS: usize = 1_000_000;
 /// What one measurement saw, summed over allocators.
 #[derive(Debug, Default, Clone)]
 struct Measure {
+    /// Bytes asked for (not block sizes): what the report prints.
     bytes: u64,
     blocks: u64,
     outside_bytes: u64,
@@ -448,6 +461,8 @@ struct Failure {
     nothing: bool,
     unscoped_allocators: usize,
     unscoped_growth: i64,
+    /// The metric over the blocks outside the test's scope, as `Verdict::per_iteration`.
+    outside_per_iteration: Vec<u64>,
 }
 
 /// A file-name-safe version of a test name.
