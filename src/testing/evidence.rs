@@ -46,9 +46,13 @@ fn tally(snap: &Snapshot, path: &[String]) -> BTreeMap<(String, String), Tally> 
     for b in snap.live_blocks() {
         let ctx = b.context.as_ref();
         let mut site = report::site_label(report::site_frame(snap, ctx));
+        let test = path.last().map_or("the test", String::as_str);
         if site == crate::record::INLINED_TEST_BODY {
-            let test = path.last().map_or("the test", String::as_str);
             site = format!("{test} (its body; no line tables in this build)");
+        } else if site == crate::record::INLINED_ELSEWHERE && !path.is_empty() {
+            // Inside the test's scope: the body's code, run by the standard library (a scoped
+            // or spawned thread's closure), whose frames a build without line tables folds away.
+            site = format!("{test} (a thread or closure of its body, inlined into library code; no line tables)");
         }
         let scope = ctx
             .and_then(|c| snap.scopes.get(c.scope as usize))
@@ -421,6 +425,24 @@ mod tests {
             ),
             "{s}"
         );
+    }
+
+    /// In a build without line tables, a thread's closure inlined into the standard library
+    /// is named after the test whose scope it ran in, not only as "library frames".
+    #[test]
+    fn inlined_code_in_the_scope_is_named_after_the_test() {
+        let json = include_str!("../../fixtures/hostile/consistent.json")
+            .replace("\"function\": \"train_step\"", &format!("\"function\": {:?}", crate::record::INLINED_ELSEWHERE))
+            .replace("\"file\": \"train.py\",", "")
+            .replace("\"line\": 3", "\"line\": null");
+        let snap = Snapshot::from_bytes(json.as_bytes(), "test").unwrap();
+        let sites: Vec<String> = tally(&snap, &["t::scoped_thread".to_string()]).into_keys().map(|k| k.0).collect();
+        assert_eq!(
+            sites,
+            ["t::scoped_thread (a thread or closure of its body, inlined into library code; no line tables)"]
+        );
+        let sites: Vec<String> = tally(&snap, &[]).into_keys().map(|k| k.0).collect();
+        assert_eq!(sites, [crate::record::INLINED_ELSEWHERE], "outside a test it stays what it is");
     }
 
     #[test]
