@@ -152,7 +152,7 @@
 //! let snap = alloc.snapshot();
 //! let block = snap.live_blocks().next().unwrap();
 //! let ctx = block.context.unwrap();
-//! assert_eq!(snap.scopes[ctx.scope as usize], ["epoch", "forward"]);
+//! assert_eq!(snap.scope(ctx.scope).unwrap(), ["epoch", "forward"]); // ids are typed: StackId, ScopeId...
 //! assert_eq!(ctx.step, 7);
 //! for frame in snap.stack_frames(ctx.stack.unwrap()) {
 //!     println!("  {frame}"); // file:line (function) of your code; vramscope's and std's frames trimmed

@@ -148,8 +148,8 @@ fn hostile_values_are_errors() {
         seg.total_size = 0;
         for b in &mut seg.blocks {
             if let Some(c) = b.context.as_mut() {
-                c.stack = Some(u32::MAX);
-                c.scope = 1_000_000;
+                c.stack = Some(vramscope::snapshot::StackId(u32::MAX));
+                c.scope = vramscope::snapshot::ScopeId(1_000_000);
             }
         }
     }

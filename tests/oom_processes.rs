@@ -63,7 +63,7 @@ fn processes_sharing_a_path_each_name_their_own_file() {
             let path = stdout.lines().find_map(|l| l.strip_prefix("PATH ")).unwrap().to_string();
             let snap = Snapshot::load(&path).expect("a complete snapshot");
             let block = snap.live_blocks().next().unwrap();
-            assert_eq!(snap.scopes[block.context.unwrap().scope as usize], [format!("process{i}")], "{path}");
+            assert_eq!(snap.scopes[block.context.unwrap().scope.index()], [format!("process{i}")], "{path}");
             paths.push(path);
         }
         paths.sort();

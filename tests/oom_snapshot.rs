@@ -33,7 +33,7 @@ fn check_snapshot(path: &str, scope: &str) {
     assert_eq!(snap.live_blocks().count(), 5, "every live block is in it");
     assert!(snap.history.iter().any(|e| e.action == Action::Oom), "with the OOM event");
     let ctx = snap.live_blocks().next().unwrap().context.unwrap();
-    assert_eq!(snap.scopes[ctx.scope as usize], [scope]);
+    assert_eq!(snap.scope(ctx.scope).unwrap(), [scope]);
 }
 
 #[test]

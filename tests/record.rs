@@ -95,7 +95,7 @@ fn alternating_sites_and_scopes_keep_their_own_lines() {
             .map(|b| {
                 let ctx = b.context.expect("recorded");
                 let top = snap.stack_frames(ctx.stack.expect("a stack")).next().expect("a frame");
-                (b.requested_size as usize, top.line.expect("a line"), snap.scopes[ctx.scope as usize].join("/"))
+                (b.requested_size as usize, top.line.expect("a line"), snap.scopes[ctx.scope.index()].join("/"))
             })
             .collect();
         let mut expected: Vec<(usize, u32, String)> =
@@ -131,7 +131,7 @@ fn scopes_nest_and_are_carried_into_threads() {
     let snap = alloc.snapshot();
     let path_of = |addr: u64| {
         let block = snap.live_blocks().find(|bl| bl.address == addr).unwrap();
-        snap.scopes[block.context.unwrap().scope as usize].clone()
+        snap.scopes[block.context.unwrap().scope.index()].clone()
     };
     assert_eq!(path_of(a.device_ptr()), ["train", "forward"]);
     assert_eq!(path_of(b.device_ptr()), ["train"]);

@@ -179,11 +179,11 @@ fn own_pickles_carry_scopes_dtypes_and_shapes() {
     assert!(described(&back).contains(&(x.device_ptr(), None, None)));
     let block = back.live_blocks().find(|b| b.address == x.device_ptr()).unwrap();
     let ctx = block.context.unwrap();
-    assert_eq!(back.scopes[ctx.scope as usize], ["outer", "inner"]);
+    assert_eq!(back.scope(ctx.scope).unwrap(), ["outer", "inner"]);
     assert!(back.stack_frames(ctx.stack.unwrap()).all(|f| f.file.as_deref() != Some("<scope>")));
     let alloc_event =
         back.history.iter().find(|e| e.addr == x.device_ptr() && e.action == vramscope::record::Action::Alloc);
-    assert_eq!(back.scopes[alloc_event.unwrap().context.unwrap().scope as usize], ["outer", "inner"]);
+    assert_eq!(back.scope(alloc_event.unwrap().context.unwrap().scope).unwrap(), ["outer", "inner"]);
     assert!(report::live(&back).iter().all(|g| g.scope == "outer/inner"));
     drop((x, kv));
 }

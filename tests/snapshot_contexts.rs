@@ -89,8 +89,8 @@ fn check(snap: &Snapshot, noted: &HashMap<u64, Noted>, live: usize) {
         seen += 1;
         let n = noted.get(&b.address).unwrap_or_else(|| panic!("live block {:#x} was never allocated", b.address));
         let c = b.context.unwrap_or_else(|| panic!("block {:#x} has no context", b.address));
-        assert_eq!(snap.scopes[c.scope as usize], n.scope, "scope of {:#x}", b.address);
-        let thread = &snap.threads[c.thread as usize];
+        assert_eq!(snap.scopes[c.scope.index()], n.scope, "scope of {:#x}", b.address);
+        let thread = &snap.threads[c.thread.index()];
         assert!(n.thread.is_empty() || *thread == n.thread, "thread of {:#x}: {thread} vs {}", b.address, n.thread);
         if let Some(step) = n.step {
             assert_eq!(c.step, step, "step of {:#x}", b.address);
@@ -223,8 +223,8 @@ mod shared {
                 let Some(n) = stable.get(&b.address) else { continue };
                 checked += 1;
                 let c = b.context.expect("blocks carry a context");
-                assert_eq!(snap.scopes[c.scope as usize], n.scope, "scope of {:#x}", b.address);
-                assert_eq!(snap.threads[c.thread as usize], n.thread, "thread of {:#x}", b.address);
+                assert_eq!(snap.scopes[c.scope.index()], n.scope, "scope of {:#x}", b.address);
+                assert_eq!(snap.threads[c.thread.index()], n.thread, "thread of {:#x}", b.address);
                 let first = snap.stack_frames(c.stack.expect("stacks are on")).next().expect("a user frame");
                 assert!(first.function.ends_with(n.function), "site of {:#x}: {}", b.address, first.function);
                 assert_eq!(b.requested_size, n.bytes, "requested bytes of {:#x}", b.address);

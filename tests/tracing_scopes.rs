@@ -21,7 +21,7 @@ fn entered_spans_become_scopes() {
     assert!(vramscope::current_scope().path().is_empty());
     let snap = alloc.snapshot();
     let block = snap.live_blocks().next().unwrap();
-    assert_eq!(snap.scopes[block.context.unwrap().scope as usize], ["epoch", "forward"]);
+    assert_eq!(snap.scopes[block.context.unwrap().scope.index()], ["epoch", "forward"]);
     drop(buf);
 }
 

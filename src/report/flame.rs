@@ -1,7 +1,7 @@
 #[cfg(feature = "flamegraph")]
 use crate::error::{Error, Result};
 use crate::record::Action;
-use crate::snapshot::{ContextInfo, Snapshot};
+use crate::snapshot::{ContextInfo, ScopeId, Snapshot, StackId, ThreadId};
 use std::collections::{BTreeMap, HashMap};
 
 /// What a folded profile counts.
@@ -19,7 +19,7 @@ pub enum FoldedKind {
 fn stack_line(snap: &Snapshot, ctx: Option<&ContextInfo>) -> String {
     let mut parts: Vec<String> = Vec::new();
     if let Some(c) = ctx {
-        if let Some(path) = snap.scopes.get(c.scope as usize) {
+        if let Some(path) = snap.scope(c.scope) {
             parts.extend(path.iter().map(|s| format!("[{s}]")));
         }
         if let Some(stack) = c.stack {
@@ -66,7 +66,7 @@ fn escape_frame(p: &str) -> String {
 pub fn folded(snapshot: &Snapshot, kind: FoldedKind) -> String {
     // Sum by (scope, stack) first: a program has far fewer of those than blocks, and each line
     // is formatted once.
-    let mut by_ctx: HashMap<Option<(u32, Option<u32>)>, u64> = HashMap::new();
+    let mut by_ctx: HashMap<Option<(ScopeId, Option<StackId>)>, u64> = HashMap::new();
     let mut add = |ctx: Option<&ContextInfo>, size: u64| {
         let n = by_ctx.entry(ctx.map(|c| (c.scope, c.stack))).or_default();
         *n = n.saturating_add(size);
@@ -79,7 +79,7 @@ pub fn folded(snapshot: &Snapshot, kind: FoldedKind) -> String {
     }
     let mut lines: BTreeMap<String, u64> = BTreeMap::new();
     for (key, size) in by_ctx {
-        let ctx = key.map(|(scope, stack)| ContextInfo { stack, scope, thread: 0, step: 0 });
+        let ctx = key.map(|(scope, stack)| ContextInfo { stack, scope, thread: ThreadId(0), step: 0 });
         let n = lines.entry(stack_line(snapshot, ctx.as_ref())).or_default();
         *n = n.saturating_add(size);
     }
@@ -144,7 +144,7 @@ pub fn differential_flamegraph(before: &str, after: &str, title: &str) -> Result
 mod tests {
     use super::*;
     use crate::record::Frame;
-    use crate::snapshot::{BlockInfo, BlockState, SegmentInfo};
+    use crate::snapshot::{BlockInfo, BlockState, FrameId, SegmentInfo};
 
     /// A hostile frame name cannot forge a folded line: every stack stays one line.
     #[test]
@@ -155,9 +155,9 @@ mod tests {
             file: None,
             line: None,
         });
-        snap.stacks.push(vec![0]);
+        snap.stacks.push(vec![FrameId(0)]);
         snap.scopes.push(vec!["scope\r\nwith;breaks".into()]);
-        let context = Some(ContextInfo { stack: Some(0), scope: 1, thread: 0, step: 0 });
+        let context = Some(ContextInfo { stack: Some(StackId(0)), scope: ScopeId(1), thread: ThreadId(0), step: 0 });
         let block = BlockInfo {
             address: 0,
             size: 512,

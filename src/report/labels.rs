@@ -38,25 +38,25 @@ impl<'a> Labels<'a> {
     /// The site of a context: its stack's innermost frame of the program itself.
     pub(crate) fn site(&mut self, ctx: Option<&ContextInfo>) -> u32 {
         let Some(stack) = ctx.and_then(|c| c.stack) else { return 0 };
-        let Some(&known) = self.site_of_stack.get(stack as usize) else { return 0 };
+        let Some(&known) = self.site_of_stack.get(stack.index()) else { return 0 };
         if known != UNSEEN {
             return known;
         }
         let frame = site_frame(self.snap, ctx);
         let id = self.sites.id(site_label(frame), |label| (label.clone(), frame));
-        self.site_of_stack[stack as usize] = id;
+        self.site_of_stack[stack.index()] = id;
         id
     }
 
     /// The scope path of a context, `a/b`.
     pub(crate) fn scope(&mut self, ctx: Option<&ContextInfo>) -> u32 {
         let Some(index) = ctx.map(|c| c.scope) else { return 0 };
-        let Some(&known) = self.scope_of_index.get(index as usize) else { return 0 };
+        let Some(&known) = self.scope_of_index.get(index.index()) else { return 0 };
         if known != UNSEEN {
             return known;
         }
         let id = self.scopes.intern(self.snap.scope_path(ctx));
-        self.scope_of_index[index as usize] = id;
+        self.scope_of_index[index.index()] = id;
         id
     }
 

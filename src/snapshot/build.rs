@@ -1,7 +1,9 @@
 //! Building a [`Snapshot`] from an allocator: raw data copied under the lock, symbols resolved
 //! after it is released.
 
-use super::model::{BlockInfo, BlockState, ContextInfo, HistoryEntry, SegmentInfo, Snapshot};
+use super::model::{
+    BlockInfo, BlockState, ContextInfo, FrameId, HistoryEntry, ScopeId, SegmentInfo, Snapshot, StackId, ThreadId,
+};
 use crate::alloc::heap::{self, Heap};
 use crate::alloc::CachingAllocator;
 use crate::intern::Interner;
@@ -99,7 +101,7 @@ struct FullContext {
 struct Tables {
     frames: Interner<Frame>,
     /// By the recorder's stack id.
-    stacks: Interner<u32, Vec<u32>>,
+    stacks: Interner<u32, Vec<FrameId>>,
     /// By the recorder's scope id.
     scopes: Interner<u32, Vec<String>>,
     /// By the recorder's thread id.
@@ -111,15 +113,15 @@ impl Tables {
         let site = raw.sites[c.site as usize];
         let c = FullContext { stack: site.stack, scope: site.scope, thread: site.thread, step: c.step };
         let raw = &raw.stacks[..];
-        let stack = c.stack.map(|s| self.stack(s, raw, sym));
-        let scope = self.scopes.id(c.scope, |&s| scope_path(s));
-        let thread = self.threads.id(c.thread, |&t| thread_name(t));
+        let stack = c.stack.map(|s| StackId(self.stack(s, raw, sym)));
+        let scope = ScopeId(self.scopes.id(c.scope, |&s| scope_path(s)));
+        let thread = ThreadId(self.threads.id(c.thread, |&t| thread_name(t)));
         ContextInfo { stack, scope, thread, step: c.step }
     }
 
     /// The index of `f` in the frame table, added if new.
-    fn frame(&mut self, f: &Frame) -> u32 {
-        self.frames.intern_ref(f)
+    fn frame(&mut self, f: &Frame) -> FrameId {
+        FrameId(self.frames.intern_ref(f))
     }
 
     fn stack(&mut self, id: u32, raw: &[Box<[usize]>], sym: &mut Symbolizer) -> u32 {

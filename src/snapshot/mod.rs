@@ -10,7 +10,8 @@ mod validate;
 
 pub use build::SNAPSHOT_VERSION;
 pub use model::{
-    BlockInfo, BlockState, ContextInfo, HistoryEntry, SegmentInfo, SegmentSummary, Snapshot, StackCapture,
+    BlockInfo, BlockState, ContextInfo, FrameId, HistoryEntry, ScopeId, SegmentInfo, SegmentSummary, Snapshot,
+    StackCapture, StackId, ThreadId,
 };
 
 /// What a file's first byte says it is.

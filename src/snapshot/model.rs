@@ -5,6 +5,59 @@ use crate::record::{Action, Frame, StackMode, Unwinder};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
+macro_rules! table_id {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        ///
+        /// Serialized as the bare index, as format versions 1 to 4 wrote it.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        #[serde(transparent)]
+        pub struct $name(pub u32);
+
+        impl $name {
+            /// Its index in the table.
+            #[inline]
+            pub const fn index(self) -> usize {
+                self.0 as usize
+            }
+
+            /// The id of index `i` of a table; `None` from 2^32 on (a table never holds that many).
+            #[inline]
+            pub fn of(i: usize) -> Option<Self> {
+                u32::try_from(i).ok().map($name)
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                self.0.fmt(f)
+            }
+        }
+    };
+}
+
+table_id!(
+    /// A frame: its index in [`Snapshot::frames`].
+    FrameId
+);
+table_id!(
+    /// A stack: its index in [`Snapshot::stacks`].
+    StackId
+);
+table_id!(
+    /// A scope path: its index in [`Snapshot::scopes`] (0: the root, no scope).
+    ScopeId
+);
+table_id!(
+    /// A thread: its index in [`Snapshot::threads`].
+    ThreadId
+);
+
+impl ScopeId {
+    /// The root: no scope.
+    pub const ROOT: ScopeId = ScopeId(0);
+}
+
 /// Device indices a snapshot may name (PyTorch writes a trace list per device up to the
 /// highest).
 pub(crate) const MAX_DEVICES: usize = 1 << 16;
@@ -28,8 +81,8 @@ pub struct Snapshot {
     pub history_dropped: u64,
     /// Source frames, each stored once.
     pub frames: Vec<Frame>,
-    /// Stacks as indices into `frames`, innermost first, vramscope's and std's frames trimmed.
-    pub stacks: Vec<Vec<u32>>,
+    /// Stacks as ids of `frames`, innermost first, vramscope's and std's frames trimmed.
+    pub stacks: Vec<Vec<FrameId>>,
     /// Scope paths, outermost first; index 0 is the root (no scope).
     pub scopes: Vec<Vec<String>>,
     /// Thread names.
@@ -208,13 +261,13 @@ pub struct BlockInfo {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct ContextInfo {
-    /// Index into [`Snapshot::stacks`], where a stack was captured.
+    /// The stack, where one was captured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stack: Option<u32>,
-    /// Index into [`Snapshot::scopes`].
-    pub scope: u32,
-    /// Index into [`Snapshot::threads`].
-    pub thread: u32,
+    pub stack: Option<StackId>,
+    /// The scope path.
+    pub scope: ScopeId,
+    /// The thread.
+    pub thread: ThreadId,
     /// The step marker at the time.
     pub step: u64,
 }
@@ -274,12 +327,27 @@ impl Snapshot {
     /// The scope path of a context as reports and PyTorch's `user_metadata` write it: the
     /// names joined by `/`, empty for the root or no context.
     pub(crate) fn scope_path(&self, ctx: Option<&ContextInfo>) -> String {
-        ctx.and_then(|c| self.scopes.get(c.scope as usize)).map(|p| p.join("/")).unwrap_or_default()
+        ctx.and_then(|c| self.scope(c.scope)).map(|p| p.join("/")).unwrap_or_default()
     }
 
-    /// The frames of stack `index`, innermost first.
-    pub fn stack_frames(&self, index: u32) -> impl Iterator<Item = &Frame> + Clone {
-        self.stacks.get(index as usize).into_iter().flatten().filter_map(|&f| self.frames.get(f as usize))
+    /// The frames of `stack`, innermost first (none for an id outside the table).
+    pub fn stack_frames(&self, stack: StackId) -> impl Iterator<Item = &Frame> + Clone {
+        self.stacks.get(stack.index()).into_iter().flatten().filter_map(|&f| self.frame(f))
+    }
+
+    /// A frame of the table.
+    pub fn frame(&self, id: FrameId) -> Option<&Frame> {
+        self.frames.get(id.index())
+    }
+
+    /// A scope path of the table, outermost first.
+    pub fn scope(&self, id: ScopeId) -> Option<&[String]> {
+        self.scopes.get(id.index()).map(Vec::as_slice)
+    }
+
+    /// A thread's name.
+    pub fn thread(&self, id: ThreadId) -> Option<&str> {
+        self.threads.get(id.index()).map(String::as_str)
     }
 
     /// The devices the snapshot holds, in order: one for vramscope's snapshots, each GPU's

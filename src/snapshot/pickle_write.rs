@@ -2,7 +2,7 @@
 //! `torch.cuda._memory_viz` and PyTorch's memory_viz page (protocol 4, integers of at most 8
 //! bytes, only dicts, lists, tuples, strings, numbers, booleans and `None`).
 
-use super::model::{BlockState, ContextInfo, HistoryEntry, Snapshot};
+use super::model::{BlockState, ContextInfo, HistoryEntry, ScopeId, Snapshot, StackId};
 use crate::record::Action;
 use std::collections::HashMap;
 
@@ -49,9 +49,9 @@ struct W {
     frames: HashMap<u32, u32>,
     /// Stacks written, by their canonical frames and by their id.
     stacks: HashMap<Vec<u32>, u32>,
-    stack_ids: HashMap<u32, u32>,
+    stack_ids: HashMap<StackId, u32>,
     /// Scope paths written as `user_metadata`, by scope id.
-    scopes: HashMap<u32, u32>,
+    scopes: HashMap<ScopeId, u32>,
 }
 
 impl W {
@@ -359,7 +359,7 @@ impl Snapshot {
     /// frame written once and referenced through the memo after, as PyTorch's own pickles share
     /// them. An unknown file is written `??` and an unknown line 0, as PyTorch writes them.
     fn write_frames(&self, w: &mut W, ctx: Option<&ContextInfo>) {
-        let Some(stack) = ctx.and_then(|c| c.stack).filter(|&s| (s as usize) < self.stacks.len()) else {
+        let Some(stack) = ctx.and_then(|c| c.stack).filter(|&s| s.index() < self.stacks.len()) else {
             return w.list(std::iter::empty::<()>(), |_, ()| {});
         };
         if let Some(&index) = w.stack_ids.get(&stack) {
@@ -367,11 +367,11 @@ impl Snapshot {
         }
         // Equal stacks (and equal frames) are written once, whatever their ids: the bytes
         // depend on what is written, so that a second round trip writes the first's bytes.
-        let frames: Vec<(u32, &crate::record::Frame)> = self.stacks[stack as usize]
+        let frames: Vec<(u32, &crate::record::Frame)> = self.stacks[stack.index()]
             .iter()
             .filter_map(|&id| {
-                let frame = self.frames.get(id as usize)?;
-                Some((*w.canonical.get(id as usize)?, frame))
+                let frame = self.frame(id)?;
+                Some((*w.canonical.get(id.index())?, frame))
             })
             .collect();
         let key: Vec<u32> = frames.iter().map(|&(id, _)| id).collect();
@@ -402,7 +402,7 @@ impl Snapshot {
     /// A context's scope path (PyTorch's `user_metadata`), each scope's path made and written
     /// once, then referenced through the memo.
     fn write_scope(&self, w: &mut W, ctx: Option<&ContextInfo>) {
-        let scope = ctx.map_or(0, |c| c.scope);
+        let scope = ctx.map_or(ScopeId::ROOT, |c| c.scope);
         if let Some(&index) = w.scopes.get(&scope) {
             return w.get(index);
         }

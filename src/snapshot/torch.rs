@@ -2,7 +2,10 @@
 //! into a [`Snapshot`].
 
 use super::build::SNAPSHOT_VERSION;
-use super::model::{BlockInfo, BlockState, ContextInfo, HistoryEntry, SegmentInfo, Snapshot, MAX_DEVICES};
+use super::model::{
+    BlockInfo, BlockState, ContextInfo, FrameId, HistoryEntry, ScopeId, SegmentInfo, Snapshot, StackId, ThreadId,
+    MAX_DEVICES,
+};
 use super::pickle::{self, Value};
 use crate::alloc::Pool;
 use crate::error::{Error, Result};
@@ -69,12 +72,12 @@ const BYTES_PER_ELEMENT: usize = 2;
 /// scope string is read once however often it is referenced.
 struct Tables {
     frames: Interner<Frame>,
-    stacks: Interner<Vec<u32>>,
+    stacks: Interner<Vec<FrameId>>,
     /// Scope paths from PyTorch's `user_metadata` strings (`a/b`); index 0 is the root.
     scopes: Interner<String, Vec<String>>,
-    stack_of: HashMap<usize, Option<u32>>,
-    frame_of: HashMap<usize, u32>,
-    scope_of: HashMap<usize, u32>,
+    stack_of: HashMap<usize, Option<StackId>>,
+    frame_of: HashMap<usize, FrameId>,
+    scope_of: HashMap<usize, ScopeId>,
 }
 
 impl Tables {
@@ -99,15 +102,15 @@ impl Tables {
         budget: &mut Budget,
         at: &dyn Fn() -> String,
         source: &str,
-    ) -> Result<u32> {
-        let Some(v) = meta.filter(|v| v.as_str().is_some_and(|t| !t.is_empty())) else { return Ok(0) };
-        let Some(id) = v.identity() else { return Ok(0) };
+    ) -> Result<ScopeId> {
+        let Some(v) = meta.filter(|v| v.as_str().is_some_and(|t| !t.is_empty())) else { return Ok(ScopeId::ROOT) };
+        let Some(id) = v.identity() else { return Ok(ScopeId::ROOT) };
         if let Some(&scope) = self.scope_of.get(&id) {
             return Ok(scope);
         }
         budget.spend_bytes(v.byte_len(), at, source)?;
         let text = v.as_str().unwrap_or_default();
-        let scope = self.scopes.id(text.to_string(), |text| text.split('/').map(str::to_string).collect());
+        let scope = ScopeId(self.scopes.id(text.to_string(), |text| text.split('/').map(str::to_string).collect()));
         self.scope_of.insert(id, scope);
         Ok(scope)
     }
@@ -119,7 +122,7 @@ impl Tables {
         budget: &mut Budget,
         at: &dyn Fn() -> String,
         source: &str,
-    ) -> Result<Option<u32>> {
+    ) -> Result<Option<StackId>> {
         let Some(frames) = frames else { return Ok(None) };
         let id = frames.identity();
         if let Some(&known) = id.and_then(|id| self.stack_of.get(&id)) {
@@ -133,7 +136,8 @@ impl Tables {
             let frame = match known {
                 Some(&frame) => frame,
                 None => {
-                    let frame = self.frames.intern(read_frame(f, budget, &|| format!("{}: frame {i}", at()), source)?);
+                    let frame =
+                        FrameId(self.frames.intern(read_frame(f, budget, &|| format!("{}: frame {i}", at()), source)?));
                     if let Some(id) = f.identity() {
                         self.frame_of.insert(id, frame);
                     }
@@ -142,7 +146,7 @@ impl Tables {
             };
             ids.push(frame);
         }
-        let stack = (!ids.is_empty()).then(|| self.stacks.intern(ids));
+        let stack = (!ids.is_empty()).then(|| StackId(self.stacks.intern(ids)));
         if let Some(id) = id {
             self.stack_of.insert(id, stack);
         }
@@ -220,12 +224,13 @@ fn tensor_shape(b: &Value, budget: &mut Budget, at: &dyn Fn() -> String, source:
         .map(Some)
 }
 
-fn context(stack: Option<u32>) -> Option<ContextInfo> {
-    context_in(stack, 0)
+fn context(stack: Option<StackId>) -> Option<ContextInfo> {
+    context_in(stack, ScopeId::ROOT)
 }
 
-fn context_in(stack: Option<u32>, scope: u32) -> Option<ContextInfo> {
-    (stack.is_some() || scope != 0).then_some(ContextInfo { stack, scope, thread: 0, step: 0 })
+/// PyTorch records no threads: every context is thread 0, `unknown`.
+fn context_in(stack: Option<StackId>, scope: ScopeId) -> Option<ContextInfo> {
+    (stack.is_some() || scope != ScopeId::ROOT).then_some(ContextInfo { stack, scope, thread: ThreadId(0), step: 0 })
 }
 
 /// Nesting allowed in the free-form parts kept as read (settings, annotations).
@@ -424,13 +429,16 @@ impl Snapshot {
             })
             .collect();
         // A block's scope is its allocation's (the trace carries scopes, the blocks do not).
-        let mut scope_at: HashMap<u64, u32> = HashMap::new();
+        let mut scope_at: HashMap<u64, ScopeId> = HashMap::new();
         for e in history.iter().filter(|e| e.action == Action::Alloc) {
-            scope_at.insert(e.addr, e.context.map_or(0, |c| c.scope));
+            scope_at.insert(e.addr, e.context.map_or(ScopeId::ROOT, |c| c.scope));
         }
         for b in segments.iter_mut().flat_map(|s| s.blocks.iter_mut()) {
-            let scope =
-                if b.state == BlockState::Inactive { 0 } else { scope_at.get(&b.address).copied().unwrap_or(0) };
+            let scope = if b.state == BlockState::Inactive {
+                ScopeId::ROOT
+            } else {
+                scope_at.get(&b.address).copied().unwrap_or(ScopeId::ROOT)
+            };
             b.context = context_in(b.context.and_then(|c| c.stack), scope);
         }
         let settings = match root.get("allocator_settings") {

@@ -81,7 +81,7 @@ impl Snapshot {
             check_depth(a, &format!("external_annotations[{i}]"))?;
         }
         for (ki, stack) in self.stacks.iter().enumerate() {
-            if let Some(fi) = stack.iter().position(|&f| f as usize >= self.frames.len()) {
+            if let Some(fi) = stack.iter().position(|&f| f.index() >= self.frames.len()) {
                 return Err(format!(
                     "stacks[{ki}][{fi}]: frame {} does not exist (there are {} frames)",
                     stack[fi],
@@ -93,19 +93,19 @@ impl Snapshot {
     }
 
     fn check_context(&self, c: &ContextInfo, at: &dyn Fn() -> String) -> Result<(), String> {
-        let check = |what: &str, index: u32, len: usize, zero_ok: bool| {
+        let check = |what: &str, index: usize, len: usize, zero_ok: bool| {
             // Index 0 of an empty table is "none recorded" (PyTorch snapshots have no scopes).
-            if (index as usize) < len || (zero_ok && index == 0 && len == 0) {
+            if index < len || (zero_ok && index == 0 && len == 0) {
                 Ok(())
             } else {
                 Err(format!("{}.context: {what} {index} does not exist (there are {len} {what}s)", at()))
             }
         };
         if let Some(s) = c.stack {
-            check("stack", s, self.stacks.len(), false)?;
+            check("stack", s.index(), self.stacks.len(), false)?;
         }
-        check("scope", c.scope, self.scopes.len(), true)?;
-        check("thread", c.thread, self.threads.len(), true)
+        check("scope", c.scope.index(), self.scopes.len(), true)?;
+        check("thread", c.thread.index(), self.threads.len(), true)
     }
 }
 
@@ -159,13 +159,15 @@ mod tests {
     #[test]
     fn indices_out_of_range_are_named() {
         let mut s = snap(&[(4096, 4096)]);
-        s.segments[0].blocks[0].context = Some(ContextInfo { stack: Some(3), scope: 0, thread: 0, step: 0 });
+        s.segments[0].blocks[0].context =
+            Some(ContextInfo { stack: Some(StackId(3)), scope: ScopeId(0), thread: ThreadId(0), step: 0 });
         let e = s.validate().unwrap_err();
         assert_eq!(e, "segments[0].blocks[0].context: stack 3 does not exist (there are 0 stacks)");
-        s.segments[0].blocks[0].context = Some(ContextInfo { stack: None, scope: 9, thread: 0, step: 0 });
+        s.segments[0].blocks[0].context =
+            Some(ContextInfo { stack: None, scope: ScopeId(9), thread: ThreadId(0), step: 0 });
         assert!(s.validate().unwrap_err().contains("scope 9 does not exist (there are 1 scopes)"));
         s.segments[0].blocks[0].context = None;
-        s.stacks.push(vec![0]);
+        s.stacks.push(vec![FrameId(0)]);
         assert_eq!(s.validate().unwrap_err(), "stacks[0][0]: frame 0 does not exist (there are 0 frames)");
     }
 

@@ -55,8 +55,8 @@ fn tally(snap: &Snapshot, path: &[String]) -> BTreeMap<(String, String), Tally> 
             site = format!("{test} (a thread or closure of its body, inlined into library code; no line tables)");
         }
         let scope = ctx
-            .and_then(|c| snap.scopes.get(c.scope as usize))
-            .map(|p| if p.starts_with(path) { &p[path.len()..] } else { &p[..] })
+            .and_then(|c| snap.scope(c.scope))
+            .map(|p| if p.starts_with(path) { &p[path.len()..] } else { p })
             .map(|p| p.join("/"))
             .unwrap_or_default();
         let t = out.entry((site, scope)).or_default();

@@ -2,15 +2,13 @@
 //! snapshot for the reports.
 
 use crate::intern::Interner;
-use crate::snapshot::{BlockState, ContextInfo, Snapshot};
+use crate::snapshot::{BlockState, ContextInfo, FrameId, ScopeId, Snapshot, StackId, ThreadId};
 
 /// The snapshot with only the live blocks (and history) of contexts inside scope `path` (or,
 /// with `inside == false`, outside it); free and pending blocks stay, so segments keep their
 /// shape.
 pub(super) fn within(snap: &Snapshot, path: &[String], inside: bool) -> Snapshot {
-    let is_inside = |c: Option<&ContextInfo>| {
-        c.and_then(|c| snap.scopes.get(c.scope as usize)).is_some_and(|p| p.starts_with(path))
-    };
+    let is_inside = |c: Option<&ContextInfo>| c.and_then(|c| snap.scope(c.scope)).is_some_and(|p| p.starts_with(path));
     let mut s = snap.clone();
     for seg in &mut s.segments {
         seg.blocks.retain(|b| b.state != BlockState::ActiveAllocated || is_inside(b.context.as_ref()) == inside);
@@ -41,16 +39,20 @@ pub(super) fn merge(snaps: Vec<Snapshot>) -> Option<Snapshot> {
     let mut scopes_t = Interner::from_items(std::mem::take(&mut out.scopes));
     let mut threads_t = Interner::from_items(std::mem::take(&mut out.threads));
     for s in it {
-        let frames: Vec<u32> = s.frames.into_iter().map(|f| frames_t.intern(f)).collect();
-        let remap = |table: &[u32], k: u32| table.get(k as usize).copied().unwrap_or(k);
-        let stacks: Vec<u32> =
-            s.stacks.into_iter().map(|st| stacks_t.intern(st.iter().map(|&f| remap(&frames, f)).collect())).collect();
-        let scopes: Vec<u32> = s.scopes.into_iter().map(|p| scopes_t.intern(p)).collect();
-        let threads: Vec<u32> = s.threads.into_iter().map(|t| threads_t.intern(t)).collect();
+        // Each table's ids in `s`, by their ids in the merged tables (an id outside its table,
+        // which validation refuses, is kept as it is).
+        let frames: Vec<FrameId> = s.frames.into_iter().map(|f| FrameId(frames_t.intern(f))).collect();
+        let stacks: Vec<StackId> = s
+            .stacks
+            .into_iter()
+            .map(|st| StackId(stacks_t.intern(st.iter().map(|&f| *frames.get(f.index()).unwrap_or(&f)).collect())))
+            .collect();
+        let scopes: Vec<ScopeId> = s.scopes.into_iter().map(|p| ScopeId(scopes_t.intern(p))).collect();
+        let threads: Vec<ThreadId> = s.threads.into_iter().map(|t| ThreadId(threads_t.intern(t))).collect();
         let map = |c: &mut ContextInfo| {
-            c.stack = c.stack.map(|k| remap(&stacks, k));
-            c.scope = remap(&scopes, c.scope);
-            c.thread = remap(&threads, c.thread);
+            c.stack = c.stack.map(|k| *stacks.get(k.index()).unwrap_or(&k));
+            c.scope = *scopes.get(c.scope.index()).unwrap_or(&c.scope);
+            c.thread = *threads.get(c.thread.index()).unwrap_or(&c.thread);
         };
         for mut seg in s.segments {
             for b in &mut seg.blocks {
