@@ -241,7 +241,7 @@ fn snapshots_round_trip_through_json_and_carry_tensor_metadata() {
     assert_eq!(live[0].dtype.as_deref(), Some("float32"));
     assert_eq!(live[0].shape.as_deref(), Some(&[8usize, 8][..]));
     assert!(snap.segments.iter().flat_map(|s| &s.blocks).any(|b| b.state == BlockState::Inactive));
-    assert_eq!(snap.stats["allocation.all.current"], 1);
+    assert_eq!(snap.stats.allocation.all.current, 1);
     drop(x);
 }
 

@@ -316,7 +316,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
         Command::Summary { file, json, out } => {
             let snap = Snapshot::load(file)?;
             let text = if json {
-                per_device(&[&snap], true, |s| s[0].stats.clone(), |_| String::new())?
+                per_device(&[&snap], true, |s| s[0].stats.to_pytorch_map(), |_| String::new())?
             } else {
                 per_device(&[&snap], false, |s| report::summary(s[0]), String::clone)?
             };

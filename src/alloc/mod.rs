@@ -481,7 +481,7 @@ impl CachingAllocator {
     pub fn memory_summary(&self) -> String {
         let (stats, device) = {
             let locked = self.shared.lock();
-            (locked.heap.stats().to_map(), locked.heap.device())
+            (locked.heap.stats().public(), locked.heap.device())
         };
         stats::summary_table(&stats, self.shared.backend.name(), device)
     }

@@ -145,50 +145,96 @@ pub struct MemoryStats {
 }
 
 impl MemoryStats {
+    /// Every figure with its key in PyTorch's flat map (`allocated_bytes.all.current`,
+    /// `num_alloc_retries`, ...; vramscope's own counters beside them), in one order: the only
+    /// place the names are written. The map, the reading of a map and the sum of two all go
+    /// through it.
+    fn named_mut(&mut self) -> Vec<(String, &mut u64)> {
+        let mut out = Vec::with_capacity(128);
+        fn counter<'a>(out: &mut Vec<(String, &'a mut u64)>, name: &str, c: &'a mut Counter) {
+            let Counter { current, peak, allocated, freed } = c;
+            for (field, v) in [("current", current), ("peak", peak), ("allocated", allocated), ("freed", freed)] {
+                out.push((format!("{name}.{field}"), v));
+            }
+        }
+        for (name, s) in [
+            ("allocation", &mut self.allocation),
+            ("segment", &mut self.segment),
+            ("active", &mut self.active),
+            ("inactive_split", &mut self.inactive_split),
+            ("allocated_bytes", &mut self.allocated_bytes),
+            ("reserved_bytes", &mut self.reserved_bytes),
+            ("active_bytes", &mut self.active_bytes),
+            ("inactive_split_bytes", &mut self.inactive_split_bytes),
+            ("requested_bytes", &mut self.requested_bytes),
+        ] {
+            let PoolCounters { all, small_pool, large_pool } = s;
+            for (pool, c) in [("all", all), ("small_pool", small_pool), ("large_pool", large_pool)] {
+                counter(&mut out, &format!("{name}.{pool}"), c);
+            }
+        }
+        counter(&mut out, "oversize_allocations", &mut self.oversize_allocations);
+        counter(&mut out, "oversize_segments", &mut self.oversize_segments);
+        for (k, v) in [
+            ("num_alloc_retries", &mut self.num_alloc_retries),
+            ("num_ooms", &mut self.num_ooms),
+            ("num_sync_all_streams", &mut self.num_sync_all_streams),
+            ("num_device_alloc", &mut self.num_device_alloc),
+            ("num_device_free", &mut self.num_device_free),
+            ("num_device_map", &mut self.num_device_map),
+            ("num_device_unmap", &mut self.num_device_unmap),
+            ("num_segment_adoptions", &mut self.num_segment_adoptions),
+            ("num_backend_errors", &mut self.num_backend_errors),
+            ("num_limit_raises", &mut self.num_limit_raises),
+            ("max_split_size", &mut self.max_split_size),
+        ] {
+            out.push((k.to_string(), v));
+        }
+        out
+    }
+
     /// PyTorch's flat map, with its key names (`allocated_bytes.all.current`,
     /// `reserved_bytes.large_pool.peak`, `num_alloc_retries`, ...) and vramscope's own counters
-    /// beside them. The only place the names are written.
+    /// beside them.
     pub fn to_pytorch_map(&self) -> BTreeMap<String, u64> {
-        let mut m = BTreeMap::new();
-        let mut counter = |name: String, c: &Counter| {
-            for (field, v) in [("current", c.current), ("peak", c.peak), ("allocated", c.allocated), ("freed", c.freed)]
-            {
-                m.insert(format!("{name}.{field}"), v);
-            }
-        };
-        for (name, s) in [
-            ("allocation", &self.allocation),
-            ("segment", &self.segment),
-            ("active", &self.active),
-            ("inactive_split", &self.inactive_split),
-            ("allocated_bytes", &self.allocated_bytes),
-            ("reserved_bytes", &self.reserved_bytes),
-            ("active_bytes", &self.active_bytes),
-            ("inactive_split_bytes", &self.inactive_split_bytes),
-            ("requested_bytes", &self.requested_bytes),
-        ] {
-            for (pool, c) in [("all", &s.all), ("small_pool", &s.small_pool), ("large_pool", &s.large_pool)] {
-                counter(format!("{name}.{pool}"), c);
+        self.clone().named_mut().into_iter().map(|(k, v)| (k, *v)).collect()
+    }
+
+    /// The statistics of a flat map with PyTorch's key names, as
+    /// [`to_pytorch_map`](Self::to_pytorch_map) writes it; a figure the map lacks is 0, a key
+    /// that names no figure is left out.
+    pub fn from_pytorch_map(map: &BTreeMap<String, u64>) -> MemoryStats {
+        let mut stats = MemoryStats::default();
+        for (k, v) in stats.named_mut() {
+            if let Some(&x) = map.get(&k) {
+                *v = x;
             }
         }
-        counter("oversize_allocations".into(), &self.oversize_allocations);
-        counter("oversize_segments".into(), &self.oversize_segments);
-        for (k, v) in [
-            ("num_alloc_retries", self.num_alloc_retries),
-            ("num_ooms", self.num_ooms),
-            ("num_sync_all_streams", self.num_sync_all_streams),
-            ("num_device_alloc", self.num_device_alloc),
-            ("num_device_free", self.num_device_free),
-            ("num_device_map", self.num_device_map),
-            ("num_device_unmap", self.num_device_unmap),
-            ("num_segment_adoptions", self.num_segment_adoptions),
-            ("num_backend_errors", self.num_backend_errors),
-            ("num_limit_raises", self.num_limit_raises),
-            ("max_split_size", self.max_split_size),
-        ] {
-            m.insert(k.to_string(), v);
+        stats
+    }
+
+    /// Adds `other`'s figures to these, saturating (peaks too: the sum of peaks bounds the
+    /// peak of the sum).
+    pub(crate) fn add(&mut self, other: &MemoryStats) {
+        let mut other = other.clone();
+        for ((_, a), (_, b)) in self.named_mut().into_iter().zip(other.named_mut()) {
+            *a = a.saturating_add(*b);
         }
-        m
+    }
+}
+
+/// `Snapshot::stats` as files hold it: PyTorch's flat map (`allocated_bytes.all.current`: n).
+pub(crate) mod flat_map {
+    use super::MemoryStats;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+    use std::collections::BTreeMap;
+
+    pub(crate) fn serialize<S: Serializer>(stats: &MemoryStats, s: S) -> Result<S::Ok, S::Error> {
+        stats.to_pytorch_map().serialize(s)
+    }
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<MemoryStats, D::Error> {
+        Ok(MemoryStats::from_pytorch_map(&BTreeMap::<String, u64>::deserialize(d)?))
     }
 }
 
@@ -368,11 +414,6 @@ impl Stats {
             max_split_size: self.max_split_size,
         }
     }
-
-    /// The flat map of PyTorch's `torch.cuda.memory_stats()`, with the same key names.
-    pub(crate) fn to_map(&self) -> BTreeMap<String, u64> {
-        self.public().to_pytorch_map()
-    }
 }
 
 /// PyTorch's `_format_size`: the unit is chosen from `pref`, the figure of the `all` row.
@@ -406,8 +447,7 @@ fn format_count(mut n: u64, mut pref: u64) -> String {
 }
 
 /// Renders `memory_stats()` as PyTorch's `torch.cuda.memory_summary()` table.
-pub(crate) fn summary_table(stats: &BTreeMap<String, u64>, backend: &str, device: usize) -> String {
-    let get = |k: &str| stats.get(k).copied().unwrap_or(0);
+pub(crate) fn summary_table(stats: &MemoryStats, backend: &str, device: usize) -> String {
     let rule = |c: char| c.to_string().repeat(75);
     let mut lines = vec![
         rule('='),
@@ -415,47 +455,40 @@ pub(crate) fn summary_table(stats: &BTreeMap<String, u64>, backend: &str, device
         rule('-'),
         format!(
             "{:^37}|{:^37}",
-            format!("OOMs: {}", get("num_ooms")),
-            format!("alloc retries: {}", get("num_alloc_retries"))
+            format!("OOMs: {}", stats.num_ooms),
+            format!("alloc retries: {}", stats.num_alloc_retries)
         ),
         rule('='),
         "        Metric         | Cur Usage  | Peak Usage | Tot Alloc  | Tot Freed  ".to_string(),
     ];
     type Fmt = fn(u64, u64) -> String;
-    let metrics: [(&str, &str, Fmt); 9] = [
-        ("allocated_bytes", "Allocated memory", format_size),
-        ("active_bytes", "Active memory", format_size),
-        ("requested_bytes", "Requested memory", format_size),
-        ("reserved_bytes", "GPU reserved memory", format_size),
-        ("inactive_split_bytes", "Non-releasable memory", format_size),
-        ("allocation", "Allocations", format_count),
-        ("active", "Active allocs", format_count),
-        ("segment", "GPU reserved segments", format_count),
-        ("inactive_split", "Non-releasable allocs", format_count),
+    let metrics: [(&PoolCounters, &str, Fmt); 9] = [
+        (&stats.allocated_bytes, "Allocated memory", format_size),
+        (&stats.active_bytes, "Active memory", format_size),
+        (&stats.requested_bytes, "Requested memory", format_size),
+        (&stats.reserved_bytes, "GPU reserved memory", format_size),
+        (&stats.inactive_split_bytes, "Non-releasable memory", format_size),
+        (&stats.allocation, "Allocations", format_count),
+        (&stats.active, "Active allocs", format_count),
+        (&stats.segment, "GPU reserved segments", format_count),
+        (&stats.inactive_split, "Non-releasable allocs", format_count),
     ];
-    let cols = ["current", "peak", "allocated", "freed"];
-    for (key, name, f) in metrics {
+    let cols = |c: &Counter| [c.current, c.peak, c.allocated, c.freed];
+    for (s, name, f) in metrics {
         lines.push(rule('-'));
-        let pref: Vec<u64> = cols.iter().map(|c| get(&format!("{key}.all.{c}"))).collect();
-        for (pool, label) in
-            [("all", name), ("large_pool", "      from large pool"), ("small_pool", "      from small pool")]
+        let pref = cols(&s.all);
+        for (c, label) in
+            [(&s.all, name), (&s.large_pool, "      from large pool"), (&s.small_pool, "      from small pool")]
         {
-            let cells: Vec<String> =
-                cols.iter().zip(&pref).map(|(c, &p)| f(get(&format!("{key}.{pool}.{c}")), p)).collect();
+            let cells: Vec<String> = cols(c).iter().zip(&pref).map(|(&v, &p)| f(v, p)).collect();
             lines.push(format!(" {label:<21} | {} | {} | {} | {} ", cells[0], cells[1], cells[2], cells[3]));
         }
     }
-    for (key, name) in
-        [("oversize_allocations", "Oversize allocations"), ("oversize_segments", "Oversize GPU segments")]
+    for (c, name) in
+        [(&stats.oversize_allocations, "Oversize allocations"), (&stats.oversize_segments, "Oversize GPU segments")]
     {
         lines.push(rule('-'));
-        let cells: Vec<String> = cols
-            .iter()
-            .map(|c| {
-                let v = get(&format!("{key}.{c}"));
-                format_count(v, v)
-            })
-            .collect();
+        let cells: Vec<String> = cols(c).iter().map(|&v| format_count(v, v)).collect();
         lines.push(format!(" {name:<21} | {} | {} | {} | {} ", cells[0], cells[1], cells[2], cells[3]));
     }
     lines.push(rule('='));
@@ -472,6 +505,32 @@ pub(crate) fn summary_table(stats: &BTreeMap<String, u64>, backend: &str, device
 mod tests {
     use super::*;
 
+    /// The flat map is the typed statistics' one file form: every figure goes out under its
+    /// PyTorch name and comes back; a name that is no figure is left out; sums saturate.
+    #[test]
+    fn the_flat_map_round_trips() {
+        let mut st = MemoryStats::default();
+        for (i, (_, v)) in st.named_mut().into_iter().enumerate() {
+            *v = i as u64 * 3 + 1;
+        }
+        let map = st.to_pytorch_map();
+        assert_eq!(map.len(), 9 * 3 * 4 + 2 * 4 + 11, "every figure has a distinct name");
+        assert_eq!(map["reserved_bytes.large_pool.peak"], st.reserved_bytes.large_pool.peak);
+        assert_eq!(MemoryStats::from_pytorch_map(&map), st);
+        let mut odd = map.clone();
+        odd.insert("not_a_statistic".into(), 7);
+        odd.remove("num_ooms");
+        let back = MemoryStats::from_pytorch_map(&odd);
+        assert_eq!(back.num_ooms, 0);
+        assert_eq!(back.to_pytorch_map().get("not_a_statistic"), None);
+        let mut sum = st.clone();
+        sum.add(&st);
+        assert_eq!(sum.allocation.all.current, 2 * st.allocation.all.current);
+        sum.max_split_size = u64::MAX;
+        sum.add(&st);
+        assert_eq!(sum.max_split_size, u64::MAX);
+    }
+
     #[test]
     fn stat_tracks_peak_and_totals() {
         let mut st = Stats::default();
@@ -484,7 +543,7 @@ mod tests {
         assert_eq!(typed.small_pool, Counter { current: 0, peak: 10, allocated: 10, freed: 10 });
         assert_eq!(typed.large_pool, Counter { current: 5, peak: 5, allocated: 5, freed: 0 });
         assert_eq!(typed.all, Counter { current: 5, peak: 15, allocated: 15, freed: 10 });
-        let m = st.to_map();
+        let m = st.public().to_pytorch_map();
         assert_eq!(m["allocated_bytes.small_pool.freed"], 10);
         assert_eq!(m["allocated_bytes.large_pool.current"], 5);
         assert_eq!(m["allocated_bytes.all.allocated"], 15);
@@ -530,7 +589,7 @@ mod tests {
 
     #[test]
     fn table_rows_are_75_wide() {
-        let t = summary_table(&Stats::default().to_map(), "sim", 0);
+        let t = summary_table(&Stats::default().public(), "sim", 0);
         for line in t.lines() {
             assert_eq!(line.chars().count(), 77, "{line:?}");
         }

@@ -26,7 +26,7 @@ struct Raw {
     dropped: u64,
     stacks: Vec<Box<[usize]>>,
     sites: Vec<crate::record::Site>,
-    stats: std::collections::BTreeMap<String, u64>,
+    stats: crate::alloc::MemoryStats,
     clock: crate::record::Clock,
     stacks_mode: crate::record::StackMode,
 }
@@ -83,7 +83,7 @@ fn copy(heap: &Heap) -> Raw {
         dropped: rec.history.total - rec.history.len() as u64,
         stacks: rec.stacks.stacks.clone(),
         sites: rec.sites.sites.clone(),
-        stats: heap.stats().to_map(),
+        stats: heap.stats().public(),
         clock: rec.clock,
         stacks_mode: rec.config.stacks,
     }

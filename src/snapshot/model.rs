@@ -1,9 +1,9 @@
 //! The snapshot model: plain serde data of segments, blocks with their context, and the
 //! history, with frames and stacks stored once in tables.
 
+use crate::alloc::MemoryStats;
 use crate::record::{Action, Frame, StackMode, Unwinder};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
 
 macro_rules! table_id {
     ($(#[$doc:meta])* $name:ident) => {
@@ -87,8 +87,11 @@ pub struct Snapshot {
     pub scopes: Vec<Vec<String>>,
     /// Thread names.
     pub threads: Vec<String>,
-    /// The allocator's statistics, with PyTorch's key names.
-    pub stats: BTreeMap<String, u64>,
+    /// The allocator's statistics (a file holds them as PyTorch's flat map, with its key
+    /// names). A PyTorch snapshot has none: its current figures are worked out from its
+    /// segments, the others are 0.
+    #[serde(with = "crate::alloc::stats::flat_map")]
+    pub stats: MemoryStats,
     /// Microseconds since the Unix epoch at which the history's `time_ns` count from: when
     /// recording started, or PyTorch's first event. 0 where unknown (format version 1).
     #[serde(default)]
@@ -316,7 +319,7 @@ impl Snapshot {
             stacks: Vec::new(),
             scopes: vec![Vec::new()],
             threads: Vec::new(),
-            stats: BTreeMap::new(),
+            stats: MemoryStats::default(),
             time_origin_us: 0,
             allocator_settings: None,
             external_annotations: Vec::new(),

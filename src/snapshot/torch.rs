@@ -7,11 +7,11 @@ use super::model::{
     MAX_DEVICES,
 };
 use super::pickle::{self, Value};
-use crate::alloc::Pool;
+use crate::alloc::{MemoryStats, Pool};
 use crate::error::{Error, Result};
 use crate::intern::Interner;
 use crate::record::{Action, Frame};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 fn bad(source: &str, message: impl Into<String>) -> Error {
     Error::Format { source_name: source.to_string(), message: message.into() }
@@ -573,21 +573,23 @@ fn read_entry(
 }
 
 /// The current-value statistics a PyTorch snapshot implies (it carries no counters).
-pub(super) fn stats_of(segments: &[SegmentInfo]) -> BTreeMap<String, u64> {
-    let mut m = BTreeMap::new();
-    for (name, pool) in [("all", None), ("small_pool", Some(Pool::Small)), ("large_pool", Some(Pool::Large))] {
-        let mut total = [0u64; 7];
-        for seg in segments.iter().filter(|s| pool.is_none_or(|p| s.pool == p)) {
-            let s = seg.summary();
-            let figures = [seg.total_size, s.allocated, s.active, s.requested, 1, s.allocated_blocks, s.active_blocks];
-            for (t, f) in total.iter_mut().zip(figures) {
-                *t = t.saturating_add(f);
-            }
-        }
-        let keys =
-            ["reserved_bytes", "allocated_bytes", "active_bytes", "requested_bytes", "segment", "allocation", "active"];
-        for (k, v) in keys.into_iter().zip(total) {
-            m.insert(format!("{k}.{name}.current"), v);
+pub(super) fn stats_of(segments: &[SegmentInfo]) -> MemoryStats {
+    let mut m = MemoryStats::default();
+    for seg in segments {
+        let s = seg.summary();
+        let figures = [
+            (&mut m.reserved_bytes, seg.total_size),
+            (&mut m.allocated_bytes, s.allocated),
+            (&mut m.active_bytes, s.active),
+            (&mut m.requested_bytes, s.requested),
+            (&mut m.segment, 1),
+            (&mut m.allocation, s.allocated_blocks),
+            (&mut m.active, s.active_blocks),
+        ];
+        for (stat, f) in figures {
+            let pool = if seg.pool == Pool::Small { &mut stat.small_pool } else { &mut stat.large_pool };
+            pool.current = pool.current.saturating_add(f);
+            stat.all.current = stat.all.current.saturating_add(f);
         }
     }
     m

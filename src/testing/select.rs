@@ -69,10 +69,7 @@ pub(super) fn merge(snaps: Vec<Snapshot>) -> Option<Snapshot> {
             out.history.push(e);
         }
         out.history_dropped += s.history_dropped;
-        for (k, v) in s.stats {
-            let total = out.stats.entry(k).or_default();
-            *total = total.saturating_add(v);
-        }
+        out.stats.add(&s.stats);
         if !out.backend.split('+').any(|b| b == s.backend) {
             out.backend = format!("{}+{}", out.backend, s.backend);
         }
