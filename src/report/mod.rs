@@ -23,6 +23,8 @@ pub use leaks::{leaks, LeakCandidate, LeakUnit};
 pub use live::{live, LiveGroup};
 pub use segments::segments;
 
+pub(crate) use labels::Labels;
+
 use crate::record::Frame;
 use crate::snapshot::{ContextInfo, Snapshot};
 
@@ -41,13 +43,13 @@ pub fn summary(snapshot: &Snapshot) -> String {
 /// The allocation site of a context: the innermost frame of the program itself (the rule is
 /// in [`frames`]: a Python line where the stack has Python frames, never a library's frame or
 /// a framework's native code).
-pub(crate) fn site_frame<'a>(snap: &'a Snapshot, ctx: Option<&ContextInfo>) -> Option<&'a Frame> {
+fn site_frame<'a>(snap: &'a Snapshot, ctx: Option<&ContextInfo>) -> Option<&'a Frame> {
     let stack = ctx?.stack?;
     frames::program_frames(snap.stack_frames(stack)).next().or_else(|| frames::framework_op(snap.stack_frames(stack)))
 }
 
 /// `file:line (function)`, or `<no stack>`.
-pub(crate) fn site_label(frame: Option<&Frame>) -> String {
+fn site_label(frame: Option<&Frame>) -> String {
     frame.map_or_else(|| "<no stack>".to_string(), |f| f.to_string())
 }
 

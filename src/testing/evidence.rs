@@ -40,12 +40,15 @@ struct Tally {
     tensors: BTreeSet<String>,
 }
 
-/// Live blocks grouped by the line that allocated them and their scope below `path`.
+/// Live blocks grouped by the line that allocated them (the site table every report groups
+/// by) and their scope below `path`.
 fn tally(snap: &Snapshot, path: &[String]) -> BTreeMap<(String, String), Tally> {
     let mut out: BTreeMap<(String, String), Tally> = BTreeMap::new();
+    let mut labels = report::Labels::new(snap);
     for b in snap.live_blocks() {
         let ctx = b.context.as_ref();
-        let mut site = report::site_label(report::site_frame(snap, ctx));
+        let id = labels.site(ctx);
+        let mut site = labels.site_label(id).to_string();
         let test = path.last().map_or("the test", String::as_str);
         if site == crate::record::INLINED_TEST_BODY {
             site = format!("{test} (its body; no line tables in this build)");
