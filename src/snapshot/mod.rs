@@ -13,6 +13,7 @@ pub use model::{
     BlockInfo, BlockState, ContextInfo, FrameId, HistoryEntry, ScopeId, SegmentInfo, SegmentSummary, Snapshot,
     StackCapture, StackId, ThreadId,
 };
+pub use validate::{Inconsistency, InconsistencyKind};
 
 /// What a file's first byte says it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -5,14 +5,117 @@
 
 use super::model::{ContextInfo, Snapshot, MAX_DEVICES};
 
+/// What is inconsistent in a snapshot, and where: [`Snapshot::validate`]'s error. Its
+/// `Display` names the place and the values (`segments[3].blocks[7]: block at 0x... overlaps
+/// the block before it, which ends at 0x...`); [`kind`](Self::kind) says which rule broke, for
+/// a caller that handles some of them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Inconsistency {
+    /// Where: the path of the offending item (`segments[3].blocks[7]`, `history[12].context`).
+    pub at: String,
+    /// Which rule it breaks, with the values.
+    pub kind: InconsistencyKind,
+}
+
+/// The rules a snapshot keeps (see [`Inconsistency`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum InconsistencyKind {
+    /// A device index beyond any machine's (at most 65,535).
+    NotADevice {
+        /// The index.
+        device: usize,
+    },
+    /// An address plus a size beyond 2^64.
+    Overflow {
+        /// The address.
+        address: u64,
+        /// The size.
+        size: u64,
+    },
+    /// A segment starting inside the one before it (segments are in address order).
+    SegmentsOverlap {
+        /// Where it starts.
+        address: u64,
+        /// The segment before it, by index.
+        previous: usize,
+        /// Where that one ends.
+        previous_end: u64,
+    },
+    /// A block not inside its segment.
+    BlockOutsideSegment {
+        /// The block's start and end.
+        block: (u64, u64),
+        /// The segment's start and end.
+        segment: (u64, u64),
+    },
+    /// A block starting inside the one before it.
+    BlocksOverlap {
+        /// Where it starts.
+        address: u64,
+        /// Where the block before it ends.
+        previous_end: u64,
+    },
+    /// An id that points outside its table.
+    MissingEntry {
+        /// The table: `stack`, `scope`, `thread` or `frame`.
+        table: &'static str,
+        /// The id.
+        id: usize,
+        /// How many entries the table has.
+        len: usize,
+    },
+    /// Kept-as-read data (settings, annotations) nested deeper than the reader accepts.
+    TooDeep {
+        /// The deepest nesting accepted.
+        limit: usize,
+    },
+}
+
+impl std::fmt::Display for Inconsistency {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let at = &self.at;
+        match &self.kind {
+            InconsistencyKind::NotADevice { device } => {
+                write!(f, "{at}: device {device} is not a device index (0 to {})", MAX_DEVICES - 1)
+            }
+            InconsistencyKind::Overflow { address, size } => {
+                write!(f, "{at}: address {address:#x} + size {size} overflows 64 bits")
+            }
+            InconsistencyKind::SegmentsOverlap { address, previous, previous_end } => write!(
+                f,
+                "{at}: starts at {address:#x}, inside segments[{previous}] (which ends at {previous_end:#x}); \
+                 segments must be in address order without overlapping"
+            ),
+            InconsistencyKind::BlockOutsideSegment { block: (b0, b1), segment: (s0, s1) } => {
+                write!(f, "{at}: block [{b0:#x}, {b1:#x}) lies outside its segment [{s0:#x}, {s1:#x})")
+            }
+            InconsistencyKind::BlocksOverlap { address, previous_end } => {
+                write!(f, "{at}: block at {address:#x} overlaps the block before it, which ends at {previous_end:#x}")
+            }
+            InconsistencyKind::MissingEntry { table, id, len } => {
+                write!(f, "{at}: {table} {id} does not exist (there are {len} {table}s)")
+            }
+            InconsistencyKind::TooDeep { limit } => write!(f, "{at}: nested more than {limit} deep"),
+        }
+    }
+}
+
+impl std::error::Error for Inconsistency {}
+
+/// An inconsistency at `at`.
+fn broken(at: impl Into<String>, kind: InconsistencyKind) -> Inconsistency {
+    Inconsistency { at: at.into(), kind }
+}
+
 impl Snapshot {
     /// Checks the snapshot's consistency; the error names the first inconsistency found
     /// (`segments[3].blocks[7]: ...`). Linear in the snapshot's size.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), Inconsistency> {
+        use InconsistencyKind as K;
         let device = |d: usize, at: &dyn Fn() -> String| {
-            (d < MAX_DEVICES)
-                .then_some(())
-                .ok_or_else(|| format!("{}: device {d} is not a device index (0 to {})", at(), MAX_DEVICES - 1))
+            (d < MAX_DEVICES).then_some(()).ok_or_else(|| broken(at(), K::NotADevice { device: d }))
         };
         device(self.device, &|| "device".into())?;
         for (si, seg) in self.segments.iter().enumerate() {
@@ -24,14 +127,13 @@ impl Snapshot {
         let mut prev_end: Option<(usize, u64)> = None;
         for (si, seg) in self.segments.iter().enumerate() {
             let end = seg.address.checked_add(seg.total_size).ok_or_else(|| {
-                format!("segments[{si}]: address {:#x} + total_size {} overflows 64 bits", seg.address, seg.total_size)
+                broken(format!("segments[{si}]"), K::Overflow { address: seg.address, size: seg.total_size })
             })?;
-            if let Some((pi, pend)) = prev_end {
-                if seg.address < pend {
-                    return Err(format!(
-                        "segments[{si}]: starts at {:#x}, inside segments[{pi}] (which ends at {pend:#x}); \
-                         segments must be in address order without overlapping",
-                        seg.address
+            if let Some((previous, previous_end)) = prev_end {
+                if seg.address < previous_end {
+                    return Err(broken(
+                        format!("segments[{si}]"),
+                        K::SegmentsOverlap { address: seg.address, previous, previous_end },
                     ));
                 }
             }
@@ -42,21 +144,15 @@ impl Snapshot {
                 let bend = b
                     .address
                     .checked_add(b.size)
-                    .ok_or_else(|| format!("{}: address {:#x} + size {} overflows 64 bits", at(), b.address, b.size))?;
+                    .ok_or_else(|| broken(at(), K::Overflow { address: b.address, size: b.size }))?;
                 if b.address < seg.address || bend > end {
-                    return Err(format!(
-                        "{}: block [{:#x}, {bend:#x}) lies outside its segment [{:#x}, {end:#x})",
+                    return Err(broken(
                         at(),
-                        b.address,
-                        seg.address
+                        K::BlockOutsideSegment { block: (b.address, bend), segment: (seg.address, end) },
                     ));
                 }
                 if b.address < cursor {
-                    return Err(format!(
-                        "{}: block at {:#x} overlaps the block before it, which ends at {cursor:#x}",
-                        at(),
-                        b.address
-                    ));
+                    return Err(broken(at(), K::BlocksOverlap { address: b.address, previous_end: cursor }));
                 }
                 cursor = bend;
                 if let Some(c) = &b.context {
@@ -82,23 +178,20 @@ impl Snapshot {
         }
         for (ki, stack) in self.stacks.iter().enumerate() {
             if let Some(fi) = stack.iter().position(|&f| f.index() >= self.frames.len()) {
-                return Err(format!(
-                    "stacks[{ki}][{fi}]: frame {} does not exist (there are {} frames)",
-                    stack[fi],
-                    self.frames.len()
-                ));
+                let (id, len) = (stack[fi].index(), self.frames.len());
+                return Err(broken(format!("stacks[{ki}][{fi}]"), K::MissingEntry { table: "frame", id, len }));
             }
         }
         Ok(())
     }
 
-    fn check_context(&self, c: &ContextInfo, at: &dyn Fn() -> String) -> Result<(), String> {
-        let check = |what: &str, index: usize, len: usize, zero_ok: bool| {
+    fn check_context(&self, c: &ContextInfo, at: &dyn Fn() -> String) -> Result<(), Inconsistency> {
+        let check = |table: &'static str, id: usize, len: usize, zero_ok: bool| {
             // Index 0 of an empty table is "none recorded" (PyTorch snapshots have no scopes).
-            if index < len || (zero_ok && index == 0 && len == 0) {
+            if id < len || (zero_ok && id == 0 && len == 0) {
                 Ok(())
             } else {
-                Err(format!("{}.context: {what} {index} does not exist (there are {len} {what}s)", at()))
+                Err(broken(format!("{}.context", at()), InconsistencyKind::MissingEntry { table, id, len }))
             }
         };
         if let Some(s) = c.stack {
@@ -111,11 +204,12 @@ impl Snapshot {
 
 /// The kept-as-read parts nest at most as deep as the pickle reader accepts, so that what
 /// vramscope writes it can read back.
-fn check_depth(v: &serde_json::Value, at: &str) -> Result<(), String> {
+fn check_depth(v: &serde_json::Value, at: &str) -> Result<(), Inconsistency> {
+    let limit = super::torch::MAX_DEPTH;
     let mut stack = vec![(v, 0usize)];
     while let Some((v, depth)) = stack.pop() {
-        if depth > super::torch::MAX_DEPTH {
-            return Err(format!("{at}: nested more than {} deep", super::torch::MAX_DEPTH));
+        if depth > limit {
+            return Err(broken(at, InconsistencyKind::TooDeep { limit }));
         }
         match v {
             serde_json::Value::Array(items) => stack.extend(items.iter().map(|x| (x, depth + 1))),
@@ -128,6 +222,7 @@ fn check_depth(v: &serde_json::Value, at: &str) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
+    use super::InconsistencyKind;
     use crate::snapshot::model::*;
 
     fn snap(blocks: &[(u64, u64)]) -> Snapshot {
@@ -148,11 +243,11 @@ mod tests {
     #[test]
     fn blocks_outside_or_overlapping_are_named() {
         assert_eq!(snap(&[(4096, 4096), (8192, 4096)]).validate(), Ok(()));
-        let e = snap(&[(4096, 4096), (8192, 8192)]).validate().unwrap_err();
+        let e = snap(&[(4096, 4096), (8192, 8192)]).validate().unwrap_err().to_string();
         assert_eq!(e, "segments[0].blocks[1]: block [0x2000, 0x4000) lies outside its segment [0x1000, 0x3000)");
-        let e = snap(&[(4096, 4096), (6144, 2048)]).validate().unwrap_err();
+        let e = snap(&[(4096, 4096), (6144, 2048)]).validate().unwrap_err().to_string();
         assert!(e.starts_with("segments[0].blocks[1]: block at 0x1800 overlaps"), "{e}");
-        let e = snap(&[(u64::MAX, 2)]).validate().unwrap_err();
+        let e = snap(&[(u64::MAX, 2)]).validate().unwrap_err().to_string();
         assert!(e.contains("overflows 64 bits"), "{e}");
     }
 
@@ -162,13 +257,16 @@ mod tests {
         s.segments[0].blocks[0].context =
             Some(ContextInfo { stack: Some(StackId(3)), scope: ScopeId(0), thread: ThreadId(0), step: 0 });
         let e = s.validate().unwrap_err();
-        assert_eq!(e, "segments[0].blocks[0].context: stack 3 does not exist (there are 0 stacks)");
+        assert_eq!(e.to_string(), "segments[0].blocks[0].context: stack 3 does not exist (there are 0 stacks)");
+        // The kind is there for a caller that handles some inconsistencies.
+        assert_eq!(e.kind, InconsistencyKind::MissingEntry { table: "stack", id: 3, len: 0 });
+        assert_eq!(e.at, "segments[0].blocks[0].context");
         s.segments[0].blocks[0].context =
             Some(ContextInfo { stack: None, scope: ScopeId(9), thread: ThreadId(0), step: 0 });
-        assert!(s.validate().unwrap_err().contains("scope 9 does not exist (there are 1 scopes)"));
+        assert!(s.validate().unwrap_err().to_string().contains("scope 9 does not exist (there are 1 scopes)"));
         s.segments[0].blocks[0].context = None;
         s.stacks.push(vec![FrameId(0)]);
-        assert_eq!(s.validate().unwrap_err(), "stacks[0][0]: frame 0 does not exist (there are 0 frames)");
+        assert_eq!(s.validate().unwrap_err().to_string(), "stacks[0][0]: frame 0 does not exist (there are 0 frames)");
     }
 
     /// A device index beyond any machine's is refused: the pickle writer writes a trace list
@@ -178,11 +276,15 @@ mod tests {
         let mut s = snap(&[(4096, 4096)]);
         s.segments[0].device = Some(1 << 60);
         assert_eq!(
-            s.validate().unwrap_err(),
+            s.validate().unwrap_err().to_string(),
             "segments[0]: device 1152921504606846976 is not a device index (0 to 65535)"
         );
         s.segments[0].device = Some(7);
         s.device = usize::MAX;
-        assert!(s.validate().unwrap_err().starts_with("device: device 18446744073709551615 is not a device index"));
+        assert!(s
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .starts_with("device: device 18446744073709551615 is not a device index"));
     }
 }
