@@ -203,8 +203,14 @@ fn actions_follow_pytorch() {
     );
     let free = snap.history.iter().find(|e| e.action == FreeRequested).unwrap();
     assert!(free.context.is_some_and(|c| c.stack.is_some()), "context on frees with ContextLevel::All");
+    // The segment reserved for the first allocation is recorded as its doing, with its stack.
     let seg = snap.history.iter().find(|e| e.action == SegmentAlloc).unwrap();
-    assert!(seg.context.is_none());
+    let first = snap.history.iter().find(|e| e.action == Alloc).unwrap();
+    assert!(seg.context.is_some_and(|c| c.stack.is_some()));
+    assert_eq!(seg.context.map(|c| c.stack), first.context.map(|c| c.stack));
+    // A segment given back by `empty_cache` serves no request: no context.
+    let released = snap.history.iter().find(|e| e.action == SegmentFree).unwrap();
+    assert!(released.context.is_none());
 }
 
 #[test]

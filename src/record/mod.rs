@@ -42,7 +42,8 @@ use std::time::Instant;
 pub enum ContextLevel {
     /// No context on events (blocks still carry theirs).
     None,
-    /// Context on allocations.
+    /// Context on allocations, and on the segments reserved and pages mapped to serve them
+    /// (`segment_alloc`, `segment_map`: the allocation's context, as PyTorch records them).
     #[default]
     Alloc,
     /// Context on allocations and frees (a free records who dropped the buffer).
@@ -338,7 +339,7 @@ impl Recorder {
         }
         let keep = match self.config.context {
             ContextLevel::None => false,
-            ContextLevel::Alloc => action == Action::Alloc,
+            ContextLevel::Alloc => matches!(action, Action::Alloc | Action::SegmentAlloc | Action::SegmentMap),
             ContextLevel::All => true,
         };
         let ticks = self.clock.now();

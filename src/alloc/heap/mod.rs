@@ -159,6 +159,10 @@ pub(crate) struct Heap {
     last_error: Option<String>,
     /// Stacks, history and what to record.
     recorder: Recorder,
+    /// Who made the request being served, while [`Heap::alloc`] runs: the segments it
+    /// reserves and the pages it maps are recorded as its doing, as PyTorch's `segment_alloc`
+    /// and `segment_map` entries carry the stack of the allocation that caused them.
+    request_ctx: Option<Context>,
 }
 
 /// What [`Heap::grow`] found for a request.
@@ -205,6 +209,7 @@ impl Heap {
             last_error: None,
             config,
             recorder: Recorder::new(record),
+            request_ctx: None,
         }
     }
 
@@ -212,6 +217,20 @@ impl Heap {
 
     /// Allocates a block of at least `requested` bytes on allocator stream `stream`.
     pub(crate) fn alloc(
+        &mut self,
+        backend: &dyn Backend,
+        stream: StreamId,
+        requested: u64,
+        ctx: Option<Context>,
+    ) -> Result<Grant> {
+        self.request_ctx = ctx;
+        let grant = self.serve(backend, stream, requested, ctx);
+        self.request_ctx = None;
+        grant
+    }
+
+    /// [`Heap::alloc`]'s work, with `request_ctx` set.
+    fn serve(
         &mut self,
         backend: &dyn Backend,
         stream: StreamId,

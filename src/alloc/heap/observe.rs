@@ -87,7 +87,7 @@ impl Heap {
                 st.inactive_split_bytes.dec(pool, size);
             }
             Note::SegmentReserved { addr, size, pool, stream } => {
-                self.recorder.event(Action::SegmentAlloc, addr, size, stream.0, None);
+                self.recorder.event(Action::SegmentAlloc, addr, size, stream.0, self.request_ctx);
                 st.num_device_alloc += 1;
                 st.segment.inc(pool, 1);
                 st.reserved_bytes.inc(pool, size);
@@ -106,12 +106,12 @@ impl Heap {
             }
             Note::SegmentAdopted { addr, size, from, to } => {
                 self.recorder.event(Action::SegmentFree, addr, size, from.0, None);
-                self.recorder.event(Action::SegmentAlloc, addr, size, to.0, None);
+                self.recorder.event(Action::SegmentAlloc, addr, size, to.0, self.request_ctx);
                 st.num_segment_adoptions += 1;
             }
             Note::Pages { addr, len, pool, stream, mapped } => {
                 if mapped {
-                    self.recorder.event(Action::SegmentMap, addr, len, stream.0, None);
+                    self.recorder.event(Action::SegmentMap, addr, len, stream.0, self.request_ctx);
                     st.num_device_map += 1;
                     st.reserved_bytes.inc(pool, len);
                 } else {
