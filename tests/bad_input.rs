@@ -288,3 +288,18 @@ fn reports_stay_linear_when_blocks_share_a_long_stack() {
     let took = started.elapsed();
     assert!(took < std::time::Duration::from_secs(10), "{took:?}");
 }
+
+/// Every way of reading a snapshot validates it, serde's `Deserialize` included: a consistent
+/// file reads, an inconsistent one is refused with the place and the rule, never handed out.
+#[test]
+fn deserializing_a_snapshot_validates_it() {
+    let dir = format!("{}/fixtures/hostile", env!("CARGO_MANIFEST_DIR"));
+    let good = std::fs::read_to_string(format!("{dir}/consistent.json")).unwrap();
+    let snap: Snapshot = serde_json::from_str(&good).expect("a consistent snapshot reads");
+    assert_eq!(serde_json::from_str::<Snapshot>(&snap.to_json()).unwrap(), snap);
+    let bad = std::fs::read_to_string(format!("{dir}/overlapping_blocks.json")).unwrap();
+    let e = serde_json::from_str::<Snapshot>(&bad).unwrap_err().to_string();
+    assert!(e.contains("segments[0].blocks[1]") && e.contains("overlaps"), "{e}");
+    let e = Snapshot::from_bytes(bad.as_bytes(), "overlapping_blocks.json").unwrap_err().to_string();
+    assert!(e.starts_with("overlapping_blocks.json: inconsistent snapshot: segments[0].blocks[1]"), "{e}");
+}

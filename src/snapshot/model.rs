@@ -64,7 +64,19 @@ pub(crate) const MAX_DEVICES: usize = 1 << 16;
 
 /// Everything an allocator knew at one moment, symbolized. Every report reads this, never the
 /// allocator, so the same tools work on a snapshot loaded from disk.
+///
+/// A snapshot is consistent when it is handed out: [`CachingAllocator::snapshot`] builds one
+/// from the heap, and every way of reading one ([`Snapshot::load`], [`Snapshot::from_bytes`],
+/// [`Snapshot::from_pytorch_pickle`], and serde's `Deserialize`, e.g. `serde_json::from_str`)
+/// checks it with [`Snapshot::validate`] and refuses an inconsistent one. It cannot be built
+/// field by field outside this crate; a program that edits the fields of one takes over that
+/// duty (the reports never panic on a broken one, but may skip what they cannot place).
+///
+/// [`CachingAllocator::snapshot`]: crate::CachingAllocator::snapshot
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+// The derived code becomes `Snapshot::serialize` and `Snapshot::deserialize`, which the trait
+// impls below call, the latter followed by validation.
+#[serde(remote = "Self")]
 #[non_exhaustive]
 pub struct Snapshot {
     /// Format version of this model.
@@ -106,6 +118,28 @@ pub struct Snapshot {
     /// and in PyTorch's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stack_capture: Option<StackCapture>,
+}
+
+impl Serialize for Snapshot {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        Snapshot::serialize(self, s)
+    }
+}
+
+impl<'de> Deserialize<'de> for Snapshot {
+    /// Reads the fields, then refuses an inconsistent snapshot ([`Snapshot::validate`]).
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Snapshot, D::Error> {
+        let snap = Snapshot::deserialize_unchecked(d)?;
+        snap.validate().map_err(serde::de::Error::custom)?;
+        Ok(snap)
+    }
+}
+
+impl Snapshot {
+    /// The fields as read, before validation: for readers that check the version first.
+    pub(crate) fn deserialize_unchecked<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Snapshot, D::Error> {
+        Snapshot::deserialize(d)
+    }
 }
 
 /// How a recording took its stacks: what a reader needs to trust them.

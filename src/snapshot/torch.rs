@@ -296,17 +296,14 @@ impl Snapshot {
     /// Reads a snapshot from bytes (JSON or pickle); `source` names them in errors.
     pub fn from_bytes(data: &[u8], source: &str) -> Result<Snapshot> {
         match super::sniff(data, "a vramscope JSON snapshot").map_err(|m| bad(source, m))? {
-            super::FileKind::Pickle => {
-                let snap = Self::from_pytorch_pickle(data, source)?;
-                snap.validate().map_err(|m| {
-                    bad(source, format!("inconsistent PyTorch snapshot (segments counted in address order): {m}"))
-                })?;
-                Ok(snap)
-            }
+            super::FileKind::Pickle => Self::from_pytorch_pickle(data, source),
             super::FileKind::Json => {
-                let snap: Snapshot = serde_json::from_slice(data).map_err(|e| {
-                    bad(source, format!("not a vramscope snapshot ({e}); expected the JSON that `snapshot` writes"))
-                })?;
+                // The version first, then the consistency, each with its own message.
+                let mut de = serde_json::Deserializer::from_slice(data);
+                let snap =
+                    Snapshot::deserialize_unchecked(&mut de).and_then(|s| de.end().map(|()| s)).map_err(|e| {
+                        bad(source, format!("not a vramscope snapshot ({e}); expected the JSON that `snapshot` writes"))
+                    })?;
                 if snap.version > super::SNAPSHOT_VERSION {
                     return Err(bad(
                         source,
@@ -323,9 +320,17 @@ impl Snapshot {
         }
     }
 
-    /// Reads PyTorch's snapshot pickle: segments with their blocks and frames, and the
-    /// `device_traces` of the device with the most events as the history.
+    /// Reads PyTorch's snapshot pickle: segments with their blocks and frames, and every
+    /// device's `device_traces` as the history; an inconsistent one is refused.
     pub fn from_pytorch_pickle(data: &[u8], source: &str) -> Result<Snapshot> {
+        let snap = Self::read_pytorch_pickle(data, source)?;
+        snap.validate().map_err(|m| {
+            bad(source, format!("inconsistent PyTorch snapshot (segments counted in address order): {m}"))
+        })?;
+        Ok(snap)
+    }
+
+    fn read_pytorch_pickle(data: &[u8], source: &str) -> Result<Snapshot> {
         let root = pickle::parse(data).map_err(|e| bad(source, e.to_string()))?;
         let mut budget = Budget::for_bytes(data.len());
         let segments_v = root.get("segments").ok_or_else(|| {
