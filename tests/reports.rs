@@ -156,6 +156,30 @@ fn own_pickles_have_real_times_and_requested_frees() {
     assert_eq!(back.time_origin_us, snap.time_origin_us + snap.history[0].time_ns / 1000);
 }
 
+/// A live block's scope travels on the block too (`user_metadata`, beside its frames), so it
+/// survives its allocation's entry leaving the history's ring buffer, and PyTorch's viewer
+/// shows it on every block (tools/memoryviz/hovers.py counts them).
+#[test]
+fn a_blocks_scope_outlives_its_trace_entry() {
+    let alloc = CachingAllocator::new(SimBackend::new(1 << 30));
+    let mut rec = vramscope::record::RecordConfig::default();
+    rec.max_entries = 2;
+    alloc.record_memory_history(rec);
+    let kept = {
+        let _s = vramscope::scope("cache");
+        alloc.alloc::<u8>(alloc.default_stream(), 4096).unwrap()
+    };
+    for _ in 0..3 {
+        drop(alloc.alloc::<u8>(alloc.default_stream(), 512).unwrap());
+    }
+    let snap = alloc.snapshot();
+    assert!(!snap.history.iter().any(|e| e.addr == kept.device_ptr()), "its entry left the ring");
+    let back = Snapshot::from_pytorch_pickle(&snap.to_pytorch_pickle(), "own").unwrap();
+    let block = back.live_blocks().find(|b| b.address == kept.device_ptr()).unwrap();
+    assert_eq!(back.scope(block.context.unwrap().scope).unwrap(), ["cache"]);
+    drop(kept);
+}
+
 /// Scopes travel where PyTorch carries user annotations: each trace entry's `user_metadata`
 /// (`outer/inner`); read back, the blocks get their allocation's scope, and no fake frames.
 /// A tensor's dtype and shape travel as block keys of their own; a plain buffer has none.

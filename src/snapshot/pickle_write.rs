@@ -244,7 +244,12 @@ impl Snapshot {
                             w.str("frames");
                             self.write_frames(w, b.context.as_ref());
                             // Not in PyTorch's schema (its viewer reads only the keys it
-                            // knows): the tensor's description, where vramscope had one.
+                            // knows): the block's scope, as its trace entries carry it, and
+                            // the tensor's description, where vramscope had them.
+                            if b.state != BlockState::Inactive && b.context.is_some_and(|c| c.scope != ScopeId::ROOT) {
+                                w.str("user_metadata");
+                                self.write_scope(w, b.context.as_ref());
+                            }
                             if let Some(dtype) = &b.dtype {
                                 w.str("dtype");
                                 w.str(dtype);

@@ -367,6 +367,9 @@ impl Snapshot {
                     other => return Err(bad(source, format!("{}: unknown block state {other:?}", at()))),
                 };
                 let stack = t.stack(b.get("frames"), &mut budget, &at, source)?;
+                // vramscope writes a block's scope beside its frames (not in PyTorch's schema):
+                // it stands where the allocation's entry has left the trace.
+                let scope = t.scope(b.get("user_metadata").as_ref(), &mut budget, &at, source)?;
                 blocks.push(BlockInfo {
                     address: uint(b, "address", &at, source)?,
                     size: uint(b, "size", &at, source)?,
@@ -374,7 +377,7 @@ impl Snapshot {
                     state,
                     dtype: tensor_dtype(b, &at, source)?,
                     shape: tensor_shape(b, &mut budget, &at, source)?,
-                    context: context(stack),
+                    context: context_in(stack, scope),
                 });
             }
             let total_size = uint(seg, "total_size", &at, source)?;
@@ -439,10 +442,11 @@ impl Snapshot {
             scope_at.insert(e.addr, e.context.map_or(ScopeId::ROOT, |c| c.scope));
         }
         for b in segments.iter_mut().flat_map(|s| s.blocks.iter_mut()) {
+            let own = b.context.map_or(ScopeId::ROOT, |c| c.scope);
             let scope = if b.state == BlockState::Inactive {
                 ScopeId::ROOT
             } else {
-                scope_at.get(&b.address).copied().unwrap_or(ScopeId::ROOT)
+                scope_at.get(&b.address).copied().unwrap_or(own)
             };
             b.context = context_in(b.context.and_then(|c| c.stack), scope);
         }
