@@ -66,7 +66,7 @@ fn is_trimmed_frame(f: &Frame) -> bool {
 }
 
 /// vramscope's own sources, as its debug info names them.
-const OWN_SOURCES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/src/");
+pub(crate) const OWN_SOURCES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/src/");
 
 /// Whether a source path is the standard library's, vramscope's or the unwinder's. Release
 /// builds with line tables only name inlined functions without their path (`trace`, `alloc`),
@@ -81,15 +81,6 @@ fn relative(path: &std::path::Path) -> String {
     static CWD: std::sync::OnceLock<Option<std::path::PathBuf>> = std::sync::OnceLock::new();
     let cwd = CWD.get_or_init(|| std::env::current_dir().ok());
     cwd.as_deref().and_then(|c| path.strip_prefix(c).ok()).unwrap_or(path).display().to_string()
-}
-
-/// Whether a frame is the memory-test harness calling a test body: everything outside it
-/// (the harness, the user's test function that started it, the test runner) is not where the
-/// body allocated, and is cut from stacks.
-pub(crate) fn is_harness(function: &str, file: Option<&str>) -> bool {
-    function.starts_with("vramscope::testing::")
-        || function.starts_with("<vramscope::testing::")
-        || file.is_some_and(|f| f.starts_with(OWN_SOURCES) && f[OWN_SOURCES.len()..].starts_with("testing/"))
 }
 
 /// The frame that stands for a memory-test body whose own frames cannot be seen: inlined into
@@ -121,7 +112,9 @@ impl Symbolizer {
                 let file = sym.filename().map(|p| p.display().to_string());
                 frames.push(Frame { function, file, line: sym.lineno() });
             });
-            let harness = frames.iter().position(|f| is_harness(&f.function, f.file.as_deref()));
+            // Where the memory-test harness called a test body, the stack ends: the harness's
+            // own rule (the testing module knows its frames).
+            let harness = frames.iter().position(|f| crate::testing::is_harness(&f.function, f.file.as_deref()));
             if let Some(k) = harness {
                 frames.truncate(k);
             }
