@@ -55,7 +55,7 @@ fn tally(snap: &Snapshot, path: &[String]) -> BTreeMap<(String, String), Tally> 
         } else if site == crate::record::INLINED_ELSEWHERE && !path.is_empty() {
             // Inside the test's scope: the body's code, run by the standard library (a scoped
             // or spawned thread's closure), whose frames a build without line tables folds away.
-            site = format!("{test} (a thread or closure of its body, inlined into library code; no line tables)");
+            site = format!("{test} (a thread or closure of its body; no line tables in this build)");
         }
         let scope = ctx
             .and_then(|c| snap.scope(c.scope))
@@ -440,10 +440,7 @@ mod tests {
             .replace("\"line\": 3", "\"line\": null");
         let snap = Snapshot::from_bytes(json.as_bytes(), "test").unwrap();
         let sites: Vec<String> = tally(&snap, &["t::scoped_thread".to_string()]).into_keys().map(|k| k.0).collect();
-        assert_eq!(
-            sites,
-            ["t::scoped_thread (a thread or closure of its body, inlined into library code; no line tables)"]
-        );
+        assert_eq!(sites, ["t::scoped_thread (a thread or closure of its body; no line tables in this build)"]);
         let sites: Vec<String> = tally(&snap, &[]).into_keys().map(|k| k.0).collect();
         assert_eq!(sites, [crate::record::INLINED_ELSEWHERE], "outside a test it stays what it is");
     }
