@@ -156,6 +156,30 @@ fn own_pickles_have_real_times_and_requested_frees() {
     assert_eq!(back.time_origin_us, snap.time_origin_us + snap.history[0].time_ns / 1000);
 }
 
+/// What PyTorch's viewer shows on a block or segment comes from the trace entries' frames: in
+/// a pickle of a default recording every alloc, free and segment_alloc entry has a stack (a
+/// free, its allocation's; a segment, the allocation that reserved it), so no hover of
+/// "Allocator State History" says a block has no frames (tools/memoryviz/hovers.py).
+#[test]
+fn every_entry_of_an_own_pickle_has_frames() {
+    let alloc = CachingAllocator::new(SimBackend::new(1 << 30));
+    alloc.record_memory_history(RecordConfig::default());
+    let s = alloc.default_stream();
+    let big = alloc.alloc::<u8>(&s, 8 << 20).unwrap();
+    let small: Vec<_> = (0..4).map(|_| alloc.alloc::<u8>(&s, 1000).unwrap()).collect();
+    drop(big);
+    drop(small);
+    alloc.empty_cache();
+    let back = Snapshot::from_pytorch_pickle(&alloc.snapshot().to_pytorch_pickle(), "own").unwrap();
+    use vramscope::record::Action;
+    let framed =
+        |a: Action| back.history.iter().filter(|e| e.action == a).all(|e| e.context.and_then(|c| c.stack).is_some());
+    for a in [Action::Alloc, Action::FreeRequested, Action::FreeCompleted, Action::SegmentAlloc] {
+        assert!(back.history.iter().any(|e| e.action == a), "{a:?} recorded");
+        assert!(framed(a), "every {a:?} entry has frames");
+    }
+}
+
 /// A live block's scope travels on the block too (`user_metadata`, beside its frames), so it
 /// survives its allocation's entry leaving the history's ring buffer, and PyTorch's viewer
 /// shows it on every block (tools/memoryviz/hovers.py counts them).
