@@ -202,7 +202,10 @@
 //! one device: [`report::summary`] makes a table per device of a snapshot of several, and for
 //! the others [`Snapshot::by_devices`] splits it (the command line does so for every report).
 //! The site a report names is the program's own innermost line: in PyTorch's default
-//! recordings, whose stacks hold its C++ frames around the Python ones, a Python line.
+//! recordings, whose stacks hold its C++ frames around the Python ones, a Python line. What is
+//! a library's and what is the program's can be said ([`report::FramePolicy`], the variables
+//! `VRAMSCOPE_LIBRARY` and `VRAMSCOPE_USER_CODE`, the command line's `--library` and
+//! `--user-code`): vendored crates, a helper every caller goes through.
 //!
 //! ```
 //! use vramscope::{report, Snapshot};
