@@ -291,6 +291,7 @@ mod alloc;
 pub mod backend;
 mod device;
 pub mod error;
+mod frames;
 mod intern;
 pub mod record;
 pub mod replay;

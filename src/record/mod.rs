@@ -25,7 +25,7 @@ pub(crate) use scope::{is_within, path as scope_path, thread_id, thread_name, RO
 pub(crate) use stack::capture;
 #[cfg(test)]
 use stack::hash_stack;
-pub(crate) use symbols::{Symbolizer, INLINED_ELSEWHERE, INLINED_TEST_BODY, OWN_SOURCES};
+pub(crate) use symbols::{Symbolizer, INLINED_ELSEWHERE, INLINED_TEST_BODY};
 
 use serde::{Deserialize, Serialize};
 use std::cell::UnsafeCell;

@@ -1,6 +1,7 @@
 //! Symbolization of interned stacks, once per address, with frames of vramscope, std and the
 //! unwinder trimmed.
 
+use crate::frames;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 
@@ -24,55 +25,6 @@ impl std::fmt::Display for Frame {
             _ => f.write_str(&self.function),
         }
     }
-}
-
-/// Function-name prefixes of frames that are not the user's.
-const TRIMMED: &[&str] = &[
-    "vramscope::",
-    "<vramscope::",
-    "std::",
-    "<std::",
-    "core::",
-    "<core::",
-    "alloc::",
-    "<alloc::",
-    "backtrace::",
-    "<backtrace::",
-    "__rust",
-    "_rust",
-    "rust_begin_unwind",
-    "test::",
-    "<test::",
-    "<F as test::",
-    "__libc_start",
-    "_start",
-    "start_thread",
-    "clone",
-    "__clone",
-    "<unknown>",
-];
-
-pub(crate) fn is_trimmed(function: &str) -> bool {
-    TRIMMED.iter().any(|p| function.starts_with(p))
-}
-
-/// Whether a resolved frame is not the user's: a trimmed function name, a frame from the
-/// standard library's sources (`/rustc/...`, including trait-object shims like
-/// `<&dyn Fn() as FnOnce>::call_once`), or the C runtime's `main` without debug info.
-fn is_trimmed_frame(f: &Frame) -> bool {
-    is_trimmed(&f.function)
-        || f.file.as_deref().is_some_and(is_trimmed_path)
-        || (f.file.is_none() && f.function == "main")
-}
-
-/// vramscope's own sources, as its debug info names them.
-pub(crate) const OWN_SOURCES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/src/");
-
-/// Whether a source path is the standard library's, vramscope's or the unwinder's. Release
-/// builds with line tables only name inlined functions without their path (`trace`, `alloc`),
-/// so the file is what tells them apart.
-fn is_trimmed_path(p: &str) -> bool {
-    p.starts_with("/rustc/") || p.starts_with(OWN_SOURCES) || p.contains("/backtrace-0.")
 }
 
 /// A source path as reports show it: relative to the working directory when it lies below
@@ -114,11 +66,11 @@ impl Symbolizer {
             });
             // Where the memory-test harness called a test body, the stack ends: the harness's
             // own rule (the testing module knows its frames).
-            let harness = frames.iter().position(|f| crate::testing::is_harness(&f.function, f.file.as_deref()));
+            let harness = frames.iter().position(|f| frames::is_harness(&f.function, f.file.as_deref()));
             if let Some(k) = harness {
                 frames.truncate(k);
             }
-            frames.retain(|f| !is_trimmed_frame(f));
+            frames.retain(|f| !frames::is_captures_own(f));
             for f in &mut frames {
                 f.file = f.file.take().map(|p| relative(std::path::Path::new(&p)));
             }
@@ -138,27 +90,15 @@ impl Symbolizer {
 mod tests {
     use super::*;
 
-    #[test]
-    fn trims_library_frames() {
-        assert!(is_trimmed("vramscope::alloc::CachingAllocator::alloc"));
-        assert!(is_trimmed("<alloc::vec::Vec<T> as core::ops::Drop>::drop"));
-        assert!(is_trimmed("std::rt::lang_start"));
-        assert!(!is_trimmed("my_model::train_step"));
-        assert!(!is_trimmed("allocator_tests::leaky"));
-        let std_shim = Frame {
-            function: "<&dyn core::ops::function::Fn<()> as core::ops::function::FnOnce<()>>::call_once".into(),
-            file: Some("/rustc/abc/library/core/src/ops/function.rs".into()),
-            line: Some(287),
-        };
-        assert!(is_trimmed_frame(&std_shim));
-        assert!(is_trimmed_frame(&Frame { function: "main".into(), file: None, line: None }));
-        assert!(!is_trimmed_frame(&Frame { function: "main".into(), file: Some("src/main.rs".into()), line: Some(3) }));
+    #[inline(never)]
+    fn some_function() -> usize {
+        std::hint::black_box(7)
     }
 
     #[test]
     fn caches_each_address_once() {
         let mut s = Symbolizer::default();
-        let ip = trims_library_frames as fn() as usize + 4;
+        let ip = some_function as fn() -> usize as usize + 4;
         let a = s.resolve(ip).0.to_vec();
         let b = s.resolve(ip).0.to_vec();
         assert_eq!(a, b);

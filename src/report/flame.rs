@@ -25,10 +25,10 @@ fn stack_line(snap: &Snapshot, ctx: Option<&ContextInfo>) -> String {
         if let Some(stack) = c.stack {
             // In a stack with Python frames, what PyTorch's own viewer leaves out (the
             // unwinder, the interpreter's loop, the C runtime) is left out too.
-            let python = super::frames::has_python(snap.stack_frames(stack));
+            let python = crate::frames::has_python(snap.stack_frames(stack));
             let frames: Vec<String> = snap
                 .stack_frames(stack)
-                .filter(|f| !python || !super::frames::is_unwinding_or_interpreter(f))
+                .filter(|f| !python || !crate::frames::is_unwinding_or_interpreter(f))
                 .map(|f| match (&f.file, f.line) {
                     (Some(file), Some(line)) => format!("{} ({file}:{line})", f.function),
                     _ => f.function.clone(),

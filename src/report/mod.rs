@@ -6,25 +6,26 @@
 
 mod diff;
 mod flame;
-mod frames;
+
 mod labels;
 mod leaks;
 mod live;
 mod segments;
 
+pub use crate::frames::{FramePolicy, LIBRARY_ENV, USER_CODE_ENV};
 pub use diff::{diff, Change, SiteDelta};
 #[cfg(feature = "flamegraph")]
 pub(crate) use flame::render_with as flamegraph_with_subtitle;
 #[cfg(feature = "flamegraph")]
 pub use flame::{differential_flamegraph, flamegraph};
 pub use flame::{folded, FoldedKind};
-pub use frames::{FramePolicy, LIBRARY_ENV, USER_CODE_ENV};
 pub use leaks::{leaks, LeakCandidate, LeakUnit};
 pub use live::{live, LiveGroup};
 pub use segments::segments;
 
 pub(crate) use labels::Labels;
 
+use crate::frames;
 use crate::record::Frame;
 use crate::snapshot::{ContextInfo, Snapshot};
 

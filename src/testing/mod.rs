@@ -429,17 +429,6 @@ impl MemTest {
     }
 }
 
-/// Whether a frame is the memory-test harness calling a test body: everything outside it
-/// (the harness, the user's test function that started it, the test runner) is not where the
-/// body allocated, and is cut from stacks when they are symbolized (`record::Symbolizer`, once
-/// per address). The harness's frames are this module's functions and sources.
-pub(crate) fn is_harness(function: &str, file: Option<&str>) -> bool {
-    const OWN: &str = crate::record::OWN_SOURCES;
-    function.starts_with("vramscope::testing::")
-        || function.starts_with("<vramscope::testing::")
-        || file.is_some_and(|f| f.starts_with(OWN) && f[OWN.len()..].starts_with("testing/"))
-}
-
 /// Calls a test body: the frame at which recorded stacks stop, so that reports show the body's
 /// frames and not the harness's or the test runner's.
 #[inline(never)]

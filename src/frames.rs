@@ -1,5 +1,7 @@
-//! Which frames of a stack are the program's own: the one rule every report uses to name the
-//! line that allocated (the site), the lines that called it, and the frames a flamegraph shows.
+//! Whose each frame of a stack is, in one module: what a captured stack loses when it is
+//! symbolized, and the rule every report, the memory-test evidence and both PyTorch readers use
+//! to name the line that allocated (the site), the lines that called it, and the frames a
+//! flamegraph shows.
 //!
 //! A frame is one of:
 //!
@@ -23,6 +25,13 @@
 //! pattern is a library's (the longer pattern decides where both match, the program's on a
 //! tie). That is how a monorepo names its vendored crates or a package installed under
 //! `site-packages` in editable mode as what they are.
+//!
+//! Stacks vramscope captures lose, when they are symbolized (once per address), the frames of
+//! vramscope itself, of Rust's runtime (`std::`, `core::`, `alloc::`, `__rust…`), of the test
+//! runner (`test::`) and of the unwinder, and everything outside the memory-test harness's call
+//! of a test body ([`is_captures_own`], [`is_harness`]): what is left starts at the line that
+//! asked for memory. Those rules are here too, so that this module is the one place that says
+//! whose a frame is.
 //!
 //! The site of a stack is its innermost frame of the program's own. A stack with none that ran
 //! a PyTorch operator (an allocation on autograd's backward thread, which has no Python frames)
@@ -168,6 +177,72 @@ fn slot() -> &'static RwLock<Arc<FramePolicy>> {
     })
 }
 
+// ----- stacks vramscope captured ---------------------------------------------------------
+
+/// Function-name prefixes of frames that are not the user's.
+const TRIMMED: &[&str] = &[
+    "vramscope::",
+    "<vramscope::",
+    "std::",
+    "<std::",
+    "core::",
+    "<core::",
+    "alloc::",
+    "<alloc::",
+    "backtrace::",
+    "<backtrace::",
+    "__rust",
+    "_rust",
+    "rust_begin_unwind",
+    "test::",
+    "<test::",
+    "<F as test::",
+    "__libc_start",
+    "_start",
+    "start_thread",
+    "clone",
+    "__clone",
+    "<unknown>",
+];
+
+fn is_trimmed(function: &str) -> bool {
+    TRIMMED.iter().any(|p| function.starts_with(p))
+}
+
+/// Whether a frame of a stack vramscope captured is vramscope's own, the Rust runtime's, the
+/// test runner's or the unwinder's: a trimmed function name, a frame from the standard
+/// library's sources (`/rustc/...`, including trait-object shims like
+/// `<&dyn Fn() as FnOnce>::call_once`), or the C runtime's `main` without debug info. Such
+/// frames are cut from captured stacks when they are symbolized, once per address.
+pub(crate) fn is_captures_own(f: &Frame) -> bool {
+    is_trimmed(&f.function)
+        || f.file.as_deref().is_some_and(is_trimmed_path)
+        || (f.file.is_none() && f.function == "main")
+}
+
+/// vramscope's own sources, as its debug info names them.
+pub(crate) const OWN_SOURCES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/src/");
+
+/// Whether a source path is the standard library's, vramscope's or the unwinder's. Release
+/// builds with line tables only name inlined functions without their path (`trace`, `alloc`),
+/// so the file is what tells them apart.
+fn is_trimmed_path(p: &str) -> bool {
+    p.starts_with("/rustc/") || p.starts_with(OWN_SOURCES) || p.contains("/backtrace-0.")
+}
+
+/// Whether a frame is the memory-test harness calling a test body: everything outside it
+/// (the harness, the user's test function that started it, the test runner) is not where the
+/// body allocated, and is cut from stacks when they are symbolized (`record::Symbolizer`, once
+/// per address). The harness's frames are this module's functions and sources.
+pub(crate) fn is_harness(function: &str, file: Option<&str>) -> bool {
+    const OWN: &str = OWN_SOURCES;
+    function.starts_with("vramscope::testing::")
+        || function.starts_with("<vramscope::testing::")
+        || file.is_some_and(|f| f.starts_with(OWN) && f[OWN.len()..].starts_with("testing/"))
+}
+
+// ----- whose a frame is, in every report --------------------------------------------------
+
 /// Whether a frame belongs to a library rather than the program being examined.
 pub(crate) fn is_library(f: &Frame) -> bool {
     f.file.as_deref().is_some_and(|p| {
@@ -262,6 +337,25 @@ pub(crate) fn has_python<'a>(mut frames: impl Iterator<Item = &'a Frame>) -> boo
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn captured_stacks_lose_vramscope_and_the_runtime() {
+        assert!(is_trimmed("vramscope::alloc::CachingAllocator::alloc"));
+        assert!(is_trimmed("<alloc::vec::Vec<T> as core::ops::Drop>::drop"));
+        assert!(is_trimmed("std::rt::lang_start"));
+        assert!(!is_trimmed("my_model::train_step"));
+        assert!(!is_trimmed("allocator_tests::leaky"));
+        let std_shim = Frame {
+            function: "<&dyn core::ops::function::Fn<()> as core::ops::function::FnOnce<()>>::call_once".into(),
+            file: Some("/rustc/abc/library/core/src/ops/function.rs".into()),
+            line: Some(287),
+        };
+        assert!(is_captures_own(&std_shim));
+        assert!(is_captures_own(&Frame { function: "main".into(), file: None, line: None }));
+        assert!(!is_captures_own(&Frame { function: "main".into(), file: Some("src/main.rs".into()), line: Some(3) }));
+        assert!(is_harness("vramscope::testing::call_body", None));
+        assert!(!is_harness("my_tests::leaky::{{closure}}", Some("tests/leaky.rs")));
+    }
 
     fn frame(function: &str, file: Option<&str>, line: Option<u32>) -> Frame {
         Frame { function: function.into(), file: file.map(Into::into), line }
