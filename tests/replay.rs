@@ -250,3 +250,36 @@ fn unseen_workloads_fragment_no_more_than_pytorch_caching() {
         );
     }
 }
+
+/// Every trace of the fixtures, the six recorded on 2026-11-24 included (two of them held out
+/// from tuning), replays on the sim backend with the allocator's invariants intact, nothing
+/// skipped and every buffer given back, and its peak of live bytes is the one worked out here
+/// from the JSON itself, independently of the replay's reader.
+#[test]
+fn every_fixture_trace_replays_with_its_true_peak() {
+    let mut seen = 0;
+    for entry in std::fs::read_dir(fixture("")).unwrap() {
+        let path = entry.unwrap().path();
+        let Some(name) = path.file_name().and_then(|n| n.to_str()).filter(|n| n.ends_with(".trace.json")) else {
+            continue;
+        };
+        let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        let (mut live, mut now, mut peak) = (std::collections::HashMap::new(), 0u64, 0u64);
+        for e in json["events"].as_array().unwrap() {
+            let (op, addr, size) = (e[0].as_str().unwrap(), e[1].as_u64().unwrap(), e[2].as_u64().unwrap());
+            if op == "a" {
+                assert!(live.insert(addr, size).is_none(), "{name}: {addr:#x} allocated twice");
+                now += size;
+                peak = peak.max(now);
+            } else if let Some(size) = live.remove(&addr) {
+                now -= size;
+            }
+        }
+        let r = run(&Trace::from_file(&path).unwrap(), "");
+        assert_eq!(r.skipped, 0, "{name}");
+        assert_eq!(r.peak_live_bytes, peak, "{name}: the replay's peak of live bytes");
+        assert!(r.peak_reserved_bytes >= peak, "{name}");
+        seen += 1;
+    }
+    assert!(seen >= 8, "the fixtures hold 8 traces, found {seen}");
+}
