@@ -233,12 +233,11 @@ fn is_trimmed_path(p: &str) -> bool {
 /// Whether a frame is the memory-test harness calling a test body: everything outside it
 /// (the harness, the user's test function that started it, the test runner) is not where the
 /// body allocated, and is cut from stacks when they are symbolized (`record::Symbolizer`, once
-/// per address). The harness's frames are this module's functions and sources.
+/// per address). The harness's frames are the `testing` module's functions and sources.
 pub(crate) fn is_harness(function: &str, file: Option<&str>) -> bool {
-    const OWN: &str = OWN_SOURCES;
     function.starts_with("vramscope::testing::")
         || function.starts_with("<vramscope::testing::")
-        || file.is_some_and(|f| f.starts_with(OWN) && f[OWN.len()..].starts_with("testing/"))
+        || file.and_then(|f| f.strip_prefix(OWN_SOURCES)).is_some_and(|rest| rest.starts_with("testing/"))
 }
 
 // ----- whose a frame is, in every report --------------------------------------------------

@@ -64,8 +64,7 @@ impl Symbolizer {
                 let file = sym.filename().map(|p| p.display().to_string());
                 frames.push(Frame { function, file, line: sym.lineno() });
             });
-            // Where the memory-test harness called a test body, the stack ends: the harness's
-            // own rule (the testing module knows its frames).
+            // Where the memory-test harness called a test body, the stack ends.
             let harness = frames.iter().position(|f| frames::is_harness(&f.function, f.file.as_deref()));
             if let Some(k) = harness {
                 frames.truncate(k);

@@ -20,12 +20,6 @@ macro_rules! table_id {
             pub const fn index(self) -> usize {
                 self.0 as usize
             }
-
-            /// The id of index `i` of a table; `None` from 2^32 on (a table never holds that many).
-            #[inline]
-            pub fn of(i: usize) -> Option<Self> {
-                u32::try_from(i).ok().map($name)
-            }
         }
 
         impl std::fmt::Display for $name {

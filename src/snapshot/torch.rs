@@ -436,7 +436,9 @@ impl Snapshot {
                 e
             })
             .collect();
-        // A block's scope is its allocation's (the trace carries scopes, the blocks do not).
+        // A block's scope is its allocation's, where the trace still holds the allocation
+        // (PyTorch's blocks carry no scope); else what the block itself carries (vramscope writes
+        // it beside the block's frames).
         let mut scope_at: HashMap<u64, ScopeId> = HashMap::new();
         for e in history.iter().filter(|e| e.action == Action::Alloc) {
             scope_at.insert(e.addr, e.context.map_or(ScopeId::ROOT, |c| c.scope));

@@ -45,11 +45,11 @@ struct Tally {
 fn tally(snap: &Snapshot, path: &[String]) -> BTreeMap<(String, String), Tally> {
     let mut out: BTreeMap<(String, String), Tally> = BTreeMap::new();
     let mut labels = report::Labels::new(snap);
+    let test = path.last().map_or("the test", String::as_str);
     for b in snap.live_blocks() {
         let ctx = b.context.as_ref();
         let id = labels.site(ctx);
         let mut site = labels.site_label(id).to_string();
-        let test = path.last().map_or("the test", String::as_str);
         if site == crate::record::INLINED_TEST_BODY {
             site = format!("{test} (its body; no line tables in this build)");
         } else if site == crate::record::INLINED_ELSEWHERE && !path.is_empty() {

@@ -27,6 +27,12 @@ pub(super) fn strip_scope(snap: &mut Snapshot, path: &[String]) {
     }
 }
 
+/// The merged table's id for `id`, at `index` of a snapshot's table (an id outside it, which
+/// validation refuses, is kept as it is).
+fn remap<T: Copy>(table: &[T], id: T, index: usize) -> T {
+    table.get(index).copied().unwrap_or(id)
+}
+
 /// One snapshot holding the segments, blocks and history of several (of different allocators):
 /// frames, stacks, scopes and threads are re-indexed into shared tables. Statistics are summed
 /// (peaks too, so they are upper bounds); device and backend are the first snapshot's, with the
@@ -39,20 +45,19 @@ pub(super) fn merge(snaps: Vec<Snapshot>) -> Option<Snapshot> {
     let mut scopes_t = Interner::from_items(std::mem::take(&mut out.scopes));
     let mut threads_t = Interner::from_items(std::mem::take(&mut out.threads));
     for s in it {
-        // Each table's ids in `s`, by their ids in the merged tables (an id outside its table,
-        // which validation refuses, is kept as it is).
+        // Each table's ids in `s`, by their ids in the merged tables.
         let frames: Vec<FrameId> = s.frames.into_iter().map(|f| FrameId(frames_t.intern(f))).collect();
         let stacks: Vec<StackId> = s
             .stacks
             .into_iter()
-            .map(|st| StackId(stacks_t.intern(st.iter().map(|&f| *frames.get(f.index()).unwrap_or(&f)).collect())))
+            .map(|st| StackId(stacks_t.intern(st.iter().map(|&f| remap(&frames, f, f.index())).collect())))
             .collect();
         let scopes: Vec<ScopeId> = s.scopes.into_iter().map(|p| ScopeId(scopes_t.intern(p))).collect();
         let threads: Vec<ThreadId> = s.threads.into_iter().map(|t| ThreadId(threads_t.intern(t))).collect();
         let map = |c: &mut ContextInfo| {
-            c.stack = c.stack.map(|k| *stacks.get(k.index()).unwrap_or(&k));
-            c.scope = *scopes.get(c.scope.index()).unwrap_or(&c.scope);
-            c.thread = *threads.get(c.thread.index()).unwrap_or(&c.thread);
+            c.stack = c.stack.map(|k| remap(&stacks, k, k.index()));
+            c.scope = remap(&scopes, c.scope, c.scope.index());
+            c.thread = remap(&threads, c.thread, c.thread.index());
         };
         for mut seg in s.segments {
             for b in &mut seg.blocks {
