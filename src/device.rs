@@ -2,7 +2,7 @@
 
 use crate::alloc::{AllocatorConfig, CachingAllocator};
 use crate::backend::{Backend, HostBackend, SimBackend};
-use crate::error::{Error, Result};
+use crate::error::{Error, InvalidRequest, Result};
 use crate::sync::Mutex;
 use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
@@ -22,7 +22,7 @@ static DEVICES: OnceLock<Mutex<BTreeMap<usize, CachingAllocator>>> = OnceLock::n
 /// [`units::parse_byte_size`](crate::units::parse_byte_size), which this wraps in an error
 /// naming the text).
 pub fn parse_bytes(s: &str) -> Result<u64> {
-    crate::units::parse_byte_size(s).map_err(|e| Error::InvalidRequest(format!("`{s}`: {e}")))
+    crate::units::parse_byte_size(s).map_err(|error| InvalidRequest::ByteSize { text: s.into(), error }.into())
 }
 
 /// An environment variable's text: `None` when unset, an error naming it when it is not UTF-8

@@ -38,7 +38,7 @@
 //! is named by that operator: its outermost `at::_ops::…` frame (`at::_ops::mm::call(…)`);
 //! reports say `<no stack>` for any other, as for a stack not recorded.
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, UsageError};
 use crate::record::Frame;
 use std::sync::{Arc, OnceLock, RwLock};
 
@@ -90,12 +90,9 @@ impl FramePolicy {
         L: IntoIterator,
         L::Item: Into<String>,
     {
-        let check = |kind: &str, patterns: Vec<String>| {
+        let check = |kind: &'static str, patterns: Vec<String>| {
             if patterns.iter().any(|p| p.trim().is_empty()) {
-                return Err(Error::Usage(format!(
-                    "an empty {kind} pattern would match every frame: give a part of a path or a \
-                     function name, e.g. `vendor/` or `my_crate::`"
-                )));
+                return Err(Error::from(UsageError::EmptyPattern { kind }));
             }
             Ok(patterns)
         };

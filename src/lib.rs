@@ -327,6 +327,7 @@ pub use vramscope_macros::gpu_mem_test;
 /// What `#[gpu_mem_test]` and `assert_mem_snapshot!` expand to; not an API.
 #[doc(hidden)]
 pub mod __macro_support {
+    pub use crate::testing::checked_iterations;
     pub use crate::units::parse_byte_size;
     pub use insta;
 }

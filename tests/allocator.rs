@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use vramscope::{
     backend::EventMode, backend::FaultPlan, backend::FaultyBackend, backend::HostBackend, backend::SimBackend,
-    config::AllocatorConfig, CachingAllocator, Error,
+    config::AllocatorConfig, error::InvalidRequest, error::UsageError, CachingAllocator, Error,
 };
 
 const MIB: u64 = 1 << 20;
@@ -203,7 +203,8 @@ fn impossible_requests_are_errors_not_panics() {
     let alloc = CachingAllocator::new(HostBackend::new(64 * MIB));
     let s = alloc.default_stream();
     let e = alloc.alloc::<u64>(&s, usize::MAX).unwrap_err();
-    assert!(matches!(e, Error::InvalidRequest(_)), "{e}");
+    assert!(matches!(e, Error::InvalidRequest(InvalidRequest::BytesOverflow { len: usize::MAX, element: 8 })), "{e}");
+    assert_eq!(e.to_string(), format!("invalid request: {} elements of 8 bytes overflow 64 bits", usize::MAX));
     let e = alloc.alloc::<u8>(&s, 1 << 40).unwrap_err();
     assert!(matches!(e, Error::OutOfMemory(_)), "{e}");
     let e = alloc.alloc::<u8>(&s, usize::MAX - 10).unwrap_err();
@@ -218,9 +219,11 @@ fn streams_and_buffers_of_another_allocator_are_refused() {
     let a = CachingAllocator::new(SimBackend::new(1 << 30));
     let b = CachingAllocator::new(SimBackend::new(1 << 30));
     let sb = b.new_stream().unwrap();
-    assert!(matches!(a.alloc::<u8>(&sb, 10), Err(Error::Usage(_))));
+    assert!(matches!(a.alloc::<u8>(&sb, 10), Err(Error::Usage(UsageError::ForeignStream { stream: 1 }))));
     let buf = b.alloc::<u8>(&b.default_stream(), 10).unwrap();
-    assert!(matches!(a.record_stream(&buf, a.default_stream()), Err(Error::Usage(_))));
+    let e = a.record_stream(&buf, a.default_stream()).unwrap_err();
+    assert!(matches!(e, Error::Usage(UsageError::ForeignBuffer)), "{e}");
+    assert_eq!(e.to_string(), "usage error: the buffer belongs to another allocator");
 }
 
 #[test]

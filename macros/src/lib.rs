@@ -13,9 +13,6 @@ use syn::{Expr, ExprLit, ItemFn, Lit, MetaNameValue, ReturnType, Token};
 
 const KEYS: &str = "iters, warmup, tolerance, metric, device, backend, snapshot";
 
-/// The most iterations a memory test runs, warm-up included (`vramscope::testing::MAX_ITERATIONS`).
-const MAX_ITERATIONS: u64 = 1_000_000;
-
 /// Runs a test body for warm-up plus measured iterations and fails, naming the allocation sites
 /// that kept memory alive, when live memory grows. Keys (all optional): `iters = 5`,
 /// `warmup = 1`, `tolerance = "0 B"` (bytes: a number, or a text read at compile time by
@@ -32,6 +29,8 @@ pub fn gpu_mem_test(args: TokenStream, item: TokenStream) -> TokenStream {
 struct Options {
     iters: u64,
     warmup: u64,
+    /// Where an iteration count out of range is reported: the `iters` value, else `warmup`'s.
+    iterations_span: Span,
     tolerance: TokenStream2,
     metric: &'static str,
     device: u64,
@@ -92,6 +91,7 @@ fn parse_options(args: TokenStream2) -> syn::Result<Options> {
     let mut o = Options {
         iters: 5,
         warmup: 1,
+        iterations_span: Span::call_site(),
         tolerance: quote!(0u64),
         metric: "LiveBytes",
         device: 0,
@@ -116,25 +116,16 @@ fn parse_options(args: TokenStream2) -> syn::Result<Options> {
         seen.push(key.clone());
         let r: syn::Result<()> = (|| {
             match key.as_str() {
+                // The range (at least one measured, at most `vramscope::testing::MAX_ITERATIONS`
+                // in all) is checked by vramscope itself, in a constant of the expansion.
                 "iters" => {
                     o.iters = int(nv, "iters")?;
-                    if o.iters == 0 || o.iters > MAX_ITERATIONS {
-                        return Err(syn::Error::new_spanned(
-                            &nv.value,
-                            format!("`iters` takes 1 to {MAX_ITERATIONS} (warm-up and measured iterations together)"),
-                        ));
-                    }
+                    o.iterations_span = syn::spanned::Spanned::span(&nv.value);
                 }
                 "warmup" => {
                     o.warmup = int(nv, "warmup")?;
-                    if o.warmup >= MAX_ITERATIONS {
-                        return Err(syn::Error::new_spanned(
-                            &nv.value,
-                            format!(
-                                "`warmup` takes 0 to {} (warm-up and measured iterations together)",
-                                MAX_ITERATIONS - 1
-                            ),
-                        ));
+                    if !seen.iter().any(|k| k == "iters") {
+                        o.iterations_span = syn::spanned::Spanned::span(&nv.value);
                     }
                 }
                 "device" => o.device = int(nv, "device")?,
@@ -170,12 +161,6 @@ fn parse_options(args: TokenStream2) -> syn::Result<Options> {
         if let Err(e) = r {
             push(e);
         }
-    }
-    if errors.is_none() && o.iters + o.warmup > MAX_ITERATIONS {
-        errors = Some(syn::Error::new(
-            Span::call_site(),
-            format!("`warmup` + `iters` is {}: at most {MAX_ITERATIONS} iterations in all", o.iters + o.warmup),
-        ));
     }
     match errors {
         Some(e) => Err(e),
@@ -215,12 +200,20 @@ fn expand(args: TokenStream2, item: TokenStream2) -> syn::Result<TokenStream2> {
         ReturnType::Default => quote!(|| #block),
         ReturnType::Type(_, ty) => quote!(|| -> #ty #block),
     };
-    let (iters, warmup, tolerance, device) = (o.iters as usize, o.warmup as usize, &o.tolerance, o.device as usize);
+    let (tolerance, device) = (&o.tolerance, o.device as usize);
+    let (iters, warmup) = (o.iters, o.warmup);
     // At module level, so that a refused tolerance fails every build, not only `cargo test`
     // (test functions are left out of other builds before constants are evaluated).
     // A raw identifier (`fn r#match`) names the test by its bare name.
     let bare = name.unraw();
     let tolerance_const = syn::Ident::new(&format!("__VRAMSCOPE_TOLERANCE_{bare}"), Span::call_site());
+    let iterations_const = syn::Ident::new(&format!("__VRAMSCOPE_ITERATIONS_{bare}"), Span::call_site());
+    let iterations = quote_spanned! {o.iterations_span=>
+        match ::vramscope::__macro_support::checked_iterations(#warmup, #iters) {
+            ::core::result::Result::Ok(n) => n,
+            ::core::result::Result::Err(e) => ::core::panic!("{}", e),
+        }
+    };
     let metric = syn::Ident::new(o.metric, Span::call_site());
     let backend = syn::Ident::new(o.backend, Span::call_site());
     let snapshot = if o.snapshot {
@@ -232,12 +225,15 @@ fn expand(args: TokenStream2, item: TokenStream2) -> syn::Result<TokenStream2> {
         #[doc(hidden)]
         #[allow(dead_code, non_upper_case_globals)]
         const #tolerance_const: u64 = #tolerance;
+        #[doc(hidden)]
+        #[allow(dead_code, non_upper_case_globals)]
+        const #iterations_const: usize = #iterations;
         #(#attrs)*
         #test_attr
         #vis #sig {
             let __vramscope_test = ::vramscope::testing::MemTest::new(::core::concat!(::core::module_path!(), "::", ::core::stringify!(#bare)))
-                .iters(#iters)
-                .warmup(#warmup)
+                .iters(#iterations_const - #warmup as usize)
+                .warmup(#warmup as usize)
                 .tolerance(#tolerance_const)
                 .metric(::vramscope::testing::Metric::#metric)
                 .device(#device)

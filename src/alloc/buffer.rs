@@ -3,7 +3,7 @@
 use super::heap::TensorMeta;
 use super::ids::BlockId;
 use super::{Shared, Stream};
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, UsageError};
 use std::fmt;
 use std::marker::PhantomData;
 use std::ptr::NonNull;
@@ -139,7 +139,7 @@ impl<T: Pod> Buffer<T> {
     pub fn with_tensor_meta(self, dtype: &str, shape: &[usize]) -> Result<Self> {
         let count = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
         if count != Some(self.len) {
-            return Err(Error::Usage(format!("shape {shape:?} does not hold exactly {} elements", self.len)));
+            return Err(UsageError::ShapeMismatch { shape: shape.to_vec(), len: self.len }.into());
         }
         if let Some(b) = self.block() {
             let meta = TensorMeta { dtype: dtype.to_string(), shape: shape.to_vec() };
@@ -176,10 +176,10 @@ impl<T: Pod> Buffer<T> {
             return Ok(std::ptr::NonNull::dangling().as_ptr());
         }
         self.shared().backend.host_ptr(self.addr).map(|p| p.cast::<T>()).ok_or_else(|| {
-            Error::Usage(format!(
-                "the {} backend's memory is not addressable from the host; copy through the device API",
-                self.shared().backend.name()
-            ))
+            Error::from(UsageError::NotHostAddressable {
+                backend: self.shared().backend.name().to_string(),
+                can_copy: true,
+            })
         })
     }
 
@@ -207,7 +207,7 @@ impl<T: Pod> Buffer<T> {
     /// this returns.
     pub fn copy_from_host(&mut self, src: &[T]) -> Result<()> {
         if src.len() != self.len {
-            return Err(Error::Usage(format!("copy of {} elements into a buffer of {}", src.len(), self.len)));
+            return Err(UsageError::LengthMismatch { source: src.len(), destination: self.len }.into());
         }
         if self.len == 0 || self.shared().backend.host_ptr(self.addr).is_some() {
             self.as_host_slice_mut()?.copy_from_slice(src);
@@ -239,10 +239,10 @@ impl<T: Pod> Buffer<T> {
 
     fn not_addressable(&self, e: crate::error::BackendError) -> Error {
         match e {
-            crate::error::BackendError::Unsupported(_) => Error::Usage(format!(
-                "the {} backend's memory is not addressable from the host and it cannot copy",
-                self.shared().backend.name()
-            )),
+            crate::error::BackendError::Unsupported(_) => Error::from(UsageError::NotHostAddressable {
+                backend: self.shared().backend.name().to_string(),
+                can_copy: false,
+            }),
             other => Error::Backend(other),
         }
     }

@@ -22,7 +22,7 @@ pub use config::{AllocatorConfig, LimitMax, ALLOC_CONF_ENV, MAX_FRAGMENTATION_LI
 pub use heap::TensorMeta;
 
 use crate::backend::Backend;
-use crate::error::{Error, Result};
+use crate::error::{Error, InvalidRequest, Result, UsageError};
 use crate::record::{CaptureFlags, Pending, RecordConfig, Symbolizer};
 use crate::sync::Mutex;
 use heap::Heap;
@@ -281,10 +281,7 @@ impl CachingAllocator {
 
     fn check_stream(&self, stream: &Stream) -> Result<()> {
         if stream.allocator != self.shared.id {
-            return Err(Error::Usage(format!(
-                "stream {} belongs to another allocator; create streams with this allocator's new_stream()",
-                stream.id
-            )));
+            return Err(UsageError::ForeignStream { stream: stream.id.0 }.into());
         }
         Ok(())
     }
@@ -307,9 +304,9 @@ impl CachingAllocator {
             )
         };
         self.check_stream(stream)?;
-        let bytes = (len as u64).checked_mul(std::mem::size_of::<T>() as u64).ok_or_else(|| {
-            Error::InvalidRequest(format!("{len} elements of {} bytes overflow 64 bits", std::mem::size_of::<T>()))
-        })?;
+        let bytes = (len as u64)
+            .checked_mul(std::mem::size_of::<T>() as u64)
+            .ok_or_else(|| Error::from(InvalidRequest::BytesOverflow { len, element: std::mem::size_of::<T>() }))?;
         let pending = if bytes == 0 { None } else { self.shared.capture.get().map(Pending::capture) };
         let grant = {
             let mut locked = self.shared.heap.lock();
@@ -364,9 +361,10 @@ impl CachingAllocator {
     /// # Ok::<(), vramscope::Error>(())
     /// ```
     pub fn alloc_shaped<T: Pod>(&self, stream: impl Into<Stream>, shape: &[usize]) -> Result<Buffer<T>> {
-        let len = shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)).ok_or_else(|| {
-            Error::InvalidRequest(format!("shape {shape:?} has more elements than the address space can hold"))
-        })?;
+        let len = shape
+            .iter()
+            .try_fold(1usize, |n, &d| n.checked_mul(d))
+            .ok_or_else(|| Error::from(InvalidRequest::ShapeOverflow { shape: shape.to_vec() }))?;
         self.alloc::<T>(stream, len)?.with_shape(shape)
     }
 
@@ -398,7 +396,7 @@ impl CachingAllocator {
         let stream = &stream.into();
         self.check_stream(stream)?;
         if !std::ptr::eq(buffer.shared.as_ptr(), Arc::as_ptr(&self.shared)) {
-            return Err(Error::Usage("the buffer belongs to another allocator".into()));
+            return Err(UsageError::ForeignBuffer.into());
         }
         if let Some(block) = buffer.block() {
             self.shared.lock().heap.record_stream(block, stream.id);

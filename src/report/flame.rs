@@ -1,5 +1,5 @@
 #[cfg(feature = "flamegraph")]
-use crate::error::{Error, Result};
+use crate::error::{Error, ReportError, Result};
 use crate::record::Action;
 use crate::snapshot::{ContextInfo, ScopeId, Snapshot, StackId, ThreadId};
 use std::collections::{BTreeMap, HashMap};
@@ -106,12 +106,17 @@ fn render(folded: &str, title: &str) -> Result<String> {
 #[cfg(feature = "flamegraph")]
 pub(crate) fn render_with(folded: &str, title: &str, subtitle: Option<&str>) -> Result<String> {
     if folded.trim().is_empty() {
-        return Err(Error::Report(format!("{title}: nothing to draw, the profile is empty (no bytes in any stack)")));
+        return Err(ReportError::EmptyProfile { title: title.into() }.into());
     }
     let mut svg = Vec::new();
     inferno::flamegraph::from_lines(&mut options(title, subtitle), folded.lines(), &mut svg)
-        .map_err(|e| Error::Report(format!("{title}: the flamegraph could not be drawn: {e}")))?;
-    String::from_utf8(svg).map_err(|e| Error::Report(format!("{title}: the flamegraph is not UTF-8: {e}")))
+        .map_err(|e| rendering(title, format!("the flamegraph could not be drawn: {e}")))?;
+    String::from_utf8(svg).map_err(|e| rendering(title, format!("the flamegraph is not UTF-8: {e}")))
+}
+
+#[cfg(feature = "flamegraph")]
+fn rendering(title: &str, message: String) -> Error {
+    ReportError::Render { title: title.into(), message }.into()
 }
 
 /// A flamegraph SVG of folded stacks (see [`folded`]); bytes are the counts, colours are
@@ -134,9 +139,8 @@ pub fn differential_flamegraph(before: &str, after: &str, title: &str) -> Result
         after.as_bytes(),
         &mut diff,
     )
-    .map_err(|e| Error::Report(format!("{title}: the profiles could not be compared: {e}")))?;
-    let diff =
-        String::from_utf8(diff).map_err(|e| Error::Report(format!("{title}: the difference is not UTF-8: {e}")))?;
+    .map_err(|e| rendering(title, format!("the profiles could not be compared: {e}")))?;
+    let diff = String::from_utf8(diff).map_err(|e| rendering(title, format!("the difference is not UTF-8: {e}")))?;
     render(&diff, title)
 }
 

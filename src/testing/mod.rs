@@ -269,10 +269,11 @@ impl MemTest {
     /// enter its scope).
     pub fn run<R: Outcome>(&self, mut body: impl FnMut() -> R) -> Result<(Verdict, R)> {
         let runs = self.warmup.checked_add(self.iters).filter(|n| *n <= MAX_ITERATIONS).ok_or_else(|| {
-            crate::Error::Usage(format!(
-                "{}: {} warm-up and {} measured iterations: at most {MAX_ITERATIONS} in all",
-                self.name, self.warmup, self.iters
-            ))
+            crate::Error::from(crate::error::UsageError::TooManyIterations {
+                test: self.name.clone(),
+                warmup: self.warmup,
+                iters: self.iters,
+            })
         })?;
         // The scope is named after the test: deterministic, so that pinned reports do not
         // change from run to run; test names are unique within a test binary.
@@ -441,6 +442,23 @@ fn call_body<R>(body: &mut impl FnMut() -> R) -> R {
 /// (`iters = 1000000000000`) an error rather than a test binary that runs out of memory.
 pub const MAX_ITERATIONS: usize = 1_000_000;
 
+/// The iterations a memory test of `warmup` warm-up and `iters` measured iterations runs in
+/// all: at least one measured, at most [`MAX_ITERATIONS`] in all; else what is wrong.
+/// `#[gpu_mem_test]` calls it in a constant, so that a count out of range fails the build at
+/// the attribute, by this one bound.
+#[doc(hidden)]
+pub const fn checked_iterations(warmup: u64, iters: u64) -> std::result::Result<usize, &'static str> {
+    if iters == 0 {
+        return Err("`iters` takes at least 1: a memory test measures one iteration or more");
+    }
+    match warmup.checked_add(iters) {
+        Some(n) if n <= MAX_ITERATIONS as u64 => Ok(n as usize),
+        // The figure is MAX_ITERATIONS (a constant's value cannot be formatted in a constant;
+        // a unit test keeps the two equal).
+        _ => Err("`warmup` + `iters` is more than 1,000,000 iterations (vramscope::testing::MAX_ITERATIONS)"),
+    }
+}
+
 /// What one measurement saw, summed over allocators.
 #[derive(Debug, Default, Clone)]
 struct Measure {
@@ -545,4 +563,21 @@ macro_rules! assert_mem_snapshot {
     ($name:expr, $source:expr $(,)?) => {
         $crate::__macro_support::insta::assert_snapshot!($name, $crate::testing::snapshot_report(&$source))
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn iteration_counts_are_checked_by_the_one_bound() {
+        assert_eq!(checked_iterations(1, 5), Ok(6));
+        assert_eq!(checked_iterations(0, MAX_ITERATIONS as u64), Ok(MAX_ITERATIONS));
+        assert!(checked_iterations(0, 0).unwrap_err().contains("at least 1"));
+        assert!(checked_iterations(u64::MAX, 1).is_err());
+        let over = checked_iterations(1, MAX_ITERATIONS as u64).unwrap_err();
+        // The message's figure is the constant's.
+        let figure = crate::error::fmt_bytes_exact(MAX_ITERATIONS as u64);
+        assert!(over.contains(&format!("{} iterations", figure.trim_end_matches(" B"))), "{over}");
+    }
 }

@@ -28,7 +28,7 @@ mod sizing;
 mod streams;
 use super::stats::{Pool, Stats};
 use crate::backend::{Backend, RawEvent, RawStream};
-use crate::error::{BackendError, Error, OomReport, Result};
+use crate::error::{BackendError, Error, InvalidRequest, OomReport, Result, Rounding};
 use crate::record::{Context, RecordConfig, Recorder};
 pub(crate) use check::check_heap;
 use observe::Note;
@@ -237,9 +237,9 @@ impl Heap {
         requested: u64,
         ctx: Option<Context>,
     ) -> Result<Grant> {
-        let size = self.round_size(requested).ok_or_else(|| {
-            Error::InvalidRequest(format!("{requested} bytes cannot be rounded to a block size without overflow"))
-        })?;
+        let size = self
+            .round_size(requested)
+            .ok_or_else(|| Error::from(InvalidRequest::RoundingOverflow { requested, to: Rounding::Block }))?;
         if !self.pending.is_empty() {
             self.process_pending(backend);
         }
@@ -377,9 +377,9 @@ impl Heap {
         size: u64,
         mut deferred: Option<Deferred>,
     ) -> Result<Grown> {
-        let mut seg_size = self.segment_size(size).ok_or_else(|| {
-            Error::InvalidRequest(format!("{requested} bytes cannot be rounded to a segment size without overflow"))
-        })?;
+        let mut seg_size = self
+            .segment_size(size)
+            .ok_or_else(|| Error::from(InvalidRequest::RoundingOverflow { requested, to: Rounding::Segment }))?;
         let exact = size.next_multiple_of(self.page);
         self.note_regrowth(size);
         self.grows += 1;

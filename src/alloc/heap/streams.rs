@@ -87,7 +87,8 @@ impl Heap {
 
     /// Adds a stream, returning its allocator-local id.
     pub(crate) fn add_stream(&mut self, raw: RawStream) -> Result<StreamId> {
-        let id = u32::try_from(self.streams.len()).map_err(|_| Error::Usage("too many streams".into()))?;
+        let id =
+            u32::try_from(self.streams.len()).map_err(|_| Error::from(crate::error::UsageError::TooManyStreams))?;
         self.streams.push(StreamSlot::new(raw));
         Ok(StreamId(id))
     }

@@ -1,5 +1,8 @@
 //! The crate's error type.
 
+mod kinds;
+
+pub use kinds::{InvalidRequest, ReportError, Rounding, UsageError};
 use std::fmt;
 
 /// Bytes exactly, with thousands separators: `262,144 B`.
@@ -56,12 +59,13 @@ pub enum Error {
         message: String,
     },
     /// A request the allocator can never satisfy (for example a length whose byte size overflows).
-    InvalidRequest(String),
-    /// A buffer was used with the wrong allocator, stream or backend.
-    Usage(String),
+    InvalidRequest(InvalidRequest),
+    /// A buffer, stream or setting was used where it does not belong (another allocator's
+    /// stream, a host slice of device memory, an empty frame pattern).
+    Usage(UsageError),
     /// A report could not be produced from what it was given (a flamegraph of an empty
     /// profile, or one that `inferno` could not draw); the message names the report.
-    Report(String),
+    Report(ReportError),
     /// A trace or snapshot file could not be read or understood.
     Format {
         /// Where the input came from (a path, or `<memory>`).
@@ -148,9 +152,9 @@ impl fmt::Display for Error {
             Error::OutOfMemory(r) => r.fmt(f),
             Error::Backend(e) => write!(f, "backend error: {e}"),
             Error::Config { key, message } => write!(f, "allocator configuration key `{key}`: {message}"),
-            Error::InvalidRequest(m) => write!(f, "invalid request: {m}"),
-            Error::Usage(m) => write!(f, "usage error: {m}"),
-            Error::Report(m) => write!(f, "{m}"),
+            Error::InvalidRequest(e) => write!(f, "invalid request: {e}"),
+            Error::Usage(e) => write!(f, "usage error: {e}"),
+            Error::Report(e) => e.fmt(f),
             Error::Format { source_name, message } => write!(f, "{source_name}: {message}"),
             Error::Io { path, error } => write!(f, "{path}: {error}"),
         }
@@ -170,6 +174,24 @@ impl std::error::Error for Error {
 impl From<BackendError> for Error {
     fn from(e: BackendError) -> Self {
         Error::Backend(e)
+    }
+}
+
+impl From<UsageError> for Error {
+    fn from(e: UsageError) -> Self {
+        Error::Usage(e)
+    }
+}
+
+impl From<InvalidRequest> for Error {
+    fn from(e: InvalidRequest) -> Self {
+        Error::InvalidRequest(e)
+    }
+}
+
+impl From<ReportError> for Error {
+    fn from(e: ReportError) -> Self {
+        Error::Report(e)
     }
 }
 
