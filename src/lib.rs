@@ -113,9 +113,10 @@
 //! [`AllocatorConfig::fragmentation_limit`] (1.05 by default) times the peak of allocated bytes;
 //! beyond that it first gives cached segments back (and, on backends that can unmap pages, the
 //! pages under free holes) and sizes the new segment to the request. Where segment calls are
-//! costly (CUDA), the limit rises by 0.5% each time holding to it churns — memory given back
-//! then asked for again — up to [`AllocatorConfig::fragmentation_limit_max`] (1.25), so that a
-//! training loop settles within a few steps to steps that never call the driver.
+//! costly (CUDA), each time holding to the limit churns — memory given back then asked for
+//! again — the limit rises at once to what that request needed, up to
+//! [`AllocatorConfig::fragmentation_limit_max`] (1.25), so that a training loop settles within
+//! one or two steps to steps that never call the driver.
 //!
 //! Streams: a freed block is reused at once on the stream it was allocated on. A block used on
 //! another stream ([`CachingAllocator::record_stream`]) is reused only after an event recorded on

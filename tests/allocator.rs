@@ -96,6 +96,39 @@ fn holes_are_unmapped_instead_of_growing_where_the_backend_can() {
 }
 
 #[test]
+fn holes_in_large_segments_are_unmapped_in_whole_granules() {
+    // A 1 GiB segment maps in 32 MiB granules (`backend::map_granule`): a hole gives back the
+    // granules wholly inside it, and the sim backend refuses any other unmap.
+    let sim = Arc::new(SimBackend::new(8 << 30));
+    let alloc = CachingAllocator::new(sim.clone());
+    let s = alloc.default_stream();
+    let whole = alloc.alloc::<u8>(&s, 1024 * MIB as usize).unwrap();
+    drop(whole);
+    // Keep 100 MiB at each end and free the middle 824 MiB (starting and ending mid-granule).
+    let head = alloc.alloc::<u8>(&s, 100 * MIB as usize).unwrap();
+    let middle = alloc.alloc::<u8>(&s, 824 * MIB as usize).unwrap();
+    let tail = alloc.alloc::<u8>(&s, 100 * MIB as usize).unwrap();
+    assert_eq!(alloc.memory_reserved(), 1024 * MIB);
+    drop(middle);
+    // Granules wholly inside [100, 924) MiB: [128, 896) MiB, 24 of them.
+    let other = alloc.alloc::<u8>(&s, 900 * MIB as usize).unwrap();
+    let st = alloc.stats();
+    assert!(st.num_device_unmap >= 1, "{st:#?}");
+    assert_eq!(alloc.memory_reserved(), (1024 - 768 + 900) * MIB, "{st:#?}");
+    assert_eq!(sim.used_memory(), alloc.memory_reserved());
+    alloc.check_invariants().unwrap();
+    // Reusing the hole maps again the whole granules the new block touches (the sim backend
+    // refuses a map of part of one).
+    let again = alloc.alloc::<u8>(&s, 800 * MIB as usize).unwrap();
+    assert!(alloc.stats().num_device_map >= 1);
+    assert_eq!(sim.used_memory(), alloc.memory_reserved());
+    alloc.check_invariants().unwrap();
+    drop((head, tail, other, again));
+    alloc.empty_cache();
+    assert_eq!(sim.used_memory(), 0);
+}
+
+#[test]
 fn large_requests_get_their_own_segment_size() {
     let alloc = CachingAllocator::new(SimBackend::new(1 << 30));
     let s = alloc.default_stream();

@@ -72,10 +72,13 @@ pub struct AllocatorConfig {
     pub fragmentation_limit: Option<f64>,
     /// How far the fragmentation limit may rise when holding to it makes the allocator churn:
     /// each time it must ask the backend for memory to serve a request that a piece it gave
-    /// back (since the last peak of allocated bytes) would have served, the limit rises by 0.5%
-    /// of the peak. A steady workload (a training loop) settles within a few steps at the
-    /// lowest limit at which its iterations reuse the cache without calling the backend.
-    /// Default: [`LimitMax::Auto`].
+    /// back (since the last peak of allocated bytes) would have served, the limit rises at once
+    /// to what growing then takes without giving anything back (reserved bytes plus the new
+    /// segment, over the peak; at least 0.5% more, in steps of 0.5%). That churn is proof the
+    /// workload's steps need that much cache; raising the limit a fixed step at a time instead
+    /// paid driver calls at every step until it got there (on CUDA, with dynamic shapes, more
+    /// steps than a test runs: `BENCHMARKS.md`). A steady workload (a training loop) settles
+    /// within one or two steps. Default: [`LimitMax::Auto`].
     pub fragmentation_limit_max: LimitMax,
     /// Where the backend can unmap pages, give back the pages under free holes inside segments
     /// when reclaiming, as PyTorch's expandable segments do. Default: `true`.

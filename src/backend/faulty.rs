@@ -199,9 +199,9 @@ unsafe impl<B: Backend> Backend for FaultyBackend<B> {
     fn costly_segments(&self) -> bool {
         self.inner.costly_segments()
     }
-    unsafe fn unmap(&self, addr: u64, len: u64) -> Result<(), BackendError> {
+    unsafe fn unmap(&self, addr: u64, len: u64, stream: RawStream) -> Result<(), BackendError> {
         // SAFETY: the caller's promise, passed on.
-        unsafe { self.inner.unmap(addr, len) }
+        unsafe { self.inner.unmap(addr, len, stream) }
     }
     fn map(&self, addr: u64, len: u64) -> Result<(), BackendError> {
         self.check(len)?;

@@ -114,6 +114,16 @@ impl SimBackend {
                 "range {addr:#x}+{len} runs past the segment at {base:#x} of {size} bytes"
             )));
         }
+        // Whole granules only, as a device's mappings (one cannot be unmapped in part).
+        let granule = super::map_granule(*size, self.page);
+        if len == 0
+            || !(addr - base).is_multiple_of(granule)
+            || (!len.is_multiple_of(granule) && addr + len != base + *size)
+        {
+            return Err(BackendError::Other(format!(
+                "range {addr:#x}+{len} is not whole granules of {granule} bytes of the segment at {base:#x}"
+            )));
+        }
         if map {
             if *mapped + len > *size {
                 return Err(BackendError::Other(format!("range {addr:#x}+{len} is mapped already")));
@@ -205,7 +215,7 @@ unsafe impl Backend for SimBackend {
         self.costly
     }
 
-    unsafe fn unmap(&self, addr: u64, len: u64) -> Result<(), BackendError> {
+    unsafe fn unmap(&self, addr: u64, len: u64, _stream: RawStream) -> Result<(), BackendError> {
         self.remap(addr, len, false)
     }
 
@@ -257,7 +267,7 @@ mod tests {
         // SAFETY: no memory lies behind the simulated backend's addresses and nothing here
         // uses them; it checks every release and unmap, and refuses the wrong ones tried here.
         unsafe {
-            sim.unmap(a + (2 << 20), 4 << 20).unwrap();
+            sim.unmap(a + (2 << 20), 4 << 20, 0).unwrap();
             assert_eq!(sim.free_memory(), 6 << 20);
             let b = sim.reserve(4 << 20).unwrap();
             assert!(b >= a + (8 << 20), "segments never overlap");
@@ -270,6 +280,30 @@ mod tests {
             assert_eq!(sim.used_memory(), 0);
             assert!(sim.release(a, 8 << 20).is_err(), "released twice");
         }
+    }
+
+    #[test]
+    fn maps_and_unmaps_whole_granules_only() {
+        let sim = SimBackend::new(8 << 30);
+        // 1 GiB: granules of 32 MiB.
+        let a = sim.reserve(1 << 30).unwrap();
+        let g = super::super::map_granule(1 << 30, DEFAULT_PAGE_SIZE);
+        assert_eq!(g, 32 << 20);
+        // SAFETY: as above; the simulated backend checks every unmap.
+        unsafe {
+            assert!(sim.unmap(a + (2 << 20), g, 0).is_err(), "not at a granule's start");
+            assert!(sim.unmap(a, g / 2, 0).is_err(), "part of a granule");
+            sim.unmap(a + g, 2 * g, 0).unwrap();
+            assert!(sim.map(a + g, g + (2 << 20)).is_err(), "part of a granule");
+            sim.map(a + g, g).unwrap();
+            sim.map(a + 2 * g, g).unwrap();
+        }
+        // A size that is not a multiple: the last granule is shorter.
+        let b = sim.reserve((1 << 30) + (6 << 20)).unwrap();
+        let g = super::super::map_granule((1 << 30) + (6 << 20), DEFAULT_PAGE_SIZE);
+        // SAFETY: as above.
+        unsafe { sim.unmap(b + (1 << 30), 6 << 20, 0).unwrap() };
+        assert_eq!(g, 32 << 20);
     }
 
     #[test]

@@ -62,16 +62,13 @@ impl Heap {
     pub(super) fn free_flags(&self, i: BlockId) -> Flags {
         let b = &self.blocks[i];
         let whole = b.prev.is_none() && b.next.is_none();
+        // The shortest granule is a page.
         if !self.can_unmap || b.size < self.page {
             return Flags { whole, mapped_pages: false };
         }
         let seg = &self.segments[b.segment];
-        // The page is a power of two: shifts, not divisions (this runs on every merge).
-        let (shift, mask) = (self.page.trailing_zeros(), self.page - 1);
-        let first = (b.addr - seg.addr + mask) >> shift;
-        let end = (b.addr + b.size - seg.addr) >> shift;
-        // Usually the first page answers: holes are unmapped whole or not at all.
-        Flags { whole, mapped_pages: (first..end).any(|p| !Self::is_page_unmapped(seg, p)) }
+        // Usually the first granule answers: holes are unmapped whole or not at all.
+        Flags { whole, mapped_pages: seg.granules_inside(b.addr, b.size).any(|p| !Self::is_page_unmapped(seg, p)) }
     }
 
     /// Recomputes the free index's flags of indexed block `i` after its pages changed.
@@ -135,8 +132,36 @@ impl Heap {
         self.free.with_mapped_pages().contains(&i)
     }
 
-    /// Whether page `p` of live segment `seg` is unmapped.
+    /// Whether granule `p` of live segment `seg` is unmapped.
     pub(crate) fn is_page_unmapped(seg: &Segment, p: u64) -> bool {
         seg.unmapped_pages[(p / 64) as usize] & (1 << (p % 64)) != 0
+    }
+}
+
+impl Segment {
+    /// How many granules the segment has (the last may be shorter).
+    pub(crate) fn granules(&self) -> u64 {
+        self.size.div_ceil(self.granule)
+    }
+
+    /// The address and length of granules `[start, stop)`.
+    pub(crate) fn granule_span(&self, start: u64, stop: u64) -> (u64, u64) {
+        let (from, to) = (start * self.granule, (stop * self.granule).min(self.size));
+        (self.addr + from, to - from)
+    }
+
+    /// The granules lying wholly inside `[addr, addr + len)`, a range of the segment. The
+    /// granule is a power of two: shifts, not divisions (this runs on every merge).
+    pub(crate) fn granules_inside(&self, addr: u64, len: u64) -> std::ops::Range<u64> {
+        let (shift, mask) = (self.granule.trailing_zeros(), self.granule - 1);
+        let first = (addr - self.addr + mask) >> shift;
+        let end_offset = addr + len - self.addr;
+        let end = if end_offset == self.size { self.granules() } else { end_offset >> shift };
+        first..end.max(first)
+    }
+
+    /// The granules that `[addr, addr + len)`, a range of the segment, touches.
+    pub(crate) fn granules_touching(&self, addr: u64, len: u64) -> std::ops::Range<u64> {
+        (addr - self.addr) / self.granule..(addr + len - self.addr).div_ceil(self.granule)
     }
 }

@@ -18,9 +18,15 @@ pub(crate) fn check_heap(heap: &Heap) -> std::result::Result<(), String> {
         nseg[p] += 1;
         reserved[p] += seg.mapped;
         let mut unmapped = 0;
-        for pg in 0..seg.size.div_ceil(heap.page) {
+        if seg.granule % heap.page != 0 || !seg.granule.is_power_of_two() {
+            return Err(format!(
+                "segment {:#x}: granule {} is not a power-of-two multiple of the page",
+                seg.addr, seg.granule
+            ));
+        }
+        for pg in 0..seg.granules() {
             if Heap::is_page_unmapped(seg, pg) {
-                unmapped += heap.page;
+                unmapped += seg.granule_span(pg, pg + 1).1;
             }
         }
         if seg.mapped + unmapped != seg.size {
@@ -77,10 +83,8 @@ pub(crate) fn check_heap(heap: &Heap) -> std::result::Result<(), String> {
                 active[p] += b.size;
                 requested[p] += b.requested;
                 nalloc[p] += 1;
-                // An allocated block's pages are all mapped.
-                let first = (b.addr - seg.addr) / heap.page;
-                let end = (b.addr + b.size - seg.addr).div_ceil(heap.page);
-                if (first..end).any(|pg| Heap::is_page_unmapped(seg, pg)) {
+                // An allocated block's granules are all mapped.
+                if seg.granules_touching(b.addr, b.size).any(|pg| Heap::is_page_unmapped(seg, pg)) {
                     err = Some(format!("allocated block {:#x} lies on an unmapped page", b.addr));
                 }
             }
@@ -97,8 +101,8 @@ pub(crate) fn check_heap(heap: &Heap) -> std::result::Result<(), String> {
                 } else {
                     nwhole += 1;
                 }
-                let (first, end) = ((b.addr - seg.addr).div_ceil(heap.page), (b.addr + b.size - seg.addr) / heap.page);
-                let mapped = heap.can_unmap() && (first..end).any(|pg| !Heap::is_page_unmapped(seg, pg));
+                let mapped =
+                    heap.can_unmap() && seg.granules_inside(b.addr, b.size).any(|pg| !Heap::is_page_unmapped(seg, pg));
                 if heap.listed_with_mapped_pages(i) != mapped {
                     err = Some(format!("free block {:#x}: mapped whole pages {mapped} but listed otherwise", b.addr));
                 }

@@ -108,7 +108,10 @@ pub(crate) struct Segment {
     pub(crate) stream: StreamId,
     /// First block (lowest address).
     pub(crate) head: Option<BlockId>,
-    /// One bit per page: set when unmapped.
+    /// The unit in which the segment is mapped and unmapped: the backend's page, or on a
+    /// backend that can unmap its [`map_granule`](crate::backend::map_granule).
+    pub(crate) granule: u64,
+    /// One bit per granule: set when unmapped.
     pub(crate) unmapped_pages: Vec<u64>,
     pub(crate) mapped: u64,
     pub(crate) live: bool,
@@ -381,7 +384,7 @@ impl Heap {
             .segment_size(size)
             .ok_or_else(|| Error::from(InvalidRequest::RoundingOverflow { requested, to: Rounding::Segment }))?;
         let exact = size.next_multiple_of(self.page);
-        self.note_regrowth(size);
+        self.note_regrowth(size, seg_size);
         self.grows += 1;
         if self.grows.is_multiple_of(IDLE_GROWS) {
             deferred = None;
@@ -435,14 +438,15 @@ impl Heap {
     }
 
     fn add_segment(&mut self, pool: Pool, stream: StreamId, addr: u64, size: u64) -> BlockId {
-        let pages = size.div_ceil(self.page);
+        let granule = if self.can_unmap { crate::backend::map_granule(size, self.page) } else { self.page };
         let seg = Segment {
             addr,
             size,
             pool,
             stream,
             head: None,
-            unmapped_pages: vec![0; pages.div_ceil(64) as usize],
+            granule,
+            unmapped_pages: vec![0; size.div_ceil(granule).div_ceil(64) as usize],
             mapped: size,
             live: true,
         };

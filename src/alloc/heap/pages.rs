@@ -51,16 +51,20 @@ impl Heap {
 
     /// Called before asking the backend for memory to serve a request of `size` bytes. If the
     /// allocator gave back, since the last peak of allocated bytes, a free piece that would have
-    /// served this request, holding to the limit made it churn: raise the limit by 0.5% of the
-    /// peak, up to `fragmentation_limit_max`.
-    pub(super) fn note_regrowth(&mut self, size: u64) {
+    /// served this request, holding to the limit made it churn: raise the limit to what growing
+    /// by `need` bytes without reclaiming takes (at least 0.5% more), up to
+    /// `fragmentation_limit_max`.
+    pub(super) fn note_regrowth(&mut self, size: u64, need: u64) {
         if size > self.released_since_peak || self.stats.allocated_bytes.current() + size > self.limit_peak {
             return;
         }
         self.released_since_peak = 0;
         if let (Some(f), Some(max)) = (self.limit_factor, self.limit_max) {
             if f < max {
-                self.limit_factor = Some((((f + 0.005) * 1000.0).round() / 1000.0).min(max));
+                // What growing now without giving anything back takes, in steps of 0.5%.
+                let wanted = (self.reserved() + need) as f64 / self.limit_peak.max(1) as f64;
+                let next = (f + 0.005).max((wanted * 200.0).ceil() / 200.0);
+                self.limit_factor = Some(((next * 1000.0).round() / 1000.0).min(max));
                 self.note(Note::LimitRaised);
             }
         }
@@ -325,22 +329,24 @@ impl Heap {
         true
     }
 
-    /// Unmaps the whole pages inside free block `b`; true if any page was unmapped.
+    /// Unmaps the whole granules inside free block `b`; true if any was unmapped.
     fn unmap_block(&mut self, backend: &dyn Backend, b: BlockId) -> bool {
         let blk = &self.blocks[b];
         let s = blk.segment;
-        let base = self.segments[s].addr;
-        let first = (blk.addr - base).div_ceil(self.page);
-        let end = (blk.addr + blk.size - base) / self.page;
-        if first >= end {
+        let seg = &self.segments[s];
+        let inside = seg.granules_inside(blk.addr, blk.size);
+        let raw_stream = self.streams[seg.stream.index()].raw;
+        if inside.is_empty() {
             return false;
         }
         let mut any = false;
-        for (start, stop) in self.page_runs(s, first, end, false) {
-            let (addr, len) = (base + start * self.page, (stop - start) * self.page);
-            // SAFETY: whole pages inside free block `b` of a live segment, mapped (the runs
-            // asked for), so no buffer holds any of their bytes.
-            if let Err(e) = unsafe { backend.unmap(addr, len) } {
+        for (start, stop) in self.page_runs(s, inside.start, inside.end, false) {
+            let (addr, len) = self.segments[s].granule_span(start, stop);
+            // SAFETY: whole granules inside free block `b` of a live segment, mapped (the runs
+            // asked for), so no buffer holds any of their bytes; work queued on the segment's
+            // stream (where the blocks were freed) is the backend's to order the unmap after,
+            // and work of other streams was waited for before the blocks became free.
+            if let Err(e) = unsafe { backend.unmap(addr, len, raw_stream) } {
                 self.note(Note::BackendError);
                 self.last_error = Some(format!("unmapping {len} bytes at {addr:#x}: {e}"));
                 break;
@@ -355,7 +361,7 @@ impl Heap {
         any
     }
 
-    /// Maps every unmapped page touching `[addr, addr + len)` of block `b`'s segment; on a
+    /// Maps every unmapped granule touching `[addr, addr + len)` of block `b`'s segment; on a
     /// refusal, releases the cache and retries once.
     pub(super) fn ensure_mapped(
         &mut self,
@@ -365,20 +371,20 @@ impl Heap {
         len: u64,
     ) -> Result<(), BackendError> {
         let s = self.blocks[b].segment;
-        let base = self.segments[s].addr;
-        let first = (addr - base) / self.page;
-        let end = (addr + len - base).div_ceil(self.page);
-        let missing: u64 = (first..end).filter(|&p| self.page_unmapped(s, p)).count() as u64 * self.page;
+        let touching = self.segments[s].granules_touching(addr, len);
+        let (first, end) = (touching.start, touching.end);
+        let missing: u64 =
+            touching.filter(|&p| self.page_unmapped(s, p)).map(|p| self.segments[s].granule_span(p, p + 1).1).sum();
         if missing == 0 {
             return Ok(());
         }
-        self.note_regrowth(len);
+        self.note_regrowth(len, missing);
         let limit = self.soft_limit(backend, len);
         if self.reserved() + missing > limit {
             self.reclaim(backend, missing, limit);
         }
         for (start, stop) in self.page_runs(s, first, end, true) {
-            let (a, l) = (base + start * self.page, (stop - start) * self.page);
+            let (a, l) = self.segments[s].granule_span(start, stop);
             if let Err(e) = backend.map(a, l) {
                 self.note(Note::Retry);
                 self.release_cache(backend, true);
@@ -412,10 +418,9 @@ impl Heap {
         runs
     }
 
-    /// Marks pages unmapped (or mapped) and moves their bytes out of (or into) reserved.
+    /// Marks granules unmapped (or mapped) and moves their bytes out of (or into) reserved.
     fn set_pages(&mut self, s: SegmentId, pages: std::ops::Range<u64>, unmapped: bool) {
-        let len = (pages.end - pages.start) * self.page;
-        let addr = self.segments[s].addr + pages.start * self.page;
+        let (addr, len) = self.segments[s].granule_span(pages.start, pages.end);
         let seg = &mut self.segments[s];
         for p in pages {
             let w = &mut seg.unmapped_pages[(p / 64) as usize];

@@ -263,24 +263,20 @@ unsafe impl Backend for CudaBackend {
         self.pages.is_some()
     }
 
-    unsafe fn unmap(&self, addr: u64, len: u64) -> Result<(), BackendError> {
+    unsafe fn unmap(&self, addr: u64, len: u64, stream: RawStream) -> Result<(), BackendError> {
         let Some(pages) = &self.pages else { return Err(BackendError::Unsupported("unmap with cuMemAlloc segments")) };
         self.bind()?;
         // A block the allocator considers free may still be read or written by work queued on
-        // the stream that freed it (reuse on that stream is ordered; unmapping is not).
-        self.synchronize_device()?;
-        pages.lock().unmap_pages(addr, addr + len);
-        Ok(())
+        // the stream that freed it (reuse on that stream is ordered; unmapping is not). Only
+        // that stream is waited for: other streams' work (other users' too) goes on.
+        self.synchronize(stream)?;
+        pages.lock().unmap_range(addr, addr + len)
     }
 
     fn map(&self, addr: u64, len: u64) -> Result<(), BackendError> {
         let Some(pages) = &self.pages else { return Err(BackendError::Unsupported("map with cuMemAlloc segments")) };
         self.bind()?;
-        let mut pages = pages.lock();
-        if pages.any_mapped(addr, addr + len) {
-            return Err(BackendError::Other(format!("range {addr:#x}+{len} is mapped already")));
-        }
-        pages.map(addr, len).map_err(|e| for_request(e, len))
+        pages.lock().map(addr, len).map_err(|e| for_request(e, len))
     }
 
     fn create_stream(&self) -> Result<RawStream, BackendError> {

@@ -1,22 +1,28 @@
 //! Virtual-memory segments for the CUDA backend: an address range reserved with
-//! `cuMemAddressReserve`, backed page by page with physical memory from `cuMemCreate` mapped by
-//! `cuMemMap`, so that the pages under a free hole can be given back (`cuMemUnmap` and
-//! `cuMemRelease`) while the addresses around them stay in use. PyTorch's expandable segments
-//! use the same driver calls.
+//! `cuMemAddressReserve`, backed granule by granule ([`map_granule`]) with physical memory from
+//! `cuMemCreate` mapped by `cuMemMap`, so that the granules under a free hole can be given back
+//! (`cuMemUnmap` and `cuMemRelease`) while the addresses around them stay in use. PyTorch's
+//! expandable segments use the same driver calls, a 2 MiB page at a time; one mapping per
+//! granule costs about as much as one per page (`tests/gpu/vmm_costs.cpp`: 60 µs on an H100
+//! whatever the size), so a segment of gigabytes maps in a few dozen calls, not a thousand.
 
 use super::driver;
+use crate::backend::map_granule;
 use crate::error::BackendError;
 use cudarc::driver::sys;
 use std::collections::BTreeMap;
 
-/// The physical pages of every virtual-memory segment, by page address.
+/// The mappings of every virtual-memory segment.
 #[derive(Debug)]
 pub(super) struct Pages {
     prop: sys::CUmemAllocationProp,
     access: sys::CUmemAccessDesc,
     /// The mapping granularity, a power of two (2 MiB on current GPUs).
     pub(super) page: u64,
-    handles: BTreeMap<u64, sys::CUmemGenericAllocationHandle>,
+    /// Reserved ranges: base to size.
+    segments: BTreeMap<u64, u64>,
+    /// Mappings, by address: their length and the physical allocation behind them.
+    handles: BTreeMap<u64, (u64, sys::CUmemGenericAllocationHandle)>,
 }
 
 // SAFETY: `prop` holds a null `win32HandleMetaData` pointer that is never dereferenced; the
@@ -52,7 +58,7 @@ impl Pages {
         if !page.is_power_of_two() {
             return Err(BackendError::Other(format!("the mapping granularity {page} is not a power of two")));
         }
-        Ok(Pages { prop, access, page, handles: BTreeMap::new() })
+        Ok(Pages { prop, access, page, segments: BTreeMap::new(), handles: BTreeMap::new() })
     }
 
     /// Reserves `size` bytes of addresses and maps physical memory under all of them.
@@ -62,33 +68,56 @@ impl Pages {
         unsafe { sys::cuMemAddressReserve(&mut base, size as usize, self.page as usize, 0, 0) }
             .result()
             .map_err(|e| driver("cuMemAddressReserve", e))?;
+        self.segments.insert(base, size);
         if let Err(e) = self.map(base, size) {
-            // SAFETY: nothing is mapped in the range (`map` rolled back its pages).
+            self.segments.remove(&base);
+            // SAFETY: nothing is mapped in the range (`map` rolled back its granules).
             let _ = unsafe { sys::cuMemAddressFree(base, size as usize) };
             return Err(e);
         }
         Ok(base)
     }
 
-    /// Maps fresh physical pages under `[addr, addr + len)`; on failure, maps none.
+    /// The reserved segment holding `[addr, end)`: its base and size.
+    fn segment_of(&self, addr: u64, end: u64) -> Result<(u64, u64), BackendError> {
+        match self.segments.range(..=addr).next_back() {
+            Some((&base, &size)) if end <= base + size => Ok((base, size)),
+            _ => Err(BackendError::Other(format!("range {addr:#x}..{end:#x} is in no reserved segment"))),
+        }
+    }
+
+    /// Maps fresh physical memory under the whole granules `[addr, addr + len)` of a segment,
+    /// one allocation per granule, and makes it accessible; on failure, maps none.
     pub(super) fn map(&mut self, addr: u64, len: u64) -> Result<(), BackendError> {
+        let end = addr + len;
+        let (base, size) = self.segment_of(addr, end)?;
+        let granule = map_granule(size, self.page);
+        if !(addr - base).is_multiple_of(granule) || (!(end - base).is_multiple_of(granule) && end != base + size) {
+            return Err(BackendError::Other(format!(
+                "range {addr:#x}..{end:#x} is not whole granules of {granule} bytes of the segment at {base:#x}"
+            )));
+        }
+        if self.any_mapped(addr, end) {
+            return Err(BackendError::Other(format!("range {addr:#x}+{len} is mapped already")));
+        }
         let mut done = addr;
         let result = (|| {
-            while done < addr + len {
+            while done < end {
+                let piece = granule.min(end - done);
                 let mut handle = 0;
-                // SAFETY: `handle` and `prop` are valid; the handle is released in `unmap_pages`.
-                unsafe { sys::cuMemCreate(&mut handle, self.page as usize, &self.prop, 0) }
+                // SAFETY: `handle` and `prop` are valid; the handle is released in `unmap_range`.
+                unsafe { sys::cuMemCreate(&mut handle, piece as usize, &self.prop, 0) }
                     .result()
                     .map_err(|e| driver("cuMemCreate", e))?;
-                // SAFETY: `done` is a page of a range reserved by `reserve` with nothing mapped
-                // there (the allocator maps only pages it unmapped, and this table checks).
-                if let Err(e) = unsafe { sys::cuMemMap(done, self.page as usize, 0, handle, 0) }.result() {
+                // SAFETY: `[done, done + piece)` lies in a range reserved by `reserve` with
+                // nothing mapped there (checked above).
+                if let Err(e) = unsafe { sys::cuMemMap(done, piece as usize, 0, handle, 0) }.result() {
                     // SAFETY: the handle was created above and is mapped nowhere.
                     let _ = unsafe { sys::cuMemRelease(handle) };
                     return Err(driver("cuMemMap", e));
                 }
-                self.handles.insert(done, handle);
-                done += self.page;
+                self.handles.insert(done, (piece, handle));
+                done += piece;
             }
             // SAFETY: the whole range is mapped (above); `access` names this device.
             unsafe { sys::cuMemSetAccess(addr, len as usize, &self.access, 1) }
@@ -96,35 +125,69 @@ impl Pages {
                 .map_err(|e| driver("cuMemSetAccess", e))
         })();
         if result.is_err() {
-            self.unmap_pages(addr, done);
+            let _ = self.unmap_range(addr, done);
         }
         result
     }
 
-    /// Unmaps and frees the physical pages mapped in `[addr, end)`. The caller has made sure
-    /// no queued work uses them (unmapping is not ordered with streams).
-    pub(super) fn unmap_pages(&mut self, addr: u64, end: u64) {
-        let pages: Vec<(u64, sys::CUmemGenericAllocationHandle)> =
-            self.handles.range(addr..end).map(|(&a, &h)| (a, h)).collect();
-        for (a, h) in pages {
-            // SAFETY: `a` is mapped to `h` (this table says so) and no work uses it any more.
-            unsafe {
-                let _ = sys::cuMemUnmap(a, self.page as usize);
-                let _ = sys::cuMemRelease(h);
+    /// Unmaps and frees the mappings in `[addr, end)`, which must be whole (a mapping cannot
+    /// be unmapped in part): one `cuMemUnmap` where they cover the range without a gap, then a
+    /// `cuMemRelease` each. The caller has made sure no queued work uses them (unmapping is
+    /// not ordered with streams).
+    pub(super) fn unmap_range(&mut self, addr: u64, end: u64) -> Result<(), BackendError> {
+        if let Some((&a, &(l, _))) = self.handles.range(..addr).next_back() {
+            if a + l > addr {
+                return Err(BackendError::Other(format!("{addr:#x} is inside the mapping at {a:#x} of {l} bytes")));
             }
+        }
+        let maps: Vec<(u64, u64, sys::CUmemGenericAllocationHandle)> =
+            self.handles.range(addr..end).map(|(&a, &(l, h))| (a, l, h)).collect();
+        if let Some(&(a, l, _)) = maps.last() {
+            if a + l > end {
+                return Err(BackendError::Other(format!("{end:#x} is inside the mapping at {a:#x} of {l} bytes")));
+            }
+        }
+        let tiled = maps.first().is_some_and(|m| m.0 == addr)
+            && maps.windows(2).all(|w| w[0].0 + w[0].1 == w[1].0)
+            && maps.last().is_some_and(|m| m.0 + m.1 == end);
+        let mut first_error = None;
+        if tiled {
+            // SAFETY: `[addr, end)` is exactly these mappings, which nothing uses any more.
+            if let Err(e) = unsafe { sys::cuMemUnmap(addr, (end - addr) as usize) }.result() {
+                first_error = Some(driver("cuMemUnmap", e));
+            }
+        } else {
+            for &(a, l, _) in &maps {
+                // SAFETY: `[a, a + l)` is one whole mapping, which nothing uses any more.
+                if let Err(e) = unsafe { sys::cuMemUnmap(a, l as usize) }.result() {
+                    first_error.get_or_insert(driver("cuMemUnmap", e));
+                }
+            }
+        }
+        if let Some(e) = first_error {
+            // Unmapped or not, the table must not claim what the driver may still hold: keep
+            // the handles (a later release of the segment tries again).
+            return Err(e);
+        }
+        for (a, _, h) in maps {
+            // SAFETY: the handle's only mapping was removed above.
+            let _ = unsafe { sys::cuMemRelease(h) };
             self.handles.remove(&a);
         }
+        Ok(())
     }
 
     /// Unmaps whatever is still mapped in the segment and frees its addresses.
     pub(super) fn release(&mut self, addr: u64, size: u64) -> Result<(), BackendError> {
-        self.unmap_pages(addr, addr + size);
+        self.unmap_range(addr, addr + size)?;
+        self.segments.remove(&addr);
         // SAFETY: the range was reserved by `reserve` with this size and nothing is mapped in it.
         unsafe { sys::cuMemAddressFree(addr, size as usize) }.result().map_err(|e| driver("cuMemAddressFree", e))
     }
 
-    /// Whether any page of `[addr, end)` is mapped.
+    /// Whether any byte of `[addr, end)` is mapped.
     pub(super) fn any_mapped(&self, addr: u64, end: u64) -> bool {
         self.handles.range(addr..end).next().is_some()
+            || self.handles.range(..addr).next_back().is_some_and(|(&a, &(l, _))| a + l > addr)
     }
 }
