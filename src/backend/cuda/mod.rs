@@ -23,9 +23,12 @@ pub enum CudaSegments {
     #[default]
     Malloc,
     /// Virtual memory, as PyTorch's expandable segments: each segment is an address range from
-    /// `cuMemAddressReserve` backed by one `cuMemCreate` handle per 2 MiB page, so the allocator
-    /// can give back the pages under free holes ([`Backend::can_unmap`]) and map them again
-    /// later. Reserving costs one driver call per page; unmapping waits for the device.
+    /// `cuMemAddressReserve` backed by one `cuMemCreate` handle per granule
+    /// ([`map_granule`](crate::backend::map_granule): a 2 MiB page, doubled while the segment
+    /// holds 32, up to 64 MiB), so the allocator can give back the granules under free holes
+    /// ([`Backend::can_unmap`]) and map them again later. Reserving costs two driver calls per
+    /// granule (PyTorch's expandable segments: per 2 MiB page); unmapping waits for the
+    /// segment's stream, not the device.
     Virtual,
 }
 
