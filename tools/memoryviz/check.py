@@ -3,7 +3,7 @@
 and checks that every view draws without an error; with --same, that two pickles (a PyTorch
 snapshot and the same converted to vramscope's JSON and back) draw the same pages.
 
-    python3 tools/memoryviz/check.py --memoryviz MemoryViz.js [--same A B]... PICKLE...
+    python3 tools/memoryviz/check.py --memoryviz MemoryViz.js [--hovers] [--same A B]... PICKLE...
 
 MemoryViz.js is PyTorch's `torch/utils/viz/MemoryViz.js` (the page pytorch.org/memory_viz
 serves; PyTorch's wheels do not ship it), given by path: it is not part of this repository.
@@ -71,6 +71,25 @@ function __report() {
         }
       }
     }
+    // With --hovers: select every event in turn and hover every block drawn, as a pointer
+    // does, reading what the stack pane then says.
+    const hovers = {total: 0, no_frames: 0};
+    for (const d of window.__hovers ? shown : []) {
+      const lines = d.querySelectorAll('div[style*="monospace"] > pre');
+      const pane = d.querySelector('pre[style*="grid-column: 1 / 3"]');
+      for (let i = 0; i < lines.length; i++) {
+        lines[i].dispatchEvent(new MouseEvent('mousedown', {bubbles: true}));
+        // The memory view's groups: segments, blocks, rounding losses.
+        for (const rect of d.querySelectorAll('svg > g > g:nth-child(2) > rect')) {
+          rect.dispatchEvent(new MouseEvent('mouseover', {bubbles: true}));
+          const text = pane.textContent;
+          hovers.total += 1;
+          hovers.no_frames += text.includes('This block has no frames') ||
+            text.includes('<block was allocated before _record_history was enabled>');
+        }
+      }
+    }
+    report.hovers = hovers;
     const count = sel => shown.reduce((n, d) => n + d.querySelectorAll(sel).length, 0);
     // FNV-1a over what the view shows: its text and its drawing.
     let h = 0x811c9dc5;
@@ -125,9 +144,10 @@ def viewer_module(memoryviz):
     return src
 
 
-def page(d3, module, pickle_bytes, view):
+def page(d3, module, pickle_bytes, view, hovers=False):
     files = json.dumps([{"name": "snapshot.pickle", "base64": base64.b64encode(pickle_bytes).decode()}])
-    call = f"\nadd_local_files({files}, {json.dumps(view)});\n{REPORT}"
+    flag = "window.__hovers = true;" if hovers else ""
+    call = f"\n{flag}add_local_files({files}, {json.dumps(view)});\n{REPORT}"
     module = module.replace("</script", "<\\/script")
     return (
         "<!DOCTYPE html><html><head><meta charset='utf-8'></head><body>"
@@ -138,12 +158,12 @@ def page(d3, module, pickle_bytes, view):
     )
 
 
-def render(browser, d3, module, pickle_path, view, work):
+def render(browser, d3, module, pickle_path, view, work, hovers=False):
     with open(pickle_path, "rb") as f:
         data = f.read()
     doc = os.path.join(work, "page.html")
     with open(doc, "w", encoding="utf-8") as f:
-        f.write(page(d3, module, data, view))
+        f.write(page(d3, module, data, view, hovers))
     cmd = [
         browser,
         "--headless",
@@ -182,6 +202,9 @@ def main():
     ap.add_argument("--memoryviz", required=True, help="path of PyTorch's MemoryViz.js")
     ap.add_argument("--same", nargs=2, action="append", default=[], metavar=("A", "B"),
                     help="two pickles that must draw the same pages")
+    ap.add_argument("--hovers", action="store_true",
+                    help="in Allocator State History, select every event and hover every block "
+                    "drawn; count the hovers that say the block has no frames")
     ap.add_argument("pickles", nargs="*")
     args = ap.parse_args()
     browser, d3, module = chromium(), d3_bundle(), viewer_module(args.memoryviz)
@@ -191,13 +214,16 @@ def main():
     with tempfile.TemporaryDirectory() as work:
         for path in wanted:
             for view in VIEWS:
-                r = render(browser, d3, module, path, view, work)
+                r = render(browser, d3, module, path, view, work, args.hovers)
                 pages[(path, view)] = r
                 bad = verdict(view, r)
                 failed += bad is not None
                 shape = f"{r.get('polygons', 0)} polygons, {r.get('rects', 0)} rects"
                 if view == "Allocator State History":
                     shape = f"{r['events']} events; rects at first, middle, last: {r['drawn']}"
+                    if args.hovers and not bad:
+                        h = r["hovers"]
+                        shape += f"; {h['total']} block hovers, {h['no_frames']} without frames"
                 print(f"{'FAIL' if bad else 'ok  '} {os.path.basename(path):<44} {view:<31} {bad or shape}")
     for a, b in args.same:
         for view in VIEWS:
