@@ -31,7 +31,13 @@
 //! runner (`test::`) and of the unwinder, and everything outside the memory-test harness's call
 //! of a test body ([`is_captures_own`], [`is_harness`]): what is left starts at the line that
 //! asked for memory. Those rules are here too, so that this module is the one place that says
-//! whose a frame is.
+//! whose a frame is. They are decided once per return address, by the symbol's source file
+//! where debug info has one (vramscope's own sources are those under its manifest directory),
+//! not per stack. Trimming at capture by stack position instead (dropping the frames below a
+//! public entry point) cannot be right in every build: the entry points are generic
+//! (`alloc::<T>`), instantiated in the user's crate and inlined into the user's function in
+//! release builds, so the return address that names the user's line is the same one that
+//! carries the inlined entry point; only its symbol tells the two apart.
 //!
 //! The site of a stack is its innermost frame of the program's own. A stack with none that ran
 //! a PyTorch operator (an allocation on autograd's backward thread, which has no Python frames)
