@@ -2,6 +2,7 @@
 
 mod buffer;
 pub(crate) mod config;
+mod external;
 mod free_index;
 mod ids;
 mod keepalive;

@@ -11,6 +11,7 @@
 
 #[cfg(feature = "cuda-backend")]
 mod cuda;
+mod external;
 mod faulty;
 mod host;
 mod sim;
@@ -19,6 +20,7 @@ pub use crate::alloc::IntoBackend;
 #[cfg(feature = "cuda-backend")]
 #[cfg_attr(docsrs, doc(cfg(feature = "cuda-backend")))]
 pub use cuda::{CudaBackend, CudaSegments, CUDA_SEGMENTS_ENV};
+pub use external::ExternalBackend;
 pub use faulty::{FaultPlan, FaultyBackend};
 pub use host::HostBackend;
 pub use sim::{EventMode, SimBackend};

@@ -22,6 +22,7 @@ use pages::{Deferred, Offer};
 
 mod arena;
 mod check;
+mod external;
 mod observe;
 mod pages;
 mod sizing;
@@ -166,6 +167,10 @@ pub(crate) struct Heap {
     /// reserves and the pages it maps are recorded as its doing, as PyTorch's `segment_alloc`
     /// and `segment_map` entries carry the stack of the allocation that caused them.
     request_ctx: Option<Context>,
+    /// Memory the program allocated itself, recorded by address (see `external.rs`).
+    external: std::collections::HashMap<u64, BlockId>,
+    /// The streams of that memory, by the backend's handle.
+    external_streams: std::collections::HashMap<RawStream, StreamId>,
 }
 
 /// What [`Heap::grow`] found for a request.
@@ -213,6 +218,8 @@ impl Heap {
             config,
             recorder: Recorder::new(record),
             request_ctx: None,
+            external: Default::default(),
+            external_streams: Default::default(),
         }
     }
 

@@ -305,7 +305,7 @@ impl Heap {
 
     /// Releases the segment whose only block is the free block `b`; false if the backend
     /// refused.
-    fn release_segment_of(&mut self, backend: &dyn Backend, b: BlockId) -> bool {
+    pub(super) fn release_segment_of(&mut self, backend: &dyn Backend, b: BlockId) -> bool {
         let s = self.blocks[b].segment;
         let (addr, size, pool, mapped) = {
             let seg = &self.segments[s];

@@ -1,0 +1,85 @@
+//! Memory the program allocated without this allocator, recorded by it: each allocation a
+//! segment of its own whose one block is allocated, so that statistics, scopes, stacks,
+//! history and snapshots treat it as they treat the allocator's own blocks. The observer of
+//! CUDA allocations (`vramscope::observe`) records through this; the memory is the program's,
+//! and "releasing" such a segment only forgets it.
+
+use super::observe::Note;
+use super::{Block, BlockId, BlockState, Heap, StreamId, MIN_BLOCK};
+use crate::backend::{Backend, RawStream};
+use crate::error::Result;
+use crate::record::Context;
+
+impl Heap {
+    /// Records `requested` bytes the program allocated at `addr` on stream `raw` (the
+    /// backend's handle). A block still recorded at `addr` is forgotten first: its free was
+    /// not seen (the program freed it through a call not observed, or before observing began).
+    pub(crate) fn record_external_at(
+        &mut self,
+        backend: &dyn Backend,
+        raw: RawStream,
+        addr: u64,
+        requested: u64,
+        ctx: Option<Context>,
+    ) -> Result<()> {
+        if let Some(stale) = self.external.remove(&addr) {
+            self.forget_external(backend, stale, None);
+        }
+        let stream = match self.external_streams.get(&raw) {
+            Some(&s) => s,
+            None => {
+                let s = if raw == 0 { StreamId(0) } else { self.add_stream(raw)? };
+                self.external_streams.insert(raw, s);
+                s
+            }
+        };
+        if let Some(b) = self.record_external(stream, addr, requested, ctx) {
+            self.external.insert(addr, b);
+        }
+        Ok(())
+    }
+
+    /// Forgets what was recorded at `addr`; false if nothing was (memory allocated before
+    /// observing began, or not by an observed call).
+    pub(crate) fn forget_external_at(&mut self, backend: &dyn Backend, addr: u64, ctx: Option<Context>) -> bool {
+        match self.external.remove(&addr) {
+            Some(b) => {
+                self.forget_external(backend, b, ctx);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Records `requested` bytes at `addr`, allocated by the program on `stream`, as a segment
+    /// whose only block is allocated (its size `requested` rounded up to 512 bytes, as the
+    /// driver aligns allocations). `None` if the size overflows.
+    pub(crate) fn record_external(
+        &mut self,
+        stream: StreamId,
+        addr: u64,
+        requested: u64,
+        ctx: Option<Context>,
+    ) -> Option<BlockId> {
+        let size = requested.max(1).checked_next_multiple_of(MIN_BLOCK)?;
+        let pool = Self::pool_of(size);
+        self.request_ctx = ctx;
+        let b = self.add_segment(pool, stream, addr, size);
+        self.request_ctx = None;
+        self.unindex_free(b);
+        let blk: &mut Block = &mut self.blocks[b];
+        blk.state = BlockState::Allocated;
+        blk.requested = requested;
+        blk.ctx = ctx;
+        self.note(Note::Alloc { addr, size, requested, pool, stream, ctx });
+        Some(b)
+    }
+
+    /// Forgets block `b` recorded by [`record_external`](Self::record_external): the program
+    /// freed it (`ctx`: who did). Its segment goes with it.
+    pub(crate) fn forget_external(&mut self, backend: &dyn Backend, b: BlockId, ctx: Option<Context>) {
+        self.free(backend, b, ctx);
+        self.settle();
+        self.release_segment_of(backend, b);
+    }
+}

@@ -1,0 +1,60 @@
+//! Allocators that record memory the program allocated itself (`CachingAllocator::external`):
+//! statistics, snapshots and memory tests over them, as over the caching allocator's blocks.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use vramscope::testing::MemTest;
+use vramscope::CachingAllocator;
+
+/// Addresses no other test uses.
+fn next_addr() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(0x7000_0000_0000);
+    NEXT.fetch_add(1 << 20, Ordering::Relaxed)
+}
+
+#[test]
+fn recorded_allocations_are_counted_snapshotted_and_forgotten() {
+    let seen = CachingAllocator::external(0, "framework", 80 << 30);
+    let (a, b) = (next_addr(), next_addr());
+    {
+        let _s = vramscope::scope("load");
+        seen.record_external(0, a, 1000).unwrap();
+        seen.record_external(7, b, 3 << 20).unwrap();
+    }
+    assert_eq!(seen.memory_allocated(), 1024 + (3 << 20));
+    assert_eq!(seen.stats().requested_bytes.all.current, 1000 + (3 << 20));
+    let snap = seen.snapshot();
+    assert_eq!(snap.backend, "framework");
+    assert_eq!(snap.segments.len(), 2);
+    let live = vramscope::report::LiveGroup::render(&vramscope::report::live(&snap));
+    assert!(live.contains("load"), "{live}");
+    assert!(live.contains("tests/external.rs"), "the recording line is the site:\n{live}");
+    seen.check_invariants().unwrap();
+    // The same address again: its free was not seen; the old one is forgotten.
+    seen.record_external(0, a, 2000).unwrap();
+    assert_eq!(seen.stats().requested_bytes.all.current, 2000 + (3 << 20));
+    assert!(seen.forget_external(a));
+    assert!(seen.forget_external(b));
+    assert!(!seen.forget_external(b), "forgotten once");
+    assert_eq!((seen.memory_allocated(), seen.memory_reserved()), (0, 0));
+    seen.check_invariants().unwrap();
+    let e = seen.alloc::<u8>(seen.default_stream(), 10).unwrap_err();
+    assert!(e.to_string().contains("records memory allocated elsewhere"), "{e}");
+}
+
+#[test]
+fn a_memory_test_sees_recorded_allocations_that_leak() {
+    let seen = CachingAllocator::external(0, "framework", 80 << 30);
+    let line = line!() + 3;
+    let v = MemTest::new("external::leaky").iters(3).check(|| {
+        let addr = next_addr();
+        seen.record_external(0, addr, 4096).unwrap(); // never forgotten
+    });
+    assert!(!v.passed, "{}", v.report);
+    assert!(v.report.contains(&format!("tests/external.rs:{line}")), "names the line:\n{}", v.report);
+    let v = MemTest::new("external::clean").iters(3).check(|| {
+        let addr = next_addr();
+        seen.record_external(0, addr, 4096).unwrap();
+        assert!(seen.forget_external(addr));
+    });
+    assert!(v.passed, "{}", v.report);
+}
