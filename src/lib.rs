@@ -50,7 +50,7 @@
 //! in the thread); async tasks count when wrapped (`tokio::spawn(s.wrap(task))`, see
 //! [`Scope::wrap`]). The test also fails, saying why, when the body allocated nothing any
 //! vramscope allocator saw (it measured nothing: memory from cudarc or a framework directly is
-//! not seen), and when it ran alone (no other memory test overlapped it) while memory outside
+//! seen only with `source = "cuda"`, below), and when it ran alone (no other memory test overlapped it) while memory outside
 //! its scope grew at every measured iteration (a thread that never entered the scope; with
 //! neighbours running, such growth could be theirs, and is not judged). That report names the
 //! lines outside the scope that grew, with their figures, and how to carry the scope.
@@ -66,7 +66,11 @@
 //! (`"any"`, `"host"`, `"cuda"`: skipped with a printed reason where missing; `"cuda"` runs
 //! with the `cuda` feature on a machine with a device), `snapshot` (`false`; `true` pins what
 //! the test keeps alive, and nothing of its neighbours', with insta after the loop, naming
-//! sites by `file:line` so that the pin reads the same in every profile). Other attributes (`#[should_panic]`, `#[ignore]`) are kept
+//! sites by `file:line` so that the pin reads the same in every profile), `source`
+//! (`"vramscope"`; `"cuda"` counts every CUDA allocation the test's scope makes, through
+//! cudarc, candle, cuBLAS or the driver directly, by observing them with CUPTI: cargo feature
+//! `cupti`, skipped with a printed reason where CUPTI or a device is missing; see [`observe`]).
+//! Other attributes (`#[should_panic]`, `#[ignore]`) are kept
 //! and `Result` return types work. With an async runtime, put its test attribute first:
 //! `#[tokio::test]` above `#[gpu_mem_test]`, so the runtime's expansion is what repeats.
 //!
@@ -243,6 +247,10 @@
 //! - [`SimBackend`]: address space only, any capacity, for replaying traces of any size.
 //! - [`FaultyBackend`]: fails chosen memory requests and stream waits of another backend, for
 //!   testing OOM handling and streams that cannot be waited for.
+//! - [`ExternalBackend`]: serves nothing; the backend of [`CachingAllocator::external`], which
+//!   records memory the program allocated itself (`record_external`, `forget_external`) so
+//!   that tests, snapshots and reports see it. The observer of CUDA allocations (cargo feature
+//!   `cupti`, module `observe`) feeds one per device from CUPTI's callbacks.
 //!
 //! Implementing [`Backend`] yourself: `copy_to_device` and `copy_from_device` take the stream to
 //! copy on, and `order_after` (by default a blocking `synchronize`) orders one stream after
@@ -273,6 +281,7 @@
 //! [`HostBackend`]: backend::HostBackend
 //! [`SimBackend`]: backend::SimBackend
 //! [`FaultyBackend`]: backend::FaultyBackend
+//! [`ExternalBackend`]: backend::ExternalBackend
 //! [`AllocatorConfig`]: config::AllocatorConfig
 //! [`AllocatorConfig::fragmentation_limit`]: config::AllocatorConfig::fragmentation_limit
 //! [`AllocatorConfig::fragmentation_limit_max`]: config::AllocatorConfig::fragmentation_limit_max
@@ -294,6 +303,9 @@ mod device;
 pub mod error;
 mod frames;
 mod intern;
+#[cfg(feature = "cupti")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cupti")))]
+pub mod observe;
 pub mod record;
 pub mod replay;
 pub mod report;

@@ -11,13 +11,15 @@ use syn::parse::Parser;
 use syn::punctuated::Punctuated;
 use syn::{Expr, ExprLit, ItemFn, Lit, MetaNameValue, ReturnType, Token};
 
-const KEYS: &str = "iters, warmup, tolerance, metric, device, backend, snapshot";
+const KEYS: &str = "iters, warmup, tolerance, metric, device, backend, source, snapshot";
 
 /// Runs a test body for warm-up plus measured iterations and fails, naming the allocation sites
 /// that kept memory alive, when live memory grows. Keys (all optional): `iters = 5`,
 /// `warmup = 1`, `tolerance = "0 B"` (bytes: a number, or a text read at compile time by
 /// `vramscope::config::parse_byte_size`, e.g. `"64 KiB"`), `metric = "live_bytes" | "live_blocks" | "reserved_bytes"`,
-/// `device = 0`, `backend = "any" | "host" | "cuda"`, `snapshot = false`.
+/// `device = 0`, `backend = "any" | "host" | "cuda"`, `source = "vramscope" | "cuda"` (with
+/// `"cuda"`, every CUDA allocation of the process counts: cudarc, candle, cuBLAS; needs
+/// vramscope's `cupti` feature), `snapshot = false`.
 #[proc_macro_attribute]
 pub fn gpu_mem_test(args: TokenStream, item: TokenStream) -> TokenStream {
     match expand(args.into(), item.into()) {
@@ -35,6 +37,7 @@ struct Options {
     metric: &'static str,
     device: u64,
     backend: &'static str,
+    source: &'static str,
     snapshot: bool,
 }
 
@@ -96,6 +99,7 @@ fn parse_options(args: TokenStream2) -> syn::Result<Options> {
         metric: "LiveBytes",
         device: 0,
         backend: "Any",
+        source: "Vramscope",
         snapshot: false,
     };
     let list = Punctuated::<MetaNameValue, Token![,]>::parse_terminated.parse2(args).map_err(|e| {
@@ -141,6 +145,12 @@ fn parse_options(args: TokenStream2) -> syn::Result<Options> {
                     o.backend = match one_of(nv, "backend", &["any", "host", "cuda"])? {
                         "any" => "Any",
                         "host" => "Host",
+                        _ => "Cuda",
+                    }
+                }
+                "source" => {
+                    o.source = match one_of(nv, "source", &["vramscope", "cuda"])? {
+                        "vramscope" => "Vramscope",
                         _ => "Cuda",
                     }
                 }
@@ -216,6 +226,7 @@ fn expand(args: TokenStream2, item: TokenStream2) -> syn::Result<TokenStream2> {
     };
     let metric = syn::Ident::new(o.metric, Span::call_site());
     let backend = syn::Ident::new(o.backend, Span::call_site());
+    let source = syn::Ident::new(o.source, Span::call_site());
     let snapshot = if o.snapshot {
         quote!(::vramscope::__macro_support::insta::assert_snapshot!(__vramscope_test.scope_report());)
     } else {
@@ -237,7 +248,8 @@ fn expand(args: TokenStream2, item: TokenStream2) -> syn::Result<TokenStream2> {
                 .tolerance(#tolerance_const)
                 .metric(::vramscope::testing::Metric::#metric)
                 .device(#device)
-                .backend(::vramscope::testing::BackendRequirement::#backend);
+                .backend(::vramscope::testing::BackendRequirement::#backend)
+                .source(::vramscope::testing::Source::#source);
             let __vramscope_out = __vramscope_test.run_test(#closure);
             #snapshot
             __vramscope_out

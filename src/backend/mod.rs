@@ -10,7 +10,7 @@
 //! - [`FaultyBackend`]: wraps another backend and fails chosen segment requests.
 
 #[cfg(feature = "cuda-backend")]
-mod cuda;
+pub(crate) mod cuda;
 mod external;
 mod faulty;
 mod host;

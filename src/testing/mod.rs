@@ -57,6 +57,20 @@ pub enum BackendRequirement {
     Cuda,
 }
 
+/// Whose memory a memory test counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Source {
+    /// vramscope's allocators (the default devices and those the body builds), and the CUDA
+    /// allocations observed by [`observe`](crate::observe) if something started it.
+    #[default]
+    Vramscope,
+    /// Also every CUDA allocation of the process (cudarc, candle, cuBLAS): the test starts the
+    /// observer of CUDA allocations (Cargo feature `cupti`), and is skipped, with a printed
+    /// reason, where it cannot (no CUPTI, no driver, or a build without the feature).
+    Cuda,
+}
+
 /// What a test body returns: `()` or a `Result`, whose error stops the iterations.
 pub trait Outcome {
     /// Whether the iteration failed on its own.
@@ -122,6 +136,7 @@ pub struct MemTest {
     metric: Metric,
     device: usize,
     backend: BackendRequirement,
+    source: Source,
     evidence_dir: Option<PathBuf>,
 }
 
@@ -137,6 +152,7 @@ impl MemTest {
             metric: Metric::LiveBytes,
             device: 0,
             backend: BackendRequirement::Any,
+            source: Source::Vramscope,
             evidence_dir: None,
         }
     }
@@ -181,6 +197,13 @@ impl MemTest {
         self
     }
 
+    /// Whose memory counts: with [`Source::Cuda`], every CUDA allocation of the process
+    /// made inside the test's scope, however it was made.
+    pub fn source(mut self, s: Source) -> Self {
+        self.source = s;
+        self
+    }
+
     /// Where evidence goes: `DIR/<test name>/` (default: `target/vramscope/` of the current
     /// directory, or of `CARGO_TARGET_DIR`).
     pub fn evidence_dir(mut self, dir: impl Into<PathBuf>) -> Self {
@@ -188,8 +211,21 @@ impl MemTest {
         self
     }
 
-    /// Why the test cannot run here, if it cannot.
+    /// Why the test cannot run here, if it cannot. With [`Source::Cuda`] this starts the
+    /// observer of CUDA allocations.
     pub fn skip_reason(&self) -> Option<String> {
+        if self.source == Source::Cuda {
+            #[cfg(feature = "cupti")]
+            if let Err(e) = crate::observe::start() {
+                return Some(format!("{}: skipped, CUDA allocations cannot be observed here: {e}", self.name));
+            }
+            #[cfg(not(feature = "cupti"))]
+            return Some(format!(
+                "{}: skipped, it observes CUDA allocations and this build has no observer (vramscope's \
+                 `cupti` feature)",
+                self.name
+            ));
+        }
         match self.backend {
             #[cfg(not(feature = "cuda-backend"))]
             BackendRequirement::Cuda => Some(format!(
@@ -275,6 +311,10 @@ impl MemTest {
                 iters: self.iters,
             })
         })?;
+        #[cfg(feature = "cupti")]
+        if self.source == Source::Cuda {
+            crate::observe::start()?;
+        }
         // The scope is named after the test: deterministic, so that pinned reports do not
         // change from run to run; test names are unique within a test binary.
         let guard = crate::scope(&self.name);

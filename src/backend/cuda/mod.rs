@@ -7,9 +7,38 @@ use super::{Backend, RawEvent, RawStream, DEFAULT_PAGE_SIZE};
 use crate::error::{BackendError, Error};
 use crate::sync::Mutex;
 use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaStream, DriverError};
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::Arc;
 use virtual_memory::Pages;
+
+thread_local! {
+    static OWN_CALL: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether the calling thread is inside one of this backend's own segment calls: the observer
+/// of CUDA allocations (`vramscope::observe`) leaves those out, since they are the caching
+/// allocator's reserved memory, counted there.
+#[cfg_attr(not(feature = "cupti"), allow(dead_code))]
+pub(crate) fn in_own_call() -> bool {
+    OWN_CALL.with(Cell::get)
+}
+
+/// Marks the calling thread as inside a segment call of this backend until dropped.
+struct OwnCall;
+
+impl OwnCall {
+    fn enter() -> OwnCall {
+        OWN_CALL.with(|c| c.set(true));
+        OwnCall
+    }
+}
+
+impl Drop for OwnCall {
+    fn drop(&mut self) {
+        OWN_CALL.with(|c| c.set(false));
+    }
+}
 
 /// The environment variable [`CudaBackend::new`] reads to choose [`CudaSegments`]: `malloc`
 /// (the default) or `virtual`.
@@ -238,6 +267,7 @@ unsafe impl Backend for CudaBackend {
             message: "size exceeds the address space".into(),
         })?;
         self.bind()?;
+        let _own = OwnCall::enter();
         let reserved = match &self.pages {
             Some(pages) => pages.lock().reserve(size),
             // SAFETY: the context is current on this thread (bound above); the memory is
@@ -249,6 +279,7 @@ unsafe impl Backend for CudaBackend {
 
     unsafe fn release(&self, addr: u64, size: u64) -> Result<(), BackendError> {
         self.bind()?;
+        let _own = OwnCall::enter();
         if let Some(pages) = &self.pages {
             self.synchronize_device()?;
             return pages.lock().release(addr, size);

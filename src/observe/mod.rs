@@ -1,0 +1,172 @@
+//! Every CUDA allocation of the process, observed: cudarc's `CudaStream::alloc` and
+//! `clone_htod`, candle's CUDA tensors, cuBLAS workspaces, any code that allocates through the
+//! CUDA driver, recorded as the caching allocator records its own blocks (stack, scope, step,
+//! thread, stream, size, address), so that [`#[gpu_mem_test]`](crate::gpu_mem_test), snapshots
+//! and every report see that memory too. (Cargo feature `cupti`.)
+//!
+//! [`start`] subscribes to CUPTI's callbacks for the driver's allocation calls (`cuMemAlloc_v2`,
+//! `cuMemAllocPitch_v2`, `cuMemAllocManaged`, `cuMemAllocAsync`, `cuMemAllocFromPoolAsync`
+//! and their per-thread-stream `_ptsz` variants) and frees (`cuMemFree_v2`, `cuMemFreeAsync`,
+//! `_ptsz`). CUPTI calls back on the allocating thread, after the call returned; a call that
+//! failed records nothing. Each device's observed memory lives in an allocator of its own,
+//! [`allocator`]`(device)` (backend `cuda (observed)`), made by
+//! [`CachingAllocator::external`]: one segment per allocation, whose one block is allocated.
+//!
+//! - Memory freed stream-ordered (`cuMemFreeAsync`) counts as freed when the free is called,
+//!   not when the stream reaches it.
+//! - The caching allocator's own segment calls (its `cuMemAlloc` and `cuMemFree`) are left out:
+//!   they are its reserved memory, counted there, so each byte counts once.
+//! - Virtual-memory calls (`cuMemCreate`, `cuMemMap`) are not observed yet.
+//! - Memory allocated before [`start`] is not seen; its frees are ignored.
+//! - The runtime API is seen through the driver calls it makes: `cudaMalloc` and `cudaFree`
+//!   call back as `cuMemAlloc_v2` and `cuMemFree_v2`, `cudaMallocAsync` and `cudaFreeAsync` as
+//!   `cuMemAllocAsync` and `cuMemFreeAsync`, once each (checked on an H100 with CUDA 13 by
+//!   `tests/gpu/cupti_runtime.cpp`), so PyTorch-style runtime users are observed too.
+//!
+//! CUPTI is loaded at run time (`libcupti.so`; see [`start`] for where it is looked for):
+//! without it, or without a CUDA driver, [`start`] is an error saying so.
+
+mod cupti;
+
+use crate::error::{BackendError, Error, Result};
+use crate::CachingAllocator;
+use std::collections::BTreeMap;
+use std::ffi::c_void;
+use std::sync::{Mutex, OnceLock};
+
+/// The process's observer: CUPTI, subscribed, or why not.
+static OBSERVER: OnceLock<std::result::Result<String, String>> = OnceLock::new();
+
+/// The allocators of observed memory, by device.
+fn allocators() -> &'static Mutex<BTreeMap<usize, CachingAllocator>> {
+    static ALLOCATORS: OnceLock<Mutex<BTreeMap<usize, CachingAllocator>>> = OnceLock::new();
+    ALLOCATORS.get_or_init(Mutex::default)
+}
+
+/// Starts observing every CUDA allocation of the process (once; later calls return what the
+/// first did). Returns where CUPTI was loaded from.
+///
+/// CUPTI is looked for at `VRAMSCOPE_CUPTI` (a path), on the loader's path (`libcupti.so`,
+/// `.so.13`, `.so.12`), then in the CUDA toolkit (`$CUDA_HOME`, `$CUDA_PATH`, `/usr/local/cuda*`,
+/// under `extras/CUPTI/lib64`). An error says why observing cannot start: no CUPTI, or another
+/// CUPTI subscriber in the process (a profiler: CUPTI allows one).
+pub fn start() -> Result<String> {
+    OBSERVER
+        .get_or_init(|| {
+            let cupti = cupti::Cupti::load()?;
+            cupti.subscribe(callback, &cupti::cbid::ALL)?;
+            let path = cupti.path.clone();
+            // Loaded for the life of the process: the subscription is never removed.
+            std::mem::forget(cupti);
+            Ok(path)
+        })
+        .clone()
+        .map_err(|m| Error::Backend(BackendError::Other(m)))
+}
+
+/// Whether [`start`] succeeded.
+pub fn is_running() -> bool {
+    matches!(OBSERVER.get(), Some(Ok(_)))
+}
+
+/// The allocator holding device `device`'s observed memory (made at the first allocation seen
+/// there), if any.
+pub fn allocator(device: usize) -> Option<CachingAllocator> {
+    allocators().lock().unwrap_or_else(|e| e.into_inner()).get(&device).cloned()
+}
+
+/// The allocator of the current context's device, made on first use.
+fn allocator_here() -> Option<CachingAllocator> {
+    let mut dev = 0;
+    // SAFETY: `dev` is a valid out pointer; inside a driver callback a context is current.
+    let r = unsafe { cudarc::driver::sys::cuCtxGetDevice(&mut dev) };
+    if r != cudarc::driver::sys::CUresult::CUDA_SUCCESS {
+        return None;
+    }
+    let device = usize::try_from(dev).ok()?;
+    let mut all = allocators().lock().unwrap_or_else(|e| e.into_inner());
+    Some(
+        all.entry(device)
+            .or_insert_with(|| {
+                let mut total = 0usize;
+                // SAFETY: `total` is a valid out pointer; `dev` is a device handle from above.
+                let _ = unsafe { cudarc::driver::sys::cuDeviceTotalMem_v2(&mut total, dev) };
+                CachingAllocator::external(device, "cuda (observed)", total as u64)
+            })
+            .clone(),
+    )
+}
+
+/// What a callback saw: an allocation (address, bytes, stream) or a free (address).
+enum Seen {
+    Alloc(u64, u64, u64),
+    Free(u64),
+}
+
+/// Reads a call's parameters, after it returned successfully.
+///
+/// # Safety
+///
+/// `params` is the parameter structure CUPTI passes for driver call `cbid`, at the exit site.
+unsafe fn seen(cbid: u32, params: *const c_void) -> Option<Seen> {
+    use cupti::cbid::*;
+    use cupti::*;
+    // SAFETY (every read below): CUPTI passes the call's parameters with the layout of
+    // `generated_cuda_meta.h` for `cbid`; at the exit site the out pointers were written by
+    // the call, which succeeded.
+    unsafe {
+        Some(match cbid {
+            MEM_ALLOC_V2 | MEM_ALLOC_MANAGED => {
+                let p = &*(params as *const MemAllocParams);
+                Seen::Alloc(*p.dptr, p.bytesize as u64, 0)
+            }
+            MEM_ALLOC_PITCH_V2 => {
+                let p = &*(params as *const MemAllocPitchParams);
+                Seen::Alloc(*p.dptr, (*p.pitch as u64).saturating_mul(p.height as u64), 0)
+            }
+            MEM_ALLOC_ASYNC | MEM_ALLOC_ASYNC_PTSZ => {
+                let p = &*(params as *const MemAllocAsyncParams);
+                Seen::Alloc(*p.dptr, p.bytesize as u64, p.stream as u64)
+            }
+            MEM_ALLOC_FROM_POOL_ASYNC | MEM_ALLOC_FROM_POOL_ASYNC_PTSZ => {
+                let p = &*(params as *const MemAllocFromPoolAsyncParams);
+                Seen::Alloc(*p.dptr, p.bytesize as u64, p.stream as u64)
+            }
+            MEM_FREE_V2 => Seen::Free((*(params as *const MemFreeParams)).dptr),
+            MEM_FREE_ASYNC | MEM_FREE_ASYNC_PTSZ => Seen::Free((*(params as *const MemFreeAsyncParams)).dptr),
+            _ => return None,
+        })
+    }
+}
+
+/// CUPTI's callback, on the thread that made the call.
+unsafe extern "C" fn callback(_userdata: *mut c_void, domain: i32, cbid: u32, data: *const cupti::CallbackData) {
+    if domain != cupti::DOMAIN_DRIVER_API || data.is_null() || crate::backend::cuda::in_own_call() {
+        return;
+    }
+    // Never unwind into CUPTI's C frames.
+    let _ = std::panic::catch_unwind(|| {
+        // SAFETY: CUPTI passes valid callback data for the call being made.
+        let data = unsafe { &*data };
+        if data.callback_site != cupti::API_EXIT || data.function_params.is_null() {
+            return;
+        }
+        // SAFETY: at the exit site of a driver call the return value is that call's `CUresult`.
+        let ok = data.function_return_value.is_null() || unsafe { *(data.function_return_value as *const i32) } == 0;
+        if !ok {
+            return;
+        }
+        // SAFETY: the parameters of driver call `cbid`, at its exit site.
+        let Some(seen) = (unsafe { seen(cbid, data.function_params) }) else { return };
+        let Some(alloc) = allocator_here() else { return };
+        match seen {
+            Seen::Alloc(addr, bytes, stream) if bytes > 0 => {
+                let _ = alloc.record_external(stream, addr, bytes);
+            }
+            Seen::Free(addr) => {
+                alloc.forget_external(addr);
+            }
+            Seen::Alloc(..) => {}
+        }
+    });
+}
