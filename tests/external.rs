@@ -58,3 +58,22 @@ fn a_memory_test_sees_recorded_allocations_that_leak() {
     });
     assert!(v.passed, "{}", v.report);
 }
+
+#[test]
+fn merged_evidence_marks_each_segment_with_its_allocator() {
+    let seen = CachingAllocator::external(0, "framework", 80 << 30);
+    let mine = CachingAllocator::new(vramscope::backend::HostBackend::new(1 << 30));
+    let mut kept = Vec::new();
+    let dir = std::env::temp_dir().join(format!("vramscope-external-{}", std::process::id()));
+    let v = MemTest::new("external::both").iters(2).evidence_dir(&dir).check(|| {
+        kept.push(mine.alloc::<u8>(mine.default_stream(), 1000).unwrap());
+        seen.record_external(0, next_addr(), 2000).unwrap();
+    });
+    assert!(!v.passed);
+    let snap = vramscope::Snapshot::load(dir.join("external__both").join("snapshot.json")).unwrap();
+    let first = snap.backend.split('+').next().unwrap().to_string();
+    let sources: std::collections::BTreeSet<String> =
+        snap.segments.iter().map(|s| s.source.clone().unwrap_or_else(|| first.clone())).collect();
+    assert_eq!(sources, ["framework".to_string(), "host".to_string()].into(), "{}", snap.backend);
+    let _ = std::fs::remove_dir_all(&dir);
+}

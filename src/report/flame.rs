@@ -185,6 +185,7 @@ mod tests {
             requested_size: 512,
             blocks: vec![block],
             context: None,
+            source: None,
         });
         let folded = folded(&snap, FoldedKind::Live);
         assert_eq!(folded, "[scope\\r\\nwith:breaks];train_step\\nevil:injected:frame 999999999\\nreal 512\n");

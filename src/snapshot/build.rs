@@ -11,11 +11,11 @@ use crate::record::{scope_path, thread_name, Action, Context, Event, Frame, Symb
 
 /// The version of the snapshot model written by this build.
 ///
-/// 4 (2026-11-24): streams in 64 bits (PyTorch's stream handles whole),
+/// 5 (2026-11-24): [`SegmentInfo::source`]. 4 (2026-11-24): streams in 64 bits (PyTorch's stream handles whole),
 /// [`SegmentInfo::expandable`], [`HistoryEntry::user_metadata`]. 3 (2026-11-23):
 /// [`Snapshot::stack_capture`]. 2: [`Snapshot::time_origin_us`]. Every earlier
 /// version still loads.
-pub const SNAPSHOT_VERSION: u32 = 4;
+pub const SNAPSHOT_VERSION: u32 = 5;
 
 struct Raw {
     device: usize,
@@ -49,6 +49,7 @@ fn copy(heap: &Heap) -> Raw {
                 requested_size: 0,
                 blocks: Vec::new(),
                 context: None,
+                source: None,
             };
             segments.push((info, Vec::new()));
         }

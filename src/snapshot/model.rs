@@ -200,6 +200,12 @@ pub struct SegmentInfo {
     /// Who made the segment, where known (PyTorch records the stack that reserved it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context: Option<ContextInfo>,
+    /// Whose segment it is, in a snapshot merged from several allocators (a memory test's
+    /// evidence): the backend of the allocator that held it (`cuda`, `cuda (observed)` for
+    /// CUDA allocations the program made itself, seen by `vramscope::observe`); `None`: the
+    /// snapshot's [`backend`](Snapshot::backend).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
 }
 
 /// What a segment's blocks add up to ([`SegmentInfo::summary`]), sums saturating at

@@ -414,6 +414,7 @@ impl Snapshot {
                 requested_size: uint(seg, "requested_size", &at, source).unwrap_or(0),
                 blocks,
                 context: context(made_by),
+                source: None,
                 device: Some(device),
             });
         }

@@ -59,7 +59,11 @@ pub(super) fn merge(snaps: Vec<Snapshot>) -> Option<Snapshot> {
             c.scope = remap(&scopes, c.scope, c.scope.index());
             c.thread = remap(&threads, c.thread, c.thread.index());
         };
+        let first_backend = out.backend.split('+').next().unwrap_or_default().to_string();
         for mut seg in s.segments {
+            if s.backend != first_backend && seg.source.is_none() {
+                seg.source = Some(s.backend.clone());
+            }
             for b in &mut seg.blocks {
                 if let Some(c) = &mut b.context {
                     map(c);
