@@ -39,6 +39,11 @@ fn recorded_allocations_are_counted_snapshotted_and_forgotten() {
     seen.check_invariants().unwrap();
     let e = seen.alloc::<u8>(seen.default_stream(), 10).unwrap_err();
     assert!(e.to_string().contains("records memory allocated elsewhere"), "{e}");
+    // An allocator that serves memory refuses addresses it did not hand out.
+    let own = CachingAllocator::new(vramscope::backend::SimBackend::new(1 << 30));
+    let e = own.record_external(0, a, 512).unwrap_err();
+    assert!(matches!(e, vramscope::Error::Usage(vramscope::error::UsageError::NotExternal { .. })), "{e}");
+    assert!(!own.forget_external(a));
 }
 
 #[test]

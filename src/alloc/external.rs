@@ -6,7 +6,7 @@
 
 use super::CachingAllocator;
 use crate::backend::{ExternalBackend, RawStream};
-use crate::error::Result;
+use crate::error::{Result, UsageError};
 use crate::record::Pending;
 
 impl CachingAllocator {
@@ -33,7 +33,13 @@ impl CachingAllocator {
     /// handle; `0` the default stream), with the calling thread's stack, scope and step as
     /// this allocator records them. An allocation still recorded at `addr` is forgotten first
     /// (its free was not seen). Only for an allocator made by [`external`](Self::external).
+    ///
+    /// On any other allocator it is an error ([`UsageError::NotExternal`]): forgetting the
+    /// address would give the backend memory it never handed out.
     pub fn record_external(&self, stream: RawStream, addr: u64, bytes: u64) -> Result<()> {
+        if !self.shared.backend.is_external() {
+            return Err(UsageError::NotExternal { backend: self.shared.backend.name().to_string() }.into());
+        }
         let pending = self.shared.capture.get().map(Pending::capture);
         let mut locked = self.shared.heap.lock();
         locked.heap.settle();
@@ -45,8 +51,12 @@ impl CachingAllocator {
     }
 
     /// Forgets the allocation recorded at `addr`: the program freed it. False if none was
-    /// (allocated before recording began, or by a call not recorded).
+    /// (allocated before recording began, or by a call not recorded), and always on an
+    /// allocator not made by [`external`](Self::external).
     pub fn forget_external(&self, addr: u64) -> bool {
+        if !self.shared.backend.is_external() {
+            return false;
+        }
         let pending = self.shared.capture.get_for_free().map(Pending::capture);
         let mut locked = self.shared.heap.lock();
         locked.heap.settle();

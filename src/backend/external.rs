@@ -41,6 +41,10 @@ unsafe impl Backend for ExternalBackend {
         512
     }
 
+    fn is_external(&self) -> bool {
+        true
+    }
+
     fn reserve(&self, size: u64) -> Result<u64, BackendError> {
         let _ = size;
         Err(BackendError::Unsupported("an external allocator records memory allocated elsewhere; it allocates none"))

@@ -196,6 +196,9 @@ unsafe impl<B: Backend> Backend for FaultyBackend<B> {
     fn can_unmap(&self) -> bool {
         self.inner.can_unmap()
     }
+    fn is_external(&self) -> bool {
+        self.inner.is_external()
+    }
     fn costly_segments(&self) -> bool {
         self.inner.costly_segments()
     }

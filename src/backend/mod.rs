@@ -138,6 +138,15 @@ pub unsafe trait Backend: Send + Sync + fmt::Debug + 'static {
         false
     }
 
+    /// Whether this backend serves no memory and stands for memory the program allocated
+    /// itself ([`ExternalBackend`]): only then does
+    /// [`CachingAllocator::record_external`](crate::CachingAllocator::record_external) accept
+    /// addresses, whose segments [`release`](Backend::release) must then leave alone (it is
+    /// called when a recorded allocation is forgotten). Default: `false`.
+    fn is_external(&self) -> bool {
+        false
+    }
+
     /// Whether [`map`](Backend::map) and [`unmap`](Backend::unmap) work.
     fn can_unmap(&self) -> bool {
         false

@@ -46,6 +46,13 @@ pub enum UsageError {
         /// `user-code` or `library`.
         kind: &'static str,
     },
+    /// Memory allocated elsewhere was reported to an allocator that serves memory itself
+    /// (only one made by [`CachingAllocator::external`](crate::CachingAllocator::external)
+    /// records it).
+    NotExternal {
+        /// The allocator's backend.
+        backend: String,
+    },
     /// A memory test asked for more iterations, warm-up included, than
     /// [`MAX_ITERATIONS`](crate::testing::MAX_ITERATIONS).
     TooManyIterations {
@@ -84,6 +91,11 @@ impl fmt::Display for UsageError {
                 f,
                 "an empty {kind} pattern would match every frame: give a part of a path or a function \
                  name, e.g. `vendor/` or `my_crate::`"
+            ),
+            UsageError::NotExternal { backend } => write!(
+                f,
+                "the {backend} allocator serves memory itself; record memory allocated elsewhere in an \
+                 allocator made by CachingAllocator::external"
             ),
             UsageError::TooManyIterations { test, warmup, iters } => write!(
                 f,
