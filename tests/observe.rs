@@ -47,6 +47,11 @@ fn a_leak_through_cudarc_fails_the_test_and_names_its_line() {
     assert!(v.report.contains(&site), "{site} not in\n{}", v.report);
     let temporary = format!("tests/observe.rs:{}", line - 1);
     assert!(!v.report.contains(&temporary), "the temporary is not named:\n{}", v.report);
+    // cudarc allocates from the device's stream-ordered pool, which the snapshot reads.
+    let snap = vramscope::observe::allocator(0).expect("allocations were seen").snapshot();
+    println!("{}", vramscope::report::summary(&snap));
+    let pool = snap.driver_pool.expect("the driver's pool is read");
+    assert!(pool.used >= 12_000 && pool.reserved >= pool.used && pool.used_high >= pool.used, "{pool:?}");
 }
 
 #[test]

@@ -319,3 +319,19 @@ fn oom_events_carry_the_free_bytes_as_pytorch_does() {
     assert_eq!(oom(&back), Some((free, 100 << 20)), "read back from `device_free`");
     drop(x);
 }
+
+/// The driver's stream-ordered pool, where a CUDA backend could read it, is kept through JSON
+/// and printed under the summary; snapshots without it (earlier versions, PyTorch's) have none.
+#[test]
+fn the_driver_pool_reaches_the_summary() {
+    let mut snap = fixture("leaky_train");
+    assert_eq!(snap.driver_pool, None);
+    assert!(!report::summary(&snap).contains("stream-ordered pool"));
+    snap.driver_pool = Some(vramscope::snapshot::DriverPool::new(4096, 8192, 2 << 20, 4 << 20));
+    let back = Snapshot::from_bytes(snap.to_json().as_bytes(), "<memory>").unwrap();
+    assert_eq!(back.driver_pool, snap.driver_pool);
+    let summary = report::summary(&back);
+    let line = summary.lines().last().unwrap();
+    assert_eq!(line, "CUDA stream-ordered pool: 4.00 KiB in use (peak 8.00 KiB), 2.00 MiB held (peak 4.00 MiB)");
+    assert!(line.len() <= 100);
+}

@@ -24,8 +24,14 @@ impl CachingAllocator {
     /// # Ok::<(), vramscope::Error>(())
     /// ```
     pub fn external(device: usize, name: &str, total_memory: u64) -> CachingAllocator {
+        CachingAllocator::external_on(ExternalBackend::new(name, total_memory), device)
+    }
+
+    /// [`external`](Self::external) over a backend built beforehand (one that reads the
+    /// device's stream-ordered pool for snapshots: [`ExternalBackend::with_driver_pool`]).
+    pub fn external_on(backend: ExternalBackend, device: usize) -> CachingAllocator {
         let config = crate::config::AllocatorConfig { fragmentation_limit: None, ..Default::default() };
-        CachingAllocator::for_device(ExternalBackend::new(name, total_memory), device, config)
+        CachingAllocator::for_device(backend, device, config)
             .expect("the default configuration without a limit is valid")
     }
 

@@ -7,17 +7,35 @@ use crate::error::BackendError;
 
 /// A backend that serves no memory: what its allocator holds is what the program allocated
 /// through other means and reported ([`CachingAllocator::record_external`](crate::CachingAllocator::record_external)).
-#[derive(Debug)]
 pub struct ExternalBackend {
     name: String,
     total: u64,
+    pool: Option<PoolReader>,
+}
+
+/// Reads a device's stream-ordered pool.
+type PoolReader = Box<dyn Fn() -> Option<crate::snapshot::DriverPool> + Send + Sync>;
+
+impl std::fmt::Debug for ExternalBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExternalBackend").field("name", &self.name).field("total", &self.total).finish()
+    }
 }
 
 impl ExternalBackend {
     /// A backend named `name` in snapshots and reports (`cuda (observed)`), for a device of
     /// `total` bytes.
     pub fn new(name: impl Into<String>, total: u64) -> Self {
-        ExternalBackend { name: name.into(), total }
+        ExternalBackend { name: name.into(), total, pool: None }
+    }
+
+    /// The same, whose snapshots carry what `read` says of the device's stream-ordered pool.
+    pub fn with_driver_pool(
+        mut self,
+        read: impl Fn() -> Option<crate::snapshot::DriverPool> + Send + Sync + 'static,
+    ) -> Self {
+        self.pool = Some(Box::new(read));
+        self
     }
 }
 
@@ -43,6 +61,10 @@ unsafe impl Backend for ExternalBackend {
 
     fn is_external(&self) -> bool {
         true
+    }
+
+    fn driver_pool(&self) -> Option<crate::snapshot::DriverPool> {
+        self.pool.as_ref().and_then(|read| read())
     }
 
     fn reserve(&self, size: u64) -> Result<u64, BackendError> {

@@ -199,6 +199,9 @@ unsafe impl<B: Backend> Backend for FaultyBackend<B> {
     fn is_external(&self) -> bool {
         self.inner.is_external()
     }
+    fn driver_pool(&self) -> Option<crate::snapshot::DriverPool> {
+        self.inner.driver_pool()
+    }
     fn costly_segments(&self) -> bool {
         self.inner.costly_segments()
     }

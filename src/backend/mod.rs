@@ -138,6 +138,13 @@ pub unsafe trait Backend: Send + Sync + fmt::Debug + 'static {
         false
     }
 
+    /// The device's stream-ordered pool as the driver counts it, where this backend can tell
+    /// (the CUDA backends); snapshots carry it ([`Snapshot::driver_pool`](crate::Snapshot::driver_pool)).
+    /// Default: `None`.
+    fn driver_pool(&self) -> Option<crate::snapshot::DriverPool> {
+        None
+    }
+
     /// Whether this backend serves no memory and stands for memory the program allocated
     /// itself ([`ExternalBackend`]): only then does
     /// [`CachingAllocator::record_external`](crate::CachingAllocator::record_external) accept

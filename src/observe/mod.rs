@@ -17,6 +17,9 @@
 //! - The caching allocator's own segment calls (its `cuMemAlloc` and `cuMemFree`) are left out:
 //!   they are its reserved memory, counted there, so each byte counts once.
 //! - Virtual-memory calls (`cuMemCreate`, `cuMemMap`) are not observed yet.
+//! - Snapshots of an observed device carry its stream-ordered pool as the driver counts it
+//!   ([`Snapshot::driver_pool`](crate::Snapshot::driver_pool)): what cudarc's and candle's
+//!   freed allocations left cached there, as PyTorch's reserved memory.
 //! - Memory allocated before [`start`] is not seen; its frees are ignored.
 //! - The runtime API is seen through the driver calls it makes: `cudaMalloc` and `cudaFree`
 //!   call back as `cuMemAlloc_v2` and `cuMemFree_v2`, `cudaMallocAsync` and `cudaFreeAsync` as
@@ -91,7 +94,9 @@ fn allocator_here() -> Option<CachingAllocator> {
                 let mut total = 0usize;
                 // SAFETY: `total` is a valid out pointer; `dev` is a device handle from above.
                 let _ = unsafe { cudarc::driver::sys::cuDeviceTotalMem_v2(&mut total, dev) };
-                CachingAllocator::external(device, "cuda (observed)", total as u64)
+                let backend = crate::backend::ExternalBackend::new("cuda (observed)", total as u64)
+                    .with_driver_pool(move || crate::backend::cuda::default_pool(dev));
+                CachingAllocator::external_on(backend, device)
             })
             .clone(),
     )

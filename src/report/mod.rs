@@ -33,12 +33,23 @@ use crate::snapshot::{ContextInfo, Snapshot};
 /// device of a snapshot of several ([`Snapshot::for_device`]).
 pub fn summary(snapshot: &Snapshot) -> String {
     let devices = snapshot.devices();
-    if devices.len() <= 1 {
-        return crate::alloc::stats::summary_table(&snapshot.stats, &snapshot.backend, snapshot.device);
+    let mut out = if devices.len() <= 1 {
+        crate::alloc::stats::summary_table(&snapshot.stats, &snapshot.backend, snapshot.device)
+    } else {
+        let parts = snapshot.by_devices(&devices);
+        let table = |s: &Snapshot| crate::alloc::stats::summary_table(&s.stats, &s.backend, s.device);
+        parts.iter().map(table).collect::<Vec<_>>().join("\n")
+    };
+    if let Some(p) = snapshot.driver_pool {
+        out.push_str(&format!(
+            "CUDA stream-ordered pool: {} in use (peak {}), {} held (peak {})\n",
+            bytes(p.used),
+            bytes(p.used_high),
+            bytes(p.reserved),
+            bytes(p.reserved_high)
+        ));
     }
-    let parts = snapshot.by_devices(&devices);
-    let table = |s: &Snapshot| crate::alloc::stats::summary_table(&s.stats, &s.backend, s.device);
-    parts.iter().map(table).collect::<Vec<_>>().join("\n")
+    out
 }
 
 /// The allocation site of a context: the innermost frame of the program itself (the rule is

@@ -11,7 +11,7 @@ use crate::record::{scope_path, thread_name, Action, Context, Event, Frame, Symb
 
 /// The version of the snapshot model written by this build.
 ///
-/// 5 (2026-11-24): [`SegmentInfo::source`]. 4 (2026-11-24): streams in 64 bits (PyTorch's stream handles whole),
+/// 5 (2026-11-24): [`SegmentInfo::source`], [`Snapshot::driver_pool`]. 4 (2026-11-24): streams in 64 bits (PyTorch's stream handles whole),
 /// [`SegmentInfo::expandable`], [`HistoryEntry::user_metadata`]. 3 (2026-11-23):
 /// [`Snapshot::stack_capture`]. 2: [`Snapshot::time_origin_us`]. Every earlier
 /// version still loads.
@@ -220,6 +220,7 @@ impl CachingAllocator {
             allocator_settings: None,
             external_annotations: Vec::new(),
             stack_capture: Some(super::model::StackCapture::now(raw.stacks_mode)),
+            driver_pool: self.backend().driver_pool(),
         }
     }
 }

@@ -10,8 +10,8 @@ mod validate;
 
 pub use build::SNAPSHOT_VERSION;
 pub use model::{
-    BlockInfo, BlockState, ContextInfo, FrameId, HistoryEntry, ScopeId, SegmentInfo, SegmentSummary, Snapshot,
-    StackCapture, StackId, ThreadId,
+    BlockInfo, BlockState, ContextInfo, DriverPool, FrameId, HistoryEntry, ScopeId, SegmentInfo, SegmentSummary,
+    Snapshot, StackCapture, StackId, ThreadId,
 };
 pub use validate::{Inconsistency, InconsistencyKind};
 

@@ -112,6 +112,34 @@ pub struct Snapshot {
     /// and in PyTorch's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stack_capture: Option<StackCapture>,
+    /// What the device's stream-ordered pool (CUDA's `cuMemAllocAsync` pool, which cudarc and
+    /// candle allocate from) held when the snapshot was taken, where the backend can tell
+    /// (format version 5 on; the CUDA backends).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver_pool: Option<DriverPool>,
+}
+
+/// A device's stream-ordered memory pool, as the driver counts it (`cuMemPoolGetAttribute`):
+/// memory in use by allocations, and memory the pool holds from the device, which includes
+/// what freed allocations left cached in it, as PyTorch's reserved memory does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct DriverPool {
+    /// Bytes in use by allocations (`CU_MEMPOOL_ATTR_USED_MEM_CURRENT`).
+    pub used: u64,
+    /// The peak of `used` (`CU_MEMPOOL_ATTR_USED_MEM_HIGH`).
+    pub used_high: u64,
+    /// Bytes the pool holds from the device (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`).
+    pub reserved: u64,
+    /// The peak of `reserved` (`CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH`).
+    pub reserved_high: u64,
+}
+
+impl DriverPool {
+    /// The pool's four figures.
+    pub fn new(used: u64, used_high: u64, reserved: u64, reserved_high: u64) -> DriverPool {
+        DriverPool { used, used_high, reserved, reserved_high }
+    }
 }
 
 impl Serialize for Snapshot {
@@ -358,6 +386,7 @@ impl Snapshot {
             allocator_settings: None,
             external_annotations: Vec::new(),
             stack_capture: None,
+            driver_pool: None,
         }
     }
 
@@ -445,6 +474,7 @@ impl Snapshot {
                 allocator_settings: self.allocator_settings.clone(),
                 external_annotations: self.external_annotations.clone(),
                 stack_capture: self.stack_capture,
+                driver_pool: self.driver_pool,
             })
             .collect()
     }

@@ -481,6 +481,7 @@ impl Snapshot {
             allocator_settings: settings,
             external_annotations: annotations,
             stack_capture: None,
+            driver_pool: None,
         })
     }
 }

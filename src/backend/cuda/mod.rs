@@ -24,6 +24,29 @@ pub(crate) fn in_own_call() -> bool {
     OWN_CALL.with(Cell::get)
 }
 
+/// What device `dev`'s default stream-ordered pool holds, as the driver counts it; `None` if
+/// the driver cannot say (no pools on this device, or an error).
+pub(crate) fn default_pool(dev: sys::CUdevice) -> Option<crate::snapshot::DriverPool> {
+    use sys::CUmemPool_attribute as A;
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: `pool` is a valid out pointer; `dev` is a device handle of the driver.
+    if unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, dev) } != sys::CUresult::CUDA_SUCCESS {
+        return None;
+    }
+    let read = |attr: A| {
+        let mut v = 0u64;
+        // SAFETY: these four attributes are 64-bit integers (cuuint64_t) written to `v`.
+        let r = unsafe { sys::cuMemPoolGetAttribute(pool, attr, (&mut v as *mut u64).cast()) };
+        (r == sys::CUresult::CUDA_SUCCESS).then_some(v)
+    };
+    Some(crate::snapshot::DriverPool::new(
+        read(A::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?,
+        read(A::CU_MEMPOOL_ATTR_USED_MEM_HIGH)?,
+        read(A::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?,
+        read(A::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)?,
+    ))
+}
+
 /// Marks the calling thread as inside a segment call of this backend until dropped.
 struct OwnCall;
 
@@ -259,6 +282,11 @@ unsafe impl Backend for CudaBackend {
 
     fn free_memory(&self) -> u64 {
         self.ctx.mem_get_info().map_or(0, |(free, _)| free as u64)
+    }
+
+    fn driver_pool(&self) -> Option<crate::snapshot::DriverPool> {
+        self.bind().ok()?;
+        default_pool(self.ctx.cu_device())
     }
 
     fn reserve(&self, size: u64) -> Result<u64, BackendError> {
