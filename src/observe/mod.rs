@@ -78,6 +78,28 @@ pub fn allocator(device: usize) -> Option<CachingAllocator> {
     allocators().lock().unwrap_or_else(|e| e.into_inner()).get(&device).cloned()
 }
 
+thread_local! {
+    /// The context of this thread's last observed call and its device's allocator: a thread
+    /// usually stays on one context, so the usual callback asks the driver nothing and takes
+    /// no global lock.
+    static LAST: std::cell::RefCell<Option<(usize, CachingAllocator)>> = const { std::cell::RefCell::new(None) };
+}
+
+/// The allocator of the device of `context` (the current context, inside a callback).
+fn allocator_for(context: *mut c_void) -> Option<CachingAllocator> {
+    let key = context as usize;
+    let cached = LAST.try_with(|last| match &*last.borrow() {
+        Some((k, a)) if *k == key && key != 0 => Some(a.clone()),
+        _ => None,
+    });
+    if let Ok(Some(a)) = cached {
+        return Some(a);
+    }
+    let a = allocator_here()?;
+    let _ = LAST.try_with(|last| *last.borrow_mut() = Some((key, a.clone())));
+    Some(a)
+}
+
 /// The allocator of the current context's device, made on first use.
 fn allocator_here() -> Option<CachingAllocator> {
     let mut dev = 0;
@@ -163,7 +185,7 @@ unsafe extern "C" fn callback(_userdata: *mut c_void, domain: i32, cbid: u32, da
         }
         // SAFETY: the parameters of driver call `cbid`, at its exit site.
         let Some(seen) = (unsafe { seen(cbid, data.function_params) }) else { return };
-        let Some(alloc) = allocator_here() else { return };
+        let Some(alloc) = allocator_for(data.context) else { return };
         match seen {
             Seen::Alloc(addr, bytes, stream) if bytes > 0 => {
                 let _ = alloc.record_external(stream, addr, bytes);
@@ -174,4 +196,71 @@ unsafe extern "C" fn callback(_userdata: *mut c_void, domain: i32, cbid: u32, da
             Seen::Alloc(..) => {}
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cupti::*;
+    use super::*;
+
+    fn alloc_of(cbid: u32, params: *const c_void) -> Option<(u64, u64, u64)> {
+        // SAFETY: each test passes the parameter structure of `cbid`.
+        match unsafe { seen(cbid, params) } {
+            Some(Seen::Alloc(a, b, s)) => Some((a, b, s)),
+            _ => None,
+        }
+    }
+
+    /// Callback records decoded without CUPTI: each call's parameters as the driver passes
+    /// them, the out pointer written as the call would.
+    #[test]
+    fn every_observed_call_decodes() {
+        let mut out = 0x7f00_0000_1000u64;
+        let p = MemAllocParams { dptr: &mut out, bytesize: 1000 };
+        assert_eq!(alloc_of(cbid::MEM_ALLOC_V2, (&p as *const MemAllocParams).cast()), Some((out, 1000, 0)));
+        assert_eq!(alloc_of(cbid::MEM_ALLOC_MANAGED, (&p as *const MemAllocParams).cast()), Some((out, 1000, 0)));
+        let mut pitch = 1024usize;
+        let p = MemAllocPitchParams {
+            dptr: &mut out,
+            pitch: &mut pitch,
+            width_in_bytes: 1000,
+            height: 3,
+            element_size_bytes: 4,
+        };
+        assert_eq!(alloc_of(cbid::MEM_ALLOC_PITCH_V2, (&p as *const MemAllocPitchParams).cast()), Some((out, 3072, 0)));
+        let stream = 0x55 as *mut c_void;
+        let p = MemAllocAsyncParams { dptr: &mut out, bytesize: 512, stream };
+        for id in [cbid::MEM_ALLOC_ASYNC, cbid::MEM_ALLOC_ASYNC_PTSZ] {
+            assert_eq!(alloc_of(id, (&p as *const MemAllocAsyncParams).cast()), Some((out, 512, 0x55)));
+        }
+        let p = MemAllocFromPoolAsyncParams { dptr: &mut out, bytesize: 64, pool: std::ptr::null_mut(), stream };
+        for id in [cbid::MEM_ALLOC_FROM_POOL_ASYNC, cbid::MEM_ALLOC_FROM_POOL_ASYNC_PTSZ] {
+            assert_eq!(alloc_of(id, (&p as *const MemAllocFromPoolAsyncParams).cast()), Some((out, 64, 0x55)));
+        }
+        let p = MemFreeParams { dptr: out };
+        // SAFETY: the parameters of `cuMemFree_v2`.
+        assert!(
+            matches!(unsafe { seen(cbid::MEM_FREE_V2, (&p as *const MemFreeParams).cast()) }, Some(Seen::Free(a)) if a == out)
+        );
+        let p = MemFreeAsyncParams { dptr: out, stream };
+        for id in [cbid::MEM_FREE_ASYNC, cbid::MEM_FREE_ASYNC_PTSZ] {
+            // SAFETY: the parameters of `cuMemFreeAsync`.
+            assert!(
+                matches!(unsafe { seen(id, (&p as *const MemFreeAsyncParams).cast()) }, Some(Seen::Free(a)) if a == out)
+            );
+        }
+        // SAFETY: an unknown call is not read.
+        assert!(unsafe { seen(1, std::ptr::null()) }.is_none());
+        assert_eq!(cbid::ALL.len(), 10);
+    }
+
+    #[test]
+    fn without_cupti_starting_is_an_error_that_says_where_it_looked() {
+        if std::env::var_os("VRAMSCOPE_CUPTI").is_some() || cupti::Cupti::load().is_ok() {
+            return; // a machine with CUPTI: nothing to check here
+        }
+        let e = start().unwrap_err().to_string();
+        assert!(e.contains("CUPTI (libcupti.so) was not found") && e.contains("VRAMSCOPE_CUPTI"), "{e}");
+        assert!(!is_running());
+    }
 }
