@@ -69,7 +69,7 @@
 //! sites by `file:line` so that the pin reads the same in every profile), `source`
 //! (`"vramscope"`; `"cuda"` counts every CUDA allocation the test's scope makes, through
 //! cudarc, candle, cuBLAS or the driver directly, by observing them with CUPTI: cargo feature
-//! `cupti`, skipped with a printed reason where CUPTI or a device is missing; see [`observe`]).
+//! `cupti`, skipped with a printed reason where CUPTI or a device is missing; see the `observe` module).
 //! Other attributes (`#[should_panic]`, `#[ignore]`) are kept
 //! and `Result` return types work. With an async runtime, put its test attribute first:
 //! `#[tokio::test]` above `#[gpu_mem_test]`, so the runtime's expansion is what repeats.

@@ -62,7 +62,7 @@ pub enum BackendRequirement {
 #[non_exhaustive]
 pub enum Source {
     /// vramscope's allocators (the default devices and those the body builds), and the CUDA
-    /// allocations observed by [`observe`](crate::observe) if something started it.
+    /// allocations observed by the `observe` module (feature `cupti`) if something started it.
     #[default]
     Vramscope,
     /// Also every CUDA allocation of the process (cudarc, candle, cuBLAS): the test starts the
