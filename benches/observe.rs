@@ -37,10 +37,86 @@ fn pair(bencher: Bencher) {
     stream.synchronize().unwrap();
 }
 
+/// 25 allocating functions, each reached through 1 to 40 recursive calls: 1,000 distinct
+/// stacks, so that no per-site cache hides the unwind.
+/// (Each asks for its own size, so that the compiler cannot merge the 25 into one.)
+macro_rules! leaves {
+    ($($name:ident $extra:literal)*) => {
+        $(
+            #[inline(never)]
+            fn $name(stream: &Arc<CudaStream>) {
+                // SAFETY: never read; freed when dropped.
+                let b = unsafe { stream.alloc::<u8>(black_box(512 + $extra)) }.unwrap();
+                drop(black_box(b));
+            }
+        )*
+        const LEAVES: &[fn(&Arc<CudaStream>)] = &[$($name),*];
+    };
+}
+leaves!(l0 0 l1 1 l2 2 l3 3 l4 4 l5 5 l6 6 l7 7 l8 8 l9 9 l10 10 l11 11 l12 12 l13 13 l14 14 l15 15 l16 16
+    l17 17 l18 18 l19 19 l20 20 l21 21 l22 22 l23 23 l24 24);
+
+/// `depth` frames of recursion, then the leaf: a return address per level.
+#[inline(never)]
+fn down(depth: usize, stream: &Arc<CudaStream>, leaf: fn(&Arc<CudaStream>)) {
+    if depth == 0 {
+        leaf(stream);
+    } else {
+        down(black_box(depth - 1), stream, leaf);
+        // Not a tail call: each level keeps its frame.
+        black_box(depth);
+    }
+}
+
+fn pairs_over_1000_stacks(bencher: Bencher) {
+    let stream = STREAM.get().expect("set in main");
+    let mut i = 0usize;
+    bencher.bench_local(|| {
+        let (leaf, depth) = (LEAVES[i % LEAVES.len()], 1 + (i / LEAVES.len()) % 40);
+        down(depth, stream, leaf);
+        i = (i + 1) % 1000;
+    });
+    stream.synchronize().unwrap();
+}
+
 /// 512-byte pairs before observing starts.
 #[divan::bench(sample_count = 100, sample_size = 100)]
 fn a_cudarc_pair_unobserved(bencher: Bencher) {
     pair(bencher);
+}
+
+/// The same pairs, each from one of 1,000 distinct stacks, before observing starts.
+#[divan::bench(sample_count = 100, sample_size = 100)]
+fn a_cudarc_pair_unobserved_1000_stacks(bencher: Bencher) {
+    pairs_over_1000_stacks(bencher);
+}
+
+/// Observed, default recording, each pair from one of 1,000 distinct stacks.
+#[divan::bench(sample_count = 100, sample_size = 100)]
+fn b_cudarc_pair_observed_1000_stacks(bencher: Bencher) {
+    if vramscope::observe::start().is_err() {
+        return;
+    }
+    pairs_over_1000_stacks(bencher);
+    // Each allocation was recorded with its own stack: count the distinct (leaf, depth) pairs
+    // among the stacks the snapshot holds (those its history still names).
+    if let Some(a) = vramscope::observe::allocator(0) {
+        let snap = a.snapshot();
+        let mut seen = std::collections::BTreeSet::new();
+        for s in 0..snap.stacks.len() {
+            let frames: Vec<_> = snap.stack_frames(vramscope::snapshot::StackId(s as u32)).collect();
+            let leaf = frames.iter().find(|f| f.function.starts_with("observe::l")).map(|f| f.function.clone());
+            let depth = frames.iter().filter(|f| f.function.starts_with("observe::down")).count();
+            if let Some(leaf) = leaf {
+                seen.insert((leaf, depth));
+            }
+        }
+        eprintln!(
+            "observed: {} stacks in the snapshot, {} distinct (leaf, depth) pairs",
+            snap.stacks.len(),
+            seen.len()
+        );
+    }
 }
 
 /// Observed, default recording (stacks, scopes, history).
