@@ -27,7 +27,7 @@ pub fn parse_bytes(s: &str) -> Result<u64> {
 
 /// An environment variable's text: `None` when unset, an error naming it when it is not UTF-8
 /// (never silently the default).
-fn env_text(key: &str) -> Result<Option<String>> {
+pub(crate) fn env_text(key: &str) -> Result<Option<String>> {
     match std::env::var(key) {
         Ok(s) => Ok(Some(s)),
         Err(std::env::VarError::NotPresent) => Ok(None),

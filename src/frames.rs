@@ -112,13 +112,8 @@ impl FramePolicy {
     /// items between commas are skipped). A value that is not UTF-8 is an error naming it.
     pub fn from_env() -> Result<FramePolicy> {
         let list = |key: &str| -> Result<Vec<String>> {
-            match std::env::var(key) {
-                Ok(v) => Ok(v.split(',').map(str::trim).filter(|p| !p.is_empty()).map(String::from).collect()),
-                Err(std::env::VarError::NotPresent) => Ok(Vec::new()),
-                Err(std::env::VarError::NotUnicode(v)) => {
-                    Err(Error::Config { key: key.into(), message: format!("{v:?} is not UTF-8 text") })
-                }
-            }
+            let text = crate::device::env_text(key)?.unwrap_or_default();
+            Ok(text.split(',').map(str::trim).filter(|p| !p.is_empty()).map(String::from).collect())
         };
         FramePolicy::new(list(USER_CODE_ENV)?, list(LIBRARY_ENV)?)
     }

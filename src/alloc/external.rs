@@ -47,8 +47,7 @@ impl CachingAllocator {
             return Err(UsageError::NotExternal { backend: self.shared.backend.name().to_string() }.into());
         }
         let pending = self.shared.capture.get().map(Pending::capture);
-        let mut locked = self.shared.heap.lock();
-        locked.heap.settle();
+        let mut locked = self.shared.lock();
         let ctx = pending.map(|p| {
             p.count_allocation();
             p.intern(locked.heap.recorder_mut())
@@ -64,8 +63,7 @@ impl CachingAllocator {
             return false;
         }
         let pending = self.shared.capture.get_for_free().map(Pending::capture);
-        let mut locked = self.shared.heap.lock();
-        locked.heap.settle();
+        let mut locked = self.shared.lock();
         let ctx = pending.map(|p| p.intern(locked.heap.recorder_mut()));
         locked.heap.forget_external_at(&*self.shared.backend, addr, ctx)
     }

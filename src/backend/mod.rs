@@ -60,6 +60,20 @@ pub const fn map_granule(size: u64, page: u64) -> u64 {
     g
 }
 
+/// Whether `[addr, end)` is whole granules ([`map_granule`]) of the segment `[base, base +
+/// size)` of a backend whose page is `page`: it starts at a granule's start and ends at one's
+/// end or at the segment's (the last granule may be shorter). The rule every backend that can
+/// unmap holds `map` and `unmap` to, as a device's mappings cannot be made or undone in part.
+pub(crate) fn whole_granules(base: u64, size: u64, page: u64, addr: u64, end: u64) -> Result<(), BackendError> {
+    let granule = map_granule(size, page);
+    if !(addr - base).is_multiple_of(granule) || (!(end - base).is_multiple_of(granule) && end != base + size) {
+        return Err(BackendError::Other(format!(
+            "range {addr:#x}..{end:#x} is not whole granules of {granule} bytes of the segment at {base:#x}"
+        )));
+    }
+    Ok(())
+}
+
 /// A raw stream handle as a backend knows it. `0` is the backend's default stream.
 pub type RawStream = u64;
 

@@ -115,15 +115,10 @@ impl SimBackend {
             )));
         }
         // Whole granules only, as a device's mappings (one cannot be unmapped in part).
-        let granule = super::map_granule(*size, self.page);
-        if len == 0
-            || !(addr - base).is_multiple_of(granule)
-            || (!len.is_multiple_of(granule) && addr + len != base + *size)
-        {
-            return Err(BackendError::Other(format!(
-                "range {addr:#x}+{len} is not whole granules of {granule} bytes of the segment at {base:#x}"
-            )));
+        if len == 0 {
+            return Err(BackendError::Other(format!("an empty range at {addr:#x}")));
         }
+        super::whole_granules(*base, *size, self.page, addr, addr + len)?;
         if map {
             if *mapped + len > *size {
                 return Err(BackendError::Other(format!("range {addr:#x}+{len} is mapped already")));

@@ -5,7 +5,7 @@
 //! and "releasing" such a segment only forgets it.
 
 use super::observe::Note;
-use super::{Block, BlockId, BlockState, Heap, StreamId, MIN_BLOCK};
+use super::{BlockId, BlockState, Heap, StreamId, MIN_BLOCK};
 use crate::backend::{Backend, RawStream};
 use crate::error::Result;
 use crate::record::Context;
@@ -54,7 +54,7 @@ impl Heap {
     /// Records `requested` bytes at `addr`, allocated by the program on `stream`, as a segment
     /// whose only block is allocated (its size `requested` rounded up to 512 bytes, as the
     /// driver aligns allocations). `None` if the size overflows.
-    pub(crate) fn record_external(
+    fn record_external(
         &mut self,
         stream: StreamId,
         addr: u64,
@@ -67,7 +67,7 @@ impl Heap {
         let b = self.add_segment(pool, stream, addr, size);
         self.request_ctx = None;
         self.unindex_free(b);
-        let blk: &mut Block = &mut self.blocks[b];
+        let blk = &mut self.blocks[b];
         blk.state = BlockState::Allocated;
         blk.requested = requested;
         blk.ctx = ctx;
@@ -77,7 +77,7 @@ impl Heap {
 
     /// Forgets block `b` recorded by [`record_external`](Self::record_external): the program
     /// freed it (`ctx`: who did). Its segment goes with it.
-    pub(crate) fn forget_external(&mut self, backend: &dyn Backend, b: BlockId, ctx: Option<Context>) {
+    fn forget_external(&mut self, backend: &dyn Backend, b: BlockId, ctx: Option<Context>) {
         self.free(backend, b, ctx);
         self.settle();
         self.release_segment_of(backend, b);

@@ -7,7 +7,7 @@
 //! whatever the size), so a segment of gigabytes maps in a few dozen calls, not a thousand.
 
 use super::driver;
-use crate::backend::map_granule;
+use crate::backend::{map_granule, whole_granules};
 use crate::error::BackendError;
 use cudarc::driver::sys;
 use std::collections::BTreeMap;
@@ -91,12 +91,8 @@ impl Pages {
     pub(super) fn map(&mut self, addr: u64, len: u64) -> Result<(), BackendError> {
         let end = addr + len;
         let (base, size) = self.segment_of(addr, end)?;
+        whole_granules(base, size, self.page, addr, end)?;
         let granule = map_granule(size, self.page);
-        if !(addr - base).is_multiple_of(granule) || (!(end - base).is_multiple_of(granule) && end != base + size) {
-            return Err(BackendError::Other(format!(
-                "range {addr:#x}..{end:#x} is not whole granules of {granule} bytes of the segment at {base:#x}"
-            )));
-        }
         if self.any_mapped(addr, end) {
             return Err(BackendError::Other(format!("range {addr:#x}+{len} is mapped already")));
         }
@@ -135,10 +131,8 @@ impl Pages {
     /// `cuMemRelease` each. The caller has made sure no queued work uses them (unmapping is
     /// not ordered with streams).
     pub(super) fn unmap_range(&mut self, addr: u64, end: u64) -> Result<(), BackendError> {
-        if let Some((&a, &(l, _))) = self.handles.range(..addr).next_back() {
-            if a + l > addr {
-                return Err(BackendError::Other(format!("{addr:#x} is inside the mapping at {a:#x} of {l} bytes")));
-            }
+        if let Some((a, l)) = self.mapping_across(addr) {
+            return Err(BackendError::Other(format!("{addr:#x} is inside the mapping at {a:#x} of {l} bytes")));
         }
         let maps: Vec<(u64, u64, sys::CUmemGenericAllocationHandle)> =
             self.handles.range(addr..end).map(|(&a, &(l, h))| (a, l, h)).collect();
@@ -187,7 +181,11 @@ impl Pages {
 
     /// Whether any byte of `[addr, end)` is mapped.
     pub(super) fn any_mapped(&self, addr: u64, end: u64) -> bool {
-        self.handles.range(addr..end).next().is_some()
-            || self.handles.range(..addr).next_back().is_some_and(|(&a, &(l, _))| a + l > addr)
+        self.handles.range(addr..end).next().is_some() || self.mapping_across(addr).is_some()
+    }
+
+    /// The mapping that starts below `addr` and runs past it (its address and length), if any.
+    fn mapping_across(&self, addr: u64) -> Option<(u64, u64)> {
+        self.handles.range(..addr).next_back().map(|(&a, &(l, _))| (a, l)).filter(|&(a, l)| a + l > addr)
     }
 }
