@@ -29,12 +29,31 @@ fn recorded_allocations_are_counted_snapshotted_and_forgotten() {
     assert!(live.contains("load"), "{live}");
     assert!(live.contains("tests/external.rs"), "the recording line is the site:\n{live}");
     seen.check_invariants().unwrap();
+    // A size that cannot be rounded to the driver's 512 bytes is refused, and what was
+    // recorded at that address stays.
+    let e = seen.record_external(0, a, u64::MAX - 10).unwrap_err();
+    assert!(
+        matches!(e, vramscope::Error::InvalidRequest(vramscope::error::InvalidRequest::RoundingOverflow { .. })),
+        "{e}"
+    );
+    assert!(e.to_string().contains("cannot be rounded"), "{e}");
+    assert_eq!(seen.stats().requested_bytes.all.current, 1000 + (3 << 20));
     // The same address again: its free was not seen; the old one is forgotten.
     seen.record_external(0, a, 2000).unwrap();
     assert_eq!(seen.stats().requested_bytes.all.current, 2000 + (3 << 20));
     assert!(seen.forget_external(a));
     assert!(seen.forget_external(b));
     assert!(!seen.forget_external(b), "forgotten once");
+    // An unmapped range forgets every mapping that starts inside it, and nothing else.
+    let base = next_addr();
+    for i in 0..4 {
+        seen.record_external(0, base + i * (2 << 20), 2 << 20).unwrap();
+    }
+    assert_eq!(seen.forget_external_range(base + (2 << 20), 4 << 20), 2);
+    assert_eq!(seen.stats().requested_bytes.all.current, 4 << 20);
+    assert_eq!(seen.forget_external_range(base + (2 << 20), 4 << 20), 0, "forgotten once");
+    assert_eq!(seen.forget_external_range(base, 8 << 20), 2);
+    seen.check_invariants().unwrap();
     assert_eq!((seen.memory_allocated(), seen.memory_reserved()), (0, 0));
     seen.check_invariants().unwrap();
     let e = seen.alloc::<u8>(seen.default_stream(), 10).unwrap_err();
@@ -44,6 +63,7 @@ fn recorded_allocations_are_counted_snapshotted_and_forgotten() {
     let e = own.record_external(0, a, 512).unwrap_err();
     assert!(matches!(e, vramscope::Error::Usage(vramscope::error::UsageError::NotExternal { .. })), "{e}");
     assert!(!own.forget_external(a));
+    assert_eq!(own.forget_external_range(a, 1 << 20), 0);
 }
 
 #[test]

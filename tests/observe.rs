@@ -87,3 +87,94 @@ fn the_caching_allocators_own_segments_are_not_observed_again() {
     let grew = observed().saturating_sub(before);
     assert!(grew < 64 << 20, "the allocator's cuMemAlloc calls are not observed: {grew} B");
 }
+
+/// Physical memory mapped by hand, as a framework with its own virtual-memory pool maps it.
+mod mapped {
+    use cudarc::driver::sys;
+
+    /// One reserved range with a mapping of a page at each page.
+    pub struct Range {
+        pub base: u64,
+        pub page: usize,
+        handles: Vec<u64>,
+    }
+
+    /// The device's mapping granularity and the allocation properties.
+    fn prop() -> (sys::CUmemAllocationProp, usize) {
+        // SAFETY: a zeroed CUmemAllocationProp is the documented starting point.
+        let mut prop: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+        prop.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+        prop.location.id = 0;
+        let mut page = 0usize;
+        let gran = sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM;
+        // SAFETY: valid out pointer and properties.
+        unsafe { sys::cuMemGetAllocationGranularity(&mut page, &prop, gran) }.result().unwrap();
+        (prop, page)
+    }
+
+    /// Reserves a range of `pieces` pages and maps fresh memory under each.
+    pub fn map(pieces: usize) -> Range {
+        let (prop, page) = prop();
+        let mut base = 0;
+        // SAFETY: valid out pointer; the range is freed by `unmap`.
+        unsafe { sys::cuMemAddressReserve(&mut base, page * pieces, page, 0, 0) }.result().unwrap();
+        let mut handles = Vec::new();
+        for i in 0..pieces {
+            let mut handle = 0;
+            // SAFETY: valid out pointer and properties; released by `unmap`.
+            unsafe { sys::cuMemCreate(&mut handle, page, &prop, 0) }.result().unwrap();
+            let at = base + (i * page) as u64;
+            // SAFETY: `at` is a page of the range reserved above, mapped once.
+            unsafe { sys::cuMemMap(at, page, 0, handle, 0) }.result().unwrap(); // the mapping line
+            handles.push(handle);
+        }
+        Range { base, page, handles }
+    }
+
+    /// Unmaps the whole range in one call, then frees its memory and addresses.
+    pub fn unmap(r: Range) {
+        let len = r.page * r.handles.len();
+        // SAFETY: the range and handles are those `map` made, unmapped once.
+        unsafe {
+            sys::cuMemUnmap(r.base, len).result().unwrap();
+            for h in r.handles {
+                sys::cuMemRelease(h).result().unwrap();
+            }
+            sys::cuMemAddressFree(r.base, len).result().unwrap();
+        }
+    }
+}
+
+#[test]
+fn mapped_virtual_memory_counts_where_it_is_mapped() {
+    let Some(ctx) = context() else { return };
+    let kept: Mutex<Vec<mapped::Range>> = Mutex::default();
+    let mut page = 0;
+    let v = MemTest::new("observe::mapped").source(Source::Cuda).iters(3).check(|| {
+        ctx.bind_to_thread().unwrap();
+        // Two pages mapped and unmapped in one call: not kept. One page kept.
+        mapped::unmap(mapped::map(2));
+        let r = mapped::map(1);
+        page = r.page;
+        kept.lock().unwrap().push(r);
+    });
+    println!("{}", v.report);
+    assert!(!v.passed, "{}", v.report);
+    assert_eq!(v.growth, 3 * page as i64, "one page a run:\n{}", v.report);
+    let source = include_str!("observe.rs");
+    let line = 1 + source.lines().position(|l| l.ends_with("// the mapping line")).unwrap();
+    let site = format!("tests/observe.rs:{line}");
+    assert!(v.report.contains(&site), "{site} not in\n{}", v.report);
+    let recorded = |base: u64| {
+        let snap = vramscope::observe::allocator(0).unwrap().snapshot();
+        snap.segments.iter().any(|s| s.address == base)
+    };
+    let ranges = std::mem::take(&mut *kept.lock().unwrap());
+    let bases: Vec<u64> = ranges.iter().map(|r| r.base).collect();
+    assert!(bases.iter().all(|&b| recorded(b)), "every kept mapping is recorded");
+    for r in ranges {
+        mapped::unmap(r);
+    }
+    assert!(!bases.iter().any(|&b| recorded(b)), "every unmapped mapping is forgotten");
+}

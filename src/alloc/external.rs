@@ -67,4 +67,18 @@ impl CachingAllocator {
         let ctx = pending.map(|p| p.intern(locked.heap.recorder_mut()));
         locked.heap.forget_external_at(&*self.shared.backend, addr, ctx)
     }
+
+    /// Forgets every allocation recorded at an address in `addr..addr + len`: the program
+    /// unmapped that range (as `cuMemUnmap` does, which may cover several mappings). Returns
+    /// how many were forgotten; always 0 on an allocator not made by
+    /// [`external`](Self::external).
+    pub fn forget_external_range(&self, addr: u64, len: u64) -> usize {
+        if !self.shared.backend.is_external() {
+            return 0;
+        }
+        let pending = self.shared.capture.get_for_free().map(Pending::capture);
+        let mut locked = self.shared.lock();
+        let ctx = pending.map(|p| p.intern(locked.heap.recorder_mut()));
+        locked.heap.forget_external_range_at(&*self.shared.backend, addr, len, ctx)
+    }
 }

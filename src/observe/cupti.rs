@@ -21,8 +21,10 @@ pub(super) mod cbid {
     pub(in crate::observe) const MEM_FREE_ASYNC_PTSZ: u32 = 601;
     pub(in crate::observe) const MEM_ALLOC_FROM_POOL_ASYNC: u32 = 611;
     pub(in crate::observe) const MEM_ALLOC_FROM_POOL_ASYNC_PTSZ: u32 = 612;
+    pub(in crate::observe) const MEM_MAP: u32 = 551;
+    pub(in crate::observe) const MEM_UNMAP: u32 = 552;
     /// Every call observed.
-    pub(in crate::observe) const ALL: [u32; 10] = [
+    pub(in crate::observe) const ALL: [u32; 12] = [
         MEM_ALLOC_V2,
         MEM_ALLOC_PITCH_V2,
         MEM_FREE_V2,
@@ -33,6 +35,8 @@ pub(super) mod cbid {
         MEM_FREE_ASYNC_PTSZ,
         MEM_ALLOC_FROM_POOL_ASYNC,
         MEM_ALLOC_FROM_POOL_ASYNC_PTSZ,
+        MEM_MAP,
+        MEM_UNMAP,
     ];
 }
 
@@ -95,6 +99,23 @@ pub(super) struct MemFreeParams {
 pub(super) struct MemFreeAsyncParams {
     pub(super) dptr: u64,
     pub(super) stream: *mut c_void,
+}
+
+/// `cuMemMap_params`.
+#[repr(C)]
+pub(super) struct MemMapParams {
+    pub(super) ptr: u64,
+    pub(super) size: usize,
+    pub(super) offset: usize,
+    pub(super) handle: u64,
+    pub(super) flags: u64,
+}
+
+/// `cuMemUnmap_params`.
+#[repr(C)]
+pub(super) struct MemUnmapParams {
+    pub(super) ptr: u64,
+    pub(super) size: usize,
 }
 
 /// `CUpti_CallbackFunc`.

@@ -7,7 +7,8 @@
 //! [`start`] subscribes to CUPTI's callbacks for the driver's allocation calls (`cuMemAlloc_v2`,
 //! `cuMemAllocPitch_v2`, `cuMemAllocManaged`, `cuMemAllocAsync`, `cuMemAllocFromPoolAsync`
 //! and their per-thread-stream `_ptsz` variants) and frees (`cuMemFree_v2`, `cuMemFreeAsync`,
-//! `_ptsz`). CUPTI calls back on the allocating thread, after the call returned; a call that
+//! `_ptsz`), and the virtual-memory calls that map and unmap (`cuMemMap`, `cuMemUnmap`). CUPTI
+//! calls back on the allocating thread, after the call returned; a call that
 //! failed records nothing. Each device's observed memory lives in an allocator of its own,
 //! [`allocator`]`(device)` (backend `cuda (observed)`), made by
 //! [`CachingAllocator::external`]: one segment per allocation, whose one block is allocated.
@@ -16,7 +17,12 @@
 //!   not when the stream reaches it.
 //! - The caching allocator's own segment calls (its `cuMemAlloc` and `cuMemFree`) are left out:
 //!   they are its reserved memory, counted there, so each byte counts once.
-//! - Virtual-memory calls (`cuMemCreate`, `cuMemMap`) are not observed yet.
+//! - Virtual memory counts where it is mapped: a `cuMemMap` records the range mapped, with the
+//!   mapping call's stack, and a `cuMemUnmap` forgets every mapping recorded inside the range
+//!   it unmaps. Creating and releasing physical memory (`cuMemCreate`, `cuMemRelease`) is not
+//!   counted apart: memory created but never mapped is not seen, and a handle mapped at two
+//!   addresses counts at both. Mapped ranges are what the program's pointers reach, and what
+//!   PyTorch's expandable segments count as reserved.
 //! - Snapshots of an observed device carry its stream-ordered pool as the driver counts it
 //!   ([`Snapshot::driver_pool`](crate::Snapshot::driver_pool)): what cudarc's and candle's
 //!   freed allocations left cached there, as PyTorch's reserved memory.
@@ -135,10 +141,12 @@ fn allocator_here() -> Option<CachingAllocator> {
     )
 }
 
-/// What a callback saw: an allocation (address, bytes, stream) or a free (address).
+/// What a callback saw: an allocation (address, bytes, stream), a free (address), or an
+/// unmapped range (address, bytes).
 enum Seen {
     Alloc(u64, u64, u64),
     Free(u64),
+    Unmap(u64, u64),
 }
 
 /// Reads a call's parameters, after it returned successfully.
@@ -169,6 +177,14 @@ unsafe fn seen(cbid: u32, params: *const c_void) -> Option<Seen> {
             MEM_ALLOC_FROM_POOL_ASYNC | MEM_ALLOC_FROM_POOL_ASYNC_PTSZ => {
                 let p = &*(params as *const MemAllocFromPoolAsyncParams);
                 Seen::Alloc(*p.dptr, p.bytesize as u64, p.stream as u64)
+            }
+            MEM_MAP => {
+                let p = &*(params as *const MemMapParams);
+                Seen::Alloc(p.ptr, p.size as u64, 0)
+            }
+            MEM_UNMAP => {
+                let p = &*(params as *const MemUnmapParams);
+                Seen::Unmap(p.ptr, p.size as u64)
             }
             MEM_FREE_V2 => Seen::Free((*(params as *const MemFreeParams)).dptr),
             MEM_FREE_ASYNC | MEM_FREE_ASYNC_PTSZ => Seen::Free((*(params as *const MemFreeAsyncParams)).dptr),
@@ -203,6 +219,9 @@ unsafe extern "C" fn callback(_userdata: *mut c_void, domain: i32, cbid: u32, da
             }
             Seen::Free(addr) => {
                 alloc.forget_external(addr);
+            }
+            Seen::Unmap(addr, bytes) => {
+                alloc.forget_external_range(addr, bytes);
             }
             Seen::Alloc(..) => {}
         }
@@ -260,9 +279,17 @@ mod tests {
                 matches!(unsafe { seen(id, (&p as *const MemFreeAsyncParams).cast()) }, Some(Seen::Free(a)) if a == out)
             );
         }
+        let p = MemMapParams { ptr: out, size: 4 << 20, offset: 0, handle: 0x1234, flags: 0 };
+        assert_eq!(alloc_of(cbid::MEM_MAP, (&p as *const MemMapParams).cast()), Some((out, 4 << 20, 0)));
+        let p = MemUnmapParams { ptr: out, size: 8 << 20 };
+        // SAFETY: the parameters of `cuMemUnmap`.
+        assert!(matches!(
+            unsafe { seen(cbid::MEM_UNMAP, (&p as *const MemUnmapParams).cast()) },
+            Some(Seen::Unmap(a, 0x80_0000)) if a == out
+        ));
         // SAFETY: an unknown call is not read.
         assert!(unsafe { seen(1, std::ptr::null()) }.is_none());
-        assert_eq!(cbid::ALL.len(), 10);
+        assert_eq!(cbid::ALL.len(), 12);
     }
 
     #[test]

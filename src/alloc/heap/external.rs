@@ -7,7 +7,7 @@
 use super::observe::Note;
 use super::{BlockId, BlockState, Heap, StreamId, MIN_BLOCK};
 use crate::backend::{Backend, RawStream};
-use crate::error::Result;
+use crate::error::{InvalidRequest, Result, Rounding};
 use crate::record::Context;
 
 impl Heap {
@@ -22,6 +22,11 @@ impl Heap {
         requested: u64,
         ctx: Option<Context>,
     ) -> Result<()> {
+        // Checked before anything changes: a size that cannot be rounded is refused whole.
+        let size = requested
+            .max(1)
+            .checked_next_multiple_of(MIN_BLOCK)
+            .ok_or(InvalidRequest::RoundingOverflow { requested, to: Rounding::Block })?;
         if let Some(stale) = self.external.remove(&addr) {
             self.forget_external(backend, stale, None);
         }
@@ -33,9 +38,8 @@ impl Heap {
                 s
             }
         };
-        if let Some(b) = self.record_external(stream, addr, requested, ctx) {
-            self.external.insert(addr, b);
-        }
+        let b = self.record_external(stream, addr, size, requested, ctx);
+        self.external.insert(addr, b);
         Ok(())
     }
 
@@ -51,17 +55,36 @@ impl Heap {
         }
     }
 
+    /// Forgets every allocation recorded at an address in `addr..addr + len` (a range the
+    /// program unmapped); returns how many.
+    pub(crate) fn forget_external_range_at(
+        &mut self,
+        backend: &dyn Backend,
+        addr: u64,
+        len: u64,
+        ctx: Option<Context>,
+    ) -> usize {
+        let end = addr.saturating_add(len);
+        let inside: Vec<u64> = self.external.range(addr..end).map(|(&a, _)| a).collect();
+        for a in &inside {
+            if let Some(b) = self.external.remove(a) {
+                self.forget_external(backend, b, ctx);
+            }
+        }
+        inside.len()
+    }
+
     /// Records `requested` bytes at `addr`, allocated by the program on `stream`, as a segment
-    /// whose only block is allocated (its size `requested` rounded up to 512 bytes, as the
-    /// driver aligns allocations). `None` if the size overflows.
+    /// of `size` bytes (`requested` rounded up to 512 bytes, as the driver aligns allocations)
+    /// whose only block is allocated.
     fn record_external(
         &mut self,
         stream: StreamId,
         addr: u64,
+        size: u64,
         requested: u64,
         ctx: Option<Context>,
-    ) -> Option<BlockId> {
-        let size = requested.max(1).checked_next_multiple_of(MIN_BLOCK)?;
+    ) -> BlockId {
         let pool = Self::pool_of(size);
         self.request_ctx = ctx;
         let b = self.add_segment(pool, stream, addr, size);
@@ -72,7 +95,7 @@ impl Heap {
         blk.requested = requested;
         blk.ctx = ctx;
         self.note(Note::Alloc { addr, size, requested, pool, stream, ctx });
-        Some(b)
+        b
     }
 
     /// Forgets block `b` recorded by [`record_external`](Self::record_external): the program

@@ -167,8 +167,9 @@ pub(crate) struct Heap {
     /// reserves and the pages it maps are recorded as its doing, as PyTorch's `segment_alloc`
     /// and `segment_map` entries carry the stack of the allocation that caused them.
     request_ctx: Option<Context>,
-    /// Memory the program allocated itself, recorded by address (see `external.rs`).
-    external: std::collections::HashMap<u64, BlockId>,
+    /// Memory the program allocated itself, recorded by address, in order (an unmapped range
+    /// forgets every mapping inside it; see `external.rs`).
+    external: std::collections::BTreeMap<u64, BlockId>,
     /// The streams of that memory, by the backend's handle.
     external_streams: std::collections::HashMap<RawStream, StreamId>,
 }
