@@ -25,6 +25,10 @@ fn recorded_allocations_are_counted_snapshotted_and_forgotten() {
     let snap = seen.snapshot();
     assert_eq!(snap.backend, "framework");
     assert_eq!(snap.segments.len(), 2);
+    assert!(snap.segments.iter().all(|s| s.source.as_deref() == Some("framework")), "marked as the program's");
+    // PyTorch's format carries the mark too, and reads it back.
+    let back = vramscope::Snapshot::from_pytorch_pickle(&snap.to_pytorch_pickle(), "seen.pickle").unwrap();
+    assert!(back.segments.iter().all(|s| s.source.as_deref() == Some("framework")), "{:?}", back.segments);
     let live = vramscope::report::LiveGroup::render(&vramscope::report::live(&snap));
     assert!(live.contains("load"), "{live}");
     assert!(live.contains("tests/external.rs"), "the recording line is the site:\n{live}");

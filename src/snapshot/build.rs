@@ -188,6 +188,12 @@ impl CachingAllocator {
             }
             segments.push(s);
         }
+        if self.backend().is_external() {
+            // Memory the program allocated itself: marked, so that a report or a pickle of
+            // this snapshot alone still says whose it is.
+            let name = self.backend().name();
+            segments.iter_mut().for_each(|s| s.source = Some(name.to_string()));
+        }
         let to_ns = raw.clock.ticks_to_ns();
         let history = raw
             .history

@@ -228,10 +228,13 @@ pub struct SegmentInfo {
     /// Who made the segment, where known (PyTorch records the stack that reserved it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context: Option<ContextInfo>,
-    /// Whose segment it is, in a snapshot merged from several allocators (a memory test's
-    /// evidence): the backend of the allocator that held it (`cuda`, `cuda (observed)` for
-    /// CUDA allocations the program made itself, seen by `vramscope::observe`); `None`: the
-    /// snapshot's [`backend`](Snapshot::backend).
+    /// Whose segment it is: the backend of the allocator that held it, set for memory the
+    /// program allocated itself (`cuda (observed)`: CUDA allocations seen by
+    /// `vramscope::observe`; an allocator made by `CachingAllocator::external`) and, in a
+    /// snapshot merged from several allocators (a memory test's evidence), for every segment
+    /// not of the first allocator's backend; `None`: the snapshot's
+    /// [`backend`](Snapshot::backend). PyTorch pickles carry it as the segment's `source` key
+    /// (which PyTorch's tools ignore).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<String>,
 }

@@ -224,6 +224,10 @@ impl Snapshot {
                     w.out.push(op::TUPLE2);
                     w.str("is_expandable");
                     w.bool(seg.expandable || seg.mapped_size != seg.total_size);
+                    if let Some(source) = &seg.source {
+                        w.str("source");
+                        w.str(source);
+                    }
                     w.str("frames");
                     self.write_frames(w, seg.context.as_ref());
                     w.str("blocks");

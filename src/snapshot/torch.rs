@@ -414,7 +414,22 @@ impl Snapshot {
                 requested_size: uint(seg, "requested_size", &at, source).unwrap_or(0),
                 blocks,
                 context: context(made_by),
-                source: None,
+                // vramscope's own key: whose memory it is (PyTorch writes none).
+                source: match seg.get("source") {
+                    None | Some(Value::None) => None,
+                    Some(v) => match v.as_str() {
+                        Some(text) => {
+                            budget.spend_bytes(text.len(), &at, source)?;
+                            Some(text.to_string())
+                        }
+                        None => {
+                            return Err(bad(
+                                source,
+                                format!("{}: `source` is a {}, expected a string", at(), v.type_name()),
+                            ))
+                        }
+                    },
+                },
                 device: Some(device),
             });
         }
