@@ -46,7 +46,7 @@ macro_rules! leaves {
             #[inline(never)]
             fn $name(stream: &Arc<CudaStream>) {
                 // SAFETY: never read; freed when dropped.
-                let b = unsafe { stream.alloc::<u8>(black_box(512 + $extra)) }.unwrap();
+                let b = unsafe { stream.alloc::<u8>(black_box(512 + $extra)) }.unwrap(); // leaf alloc
                 drop(black_box(b));
             }
         )*
@@ -60,12 +60,12 @@ leaves!(l0 0 l1 1 l2 2 l3 3 l4 4 l5 5 l6 6 l7 7 l8 8 l9 9 l10 10 l11 11 l12 12 l
 #[inline(never)]
 fn down(depth: usize, stream: &Arc<CudaStream>, leaf: fn(&Arc<CudaStream>)) {
     if depth == 0 {
-        leaf(stream);
+        leaf(stream); // down calls leaf
     } else {
-        down(black_box(depth - 1), stream, leaf);
-        // Not a tail call: each level keeps its frame.
-        black_box(depth);
+        down(black_box(depth - 1), stream, leaf); // down recurses
     }
+    // Neither call is a tail call: each level keeps its frame.
+    black_box(depth);
 }
 
 fn pairs_over_1000_stacks(bencher: Bencher) {
@@ -98,24 +98,44 @@ fn b_cudarc_pair_observed_1000_stacks(bencher: Bencher) {
         return;
     }
     pairs_over_1000_stacks(bencher);
-    // Each allocation was recorded with its own stack: count the distinct (leaf, depth) pairs
-    // among the stacks the snapshot holds (those its history still names).
+    // Each allocation was recorded with its own stack, each frame at its own calling line:
+    // every frame of `down` at the recursive call (the innermost at the call of the leaf), the
+    // leaf at its allocation. Count the distinct (leaf, depth) pairs the snapshot holds (those
+    // its history still names).
     if let Some(a) = vramscope::observe::allocator(0) {
         let snap = a.snapshot();
+        let line = |marker: &str| {
+            1 + include_str!("observe.rs").lines().position(|l| l.ends_with(marker)).expect("marker") as u32
+        };
+        let (alloc_line, leaf_call, recursion) =
+            (line("// leaf alloc"), line("// down calls leaf"), line("// down recurses"));
         let mut seen = std::collections::BTreeSet::new();
+        let mut wrong = Vec::new();
         for s in 0..snap.stacks.len() {
             let frames: Vec<_> = snap.stack_frames(vramscope::snapshot::StackId(s as u32)).collect();
-            let leaf = frames.iter().find(|f| f.function.starts_with("observe::l")).map(|f| f.function.clone());
-            let depth = frames.iter().filter(|f| f.function.starts_with("observe::down")).count();
-            if let Some(leaf) = leaf {
-                seen.insert((leaf, depth));
+            let Some(leaf_at) = frames.iter().position(|f| f.function.starts_with("observe::l")) else { continue };
+            let downs: Vec<_> =
+                frames[leaf_at + 1..].iter().take_while(|f| f.function.starts_with("observe::down")).collect();
+            let expected = std::iter::once(alloc_line)
+                .chain(std::iter::once(leaf_call))
+                .chain(std::iter::repeat_n(recursion, downs.len().saturating_sub(1)));
+            let got = std::iter::once(&frames[leaf_at]).chain(downs.iter().copied()).map(|f| f.line.unwrap_or(0));
+            if !got.clone().eq(expected.clone()) || downs.is_empty() {
+                wrong.push(format!(
+                    "stack {s}: lines {:?}, expected {:?}",
+                    got.collect::<Vec<_>>(),
+                    expected.collect::<Vec<_>>()
+                ));
             }
+            seen.insert((frames[leaf_at].function.clone(), downs.len()));
         }
         eprintln!(
-            "observed: {} stacks in the snapshot, {} distinct (leaf, depth) pairs",
+            "observed: {} stacks in the snapshot, {} distinct (leaf, depth) pairs, {} with a frame not at its calling line",
             snap.stacks.len(),
-            seen.len()
+            seen.len(),
+            wrong.len()
         );
+        assert!(wrong.is_empty(), "frames not at their calling lines:\n{}", wrong[..wrong.len().min(5)].join("\n"));
     }
 }
 

@@ -53,6 +53,16 @@ struct Trace {
     /// The walk ended after its last frame (the stack's end, or a slot outside the stack),
     /// rather than because the output was full.
     stopped: bool,
+    /// Where it `stopped`, whether the stop was decided from the frame pointer (a CFA found
+    /// from it); not where it met the stack's end (decided by the address alone).
+    stop_used_fp: bool,
+    /// Whether any frame's CFA (or the stop) was found from the frame pointer the walk started
+    /// with, passed up unchanged by the frames below it. In code built without frame pointers
+    /// the register is an ordinary one and holds whatever the code last put there: a walk
+    /// that never used it is the same walk whatever it holds.
+    fp0_needed: bool,
+    /// Scratch for [`index`](Self::index): whether each frame's restored frame pointer is used.
+    fp_slot_needed: Vec<bool>,
     /// The slots every frame read with the values they held, in frame order, flat.
     checks: Vec<[u64; 2]>,
     /// `checks_end[k]`: how many checks frames `0..=k` make.
@@ -83,6 +93,9 @@ impl Trace {
         Trace {
             frames: Vec::new(),
             stopped: false,
+            stop_used_fp: true,
+            fp0_needed: true,
+            fp_slot_needed: Vec::new(),
             checks: Vec::new(),
             checks_end: Vec::new(),
             ras: Vec::new(),
@@ -95,6 +108,7 @@ impl Trace {
     fn clear(&mut self) {
         self.version += 1;
         self.frames.clear();
+        self.fp0_needed = true;
         self.checks.clear();
         self.checks_end.clear();
         self.ras.clear();
@@ -106,14 +120,31 @@ impl Trace {
         self.checks.clear();
         self.checks_end.clear();
         self.ras.clear();
-        for f in &self.frames {
-            self.checks.push([f.ra_at, f.ra]);
+        // From the last frame down: whether the frame pointer each frame hands its caller is
+        // used (by a caller's CFA, or by the stop, before another frame restores it). A
+        // restored frame pointer's slot is checked only where it is.
+        let mut needed = std::mem::take(&mut self.fp_slot_needed);
+        needed.clear();
+        needed.resize(self.frames.len(), false);
+        let mut need = self.stopped && self.stop_used_fp;
+        for (k, f) in self.frames.iter().enumerate().rev() {
             if f.fp_at != 0 {
+                needed[k] = need;
+                need = f.cfa_from_fp;
+            } else {
+                need |= f.cfa_from_fp;
+            }
+        }
+        self.fp0_needed = need;
+        for (f, &slot_needed) in self.frames.iter().zip(&needed) {
+            self.checks.push([f.ra_at, f.ra]);
+            if f.fp_at != 0 && slot_needed {
                 self.checks.push([f.fp_at, f.fp_after]);
             }
             self.checks_end.push(self.checks.len());
             self.ras.push(f.ra as usize);
         }
+        self.fp_slot_needed = needed;
     }
 }
 
@@ -130,6 +161,8 @@ struct Seen {
     /// The caller's frame pointer.
     fp_after: u64,
     cfa: u64,
+    /// The CFA was found from `fp` (else from `sp`).
+    cfa_from_fp: bool,
 }
 
 thread_local! {
@@ -211,12 +244,17 @@ pub(crate) fn capture(out: &mut [usize], stack: (usize, usize)) -> Option<Captur
 #[inline(always)]
 fn replay(last: &mut Trace, regs: Regs, out: &mut [usize]) -> Option<(usize, u64)> {
     let first = last.frames.first()?;
-    if (first.lookup, first.sp, first.fp) != (regs.pc, regs.sp, regs.fp) || out.is_empty() {
+    if (first.lookup, first.sp) != (regs.pc, regs.sp) || out.is_empty() {
         return None;
     }
     let m = out.len().min(last.frames.len());
     // Where the previous walk stopped after `m` frames, or where `out` is full: the same end.
     if m == last.frames.len() && !last.stopped && m < out.len() {
+        return None;
+    }
+    // The frame pointer only where the frames replayed were found from it: in code without
+    // frame pointers the register holds whatever the code last put there.
+    if first.fp != regs.fp && last.fp0_needed {
         return None;
     }
     // SAFETY: every slot was an aligned word of this thread's stack, at or above the stack
@@ -262,6 +300,8 @@ fn walk(state: &mut ThreadState, regs: Regs, (lo, hi): (usize, usize), out: &mut
     };
     let last = std::mem::take(&mut state.last.frames);
     let last_stopped = state.last.stopped;
+    let last_stop_used_fp = state.last.stop_used_fp;
+    let mut stop_used_fp = false;
     // The previous walk is written back below, changed or not.
     let mut new = std::mem::take(&mut state.spare);
     new.clear();
@@ -304,6 +344,7 @@ fn walk(state: &mut ThreadState, regs: Regs, (lo, hi): (usize, usize), out: &mut
                 if last_stopped {
                     // The same state after the last frame, so the same end.
                     stopped = true;
+                    stop_used_fp = last_stop_used_fp;
                     break 'frames;
                 }
                 let f = &last[k - 1];
@@ -326,6 +367,7 @@ fn walk(state: &mut ThreadState, regs: Regs, (lo, hi): (usize, usize), out: &mut
             Step::Rule(r) => r,
             Step::End => {
                 stopped = true;
+                stop_used_fp = false;
                 break;
             }
             Step::Fallback => {
@@ -340,6 +382,7 @@ fn walk(state: &mut ThreadState, regs: Regs, (lo, hi): (usize, usize), out: &mut
         // Every slot read lies on this thread's stack, above the current frame.
         let Some(ra) = read(ra_at).filter(|_| cfa > sp) else {
             stopped = true;
+            stop_used_fp = rule.cfa_from_fp;
             break;
         };
         let (fp_at, fp_after) = match rule.fp_below {
@@ -347,6 +390,7 @@ fn walk(state: &mut ThreadState, regs: Regs, (lo, hi): (usize, usize), out: &mut
                 let at = cfa.wrapping_sub(u64::from(below));
                 let Some(saved) = read(at) else {
                     stopped = true;
+                    stop_used_fp = rule.cfa_from_fp;
                     break;
                 };
                 (at, saved)
@@ -355,18 +399,19 @@ fn walk(state: &mut ThreadState, regs: Regs, (lo, hi): (usize, usize), out: &mut
         };
         if ra == 0 {
             stopped = true;
+            stop_used_fp = rule.cfa_from_fp;
             break;
         }
         if !diverged {
             new.extend_from_slice(&last[..same]);
             diverged = true;
         }
-        new.push(Seen { lookup, sp, fp, ra_at, ra, fp_at, fp_after, cfa });
+        new.push(Seen { lookup, sp, fp, ra_at, ra, fp_at, fp_after, cfa, cfa_from_fp: rule.cfa_from_fp });
         out[n] = ra as usize;
         n += 1;
         (lookup, sp, fp) = (ra - 1, cfa, fp_after);
     }
-    if !diverged && same == last.len() && stopped == last_stopped {
+    if !diverged && same == last.len() && stopped == last_stopped && stop_used_fp == last_stop_used_fp {
         // Exactly the previous walk: keep it.
         state.spare = new;
         state.last.frames = last;
@@ -377,6 +422,7 @@ fn walk(state: &mut ThreadState, regs: Regs, (lo, hi): (usize, usize), out: &mut
         state.spare = last;
         state.last.frames = new;
         state.last.stopped = stopped;
+        state.last.stop_used_fp = stop_used_fp;
         state.last.index();
     }
     Some(n)
@@ -469,6 +515,67 @@ mod tests {
         stack[5] = B + 1;
         assert_eq!(run(&mut st, &stack, &mut out[..1]), [A as usize + 1]);
         assert_eq!(run(&mut st, &stack, &mut out), [A as usize + 1, B as usize + 1]);
+    }
+
+    /// Code built without frame pointers: the register is an ordinary one, and the slots it is
+    /// saved to hold whatever the code had there. A walk that found no CFA from it replays
+    /// whatever they hold; one that did is walked again where they changed. Either way the
+    /// result is a fresh walk's.
+    #[test]
+    fn only_a_frame_pointer_that_was_used_must_be_the_same_to_replay() {
+        const S: u64 = 0x50_0000; // saves the frame pointer, CFA from the stack pointer
+        const T: u64 = 0x60_0000; // CFA from the stack pointer, saves nothing
+        const U: u64 = 0x70_0000; // CFA from the frame pointer
+        let mut stack = vec![0u64; 16];
+        let base = stack.as_ptr() as u64;
+        let bounds = (base as usize, base as usize + stack.len() * 8);
+        let with_rules = || {
+            let mut st = state();
+            st.cache.insert(S, Step::Rule(Rule::new(false, 16, -8, Some(-16)).unwrap()).encode());
+            st.cache.insert(T, Step::Rule(Rule::new(false, 16, -8, None).unwrap()).encode());
+            st.cache.insert(U, Step::Rule(Rule::new(true, 16, -8, None).unwrap()).encode());
+            st.cache.insert(B, Step::End.encode());
+            st
+        };
+        let mut st = with_rules();
+        let mut out = [0usize; 8];
+        let fresh = |stack: &[u64], fp: u64| {
+            let mut out = [0usize; 8];
+            let regs = Regs { pc: S, sp: stack.as_ptr() as u64, fp };
+            let n = walk(&mut with_rules(), regs, bounds, &mut out).expect("no fallback");
+            out[..n].to_vec()
+        };
+        // Frame 0 (S): a saved register at `base`, the return address into T above it; frame 1
+        // (T, CFA base + 32): the return address into B, the stack's end.
+        stack[0] = 12_345;
+        stack[1] = T + 1;
+        stack[3] = B + 1;
+        let regs = |fp: u64| Regs { pc: S, sp: base, fp };
+        let n = walk(&mut st, regs(1), bounds, &mut out).unwrap();
+        assert_eq!(out[..n], [T as usize + 1, B as usize + 1]);
+        // Another value in the register and in the slot it was saved to: replayed, and the
+        // same as a fresh walk.
+        stack[0] = 999;
+        let (n, _) = replay(&mut st.last, regs(2), &mut out).expect("replayed: the frame pointer was never used");
+        assert_eq!(out[..n], fresh(&stack, 2)[..]);
+        // Frame 1 finds its CFA from the frame pointer frame 0 restored: that slot must match.
+        stack[1] = U + 1;
+        stack[0] = base + 16;
+        let n = walk(&mut st, regs(1), bounds, &mut out).unwrap();
+        assert_eq!(out[..n], [U as usize + 1, B as usize + 1]);
+        assert!(replay(&mut st.last, regs(2), &mut out).is_some(), "the starting register is still unused");
+        stack[0] = base + 64;
+        assert!(replay(&mut st.last, regs(1), &mut out).is_none(), "the restored frame pointer changed");
+        let n = walk(&mut st, regs(1), bounds, &mut out).unwrap();
+        assert_eq!(out[..n], fresh(&stack, 1)[..]);
+        // Frame 0 itself finds its CFA from the frame pointer it starts with: that must match.
+        st.cache.insert(S, Step::Rule(Rule::new(true, 16, -8, None).unwrap()).encode());
+        st.last.clear();
+        stack[1] = T + 1;
+        let n = walk(&mut st, regs(base), bounds, &mut out).unwrap();
+        assert_eq!(out[..n], [T as usize + 1, B as usize + 1]);
+        assert!(replay(&mut st.last, regs(base), &mut out).is_some());
+        assert!(replay(&mut st.last, regs(base + 8), &mut out).is_none(), "the starting frame pointer was used");
     }
 
     #[test]
