@@ -179,7 +179,9 @@
 //! `dl_iterate_phdr`, so it is exact without frame pointers and through C and C++ libraries
 //! (libcuda, libcupti) that have none; the rule at each return address is read once per thread
 //! and cached, and an allocation from a place the thread allocated from before only checks
-//! that the stack slots the last walk read still hold the same values. In a release build
+//! that the stack slots the last walk read still hold the same values (the frame pointer
+//! register and the slots it was saved to only where some frame's rule used them: without
+//! frame pointers it is an ordinary register, holding anything). In a release build
 //! without frame pointers a recorded pair costs about twice an unrecorded one, where the
 //! `backtrace` crate's unwinder ([`StackMode::Full`]) costs 60 times (BENCHMARKS.md, "Stacks
 //! as users build"). Libraries loaded later (`dlopen`) are found at their first frame; frames

@@ -9,7 +9,11 @@
 //! ([`cache::RuleCache`]); afterwards the frame costs one table lookup and one or two reads of
 //! the stack, with no lock, no system call and no atomic write. A capture from a place the
 //! thread captured from before does not even look the rules up: it checks that the stack
-//! slots the last walk read still hold what they held ([`walk`], [`replay`]).
+//! slots the last walk read still hold what they held ([`walk`], [`replay`]). The frame
+//! pointer register and the slots it was saved to count only where a rule used them (a CFA
+//! found from the frame pointer, before another frame restored it): in code built without
+//! frame pointers the register is an ordinary one, and a loop's captures hold other values
+//! there each time while their frames are the same.
 //!
 //! Frames with frame pointers need no special case: their rule says "the CFA is the frame
 //! pointer plus 16", which the same lookup finds. Frames the packed rule cannot describe
@@ -239,8 +243,10 @@ pub(crate) fn capture(out: &mut [usize], stack: (usize, usize)) -> Option<Captur
 
 /// The whole previous walk again, where this capture starts from the registers it started
 /// from and every slot it read holds the same value: then the walk would read the same slots
-/// under the same rules (see [`walk`]) and give the same frames. The slots need no bounds
-/// check: the same stack pointer gives the same lower bound as when they were read.
+/// under the same rules (see [`walk`]) and give the same frames. The frame pointer (the
+/// starting register, a restored slot) is compared only where the walk used it: a value no
+/// rule reads cannot change a frame. The slots need no bounds check: the same stack pointer
+/// gives the same lower bound as when they were read.
 #[inline(always)]
 fn replay(last: &mut Trace, regs: Regs, out: &mut [usize]) -> Option<(usize, u64)> {
     let first = last.frames.first()?;
