@@ -2,14 +2,25 @@
 # On the device machine: the CUDA tests (both kinds of segments, parallel as `cargo test` runs
 # them), then every fixture trace replayed through vramscope with each segment kind, recording
 # off and with the default recording (two runs each), then through PyTorch's caching allocator,
-# cudaMallocAsync and cudaMalloc (../shared/tools/torch_replay.py), then table.py prints the
-# whole table from this log. Here, first:
+# cudaMallocAsync and cudaMalloc (../shared/tools/torch_replay.py); then the pair (one
+# allocation and free, cached) and the threads (1 to 16 threads, each on its own stream or all
+# on one), vramscope as users build and with frame pointers, beside PyTorch's allocator
+# (../shared/tools/torch_threads.py). table.py prints the whole table from this log. Here, first:
 #   cargo build --release --features cuda -p vramscope-cli
 #   cargo test --release --features cuda --test cuda --no-run      # prints the test binary
+#   cargo bench --features cuda --bench cuda --no-run              # prints the pair bench
+#   (cd fixtures/user-bench && RUSTFLAGS= cargo bench --features cuda --bench threads --no-run &&
+#    RUSTFLAGS="-C force-frame-pointers=yes" CARGO_TARGET_DIR=target/fp \
+#      cargo bench --features cuda --bench threads --no-run)
 #   mkdir -p .gpu && cp target/release/deps/cuda-<hash> .gpu/cuda_tests
-#   cp target/release/vramscope ../shared/tools/torch_replay.py tests/gpu/run.sh tests/gpu/table.py .gpu/
-#   strip .gpu/cuda_tests .gpu/vramscope
-# then with the `device` tool (carry [".gpu"]): bash .gpu/run.sh > $OUT/log.txt 2>&1
+#   cp target/release/deps/cuda-<other hash> .gpu/cuda_bench
+#   cp fixtures/user-bench/target/release/deps/threads-<hash> .gpu/threads_user
+#   cp fixtures/user-bench/target/fp/release/deps/threads-<hash> .gpu/threads_fp
+#   cp target/release/vramscope ../shared/tools/torch_replay.py ../shared/tools/torch_threads.py \
+#     tests/gpu/run.sh tests/gpu/table.py .gpu/
+#   strip --strip-debug .gpu/cuda_tests .gpu/cuda_bench .gpu/vramscope .gpu/threads_*
+# then with the `device` tool (carry [".gpu"]): bash .gpu/run.sh > $OUT/log.txt 2>&1, and
+# python3 tests/gpu/table.py log.txt here. A part whose binary is missing is left out.
 # BENCHMARKS.md ("On the GPU") keeps the latest table with the GPU's name.
 set -u
 cd "$(dirname "$0")"
@@ -27,3 +38,12 @@ for f in traces/*.trace.json; do
 done
 echo "== torch_replay.py"
 timeout 300 python3 torch_replay.py traces 2>&1 | grep -v Warning | tail -20
+if [ -x cuda_bench ]; then
+  echo "== pair bench"; timeout 200 ./cuda_bench --bench 2>&1 | grep -v "^$"
+fi
+for i in 1 2; do for b in user fp; do
+  [ -x threads_$b ] || continue
+  echo "== threads $b $i"; timeout 200 ./threads_$b --backend cuda --secs 0.5 --recording off 2>&1
+  timeout 200 ./threads_$b --backend cuda --secs 0.5 --recording default 2>&1
+done; done
+if [ -f torch_threads.py ]; then echo "== torch_threads.py"; timeout 300 python3 torch_threads.py 2>&1 | grep -v Warning; fi

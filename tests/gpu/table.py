@@ -1,21 +1,92 @@
 #!/usr/bin/env python3
-"""Prints the table of a `tests/gpu/run.sh` log: every trace by allocator, warm ns/op, driver
-calls in the last warm pass, peak reserved over peak live. vramscope's rows are
+"""Prints the tables of a `tests/gpu/run.sh` log. The traces: every trace by allocator, warm
+ns/op, driver calls in the last warm pass, peak reserved over peak live; vramscope's rows are
 `malloc`/`virtual` (segment kind) x `off`/`fast` (recording off, default recording), two runs
 each; PyTorch and the cudaMallocAsync pool are torch_replay.py's (one stream: compare
-multi-stream traces on peak and calls, not time).
+multi-stream traces on peak and calls, not time). The pair: one cached allocation and free,
+ns (divan medians of `benches/cuda.rs`; PyTorch's from torch_threads.py at one thread). The
+threads: million pairs per second in all at 1 to 16 threads, each run's figure, and the most
+threads' total over one thread's.
 
     python3 tests/gpu/table.py LOG
 """
 import json
+import re
 import sys
+
+
+def divan_medians(lines):
+    """(bench, arg) -> median in ns, from divan's tree output."""
+    out, bench = {}, None
+    unit = {"ns": 1, "µs": 1e3, "ms": 1e6, "s": 1e9}
+    for line in lines:
+        m = re.match(r"^([│ ]*)[├╰]─ (\S+)\s*(.*)$", line)
+        if not m:
+            continue
+        depth, name, rest = len(m.group(1)) // 3, m.group(2), m.group(3)
+        cols = [c.strip() for c in rest.split("│")]
+        if depth == 0:
+            bench = name
+        if len(cols) >= 3 and cols[2]:
+            v = cols[2].split()
+            out[(bench, name if depth else "")] = float(v[0]) * unit.get(v[1], 1)
+    return out
+
+
+def pair_table(pairs, threads, torch_threads):
+    if not pairs and not threads:
+        return
+    print("\n| pair (ns) | 512 B | 1 MiB | 64 MiB |")
+    print("|---|---|---|---|")
+    for bench, label in (("vramscope_pair", "vramscope, recording off"),
+                         ("vramscope_pair_recording", "vramscope, default recording"),
+                         ("cudarc_stream_alloc_pair", "cudarc `stream.alloc` (driver's pool)")):
+        row = [pairs.get((bench, a)) for a in ("512", "1048576", "67108864")]
+        if any(row):
+            print(f"| {label} | " + " | ".join(f"{v:.0f}" if v else "" for v in row) + " |")
+    one = [r for r in torch_threads if r["threads"] == 1 and r["own_stream"]]
+    if one:
+        print("| PyTorch's allocator (512 B, one thread) | " + ", ".join(f"{1e9 / r['pairs_per_s']:.0f}" for r in one) + " | | |")
+
+
+def thread_table(threads, torch_threads):
+    if not threads and not torch_threads:
+        return
+    counts = sorted({r["threads"] for r in threads + torch_threads})
+    print("\n| pairs per second (M, each run) | " + " | ".join(str(c) for c in counts) + " | most / one |")
+    print("|---|" + "---|" * (len(counts) + 1))
+    rows = {}
+    for r in threads:
+        key = (f"vramscope, {r['build']} build, recording {r['recording']}", r["own_stream"])
+        rows.setdefault(key, {}).setdefault(r["threads"], []).append(r["pairs_per_s"])
+    for r in torch_threads:
+        rows.setdefault(("PyTorch's allocator (no recording)", r["own_stream"]), {}).setdefault(r["threads"], []).append(r["pairs_per_s"])
+    for (label, own), by in rows.items():
+        cells = [", ".join(f"{v / 1e6:.2f}" for v in by.get(c, [])) for c in counts]
+        ratio = ""
+        if by.get(counts[0]) and by.get(counts[-1]):
+            ratio = f"{min(by[counts[-1]]) / max(by[counts[0]]):.2f}-{max(by[counts[-1]]) / min(by[counts[0]]):.2f}"
+        print(f"| {label}, {'own streams' if own else 'one stream'} | " + " | ".join(cells) + f" | {ratio} |")
 
 
 def main(path):
     runs, torch = {}, {}
     key = None
+    section, pair_lines, threads, torch_threads = None, [], [], []
     for line in open(path):
+        line = line.rstrip("\n")
+        if line.startswith("== "):
+            section = line[3:]
+        if section == "pair bench":
+            pair_lines.append(line)
         line = line.strip()
+        if section and section.startswith("threads ") and line.startswith('{"backend":"vramscope-'):
+            r = json.loads(line)
+            if "own_stream" in r:
+                r["build"] = "user" if section.split()[1] == "user" else "frame-pointer"
+                threads.append(r)
+        if line.startswith('{"backend": "torch"') or line.startswith('{"backend":"torch"'):
+            torch_threads.append(json.loads(line))
         if line.startswith("== replay "):
             key = tuple(line.split()[2:5])
         elif line.startswith('{"trace"') and key:
@@ -45,6 +116,8 @@ def main(path):
             print(f"| {name} | PyTorch | {t['torch_warm_ns_op']:.0f} | | {t['torch_peak_reserved'] / live:.3f} |")
             print(f"| {name} | cudaMallocAsync | {t['async_warm_ns_op']:.0f} | | {t['async_peak_reserved'] / live:.3f} |")
             print(f"| {name} | cudaMalloc | {t['cudaMalloc_ns_op_first20k']:.0f} (first 20k) | every op | 1 |")
+    pair_table(divan_medians(pair_lines), threads, torch_threads)
+    thread_table(threads, torch_threads)
 
 
 if __name__ == "__main__":
