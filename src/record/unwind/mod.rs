@@ -65,14 +65,6 @@ struct Trace {
     /// the register is an ordinary one and holds whatever the code last put there: a walk
     /// that never used it is the same walk whatever it holds.
     fp0_needed: bool,
-    /// Scratch for [`index`](Self::index): whether each frame's restored frame pointer is used.
-    fp_slot_needed: Vec<bool>,
-    /// The slots every frame read with the values they held, in frame order, flat.
-    checks: Vec<[u64; 2]>,
-    /// `checks_end[k]`: how many checks frames `0..=k` make.
-    checks_end: Vec<usize>,
-    /// The frames' return addresses.
-    ras: Vec<usize>,
     /// The last capture's length and hash.
     hash: (usize, u64),
     /// Changes whenever `frames` change: a capture's frames are the same as another's of this
@@ -94,18 +86,7 @@ pub(crate) struct Captured {
 
 impl Trace {
     const fn new() -> Trace {
-        Trace {
-            frames: Vec::new(),
-            stopped: false,
-            stop_used_fp: true,
-            fp0_needed: true,
-            fp_slot_needed: Vec::new(),
-            checks: Vec::new(),
-            checks_end: Vec::new(),
-            ras: Vec::new(),
-            hash: (0, 0),
-            version: 0,
-        }
+        Trace { frames: Vec::new(), stopped: false, stop_used_fp: true, fp0_needed: true, hash: (0, 0), version: 0 }
     }
 
     /// Forgets the walk.
@@ -113,42 +94,19 @@ impl Trace {
         self.version += 1;
         self.frames.clear();
         self.fp0_needed = true;
-        self.checks.clear();
-        self.checks_end.clear();
-        self.ras.clear();
     }
 
-    /// Derives the flat checks from `frames`.
+    /// A new walk in `frames`: marks, from the last frame down, which frame pointers a replay
+    /// must compare: the one the walk started with and each one restored from a slot, where a
+    /// caller's CFA (or the stop) was found from it before another frame restored it.
     fn index(&mut self) {
         self.version += 1;
-        self.checks.clear();
-        self.checks_end.clear();
-        self.ras.clear();
-        // From the last frame down: whether the frame pointer each frame hands its caller is
-        // used (by a caller's CFA, or by the stop, before another frame restores it). A
-        // restored frame pointer's slot is checked only where it is.
-        let mut needed = std::mem::take(&mut self.fp_slot_needed);
-        needed.clear();
-        needed.resize(self.frames.len(), false);
         let mut need = self.stopped && self.stop_used_fp;
-        for (k, f) in self.frames.iter().enumerate().rev() {
-            if f.fp_at != 0 {
-                needed[k] = need;
-                need = f.cfa_from_fp;
-            } else {
-                need |= f.cfa_from_fp;
-            }
+        for f in self.frames.iter_mut().rev() {
+            f.check_fp = f.fp_at != 0 && need;
+            need = if f.fp_at != 0 { f.cfa_from_fp } else { need || f.cfa_from_fp };
         }
         self.fp0_needed = need;
-        for (f, &slot_needed) in self.frames.iter().zip(&needed) {
-            self.checks.push([f.ra_at, f.ra]);
-            if f.fp_at != 0 && slot_needed {
-                self.checks.push([f.fp_at, f.fp_after]);
-            }
-            self.checks_end.push(self.checks.len());
-            self.ras.push(f.ra as usize);
-        }
-        self.fp_slot_needed = needed;
     }
 }
 
@@ -167,6 +125,8 @@ struct Seen {
     cfa: u64,
     /// The CFA was found from `fp` (else from `sp`).
     cfa_from_fp: bool,
+    /// A replay compares the slot at `fp_at` (see [`Trace::index`]).
+    check_fp: bool,
 }
 
 thread_local! {
@@ -263,14 +223,19 @@ fn replay(last: &mut Trace, regs: Regs, out: &mut [usize]) -> Option<(usize, u64
     if first.fp != regs.fp && last.fp0_needed {
         return None;
     }
-    // SAFETY: every slot was an aligned word of this thread's stack, at or above the stack
-    // pointer of the capture that read it, which is the stack pointer now: mapped and
-    // readable while this function runs.
-    let same = last.checks[..last.checks_end[m - 1]].iter().all(|&[at, v]| unsafe { *(at as *const u64) } == v);
+    let frames = &last.frames[..m];
+    let same = frames.iter().all(|f| {
+        // SAFETY: every slot was an aligned word of this thread's stack, at or above the stack
+        // pointer of the capture that read it, which is the stack pointer now: mapped and
+        // readable while this function runs.
+        unsafe { *(f.ra_at as *const u64) == f.ra && (!f.check_fp || *(f.fp_at as *const u64) == f.fp_after) }
+    });
     if !same {
         return None;
     }
-    out[..m].copy_from_slice(&last.ras[..m]);
+    for (o, f) in out[..m].iter_mut().zip(frames) {
+        *o = f.ra as usize;
+    }
     if last.hash.0 != m {
         last.hash = (m, super::stack::hash_stack(&out[..m]));
     }
@@ -412,7 +377,18 @@ fn walk(state: &mut ThreadState, regs: Regs, (lo, hi): (usize, usize), out: &mut
             new.extend_from_slice(&last[..same]);
             diverged = true;
         }
-        new.push(Seen { lookup, sp, fp, ra_at, ra, fp_at, fp_after, cfa, cfa_from_fp: rule.cfa_from_fp });
+        new.push(Seen {
+            lookup,
+            sp,
+            fp,
+            ra_at,
+            ra,
+            fp_at,
+            fp_after,
+            cfa,
+            cfa_from_fp: rule.cfa_from_fp,
+            check_fp: false,
+        });
         out[n] = ra as usize;
         n += 1;
         (lookup, sp, fp) = (ra - 1, cfa, fp_after);
