@@ -19,6 +19,7 @@ fn main() {
         Ok(Ok(ctx)) => {
             STREAM.get_or_init(|| ctx.new_stream().unwrap());
             divan::main();
+            interleaved();
         }
         Ok(Err(e)) => eprintln!("skipped: no CUDA device: {e}"),
         Err(_) => eprintln!("skipped: no CUDA driver"),
@@ -77,6 +78,71 @@ fn pairs_over_1000_stacks(bencher: Bencher) {
         i = (i + 1) % 1000;
     });
     stream.synchronize().unwrap();
+}
+
+/// The same pairs observed and not, in turn, in one process: 31 rounds, each timing 2,000
+/// pairs paused (`observe::pause`: CUPTI calls nothing back) and then 2,000 observed with the
+/// default recording, so that both halves of a round meet the same host. Prints the medians
+/// and the median of the rounds' ratios (observed over paused), at one site and over the
+/// 1,000 stacks. A noisy host moves both halves of a round together; separate benchmarks run
+/// seconds apart do not.
+fn interleaved() {
+    if vramscope::observe::start().is_err() {
+        return;
+    }
+    let stream = STREAM.get().expect("set in main");
+    let mut i = 0usize;
+    type Pair<'a> = Box<dyn FnMut() + 'a>;
+    let mut cases: [(&str, Pair); 2] = [
+        (
+            "one site",
+            Box::new(|| {
+                // SAFETY: never read; freed at once.
+                drop(black_box(unsafe { stream.alloc::<u8>(black_box(512)) }.unwrap()));
+            }),
+        ),
+        (
+            "1,000 stacks",
+            Box::new(move || {
+                let (leaf, depth) = (LEAVES[i % LEAVES.len()], 1 + (i / LEAVES.len()) % 40);
+                down(depth, stream, leaf);
+                i = (i + 1) % 1000;
+            }),
+        ),
+    ];
+    println!("\ninterleaved, {} pairs a half, 31 rounds: median ns a pair (paused, observed), ratio", 2000);
+    for (name, pair) in cases.iter_mut() {
+        let mut time = |n: usize| {
+            let t = std::time::Instant::now();
+            for _ in 0..n {
+                pair();
+            }
+            t.elapsed().as_nanos() as f64 / n as f64
+        };
+        time(2000);
+        let (mut off, mut on, mut ratio) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..31 {
+            vramscope::observe::pause().unwrap();
+            let a = time(2000);
+            vramscope::observe::resume().unwrap();
+            let b = time(2000);
+            off.push(a);
+            on.push(b);
+            ratio.push(b / a);
+        }
+        stream.synchronize().unwrap();
+        let median = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let (lo, hi) = (ratio.iter().copied().fold(f64::MAX, f64::min), ratio.iter().copied().fold(0.0, f64::max));
+        println!(
+            "{name}: paused {:.0} ns, observed {:.0} ns, ratio {:.2}x (rounds {lo:.2}-{hi:.2}x)",
+            median(&mut off),
+            median(&mut on),
+            median(&mut ratio)
+        );
+    }
 }
 
 /// 512-byte pairs before observing starts.

@@ -209,8 +209,9 @@ impl Cupti {
         unsafe { CStr::from_ptr(s) }.to_string_lossy().into_owned()
     }
 
-    /// Subscribes `callback` and enables it for the driver calls `cbids`.
-    pub(super) fn subscribe(&self, callback: Callback, cbids: &[u32]) -> Result<(), String> {
+    /// Subscribes `callback` and enables it for the driver calls `cbids`; returns the
+    /// subscriber.
+    pub(super) fn subscribe(&self, callback: Callback, cbids: &[u32]) -> Result<*mut c_void, String> {
         let mut subscriber: *mut c_void = std::ptr::null_mut();
         // SAFETY: `subscriber` is a valid out pointer; the callback is a plain function for the
         // life of the process (the subscription is never removed).
@@ -222,9 +223,15 @@ impl Cupti {
                 self.describe(r)
             ));
         }
+        self.enable(subscriber, cbids, true)?;
+        Ok(subscriber)
+    }
+
+    /// Turns the callbacks of `subscriber` for the driver calls `cbids` on or off.
+    pub(super) fn enable(&self, subscriber: *mut c_void, cbids: &[u32], on: bool) -> Result<(), String> {
         for &id in cbids {
-            // SAFETY: `subscriber` came from `cuptiSubscribe` above.
-            let r = unsafe { (self.enable_callback)(1, subscriber, DOMAIN_DRIVER_API, id) };
+            // SAFETY: `subscriber` came from `cuptiSubscribe`.
+            let r = unsafe { (self.enable_callback)(u32::from(on), subscriber, DOMAIN_DRIVER_API, id) };
             if r != 0 {
                 return Err(format!("cuptiEnableCallback({id}): {}", self.describe(r)));
             }

@@ -52,6 +52,15 @@ pub const OBSERVED_STACK_DEPTH: usize = 64;
 /// The process's observer: CUPTI, subscribed, or why not.
 static OBSERVER: OnceLock<std::result::Result<String, String>> = OnceLock::new();
 
+/// CUPTI and the subscriber, once subscribed: loaded for the life of the process (the
+/// subscription is never removed).
+static SUBSCRIBED: OnceLock<Subscribed> = OnceLock::new();
+
+struct Subscribed {
+    cupti: cupti::Cupti,
+    subscriber: usize,
+}
+
 /// The allocators of observed memory, by device.
 fn allocators() -> &'static Mutex<BTreeMap<usize, CachingAllocator>> {
     static ALLOCATORS: OnceLock<Mutex<BTreeMap<usize, CachingAllocator>>> = OnceLock::new();
@@ -69,10 +78,9 @@ pub fn start() -> Result<String> {
     OBSERVER
         .get_or_init(|| {
             let cupti = cupti::Cupti::load()?;
-            cupti.subscribe(callback, &cupti::cbid::ALL)?;
+            let subscriber = cupti.subscribe(callback, &cupti::cbid::ALL)? as usize;
             let path = cupti.path.clone();
-            // Loaded for the life of the process: the subscription is never removed.
-            std::mem::forget(cupti);
+            let _ = SUBSCRIBED.set(Subscribed { cupti, subscriber });
             Ok(path)
         })
         .clone()
@@ -82,6 +90,29 @@ pub fn start() -> Result<String> {
 /// Whether [`start`] succeeded.
 pub fn is_running() -> bool {
     matches!(OBSERVER.get(), Some(Ok(_)))
+}
+
+/// Stops observing until [`resume`]: CUPTI stops calling back, so the driver's calls cost
+/// what they cost unobserved (this is how `benches/observe.rs` measures both in turn, in one
+/// process). Nothing is recorded meanwhile, frees included: an allocation observed before and
+/// freed while paused stays recorded as live until its address is allocated again under
+/// observation. An error where observing never started.
+pub fn pause() -> Result<()> {
+    switch(false)
+}
+
+/// Observes again after [`pause`]. An error where observing never started.
+pub fn resume() -> Result<()> {
+    switch(true)
+}
+
+fn switch(on: bool) -> Result<()> {
+    let s = SUBSCRIBED
+        .get()
+        .ok_or_else(|| Error::Backend(BackendError::Other("observing CUDA allocations was not started".into())))?;
+    s.cupti
+        .enable(s.subscriber as *mut c_void, &cupti::cbid::ALL, on)
+        .map_err(|m| Error::Backend(BackendError::Other(m)))
 }
 
 /// The allocator holding device `device`'s observed memory (made at the first allocation seen
@@ -300,5 +331,8 @@ mod tests {
         let e = start().unwrap_err().to_string();
         assert!(e.contains("CUPTI (libcupti.so) was not found") && e.contains("VRAMSCOPE_CUPTI"), "{e}");
         assert!(!is_running());
+        for e in [pause().unwrap_err(), resume().unwrap_err()] {
+            assert!(e.to_string().contains("was not started"), "{e}");
+        }
     }
 }
