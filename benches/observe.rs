@@ -2,8 +2,12 @@
 //! cudarc: `CudaStream::alloc` + drop pairs (`cuMemAllocAsync`, `cuMemFreeAsync`) unobserved,
 //! observed with the default recording (a stack per allocation, unwound through CUPTI's and
 //! the driver's frames), and observed with recording off (CUPTI's callbacks and the table
-//! alone). The benchmarks run in that order (divan runs them by name): observing cannot be
-//! stopped once started. Without a device or CUPTI it prints why and measures nothing.
+//! alone). The benchmarks run in that order (divan runs them by name), the unobserved ones
+//! before observing starts. Then the same pairs, at one site and over 1,000 distinct stacks,
+//! paused (`observe::pause`) and observed in turn, 31 rounds in one process: the figure for the
+//! observer's cost on a host whose speed drifts between separate benchmarks (BENCHMARKS.md,
+//! "Observed and paused in turn"). The 1,000-stack benchmark checks that every recorded frame
+//! is at its calling line. Without a device or CUPTI it prints why and measures nothing.
 //!
 //! `cargo bench --features cupti,cuda --bench observe`
 
