@@ -223,17 +223,16 @@ fn replay(last: &mut Trace, regs: Regs, out: &mut [usize]) -> Option<(usize, u64
     if first.fp != regs.fp && last.fp0_needed {
         return None;
     }
-    let frames = &last.frames[..m];
-    let same = frames.iter().all(|f| {
+    // One pass: `out` is scratch until this returns `Some` (a miss walks over it).
+    for (o, f) in out[..m].iter_mut().zip(&last.frames[..m]) {
         // SAFETY: every slot was an aligned word of this thread's stack, at or above the stack
         // pointer of the capture that read it, which is the stack pointer now: mapped and
         // readable while this function runs.
-        unsafe { *(f.ra_at as *const u64) == f.ra && (!f.check_fp || *(f.fp_at as *const u64) == f.fp_after) }
-    });
-    if !same {
-        return None;
-    }
-    for (o, f) in out[..m].iter_mut().zip(frames) {
+        let same =
+            unsafe { *(f.ra_at as *const u64) == f.ra && (!f.check_fp || *(f.fp_at as *const u64) == f.fp_after) };
+        if !same {
+            return None;
+        }
         *o = f.ra as usize;
     }
     if last.hash.0 != m {
