@@ -30,15 +30,17 @@ fn main() {
     }
 }
 
+/// One 512-byte pair at one site.
+fn one_pair(stream: &Arc<CudaStream>) {
+    // SAFETY: the memory is never read; it is freed when the slice drops.
+    let b = unsafe { stream.alloc::<u8>(black_box(512)) }.unwrap();
+    drop(black_box(b));
+}
+
 fn pair(bencher: Bencher) {
     let stream = STREAM.get().expect("set in main");
-    // SAFETY: the memory is never read; it is freed when the slice drops.
-    drop(unsafe { stream.alloc::<u8>(512) }.unwrap());
-    bencher.bench_local(|| {
-        // SAFETY: as above.
-        let b = unsafe { stream.alloc::<u8>(black_box(512)) }.unwrap();
-        drop(black_box(b));
-    });
+    one_pair(stream);
+    bencher.bench_local(|| one_pair(stream));
     stream.synchronize().unwrap();
 }
 
@@ -73,14 +75,17 @@ fn down(depth: usize, stream: &Arc<CudaStream>, leaf: fn(&Arc<CudaStream>)) {
     black_box(depth);
 }
 
+/// Pair `i` of the 1,000 stacks (leaf `i % 25`, `1 + i / 25` levels deep); moves `i` on.
+fn stack_pair(i: &mut usize, stream: &Arc<CudaStream>) {
+    let (leaf, depth) = (LEAVES[*i % LEAVES.len()], 1 + (*i / LEAVES.len()) % 40);
+    down(depth, stream, leaf);
+    *i = (*i + 1) % 1000;
+}
+
 fn pairs_over_1000_stacks(bencher: Bencher) {
     let stream = STREAM.get().expect("set in main");
     let mut i = 0usize;
-    bencher.bench_local(|| {
-        let (leaf, depth) = (LEAVES[i % LEAVES.len()], 1 + (i / LEAVES.len()) % 40);
-        down(depth, stream, leaf);
-        i = (i + 1) % 1000;
-    });
+    bencher.bench_local(|| stack_pair(&mut i, stream));
     stream.synchronize().unwrap();
 }
 
@@ -97,23 +102,8 @@ fn interleaved() {
     let stream = STREAM.get().expect("set in main");
     let mut i = 0usize;
     type Pair<'a> = Box<dyn FnMut() + 'a>;
-    let mut cases: [(&str, Pair); 2] = [
-        (
-            "one site",
-            Box::new(|| {
-                // SAFETY: never read; freed at once.
-                drop(black_box(unsafe { stream.alloc::<u8>(black_box(512)) }.unwrap()));
-            }),
-        ),
-        (
-            "1,000 stacks",
-            Box::new(move || {
-                let (leaf, depth) = (LEAVES[i % LEAVES.len()], 1 + (i / LEAVES.len()) % 40);
-                down(depth, stream, leaf);
-                i = (i + 1) % 1000;
-            }),
-        ),
-    ];
+    let mut cases: [(&str, Pair); 2] =
+        [("one site", Box::new(|| one_pair(stream))), ("1,000 stacks", Box::new(move || stack_pair(&mut i, stream)))];
     println!("\ninterleaved, {} pairs a half, 31 rounds: median ns a pair (paused, observed), ratio", 2000);
     for (name, pair) in cases.iter_mut() {
         let mut time = |n: usize| {

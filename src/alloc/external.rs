@@ -59,13 +59,7 @@ impl CachingAllocator {
     /// (allocated before recording began, or by a call not recorded), and always on an
     /// allocator not made by [`external`](Self::external).
     pub fn forget_external(&self, addr: u64) -> bool {
-        if !self.shared.backend.is_external() {
-            return false;
-        }
-        let pending = self.shared.capture.get_for_free().map(Pending::capture);
-        let mut locked = self.shared.lock();
-        let ctx = pending.map(|p| p.intern(locked.heap.recorder_mut()));
-        locked.heap.forget_external_at(&*self.shared.backend, addr, ctx)
+        self.forget_external_range(addr, 1) == 1
     }
 
     /// Forgets every allocation recorded at an address in `addr..addr + len`: the program

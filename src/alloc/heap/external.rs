@@ -43,20 +43,9 @@ impl Heap {
         Ok(())
     }
 
-    /// Forgets what was recorded at `addr`; false if nothing was (memory allocated before
-    /// observing began, or not by an observed call).
-    pub(crate) fn forget_external_at(&mut self, backend: &dyn Backend, addr: u64, ctx: Option<Context>) -> bool {
-        match self.external.remove(&addr) {
-            Some(b) => {
-                self.forget_external(backend, b, ctx);
-                true
-            }
-            None => false,
-        }
-    }
-
-    /// Forgets every allocation recorded at an address in `addr..addr + len` (a range the
-    /// program unmapped); returns how many.
+    /// Forgets every allocation recorded at an address in `addr..addr + len` (a free: `len`
+    /// 1; a range the program unmapped); returns how many. Nothing recorded there: memory
+    /// allocated before observing began, or not by an observed call.
     pub(crate) fn forget_external_range_at(
         &mut self,
         backend: &dyn Backend,
@@ -64,14 +53,15 @@ impl Heap {
         len: u64,
         ctx: Option<Context>,
     ) -> usize {
-        let end = addr.saturating_add(len);
-        let inside: Vec<u64> = self.external.range(addr..end).map(|(&a, _)| a).collect();
-        for a in &inside {
-            if let Some(b) = self.external.remove(a) {
-                self.forget_external(backend, b, ctx);
-            }
+        let Some(span) = len.checked_sub(1) else { return 0 };
+        let last = addr.saturating_add(span);
+        let mut forgotten = 0;
+        while let Some((&a, &b)) = self.external.range(addr..=last).next() {
+            self.external.remove(&a);
+            self.forget_external(backend, b, ctx);
+            forgotten += 1;
         }
-        inside.len()
+        forgotten
     }
 
     /// Records `requested` bytes at `addr`, allocated by the program on `stream`, as a segment
