@@ -50,13 +50,57 @@ fn check_disjoint(live: &[(Buffer<u8>, usize)]) {
     }
 }
 
-fn run_ops(alloc: &CachingAllocator, sim: &SimBackend, streams: &[Stream], ops: &[Op]) {
+/// Allocations made and the bytes they asked for, counted by the test (the ground truth for
+/// the allocator's accumulated totals, which threads' parked round trips reach only at a pull).
+#[derive(Default)]
+struct Made {
+    allocations: std::sync::atomic::AtomicU64,
+    bytes: std::sync::atomic::AtomicU64,
+}
+
+impl Made {
+    fn count(&self, bytes: usize) {
+        if bytes > 0 {
+            self.allocations.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.bytes.fetch_add(bytes as u64, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    fn check(&self, alloc: &CachingAllocator) {
+        let stats = alloc.stats();
+        let made = (
+            self.allocations.load(std::sync::atomic::Ordering::Relaxed),
+            self.bytes.load(std::sync::atomic::Ordering::Relaxed),
+        );
+        assert_eq!((stats.allocation.all.allocated, stats.requested_bytes.all.allocated), made);
+    }
+}
+
+/// With `quiet`, nothing is recorded: threads park and take their blocks without the lock.
+fn allocator(sim: &Arc<SimBackend>, config: vramscope::config::AllocatorConfig, quiet: bool) -> CachingAllocator {
+    let alloc = CachingAllocator::with_config(sim.clone(), config).unwrap();
+    if quiet {
+        alloc.record_memory_history(vramscope::record::RecordConfig::off());
+    }
+    alloc
+}
+
+/// Whether to check after op `k`: after every op, or with `quiet` after every fifth (a check
+/// takes the lock, which pulls every parked block back: checking every op, nothing would stay
+/// parked for a later request to take).
+fn check_after(k: usize, quiet: bool) -> bool {
+    !quiet || k % 5 == 4
+}
+
+fn run_ops(alloc: &CachingAllocator, sim: &SimBackend, streams: &[Stream], ops: &[Op], quiet: bool) {
     let mut live: Vec<(Buffer<u8>, usize)> = Vec::new();
+    let made = Made::default();
     for (k, op) in ops.iter().enumerate() {
         match op {
             Op::Alloc { stream, bytes } => {
                 let b = alloc.alloc::<u8>(&streams[*stream], *bytes).expect("the sim device is large enough");
                 assert_eq!(b.num_bytes(), *bytes as u64);
+                made.count(*bytes);
                 live.push((b, *stream));
             }
             Op::Free(i) if !live.is_empty() => drop(live.swap_remove(i % live.len())),
@@ -69,16 +113,21 @@ fn run_ops(alloc: &CachingAllocator, sim: &SimBackend, streams: &[Stream], ops: 
             Op::EmptyCache => alloc.empty_cache(),
             _ => {}
         }
+        check_disjoint(&live);
+        if !check_after(k, quiet) {
+            continue;
+        }
         if let Err(e) = alloc.check_invariants() {
             panic!("after op {k} ({op:?}): {e}");
         }
-        check_disjoint(&live);
         let live_bytes: u64 = live.iter().map(|(b, _)| b.num_bytes()).sum();
         assert_eq!(alloc.stats().requested_bytes.all.current, live_bytes);
         assert!(alloc.memory_allocated() >= live_bytes);
         assert!(alloc.memory_reserved() >= alloc.memory_allocated());
+        made.check(alloc);
     }
     drop(live);
+    made.check(alloc);
 }
 
 fn finish(alloc: &CachingAllocator, sim: &SimBackend) {
@@ -98,30 +147,39 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
 
     #[test]
-    fn invariants_hold_on_one_thread(config in configs(), ops in prop::collection::vec(op(3), 1..250)) {
+    fn invariants_hold_on_one_thread(
+        config in configs(),
+        quiet in any::<bool>(),
+        ops in prop::collection::vec(op(3), 1..250),
+    ) {
         let sim = Arc::new(SimBackend::with_events(1 << 40, EventMode::Manual));
-        let alloc = CachingAllocator::with_config(sim.clone(), config).unwrap();
+        let alloc = allocator(&sim, config, quiet);
         let streams = [alloc.default_stream(), alloc.new_stream().unwrap(), alloc.new_stream().unwrap()];
-        run_ops(&alloc, &sim, &streams, &ops);
+        run_ops(&alloc, &sim, &streams, &ops, quiet);
         finish(&alloc, &sim);
     }
 
     #[test]
     fn invariants_hold_across_threads(
         config in configs(),
+        quiet in any::<bool>(),
         per_thread in prop::collection::vec(prop::collection::vec(op(2), 1..120), 2..5),
     ) {
         let sim = Arc::new(SimBackend::with_events(1 << 40, EventMode::Manual));
-        let alloc = CachingAllocator::with_config(sim.clone(), config).unwrap();
+        let alloc = allocator(&sim, config, quiet);
         let streams = [alloc.default_stream(), alloc.new_stream().unwrap()];
+        let made = Made::default();
         std::thread::scope(|scope| {
             for ops in &per_thread {
-                let (alloc, sim) = (&alloc, &sim);
+                let (alloc, sim, made) = (&alloc, &sim, &made);
                 scope.spawn(move || {
                     let mut live: Vec<Buffer<u8>> = Vec::new();
-                    for op in ops {
+                    for (k, op) in ops.iter().enumerate() {
                         match op {
-                            Op::Alloc { stream, bytes } => live.push(alloc.alloc::<u8>(&streams[*stream], *bytes).unwrap()),
+                            Op::Alloc { stream, bytes } => {
+                                live.push(alloc.alloc::<u8>(&streams[*stream], *bytes).unwrap());
+                                made.count(*bytes);
+                            }
                             Op::Free(i) if !live.is_empty() => drop(live.swap_remove(i % live.len())),
                             Op::RecordStream { buffer, stream } if !live.is_empty() => {
                                 alloc.record_stream(&live[buffer % live.len()], streams[*stream]).unwrap();
@@ -131,13 +189,16 @@ proptest! {
                             Op::EmptyCache => alloc.empty_cache(),
                             _ => {}
                         }
-                        alloc.check_invariants().unwrap();
+                        if check_after(k, quiet) {
+                            alloc.check_invariants().unwrap();
+                        }
                     }
                     // Hand the survivors to another thread to drop.
                     std::thread::spawn(move || drop(live)).join().unwrap();
                 });
             }
         });
+        made.check(&alloc);
         finish(&alloc, &sim);
     }
 }

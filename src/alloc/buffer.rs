@@ -2,11 +2,13 @@
 
 use super::heap::TensorMeta;
 use super::ids::BlockId;
+use super::park::{BlockClass, Parked};
 use super::{Shared, Stream};
 use crate::error::{Error, Result, UsageError};
 use std::fmt;
 use std::marker::PhantomData;
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Element types whose every bit pattern is a valid value, so that device bytes can be read
 /// back as `T`.
@@ -46,6 +48,11 @@ pub struct Buffer<T> {
     addr: u64,
     len: usize,
     stream: Stream,
+    /// The block's size and what it counts in (for parking; see `park`).
+    class: BlockClass,
+    /// Set once the heap holds more about the block than the buffer knows (a tensor
+    /// description, another stream's use): its drop must go through the lock, not park.
+    noted: AtomicBool,
     /// The `cudarc` stream, looked up on first use by cudarc's traits.
     #[cfg(feature = "cuda-backend")]
     cuda_stream: std::sync::OnceLock<std::sync::Arc<cudarc::driver::CudaStream>>,
@@ -66,13 +73,22 @@ impl<T: Pod> Buffer<T> {
     /// # Safety
     ///
     /// The buffer must have been counted in its allocator's live buffers (see `Locked`).
-    pub(crate) unsafe fn new(shared: NonNull<Shared>, block: BlockId, addr: u64, len: usize, stream: Stream) -> Self {
+    pub(crate) unsafe fn new(
+        shared: NonNull<Shared>,
+        block: BlockId,
+        addr: u64,
+        len: usize,
+        stream: Stream,
+        class: BlockClass,
+    ) -> Self {
         Buffer {
             shared,
             block: Some(block),
             addr,
             len,
             stream,
+            class,
+            noted: AtomicBool::new(false),
             #[cfg(feature = "cuda-backend")]
             cuda_stream: std::sync::OnceLock::new(),
             _marker: PhantomData,
@@ -89,6 +105,8 @@ impl<T: Pod> Buffer<T> {
             addr: 0,
             len: 0,
             stream,
+            class: BlockClass { size: 0, pool: super::Pool::Small, oversize: false },
+            noted: AtomicBool::new(false),
             #[cfg(feature = "cuda-backend")]
             cuda_stream: std::sync::OnceLock::new(),
             _marker: PhantomData,
@@ -144,6 +162,7 @@ impl<T: Pod> Buffer<T> {
         if let Some(b) = self.block() {
             let meta = TensorMeta { dtype: dtype.to_string(), shape: shape.to_vec() };
             self.shared().lock().heap.set_tensor_meta(b, meta);
+            self.noted.store(true, Ordering::Relaxed);
         }
         Ok(self)
     }
@@ -266,10 +285,35 @@ unsafe impl<T: Send> Send for Buffer<T> {}
 // SAFETY: as above; `&Buffer<T>` gives only shared reads of `T`.
 unsafe impl<T: Sync> Sync for Buffer<T> {}
 
+impl<T> Buffer<T> {
+    /// The block is used on `stream` too (`record_stream`): its free must wait for that
+    /// stream's work if it is another, which the heap sees to (see `noted`).
+    pub(crate) fn note_use(&self, stream: super::ids::StreamId) {
+        if stream != self.stream.id {
+            self.noted.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// What parking its block needs, unless the heap must see its free.
+    fn parkable(&mut self) -> Option<Parked> {
+        if *self.noted.get_mut() {
+            return None;
+        }
+        Some(Parked {
+            block: self.block?,
+            addr: self.addr,
+            requested: self.len as u64 * std::mem::size_of::<T>() as u64,
+            stream: self.stream.id,
+            class: self.class,
+        })
+    }
+}
+
 impl<T> Drop for Buffer<T> {
     fn drop(&mut self) {
+        let parkable = self.parkable();
         // SAFETY: `self.shared` comes from this live buffer, which is never used again.
-        unsafe { Shared::release_buffer(self.shared, self.block()) };
+        unsafe { Shared::release_buffer(self.shared, self.block, parkable) };
     }
 }
 

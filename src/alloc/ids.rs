@@ -25,6 +25,20 @@ macro_rules! slot_id {
             pub(crate) fn index(self) -> usize {
                 (self.0.get() - 1) as usize
             }
+
+            /// Its slot + 1, as stored.
+            #[allow(dead_code)]
+            #[inline]
+            pub(crate) fn raw(self) -> NonZeroU32 {
+                self.0
+            }
+
+            /// The id stored as `raw` (from [`raw`](Self::raw)).
+            #[allow(dead_code)]
+            #[inline]
+            pub(crate) fn from_raw(raw: NonZeroU32) -> Self {
+                $name(raw)
+            }
         }
 
         impl std::fmt::Debug for $name {

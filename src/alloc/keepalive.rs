@@ -70,6 +70,21 @@ impl<T> KeepAlive<T> {
         }
     }
 
+    /// Under the lock: `n` buffers' blocks that sat parked in threads' slots were freed (see
+    /// `park`). The caller holds a handle or a live buffer, so `keep` is not the last reference
+    /// and stays for that caller's own drop to decide.
+    #[allow(dead_code, reason = "tests/keepalive_loom.rs compiles this file without parking")]
+    pub(crate) fn unparked(&mut self, n: usize) {
+        debug_assert!(self.buffers >= n);
+        self.buffers -= n;
+    }
+
+    /// Whether `keep` is held (buffers exist, or did since it was last given up).
+    #[allow(dead_code, reason = "tests/keepalive_loom.rs compiles this file without parking")]
+    pub(crate) fn holds(&self) -> bool {
+        self.keep.is_some()
+    }
+
     /// Under the lock: the handle whose reference `own` is (from `Arc::into_raw`) is being
     /// dropped. Either gives the reference up now (another reference outlives the lock), or
     /// says what to drop after unlocking.

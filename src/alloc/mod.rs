@@ -14,6 +14,7 @@ mod sync_shim {
 }
 pub(crate) mod heap;
 mod oom_snapshot;
+mod park;
 mod registry;
 pub(crate) mod stats;
 pub use stats::{Counter, MemoryStats, Pool, PoolCounters};
@@ -32,7 +33,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 static NEXT_ALLOCATOR_ID: AtomicU64 = AtomicU64::new(1);
@@ -45,6 +46,8 @@ pub(crate) struct Shared {
     pub(crate) capture: CaptureFlags,
     /// Symbols resolved so far, kept across snapshots.
     pub(crate) symbols: Mutex<Symbolizer>,
+    /// Set while threads may not park blocks: the last handle is going (see `park`).
+    closed: AtomicBool,
 }
 
 /// What the allocator's lock protects: the heap, and what keeps the allocator alive for its
@@ -52,6 +55,30 @@ pub(crate) struct Shared {
 pub(crate) struct Locked {
     pub(crate) heap: Heap,
     keepalive: KeepAlive<Shared>,
+    /// Every thread's parking slot (see `park`).
+    parking: park::Parking,
+}
+
+impl Locked {
+    /// Takes every parked block back into the heap and counts the round trips made through the
+    /// slots, so that the heap is exactly what it would be without parking (see `park`).
+    #[inline]
+    fn pull(&mut self, backend: &dyn Backend) {
+        if !self.parking.is_empty() {
+            self.pull_parked(backend);
+        }
+    }
+
+    fn pull_parked(&mut self, backend: &dyn Backend) {
+        let heap = &mut self.heap;
+        let mut pulled = 0;
+        let trips = self.parking.pull(|b| {
+            heap.free(backend, b, None);
+            pulled += 1;
+        });
+        heap.note_round_trips(&trips);
+        self.keepalive.unparked(pulled);
+    }
 }
 
 /// The last reference is gone, so no buffer exists: give every segment back (waiting first for
@@ -72,17 +99,30 @@ impl Shared {
     /// that shortcut. Only `alloc` and `free` take the lock without it.
     pub(crate) fn lock(&self) -> crate::sync::MutexGuard<'_, Locked> {
         let mut locked = self.heap.lock();
+        locked.pull(&*self.backend);
         locked.heap.settle();
         locked
     }
 
+    /// Lists a parking slot for the calling thread if it has none and may park: call before
+    /// taking the lock, with `may_park` (nothing recorded), and bind what the lock gave after.
+    #[inline]
+    fn wants_slot(&self, may_park: bool) -> bool {
+        may_park && !self.closed.load(Ordering::Relaxed) && !park::is_bound(self.id)
+    }
+
     /// Called from `Buffer::drop` with the buffer's block, if it has one: returns the block and
-    /// forgets the buffer. Never panics.
+    /// forgets the buffer, parking the block in the thread's slot where it can (`parkable`:
+    /// what of the block parking needs, unless the heap must see the free). Never panics.
     ///
     /// # Safety
     ///
     /// `this` must come from a live buffer of this allocator, which must not use it again.
-    pub(crate) unsafe fn release_buffer(this: std::ptr::NonNull<Shared>, block: Option<ids::BlockId>) {
+    pub(crate) unsafe fn release_buffer(
+        this: std::ptr::NonNull<Shared>,
+        block: Option<ids::BlockId>,
+        parkable: Option<park::Parked>,
+    ) {
         // SAFETY: the buffer counted in `buffers` keeps `keepalive` set, so the allocation lives.
         let shared = unsafe { this.as_ref() };
         // See `alloc`: first, so that the counts the protocol reads are the handles' and
@@ -93,15 +133,30 @@ impl Shared {
         unsafe {
             Arc::decrement_strong_count(this.as_ptr().cast_const())
         };
+        let may_park = parkable.is_some() && shared.capture.records_nothing();
+        if may_park {
+            if let Some(p) = parkable {
+                // Parked, the block stays counted as this buffer was (see `park`).
+                if park::park(shared.id, &shared.closed, p).is_ok() {
+                    return;
+                }
+            }
+        }
         // Who freed it is captured only where the history keeps context on frees.
         let pending = if block.is_some() { shared.capture.get_for_free().map(Pending::capture) } else { None };
+        let wants_slot = shared.wants_slot(may_park);
         let mut locked = shared.heap.lock();
+        locked.pull(&*shared.backend);
         if let Some(b) = block {
             let ctx = pending.map(|p| p.intern(locked.heap.recorder_mut()));
             locked.heap.free(&*shared.backend, b, ctx);
         }
+        let slot = wants_slot.then(|| locked.parking.register());
         let released = locked.keepalive.buffer_gone();
         drop(locked);
+        if let Some(slot) = slot {
+            park::bind(shared.id, slot);
+        }
         drop(released);
     }
 }
@@ -181,6 +236,12 @@ impl Drop for CachingAllocator {
         // SAFETY: `ptr` came from `Arc::into_raw` and our strong reference keeps it alive.
         let shared = unsafe { &*ptr };
         let mut locked = shared.heap.lock();
+        if !locked.parking.is_empty() && Arc::strong_count(&self.shared) <= 1 + usize::from(locked.keepalive.holds()) {
+            // The last handle: no allocation will pull what threads parked, so close parking
+            // and pull it now (Dekker's half; see `park`).
+            shared.closed.store(true, Ordering::SeqCst);
+            locked.pull(&*shared.backend);
+        }
         // Decided, and any decrement that leaves other references made, under the lock: so
         // that whoever decides next (a handle's or the last buffer's drop) counts it. Made after
         // unlocking, it raced: with no buffer, handle B could allocate, drop itself, then drop
@@ -246,9 +307,16 @@ impl CachingAllocator {
         let record = RecordConfig::default();
         let capture = CaptureFlags::new(&record);
         let heap = Heap::new(device, config, record, &*backend);
-        let locked = Locked { heap, keepalive: KeepAlive::new() };
+        let locked = Locked { heap, keepalive: KeepAlive::new(), parking: park::Parking::default() };
         let id = NEXT_ALLOCATOR_ID.fetch_add(1, Ordering::Relaxed);
-        let shared = Arc::new(Shared { id, backend, heap: Mutex::new(locked), capture, symbols: Mutex::default() });
+        let shared = Arc::new(Shared {
+            id,
+            backend,
+            heap: Mutex::new(locked),
+            capture,
+            symbols: Mutex::default(),
+            closed: AtomicBool::new(false),
+        });
         registry::register(&shared);
         Ok(CachingAllocator { shared: ManuallyDrop::new(shared) })
     }
@@ -308,9 +376,31 @@ impl CachingAllocator {
         let bytes = (len as u64)
             .checked_mul(std::mem::size_of::<T>() as u64)
             .ok_or_else(|| Error::from(InvalidRequest::BytesOverflow { len, element: std::mem::size_of::<T>() }))?;
-        let pending = if bytes == 0 { None } else { self.shared.capture.get().map(Pending::capture) };
-        let grant = {
+        let capture = if bytes == 0 { None } else { self.shared.capture.get() };
+        let may_park = bytes != 0 && capture.is_none();
+        let shared = NonNull::from(&**self.shared);
+        if may_park {
+            if let Some(p) = park::take(self.shared.id, stream.id, bytes) {
+                // A block this thread parked: still allocated in the heap, still counted as a
+                // buffer (see `park`).
+                #[cfg(vramscope_arc_per_buffer)]
+                // SAFETY: as below.
+                unsafe {
+                    Arc::increment_strong_count(Arc::as_ptr(&self.shared))
+                };
+                // SAFETY: the parked block was counted in `buffers` when its buffer was made.
+                return Ok(unsafe { Buffer::new(shared, p.block, p.addr, len, *stream, p.class) });
+            }
+        }
+        let pending = capture.map(Pending::capture);
+        let wants_slot = self.shared.wants_slot(may_park);
+        let (grant, slot) = {
             let mut locked = self.shared.heap.lock();
+            locked.pull(&*self.shared.backend);
+            if may_park && self.shared.closed.load(Ordering::Relaxed) {
+                // A handle allocates: its drop will close parking again if it is the last.
+                self.shared.closed.store(false, Ordering::Relaxed);
+            }
             let grant = if bytes == 0 {
                 None
             } else {
@@ -333,9 +423,11 @@ impl CachingAllocator {
                 }
             };
             locked.keepalive.buffer_made(&self.shared);
-            grant
+            (grant, wants_slot.then(|| locked.parking.register()))
         };
-        let shared = NonNull::from(&**self.shared);
+        if let Some(slot) = slot {
+            park::bind(self.shared.id, slot);
+        }
         // The design the keep-alive protocol replaced, built only to measure the two side by
         // side (BENCHMARKS.md): an `Arc` per buffer, two atomic operations a pair.
         #[cfg(vramscope_arc_per_buffer)]
@@ -345,7 +437,7 @@ impl CachingAllocator {
         };
         Ok(match grant {
             // SAFETY: the buffer was counted in `buffers` above, with `keepalive` set.
-            Some(g) => unsafe { Buffer::new(shared, g.block, g.addr, len, *stream) },
+            Some(g) => unsafe { Buffer::new(shared, g.block, g.addr, len, *stream, g.class) },
             // SAFETY: as above.
             None => unsafe { Buffer::empty(shared, *stream) },
         })
@@ -401,6 +493,7 @@ impl CachingAllocator {
         }
         if let Some(block) = buffer.block() {
             self.shared.lock().heap.record_stream(block, stream.id);
+            buffer.note_use(stream.id);
         }
         Ok(())
     }

@@ -290,6 +290,13 @@ impl PoolStat {
         self.all.current
     }
 
+    /// Counts `n` that rose and fell again at once (round trips through a thread's parking
+    /// slot): the totals move, the current value and the peak do not.
+    pub(crate) fn add_round_trips(&mut self, pool: Pool, n: u64) {
+        self.all.allocated += n;
+        self.pools[pool as usize].allocated += n;
+    }
+
     pub(crate) fn pool_current(&self, pool: Pool) -> u64 {
         self.pools[pool as usize].current
     }

@@ -426,6 +426,13 @@ impl CaptureFlags {
         self.get()
     }
 
+    /// Whether nothing at all is recorded (no stacks, scopes or history): the heap needs no
+    /// word of an allocation that reuses a block as it lies.
+    #[inline]
+    pub(crate) fn records_nothing(&self) -> bool {
+        self.0.load(Ordering::Relaxed) & 8 == 0
+    }
+
     /// What to capture, or `None` when allocations record no context.
     #[inline]
     pub(crate) fn get(&self) -> Option<Capture> {

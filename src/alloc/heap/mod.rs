@@ -18,6 +18,7 @@
 use super::config::AllocatorConfig;
 use super::free_index::{Flags, FreeIndex};
 use super::ids::{BlockId, SegmentId, Slots, StreamId};
+use super::park::{BlockClass, Trips};
 use pages::{Deferred, Offer};
 
 mod arena;
@@ -188,6 +189,7 @@ enum Grown {
 pub(crate) struct Grant {
     pub(crate) block: BlockId,
     pub(crate) addr: u64,
+    pub(crate) class: BlockClass,
 }
 
 impl Heap {
@@ -296,7 +298,8 @@ impl Heap {
             self.limit_peak = cur;
             self.released_since_peak = 0;
         }
-        Ok(Grant { block, addr })
+        let class = BlockClass { size, pool, oversize: self.is_oversize(size) };
+        Ok(Grant { block, addr, class })
     }
 
     /// Best fit among the free blocks of `pool` on `stream`.

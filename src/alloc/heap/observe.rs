@@ -3,7 +3,7 @@
 //! statistics (PyTorch's counters) and the history events it implies, so that neither is
 //! woven into the algorithms, and a counter's rule is read in one place.
 
-use super::{Heap, Pool, StreamId};
+use super::{Heap, Pool, StreamId, Trips};
 use crate::record::{Action, Context};
 
 /// Something that happened to blocks, segments or pages, with what the statistics and the
@@ -44,6 +44,20 @@ pub(super) enum Note {
 }
 
 impl Heap {
+    /// Counts the round trips made through threads' parking slots since the last pull (see
+    /// `park`): an allocation and a free each, of a block that stays allocated.
+    pub(crate) fn note_round_trips(&mut self, t: &Trips) {
+        let st = &mut self.stats;
+        for (pool, [n, bytes, requested]) in [Pool::Small, Pool::Large].into_iter().zip(t.pools) {
+            st.allocation.add_round_trips(pool, n);
+            st.active.add_round_trips(pool, n);
+            st.allocated_bytes.add_round_trips(pool, bytes);
+            st.active_bytes.add_round_trips(pool, bytes);
+            st.requested_bytes.add_round_trips(pool, requested);
+        }
+        st.oversize_allocations.allocated += t.oversize;
+    }
+
     /// Counts and records `n`. Always inlined: each caller names one kind of note, so the
     /// match folds away and the hot paths pay nothing for the indirection.
     #[inline(always)]

@@ -1,0 +1,373 @@
+//! Parking: a thread's alloc-free pairs without the allocator's lock, when nothing is recorded.
+//!
+//! With the recording off, the commonest pattern (a temporary allocated, used and dropped, then
+//! the same size again) needs nothing of the heap but the block itself. A dropped buffer's block
+//! is *parked* in its thread's slot for the allocator, and a request of the same size on the
+//! same stream from that thread *takes* it back: two uncontended atomic swaps on a cache line
+//! of that thread's, no lock. Threads allocating on their own no longer queue on one lock.
+//!
+//! **The heap's view.** A parked block stays allocated in the heap (and counted in the
+//! keep-alive protocol's `buffers`), so nothing the heap does can hand it out twice. Every
+//! locked operation first *pulls* every parked block back ([`Parking::pull`], through
+//! `Shared::lock` and the slow paths), freeing each in the order it was parked, and adds the
+//! round trips made since the last pull to the accumulated statistics (one allocation and one
+//! free each; the current values and the peaks do not move, since a round trip hands the same
+//! block to the same size). So whatever a locked operation reads or changes (statistics,
+//! snapshots, the peak, the cache) is exactly what it would be had every parked free reached the
+//! heap at once, for every free that happens before it; the only difference is that a parked
+//! block is reused as it lies instead of through best fit, as the heap's own shortcut for the
+//! block freed last does.
+//!
+//! **Who writes what.** A slot belongs to one thread, its *owner*, and is listed by the
+//! allocator. Only the owner stores a block into an entry, and only into an empty one; anyone
+//! (the owner taking it, the allocator pulling it) swaps it out to empty, and whoever's swap
+//! returns the block owns it. So an entry the owner sees full is exactly the block it parked
+//! there (its size, stream and address kept on the owner's side), or empty. The round-trip
+//! counters are written by the owner only, and read by the allocator under its lock.
+//!
+//! **The last handle.** Parked blocks keep the allocator alive (they count as buffers), so
+//! when its last handle goes, the handle's drop closes parking and pulls (under the lock),
+//! and a thread that parks after that takes its block back out and frees it through the lock.
+//! The two sides are Dekker's: the handle stores `closed` then reads the entries, the parker
+//! stores its entry then reads `closed`, all sequentially consistent, so at least one of them
+//! sees the other and the block is freed once. An allocation through a handle reopens parking.
+//!
+//! Parking is used only while nothing is recorded (no stacks, scopes or history), for buffers
+//! with no tensor description and no other stream recorded (`record_stream`): those need the
+//! heap at their free.
+
+use super::ids::{BlockId, StreamId};
+use super::Pool;
+use std::cell::RefCell;
+use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::Arc;
+
+/// Blocks a thread keeps parked per allocator: enough for a few temporaries of different
+/// sizes alive at once (a matmul's output and its workspace), few enough that a pull is cheap.
+pub(crate) const ENTRIES: usize = 4;
+
+/// One thread's parked blocks for one allocator, shared by that thread and the allocator.
+#[derive(Debug, Default)]
+pub(crate) struct Slot {
+    /// Each entry: the parked block's id (its slot + 1, so 0 is empty) in the low 32 bits and
+    /// the owner's parking sequence number above, so that a pull frees in parking order.
+    entries: [AtomicU64; ENTRIES],
+    /// Round trips made through this slot, per pool: blocks, their bytes, the bytes asked for.
+    /// Written by the owner only.
+    trips: [[AtomicU64; 3]; 2],
+    /// Round trips of oversize blocks. Written by the owner only.
+    oversize_trips: AtomicU64,
+}
+
+impl Slot {
+    /// Owner only: adds `n` to a counter nobody else writes (a load and a store, no locked
+    /// instruction).
+    #[inline]
+    fn bump(counter: &AtomicU64, n: u64) {
+        counter.store(counter.load(Relaxed).wrapping_add(n), Relaxed);
+    }
+
+    fn trips(&self) -> [[u64; 3]; 2] {
+        self.trips.each_ref().map(|p| p.each_ref().map(|c| c.load(Relaxed)))
+    }
+}
+
+/// What the owner knows of a block it parked (the heap knows it too; this is the owner's copy,
+/// to match requests and make buffers without the lock).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Parked {
+    pub(crate) block: BlockId,
+    pub(crate) addr: u64,
+    /// The bytes asked for: a request takes a parked block only for exactly these, so the
+    /// heap's record of the block (requested bytes included) stays true.
+    pub(crate) requested: u64,
+    pub(crate) stream: StreamId,
+    /// The block's size, pool and oversize flag, for the statistics of the round trips.
+    pub(crate) class: BlockClass,
+}
+
+/// A block's size and what it counts in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct BlockClass {
+    pub(crate) size: u64,
+    pub(crate) pool: Pool,
+    pub(crate) oversize: bool,
+}
+
+/// The allocator's side (behind its lock): every slot of every thread that parked, with what
+/// of its round trips the statistics already hold.
+#[derive(Debug, Default)]
+pub(crate) struct Parking {
+    slots: Vec<Listed>,
+}
+
+#[derive(Debug)]
+struct Listed {
+    slot: Arc<Slot>,
+    merged: [[u64; 3]; 2],
+    merged_oversize: u64,
+}
+
+/// Round trips made since the last pull, for the statistics: per pool, blocks, bytes and bytes
+/// requested, and oversize blocks.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Trips {
+    pub(crate) pools: [[u64; 3]; 2],
+    pub(crate) oversize: u64,
+}
+
+impl Parking {
+    /// Lists a new slot for the calling thread, which [`bind`]s it after the lock is released.
+    pub(crate) fn register(&mut self) -> Arc<Slot> {
+        let slot = Arc::new(Slot::default());
+        self.slots.push(Listed { slot: Arc::clone(&slot), merged: [[0; 3]; 2], merged_oversize: 0 });
+        slot
+    }
+
+    /// Whether any thread ever parked here (the pull has nothing to do otherwise).
+    #[inline]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
+    /// Takes every parked block out, calling `free` on each in parking order per thread, and
+    /// returns the round trips made since the last pull. Slots whose thread has gone (or
+    /// unbound them) are dropped once empty.
+    pub(crate) fn pull(&mut self, mut free: impl FnMut(BlockId)) -> Trips {
+        let mut trips = Trips::default();
+        let mut taken: [(u64, BlockId); ENTRIES] = [(0, BlockId::new(0)); ENTRIES];
+        for listed in &mut self.slots {
+            let slot = &*listed.slot;
+            let mut n = 0;
+            for e in &slot.entries {
+                // Sequentially consistent, for the last handle's close (see the module docs).
+                if e.load(SeqCst) != 0 {
+                    if let Some(b) = decode(e.swap(0, SeqCst)) {
+                        taken[n] = b;
+                        n += 1;
+                    }
+                }
+            }
+            taken[..n].sort_unstable_by_key(|&(seq, _)| seq);
+            for &(_, b) in &taken[..n] {
+                free(b);
+            }
+            let now = slot.trips();
+            for (pool, counts) in now.iter().enumerate() {
+                for (k, &c) in counts.iter().enumerate() {
+                    trips.pools[pool][k] += c.wrapping_sub(listed.merged[pool][k]);
+                }
+            }
+            listed.merged = now;
+            let over = slot.oversize_trips.load(Relaxed);
+            trips.oversize += over.wrapping_sub(listed.merged_oversize);
+            listed.merged_oversize = over;
+        }
+        // A slot only the list holds has no owner to park in it again: just emptied, it goes.
+        self.slots.retain(|l| Arc::strong_count(&l.slot) > 1);
+        trips
+    }
+}
+
+/// The entry value for block `b` parked as the owner's `seq`-th.
+fn encode(b: BlockId, seq: u32) -> u64 {
+    u64::from(seq) << 32 | u64::from(b.raw().get())
+}
+
+/// The sequence number and block of an entry value; `None` for an empty entry.
+fn decode(v: u64) -> Option<(u64, BlockId)> {
+    let raw = NonZeroU32::new(v as u32)?;
+    Some((v >> 32, BlockId::from_raw(raw)))
+}
+
+/// A thread's slot for one allocator, with its copy of what it parked.
+struct Binding {
+    allocator: u64,
+    slot: Arc<Slot>,
+    parked: [Option<Parked>; ENTRIES],
+    /// Parking sequence numbers, for the pull's order (wrapping: a pull sees at most
+    /// [`ENTRIES`] of them, parked in a row).
+    seq: u32,
+}
+
+/// Bindings a thread keeps at once; beyond this the least recently used is dropped (its parked
+/// blocks stay in its slot until the allocator pulls them, and the slot then goes).
+const MAX_BINDINGS: usize = 8;
+
+thread_local! {
+    /// This thread's slots, the allocator used last first.
+    static BINDINGS: RefCell<Vec<Binding>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` on this thread's binding for `allocator`, if it has one and thread-local storage
+/// is usable (not while the thread's locals are being destroyed, not re-entered).
+#[inline]
+fn with_binding<R>(allocator: u64, f: impl FnOnce(&mut Binding) -> Option<R>) -> Option<R> {
+    BINDINGS
+        .try_with(|b| {
+            let mut b = b.try_borrow_mut().ok()?;
+            let i = b.iter().position(|x| x.allocator == allocator)?;
+            if i != 0 {
+                b.swap(0, i);
+            }
+            f(&mut b[0])
+        })
+        .ok()
+        .flatten()
+}
+
+/// Whether this thread has a slot for `allocator`.
+pub(crate) fn is_bound(allocator: u64) -> bool {
+    with_binding(allocator, |_| Some(())).is_some()
+}
+
+/// Binds `slot` (from [`Parking::register`]) to this thread for `allocator`.
+pub(crate) fn bind(allocator: u64, slot: Arc<Slot>) {
+    let _ = BINDINGS.try_with(|b| {
+        let Ok(mut b) = b.try_borrow_mut() else { return };
+        // Slots of allocators that are gone (the list dropped them) first, then the least
+        // recently used.
+        b.retain(|x| Arc::strong_count(&x.slot) > 1);
+        if b.len() >= MAX_BINDINGS {
+            b.pop();
+        }
+        b.insert(0, Binding { allocator, slot, parked: [None; ENTRIES], seq: 0 });
+    });
+}
+
+/// Takes a block this thread parked for `allocator` of exactly `requested` bytes on `stream`,
+/// the most recently parked first, counting the round trip.
+#[inline]
+pub(crate) fn take(allocator: u64, stream: StreamId, requested: u64) -> Option<Parked> {
+    with_binding(allocator, |b| {
+        let mut best: Option<(u32, usize)> = None;
+        for (i, p) in b.parked.iter().enumerate() {
+            if let Some(p) = p {
+                if p.requested == requested && p.stream == stream {
+                    let v = b.slot.entries[i].load(Relaxed);
+                    let age = b.seq.wrapping_sub((v >> 32) as u32);
+                    if v != 0 && best.is_none_or(|(a, _)| age < a) {
+                        best = Some((age, i));
+                    }
+                }
+            }
+        }
+        let (_, i) = best?;
+        let p = b.parked[i].take()?;
+        // Whoever swaps the block out owns it: the allocator may have pulled it just now.
+        decode(b.slot.entries[i].swap(0, SeqCst))?;
+        let s = &b.slot;
+        let t = &s.trips[p.class.pool as usize];
+        Slot::bump(&t[0], 1);
+        Slot::bump(&t[1], p.class.size);
+        Slot::bump(&t[2], p.requested);
+        if p.class.oversize {
+            Slot::bump(&s.oversize_trips, 1);
+        }
+        Some(p)
+    })
+}
+
+/// Parks `p` in this thread's slot for `allocator`. `Err(p)` when it cannot (no slot, every
+/// entry full, or parking closed): the caller frees the block through the lock.
+#[inline]
+pub(crate) fn park(allocator: u64, closed: &AtomicBool, p: Parked) -> Result<(), Parked> {
+    let parked = with_binding(allocator, |b| {
+        // An entry the owner thinks full but finds empty was pulled: it is free again.
+        let i = (0..ENTRIES).find(|&i| b.parked[i].is_none() || b.slot.entries[i].load(Relaxed) == 0)?;
+        b.seq = b.seq.wrapping_add(1);
+        let e = &b.slot.entries[i];
+        // Sequentially consistent store, then load: Dekker's half (module docs).
+        e.store(encode(p.block, b.seq), SeqCst);
+        if closed.load(SeqCst) {
+            b.parked[i] = None;
+            // The last handle is going: take the block back (unless its pull already did, and
+            // freed it) and free it through the lock.
+            return Some(decode(e.swap(0, SeqCst)).is_none());
+        }
+        b.parked[i] = Some(p);
+        Some(true)
+    });
+    match parked {
+        Some(true) => Ok(()),
+        _ => Err(p),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parked(block: usize, requested: u64) -> Parked {
+        Parked {
+            block: BlockId::new(block),
+            addr: 0x1000 * block as u64,
+            requested,
+            stream: StreamId(0),
+            class: BlockClass { size: requested.next_multiple_of(512), pool: Pool::Small, oversize: false },
+        }
+    }
+
+    #[test]
+    fn a_thread_takes_back_what_it_parked_and_the_pull_gets_the_rest_in_order() {
+        let closed = AtomicBool::new(false);
+        let mut parking = Parking::default();
+        bind(u64::MAX - 1, parking.register());
+        assert!(park(u64::MAX - 2, &closed, parked(1, 512)).is_err(), "no slot for another allocator");
+        for (b, r) in [(1, 512), (2, 1024), (3, 512), (4, 4096)] {
+            park(u64::MAX - 1, &closed, parked(b, r)).unwrap();
+        }
+        assert_eq!(park(u64::MAX - 1, &closed, parked(5, 512)), Err(parked(5, 512)), "full");
+        // The most recent of the two 512-byte blocks.
+        assert_eq!(take(u64::MAX - 1, StreamId(0), 512), Some(parked(3, 512)));
+        assert_eq!(take(u64::MAX - 1, StreamId(1), 512), None, "another stream");
+        assert_eq!(take(u64::MAX - 1, StreamId(0), 513), None, "another size");
+        park(u64::MAX - 1, &closed, parked(6, 2048)).unwrap();
+        let mut freed = Vec::new();
+        let trips = parking.pull(|b| freed.push(b.index()));
+        assert_eq!(freed, [1, 2, 4, 6], "in parking order");
+        assert_eq!(trips.pools[0], [1, 512, 512]);
+        assert_eq!(parking.pull(|_| unreachable!()), Trips::default(), "merged once");
+        assert_eq!(take(u64::MAX - 1, StreamId(0), 1024), None, "pulled");
+        // Pulled entries are free again.
+        for b in 7..11 {
+            park(u64::MAX - 1, &closed, parked(b, 512)).unwrap();
+        }
+        closed.store(true, SeqCst);
+        assert!(park(u64::MAX - 1, &closed, parked(11, 512)).is_err(), "full anyway");
+        parking.pull(|_| {});
+        assert_eq!(park(u64::MAX - 1, &closed, parked(12, 512)), Err(parked(12, 512)), "closed");
+        assert_eq!(parking.pull(|_| unreachable!("taken back by the parker")), Trips::default());
+    }
+
+    #[test]
+    fn slots_of_gone_threads_and_allocators_go() {
+        let mut parking = Parking::default();
+        let closed = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                bind(u64::MAX - 3, parking.register());
+                park(u64::MAX - 3, &closed, parked(1, 512)).unwrap();
+            });
+        });
+        let mut freed = Vec::new();
+        parking.pull(|b| freed.push(b.index()));
+        assert_eq!(freed, [1]);
+        // The thread's locals (its binding) may be destroyed a moment after the scope ends.
+        for _ in 0..1000 {
+            if parking.is_empty() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+            parking.pull(|_| unreachable!());
+        }
+        assert!(parking.is_empty(), "the gone thread's slot is dropped");
+        // The thread's binding for an allocator whose list went is dropped at its next bind.
+        bind(u64::MAX - 4, Parking::default().register());
+        assert!(is_bound(u64::MAX - 4));
+        bind(u64::MAX - 5, parking.register());
+        assert!(!is_bound(u64::MAX - 4), "its allocator's list is gone");
+        assert!(is_bound(u64::MAX - 5));
+    }
+}
