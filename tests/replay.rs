@@ -314,3 +314,36 @@ fn every_fixture_trace_replays_with_its_true_peak() {
     }
     assert!(seen >= 8, "the fixtures hold 8 traces, found {seen}");
 }
+
+/// Parking (the recording off: a thread's dropped block waits in its own slot, taken back
+/// without the lock) hands a request the very block the heap would: every fixture trace,
+/// replayed with the default recording (no parking) and with the recording off, on segments
+/// that cost nothing and on costly ones, leaves every statistic equal: peaks, segments
+/// reserved, splits, totals.
+#[test]
+fn parking_changes_no_decision_of_the_heap() {
+    let mut seen = 0;
+    for entry in std::fs::read_dir(fixture("")).unwrap() {
+        let path = entry.unwrap().path();
+        if !path.to_str().unwrap().ends_with(".trace.json") {
+            continue;
+        }
+        let trace = Trace::from_file(&path).unwrap();
+        for costly in [false, true] {
+            let stats = |record: vramscope::record::RecordConfig| {
+                let alloc = CachingAllocator::new(SimBackend::new(1 << 40).with_costly_segments(costly));
+                alloc.record_memory_history(record);
+                let mut opts = ReplayOptions::default();
+                opts.warm_passes = 2;
+                let r = replay(&alloc, &trace, &opts).unwrap();
+                alloc.check_invariants().unwrap();
+                (r.peak_reserved_bytes, r.device_allocs, r.device_maps, alloc.memory_stats())
+            };
+            let recorded = stats(vramscope::record::RecordConfig::default());
+            let parked = stats(vramscope::record::RecordConfig::off());
+            assert_eq!(parked, recorded, "{}, costly segments {costly}", path.display());
+        }
+        seen += 1;
+    }
+    assert!(seen >= 8);
+}

@@ -8,7 +8,12 @@ use crate::error::{Error, Result, UsageError};
 use std::fmt;
 use std::marker::PhantomData;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
+
+/// `Buffer::noted`: the heap holds a tensor description of the block.
+const DESCRIBED: u8 = 1;
+/// `Buffer::noted`: the block was used on another stream; its free waits for that stream.
+const USED_ELSEWHERE: u8 = 2;
 
 /// Element types whose every bit pattern is a valid value, so that device bytes can be read
 /// back as `T`.
@@ -50,9 +55,9 @@ pub struct Buffer<T> {
     stream: Stream,
     /// The block's size and what it counts in (for parking; see `park`).
     class: BlockClass,
-    /// Set once the heap holds more about the block than the buffer knows (a tensor
-    /// description, another stream's use): its drop must go through the lock, not park.
-    noted: AtomicBool,
+    /// What the heap holds about the block beyond what the buffer knows ([`DESCRIBED`],
+    /// [`USED_ELSEWHERE`]): its drop must go through the lock, not park.
+    noted: AtomicU8,
     /// The `cudarc` stream, looked up on first use by cudarc's traits.
     #[cfg(feature = "cuda-backend")]
     cuda_stream: std::sync::OnceLock<std::sync::Arc<cudarc::driver::CudaStream>>,
@@ -88,7 +93,7 @@ impl<T: Pod> Buffer<T> {
             len,
             stream,
             class,
-            noted: AtomicBool::new(false),
+            noted: AtomicU8::new(0),
             #[cfg(feature = "cuda-backend")]
             cuda_stream: std::sync::OnceLock::new(),
             _marker: PhantomData,
@@ -105,8 +110,8 @@ impl<T: Pod> Buffer<T> {
             addr: 0,
             len: 0,
             stream,
-            class: BlockClass { size: 0, pool: super::Pool::Small, oversize: false },
-            noted: AtomicBool::new(false),
+            class: BlockClass { size: 0, pool: super::Pool::Small, oversize: false, reusable: false },
+            noted: AtomicU8::new(0),
             #[cfg(feature = "cuda-backend")]
             cuda_stream: std::sync::OnceLock::new(),
             _marker: PhantomData,
@@ -162,7 +167,7 @@ impl<T: Pod> Buffer<T> {
         if let Some(b) = self.block() {
             let meta = TensorMeta { dtype: dtype.to_string(), shape: shape.to_vec() };
             self.shared().lock().heap.set_tensor_meta(b, meta);
-            self.noted.store(true, Ordering::Relaxed);
+            self.noted.fetch_or(DESCRIBED, Ordering::Relaxed);
         }
         Ok(self)
     }
@@ -290,13 +295,13 @@ impl<T> Buffer<T> {
     /// stream's work if it is another, which the heap sees to (see `noted`).
     pub(crate) fn note_use(&self, stream: super::ids::StreamId) {
         if stream != self.stream.id {
-            self.noted.store(true, Ordering::Relaxed);
+            self.noted.fetch_or(USED_ELSEWHERE, Ordering::Relaxed);
         }
     }
 
     /// What parking its block needs, unless the heap must see its free.
     fn parkable(&mut self) -> Option<Parked> {
-        if *self.noted.get_mut() {
+        if *self.noted.get_mut() != 0 {
             return None;
         }
         Some(Parked {
@@ -312,8 +317,9 @@ impl<T> Buffer<T> {
 impl<T> Drop for Buffer<T> {
     fn drop(&mut self) {
         let parkable = self.parkable();
+        let waits = *self.noted.get_mut() & USED_ELSEWHERE != 0;
         // SAFETY: `self.shared` comes from this live buffer, which is never used again.
-        unsafe { Shared::release_buffer(self.shared, self.block, parkable) };
+        unsafe { Shared::release_buffer(self.shared, self.block, parkable, waits) };
     }
 }
 

@@ -48,6 +48,10 @@ pub(crate) struct Shared {
     pub(crate) symbols: Mutex<Symbolizer>,
     /// Set while threads may not park blocks: the last handle is going (see `park`).
     closed: AtomicBool,
+    /// Set while frees wait for other streams' events: the heap completes those at its next
+    /// allocation, before it reuses the block freed last, so a thread takes nothing back from
+    /// its slot meanwhile (see `park`). Kept by the allocations and frees that take the lock.
+    waiting: AtomicBool,
 }
 
 /// What the allocator's lock protects: the heap, and what keeps the allocator alive for its
@@ -72,9 +76,12 @@ impl Locked {
     fn pull_parked(&mut self, backend: &dyn Backend) {
         let heap = &mut self.heap;
         let mut pulled = 0;
-        let trips = self.parking.pull(|b| {
-            heap.free(backend, b, None);
-            pulled += 1;
+        let trips = self.parking.pull(|p| match p {
+            park::Pulled::Free(b) => {
+                heap.free(backend, b, None);
+                pulled += 1;
+            }
+            park::Pulled::Settle => heap.settle(),
         });
         heap.note_round_trips(&trips);
         self.keepalive.unparked(pulled);
@@ -113,7 +120,8 @@ impl Shared {
 
     /// Called from `Buffer::drop` with the buffer's block, if it has one: returns the block and
     /// forgets the buffer, parking the block in the thread's slot where it can (`parkable`:
-    /// what of the block parking needs, unless the heap must see the free). Never panics.
+    /// what of the block parking needs, unless the heap must see the free; `waits`: the free
+    /// waits for another stream). Never panics.
     ///
     /// # Safety
     ///
@@ -122,6 +130,7 @@ impl Shared {
         this: std::ptr::NonNull<Shared>,
         block: Option<ids::BlockId>,
         parkable: Option<park::Parked>,
+        waits: bool,
     ) {
         // SAFETY: the buffer counted in `buffers` keeps `keepalive` set, so the allocation lives.
         let shared = unsafe { this.as_ref() };
@@ -133,7 +142,8 @@ impl Shared {
         unsafe {
             Arc::decrement_strong_count(this.as_ptr().cast_const())
         };
-        let may_park = parkable.is_some() && shared.capture.records_nothing();
+        let records_nothing = shared.capture.records_nothing();
+        let may_park = parkable.is_some() && records_nothing;
         if may_park {
             if let Some(p) = parkable {
                 // Parked, the block stays counted as this buffer was (see `park`).
@@ -141,6 +151,11 @@ impl Shared {
                     return;
                 }
             }
+        } else if records_nothing && block.is_some() && !waits {
+            // Freed through the lock: a block this thread parked before is no longer the one
+            // it freed last (`park::park` says the same where it fails). A free that waits for
+            // another stream leaves the heap's block freed last as it was, so it stays.
+            park::forget_last(shared.id);
         }
         // Who freed it is captured only where the history keeps context on frees.
         let pending = if block.is_some() { shared.capture.get_for_free().map(Pending::capture) } else { None };
@@ -150,6 +165,9 @@ impl Shared {
         if let Some(b) = block {
             let ctx = pending.map(|p| p.intern(locked.heap.recorder_mut()));
             locked.heap.free(&*shared.backend, b, ctx);
+            if locked.heap.has_pending() {
+                shared.waiting.store(true, Ordering::Relaxed);
+            }
         }
         let slot = wants_slot.then(|| locked.parking.register());
         let released = locked.keepalive.buffer_gone();
@@ -316,6 +334,7 @@ impl CachingAllocator {
             capture,
             symbols: Mutex::default(),
             closed: AtomicBool::new(false),
+            waiting: AtomicBool::new(false),
         });
         registry::register(&shared);
         Ok(CachingAllocator { shared: ManuallyDrop::new(shared) })
@@ -379,7 +398,7 @@ impl CachingAllocator {
         let capture = if bytes == 0 { None } else { self.shared.capture.get() };
         let may_park = bytes != 0 && capture.is_none();
         let shared = NonNull::from(&**self.shared);
-        if may_park {
+        if may_park && !self.shared.waiting.load(Ordering::Relaxed) {
             if let Some(p) = park::take(self.shared.id, stream.id, bytes) {
                 // A block this thread parked: still allocated in the heap, still counted as a
                 // buffer (see `park`).
@@ -423,6 +442,7 @@ impl CachingAllocator {
                 }
             };
             locked.keepalive.buffer_made(&self.shared);
+            self.shared.waiting.store(locked.heap.has_pending(), Ordering::Relaxed);
             (grant, wants_slot.then(|| locked.parking.register()))
         };
         if let Some(slot) = slot {

@@ -14,9 +14,16 @@
 //! free each; the current values and the peaks do not move, since a round trip hands the same
 //! block to the same size). So whatever a locked operation reads or changes (statistics,
 //! snapshots, the peak, the cache) is exactly what it would be had every parked free reached the
-//! heap at once, for every free that happens before it; the only difference is that a parked
-//! block is reused as it lies instead of through best fit, as the heap's own shortcut for the
-//! block freed last does.
+//! heap at once, for every free that happens before it.
+//!
+//! **The same blocks.** A request takes back only the block its thread freed last, only if it
+//! was allocated for exactly the bytes asked for on the same stream and is exactly that request
+//! rounded, and only while no free waits for another stream's events: just where the heap's own
+//! shortcut for the block freed last would hand out that very block. So on one thread every
+//! request gets the block it would get without parking, and the heap's decisions (segments,
+//! splits, peaks) are the same: `tests/replay.rs` replays every fixture trace both ways and
+//! compares every statistic, `tests/invariants.rs` compares the addresses handed out under
+//! random operations.
 //!
 //! **Who writes what.** A slot belongs to one thread, its *owner*, and is listed by the
 //! allocator. Only the owner stores a block into an entry, and only into an empty one; anyone
@@ -58,6 +65,9 @@ pub(crate) struct Slot {
     trips: [[AtomicU64; 3]; 2],
     /// Round trips of oversize blocks. Written by the owner only.
     oversize_trips: AtomicU64,
+    /// The entry value of the block the owner freed last while it stays parked (0 once taken
+    /// or once a later free went through the lock). Written by the owner only.
+    last: AtomicU64,
 }
 
 impl Slot {
@@ -66,6 +76,12 @@ impl Slot {
     #[inline]
     fn bump(counter: &AtomicU64, n: u64) {
         counter.store(counter.load(Relaxed).wrapping_add(n), Relaxed);
+    }
+
+    /// Owner only: records which entry value holds the block freed last (0: none does).
+    #[inline]
+    fn set_last(&self, v: u64) {
+        self.last.store(v, Relaxed);
     }
 
     fn trips(&self) -> [[u64; 3]; 2] {
@@ -93,6 +109,10 @@ pub(crate) struct BlockClass {
     pub(crate) size: u64,
     pub(crate) pool: Pool,
     pub(crate) oversize: bool,
+    /// Whether the block is exactly its request rounded (no remainder too small to split was
+    /// left with it): only such a block may be taken back as it lies, as the heap's own
+    /// shortcut for the block freed last would.
+    pub(crate) reusable: bool,
 }
 
 /// The allocator's side (behind its lock): every slot of every thread that parked, with what
@@ -107,6 +127,15 @@ struct Listed {
     slot: Arc<Slot>,
     merged: [[u64; 3]; 2],
     merged_oversize: u64,
+}
+
+/// What a pull asks of the heap, in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pulled {
+    /// Free this block, as the owner's drop would have.
+    Free(BlockId),
+    /// Merge the block freed last (`Heap::settle`): the owner freed something after it.
+    Settle,
 }
 
 /// Round trips made since the last pull, for the statistics: per pool, blocks, bytes and bytes
@@ -131,10 +160,16 @@ impl Parking {
         self.slots.is_empty()
     }
 
-    /// Takes every parked block out, calling `free` on each in parking order per thread, and
-    /// returns the round trips made since the last pull. Slots whose thread has gone (or
+    /// Takes every parked block out, freeing each in parking order per thread (through `heap`),
+    /// and returns the round trips made since the last pull. Slots whose thread has gone (or
     /// unbound them) are dropped once empty.
-    pub(crate) fn pull(&mut self, mut free: impl FnMut(BlockId)) -> Trips {
+    ///
+    /// The heap ends as if each thread's frees had reached it when they happened: a free
+    /// merges the block freed before it (the heap keeps only the block freed last unmerged, for
+    /// a request of its size), so a thread that parked anything first merges what the heap held
+    /// unmerged, and the last block pulled stays unmerged only if it is still the one its thread
+    /// freed last (none was taken back or freed through the lock since).
+    pub(crate) fn pull(&mut self, mut heap: impl FnMut(Pulled)) -> Trips {
         let mut trips = Trips::default();
         let mut taken: [(u64, BlockId); ENTRIES] = [(0, BlockId::new(0)); ENTRIES];
         for listed in &mut self.slots {
@@ -150,10 +185,17 @@ impl Parking {
                 }
             }
             taken[..n].sort_unstable_by_key(|&(seq, _)| seq);
-            for &(_, b) in &taken[..n] {
-                free(b);
-            }
             let now = slot.trips();
+            let active = n > 0 || now != listed.merged;
+            if active {
+                heap(Pulled::Settle);
+            }
+            for &(_, b) in &taken[..n] {
+                heap(Pulled::Free(b));
+            }
+            if active && decode(slot.last.load(Relaxed)) != taken[..n].last().copied() {
+                heap(Pulled::Settle);
+            }
             for (pool, counts) in now.iter().enumerate() {
                 for (k, &c) in counts.iter().enumerate() {
                     trips.pools[pool][k] += c.wrapping_sub(listed.merged[pool][k]);
@@ -186,6 +228,9 @@ struct Binding {
     allocator: u64,
     slot: Arc<Slot>,
     parked: [Option<Parked>; ENTRIES],
+    /// The entry of the block this thread freed last, while it is parked: the only one a
+    /// request may take (the heap would have merged the others already, at the next free).
+    last: Option<usize>,
     /// Parking sequence numbers, for the pull's order (wrapping: a pull sees at most
     /// [`ENTRIES`] of them, parked in a row).
     seq: u32,
@@ -232,28 +277,27 @@ pub(crate) fn bind(allocator: u64, slot: Arc<Slot>) {
         if b.len() >= MAX_BINDINGS {
             b.pop();
         }
-        b.insert(0, Binding { allocator, slot, parked: [None; ENTRIES], seq: 0 });
+        b.insert(0, Binding { allocator, slot, parked: [None; ENTRIES], last: None, seq: 0 });
     });
 }
 
-/// Takes a block this thread parked for `allocator` of exactly `requested` bytes on `stream`,
-/// the most recently parked first, counting the round trip.
+/// Takes back the block this thread freed last for `allocator` if it is still parked and was
+/// allocated for exactly `requested` bytes on `stream`, counting the round trip.
+///
+/// Only the block freed last, and only as the heap's shortcut for it would reuse it (the
+/// same stream, a block of exactly the request's rounded size): so a thread's requests get the
+/// very blocks they would get without parking, and the heap's decisions (and the peaks they
+/// lead to) do not change. The other parked blocks only wait for the next pull.
 #[inline]
 pub(crate) fn take(allocator: u64, stream: StreamId, requested: u64) -> Option<Parked> {
     with_binding(allocator, |b| {
-        let mut best: Option<(u32, usize)> = None;
-        for (i, p) in b.parked.iter().enumerate() {
-            if let Some(p) = p {
-                if p.requested == requested && p.stream == stream {
-                    let v = b.slot.entries[i].load(Relaxed);
-                    let age = b.seq.wrapping_sub((v >> 32) as u32);
-                    if v != 0 && best.is_none_or(|(a, _)| age < a) {
-                        best = Some((age, i));
-                    }
-                }
-            }
+        let i = b.last?;
+        let p = b.parked[i].as_ref()?;
+        if p.requested != requested || p.stream != stream || !p.class.reusable {
+            return None;
         }
-        let (_, i) = best?;
+        b.last = None;
+        b.slot.set_last(0);
         let p = b.parked[i].take()?;
         // Whoever swaps the block out owns it: the allocator may have pulled it just now.
         decode(b.slot.entries[i].swap(0, SeqCst))?;
@@ -269,11 +313,26 @@ pub(crate) fn take(allocator: u64, stream: StreamId, requested: u64) -> Option<P
     })
 }
 
+/// This thread freed a block of `allocator` through the lock: the block it parked before is no
+/// longer the one it freed last, so it may not be taken back (the heap merged it at that free).
+#[inline]
+pub(crate) fn forget_last(allocator: u64) {
+    with_binding(allocator, |b| {
+        if b.last.take().is_some() {
+            b.slot.set_last(0);
+        }
+        Some(())
+    });
+}
+
 /// Parks `p` in this thread's slot for `allocator`. `Err(p)` when it cannot (no slot, every
 /// entry full, or parking closed): the caller frees the block through the lock.
 #[inline]
 pub(crate) fn park(allocator: u64, closed: &AtomicBool, p: Parked) -> Result<(), Parked> {
     let parked = with_binding(allocator, |b| {
+        // Whatever happens, this is now the block freed last: a parked one no longer is.
+        b.last = None;
+        b.slot.set_last(0);
         // An entry the owner thinks full but finds empty was pulled: it is free again.
         let i = (0..ENTRIES).find(|&i| b.parked[i].is_none() || b.slot.entries[i].load(Relaxed) == 0)?;
         b.seq = b.seq.wrapping_add(1);
@@ -287,6 +346,8 @@ pub(crate) fn park(allocator: u64, closed: &AtomicBool, p: Parked) -> Result<(),
             return Some(decode(e.swap(0, SeqCst)).is_none());
         }
         b.parked[i] = Some(p);
+        b.last = Some(i);
+        b.slot.set_last(encode(p.block, b.seq));
         Some(true)
     });
     match parked {
@@ -305,7 +366,12 @@ mod tests {
             addr: 0x1000 * block as u64,
             requested,
             stream: StreamId(0),
-            class: BlockClass { size: requested.next_multiple_of(512), pool: Pool::Small, oversize: false },
+            class: BlockClass {
+                size: requested.next_multiple_of(512),
+                pool: Pool::Small,
+                oversize: false,
+                reusable: true,
+            },
         }
     }
 
@@ -318,17 +384,39 @@ mod tests {
         for (b, r) in [(1, 512), (2, 1024), (3, 512), (4, 4096)] {
             park(u64::MAX - 1, &closed, parked(b, r)).unwrap();
         }
+        assert_eq!(take(u64::MAX - 1, StreamId(0), 4096), Some(parked(4, 4096)), "the block freed last");
+        assert_eq!(take(u64::MAX - 1, StreamId(0), 512), None, "only the block freed last");
+        park(u64::MAX - 1, &closed, parked(4, 4096)).unwrap();
         assert_eq!(park(u64::MAX - 1, &closed, parked(5, 512)), Err(parked(5, 512)), "full");
-        // The most recent of the two 512-byte blocks.
-        assert_eq!(take(u64::MAX - 1, StreamId(0), 512), Some(parked(3, 512)));
+        assert_eq!(take(u64::MAX - 1, StreamId(0), 4096), None, "block 5, freed through the lock, was last");
+        park(u64::MAX - 1, &closed, parked(3, 512)).unwrap_err();
+        let mut freed = Vec::new();
+        assert_eq!(
+            parking
+                .pull(|p| if let Pulled::Free(b) = p {
+                    freed.push(b.index())
+                })
+                .pools[0],
+            [1, 4096, 4096]
+        );
+        assert_eq!(freed, [1, 2, 3, 4], "in parking order");
+        park(u64::MAX - 1, &closed, parked(3, 512)).unwrap();
         assert_eq!(take(u64::MAX - 1, StreamId(1), 512), None, "another stream");
         assert_eq!(take(u64::MAX - 1, StreamId(0), 513), None, "another size");
-        park(u64::MAX - 1, &closed, parked(6, 2048)).unwrap();
+        assert_eq!(take(u64::MAX - 1, StreamId(0), 512), Some(parked(3, 512)));
+        let mut odd = parked(6, 2048);
+        odd.class.reusable = false;
+        park(u64::MAX - 1, &closed, odd).unwrap();
+        assert_eq!(take(u64::MAX - 1, StreamId(0), 2048), None, "a block larger than its rounded request");
         let mut freed = Vec::new();
-        let trips = parking.pull(|b| freed.push(b.index()));
-        assert_eq!(freed, [1, 2, 4, 6], "in parking order");
+        let trips = parking.pull(|p| {
+            if let Pulled::Free(b) = p {
+                freed.push(b.index())
+            }
+        });
+        assert_eq!(freed, [6]);
         assert_eq!(trips.pools[0], [1, 512, 512]);
-        assert_eq!(parking.pull(|_| unreachable!()), Trips::default(), "merged once");
+        assert_eq!(parking.pull(|p| assert_eq!(p, Pulled::Settle)), Trips::default(), "merged once");
         assert_eq!(take(u64::MAX - 1, StreamId(0), 1024), None, "pulled");
         // Pulled entries are free again.
         for b in 7..11 {
@@ -338,7 +426,7 @@ mod tests {
         assert!(park(u64::MAX - 1, &closed, parked(11, 512)).is_err(), "full anyway");
         parking.pull(|_| {});
         assert_eq!(park(u64::MAX - 1, &closed, parked(12, 512)), Err(parked(12, 512)), "closed");
-        assert_eq!(parking.pull(|_| unreachable!("taken back by the parker")), Trips::default());
+        assert_eq!(parking.pull(|p| assert_eq!(p, Pulled::Settle, "taken back by the parker")), Trips::default());
     }
 
     #[test]
@@ -352,7 +440,11 @@ mod tests {
             });
         });
         let mut freed = Vec::new();
-        parking.pull(|b| freed.push(b.index()));
+        parking.pull(|p| {
+            if let Pulled::Free(b) = p {
+                freed.push(b.index())
+            }
+        });
         assert_eq!(freed, [1]);
         // The thread's locals (its binding) may be destroyed a moment after the scope ends.
         for _ in 0..1000 {
@@ -360,7 +452,7 @@ mod tests {
                 break;
             }
             std::thread::sleep(std::time::Duration::from_millis(1));
-            parking.pull(|_| unreachable!());
+            parking.pull(|p| assert_eq!(p, Pulled::Settle));
         }
         assert!(parking.is_empty(), "the gone thread's slot is dropped");
         // The thread's binding for an allocator whose list went is dropped at its next bind.

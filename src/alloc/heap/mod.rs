@@ -291,6 +291,9 @@ impl Heap {
         b.state = BlockState::Allocated;
         b.requested = requested;
         b.ctx = ctx;
+        // The shortcut for the block freed last reuses it only for a request rounded to its
+        // very size, and so may a thread's parking slot (see `park`).
+        let reusable = b.size == size;
         let (addr, size) = (b.addr, b.size);
         self.note(Note::Alloc { addr, size, requested, pool, stream, ctx });
         let cur = self.stats.allocated_bytes.current();
@@ -298,7 +301,7 @@ impl Heap {
             self.limit_peak = cur;
             self.released_since_peak = 0;
         }
-        let class = BlockClass { size, pool, oversize: self.is_oversize(size) };
+        let class = BlockClass { size, pool, oversize: self.is_oversize(size), reusable };
         Ok(Grant { block, addr, class })
     }
 

@@ -75,6 +75,11 @@ impl Heap {
     }
 
     /// Adds `stream` to the streams block `i` is used on.
+    /// Whether frees wait for other streams' events.
+    pub(crate) fn has_pending(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
     pub(crate) fn record_stream(&mut self, i: BlockId, stream: StreamId) {
         let b = &mut self.blocks[i];
         if b.stream != stream {
