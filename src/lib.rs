@@ -133,16 +133,18 @@
 //! a program creating streams without end keeps a bounded cache. Each stream with a live block
 //! holds at least one segment of its own (2 MiB for small blocks), as in PyTorch.
 //!
-//! Threads: one lock guards an allocator's heap. With the recording off
-//! ([`RecordConfig::off`](record::RecordConfig::off)), a dropped buffer's block is *parked* in
-//! its thread's own slot instead (up to 4 per thread), and that thread's next request of the
-//! same size on the same stream takes it back without the lock: threads that each allocate and
-//! free in a loop no longer queue on one another. Nothing a user reads changes: every operation
-//! that takes the lock (statistics, snapshots, any allocation the slot cannot serve, the last
-//! handle's drop) first pulls every parked block back into the heap, in the order it was parked,
-//! and counts the round trips made meanwhile, so statistics, peaks and snapshots are exactly what
-//! they would be without parking. Buffers with a tensor description or used on another stream,
-//! and every buffer while anything is recorded, are freed through the lock as before.
+//! Threads: one lock guards an allocator's heap. Once threads have contended for it, with the
+//! recording off ([`RecordConfig::off`](record::RecordConfig::off)), a dropped buffer's block
+//! is *parked* in its thread's own slot instead (up to 4 per thread), and that thread's next
+//! request takes back the block it freed last without the lock, where the heap would have
+//! handed out that very block (the same size and stream): threads that each allocate and free
+//! in a loop no longer queue on one another. Nothing a user reads changes: every operation that
+//! takes the lock (statistics, snapshots, any allocation the slot cannot serve, the last
+//! handle's drop) first pulls every parked block back into the heap, in the order it was
+//! parked, and counts the round trips made meanwhile, so statistics, peaks, snapshots and the
+//! blocks each request gets are what they would be without parking. Buffers with a tensor
+//! description or used on another stream, and every buffer while anything is recorded, are
+//! freed through the lock as before; an allocator one thread uses at a time never parks.
 //!
 //! Out of memory: when the backend refuses, the allocator releases its whole cache and retries
 //! once, then returns [`Error::OutOfMemory`] with the request, the device's capacity and free

@@ -81,6 +81,8 @@ fn allocator(sim: &Arc<SimBackend>, config: vramscope::config::AllocatorConfig, 
     let alloc = CachingAllocator::with_config(sim.clone(), config).unwrap();
     if quiet {
         alloc.record_memory_history(vramscope::record::RecordConfig::off());
+        // Park on every free, not only where the lock is busy: these tests check parking.
+        alloc.park_always();
     }
     alloc
 }

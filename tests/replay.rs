@@ -332,7 +332,11 @@ fn parking_changes_no_decision_of_the_heap() {
         for costly in [false, true] {
             let stats = |record: vramscope::record::RecordConfig| {
                 let alloc = CachingAllocator::new(SimBackend::new(1 << 40).with_costly_segments(costly));
+                let parks = record == vramscope::record::RecordConfig::off();
                 alloc.record_memory_history(record);
+                if parks {
+                    alloc.park_always();
+                }
                 let mut opts = ReplayOptions::default();
                 opts.warm_passes = 2;
                 let r = replay(&alloc, &trace, &opts).unwrap();

@@ -284,6 +284,8 @@ fn run(config: vramscope::config::AllocatorConfig, quiet: bool, seed: u64, fail_
     let alloc = CachingAllocator::with_config(backend, config).unwrap();
     if quiet {
         alloc.record_memory_history(vramscope::record::RecordConfig::off());
+        // Park on every free, not only where the lock is busy.
+        alloc.park_always();
     }
     let streams: Vec<Stream> =
         std::iter::once(alloc.default_stream()).chain((0..3).map(|_| alloc.new_stream().unwrap())).collect();

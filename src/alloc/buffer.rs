@@ -10,10 +10,22 @@ use std::marker::PhantomData;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU8, Ordering};
 
-/// `Buffer::noted`: the heap holds a tensor description of the block.
+/// `Buffer::flags`: the heap holds a tensor description of the block.
 const DESCRIBED: u8 = 1;
-/// `Buffer::noted`: the block was used on another stream; its free waits for that stream.
+/// `Buffer::flags`: the block was used on another stream; its free waits for that stream.
 const USED_ELSEWHERE: u8 = 2;
+/// `Buffer::flags`: the block cannot be parked (no block, or too large to count in `units`).
+const UNPARKABLE: u8 = 4;
+/// `Buffer::flags`: the block is in the large pool.
+const LARGE: u8 = 8;
+/// `Buffer::flags`: the block is oversize.
+const OVERSIZE: u8 = 16;
+/// `Buffer::flags`: the block is exactly its request rounded.
+const REUSABLE: u8 = 32;
+/// What makes a drop go through the lock.
+const NOT_PARKED: u8 = DESCRIBED | USED_ELSEWHERE | UNPARKABLE;
+/// Blocks are multiples of this.
+const MIN_UNIT: u64 = super::heap::MIN_BLOCK;
 
 /// Element types whose every bit pattern is a valid value, so that device bytes can be read
 /// back as `T`.
@@ -54,10 +66,13 @@ pub struct Buffer<T> {
     len: usize,
     stream: Stream,
     /// The block's size and what it counts in (for parking; see `park`).
-    class: BlockClass,
-    /// What the heap holds about the block beyond what the buffer knows ([`DESCRIBED`],
-    /// [`USED_ELSEWHERE`]): its drop must go through the lock, not park.
-    noted: AtomicU8,
+    /// The block's size in 512-byte units (for parking; see `park`). Kept small: buffers
+    /// live in users' vectors by the thousand.
+    units: u32,
+    /// The block's pool, oversize and exactness ([`LARGE`], [`OVERSIZE`], [`REUSABLE`]), set
+    /// once, and what the heap holds about it beyond what the buffer knows ([`DESCRIBED`],
+    /// [`USED_ELSEWHERE`]), which makes its drop go through the lock, not park.
+    flags: AtomicU8,
     /// The `cudarc` stream, looked up on first use by cudarc's traits.
     #[cfg(feature = "cuda-backend")]
     cuda_stream: std::sync::OnceLock<std::sync::Arc<cudarc::driver::CudaStream>>,
@@ -92,8 +107,13 @@ impl<T: Pod> Buffer<T> {
             addr,
             len,
             stream,
-            class,
-            noted: AtomicU8::new(0),
+            units: u32::try_from(class.size / MIN_UNIT).unwrap_or(0),
+            flags: AtomicU8::new(
+                if class.size / MIN_UNIT > u64::from(u32::MAX) { UNPARKABLE } else { 0 }
+                    | if class.pool == super::Pool::Large { LARGE } else { 0 }
+                    | if class.oversize { OVERSIZE } else { 0 }
+                    | if class.reusable { REUSABLE } else { 0 },
+            ),
             #[cfg(feature = "cuda-backend")]
             cuda_stream: std::sync::OnceLock::new(),
             _marker: PhantomData,
@@ -110,8 +130,8 @@ impl<T: Pod> Buffer<T> {
             addr: 0,
             len: 0,
             stream,
-            class: BlockClass { size: 0, pool: super::Pool::Small, oversize: false, reusable: false },
-            noted: AtomicU8::new(0),
+            units: 0,
+            flags: AtomicU8::new(UNPARKABLE),
             #[cfg(feature = "cuda-backend")]
             cuda_stream: std::sync::OnceLock::new(),
             _marker: PhantomData,
@@ -167,7 +187,7 @@ impl<T: Pod> Buffer<T> {
         if let Some(b) = self.block() {
             let meta = TensorMeta { dtype: dtype.to_string(), shape: shape.to_vec() };
             self.shared().lock().heap.set_tensor_meta(b, meta);
-            self.noted.fetch_or(DESCRIBED, Ordering::Relaxed);
+            self.flags.fetch_or(DESCRIBED, Ordering::Relaxed);
         }
         Ok(self)
     }
@@ -292,16 +312,17 @@ unsafe impl<T: Sync> Sync for Buffer<T> {}
 
 impl<T> Buffer<T> {
     /// The block is used on `stream` too (`record_stream`): its free must wait for that
-    /// stream's work if it is another, which the heap sees to (see `noted`).
+    /// stream's work if it is another, which the heap sees to (see `flags`).
     pub(crate) fn note_use(&self, stream: super::ids::StreamId) {
         if stream != self.stream.id {
-            self.noted.fetch_or(USED_ELSEWHERE, Ordering::Relaxed);
+            self.flags.fetch_or(USED_ELSEWHERE, Ordering::Relaxed);
         }
     }
 
     /// What parking its block needs, unless the heap must see its free.
     fn parkable(&mut self) -> Option<Parked> {
-        if *self.noted.get_mut() != 0 {
+        let flags = *self.flags.get_mut();
+        if flags & NOT_PARKED != 0 {
             return None;
         }
         Some(Parked {
@@ -309,7 +330,12 @@ impl<T> Buffer<T> {
             addr: self.addr,
             requested: self.len as u64 * std::mem::size_of::<T>() as u64,
             stream: self.stream.id,
-            class: self.class,
+            class: BlockClass {
+                size: u64::from(self.units) * MIN_UNIT,
+                pool: if flags & LARGE != 0 { super::Pool::Large } else { super::Pool::Small },
+                oversize: flags & OVERSIZE != 0,
+                reusable: flags & REUSABLE != 0,
+            },
         })
     }
 }
@@ -317,7 +343,7 @@ impl<T> Buffer<T> {
 impl<T> Drop for Buffer<T> {
     fn drop(&mut self) {
         let parkable = self.parkable();
-        let waits = *self.noted.get_mut() & USED_ELSEWHERE != 0;
+        let waits = *self.flags.get_mut() & USED_ELSEWHERE != 0;
         // SAFETY: `self.shared` comes from this live buffer, which is never used again.
         unsafe { Shared::release_buffer(self.shared, self.block, parkable, waits) };
     }

@@ -52,6 +52,11 @@ pub(crate) struct Shared {
     /// allocation, before it reuses the block freed last, so a thread takes nothing back from
     /// its slot meanwhile (see `park`). Kept by the allocations and frees that take the lock.
     waiting: AtomicBool,
+    /// Set for good the first time a free that could park found the lock held by another
+    /// thread: from then on every free that may park does (see `park`), so that threads stop
+    /// touching the lock at all in their steady state. An allocator used by one thread at a
+    /// time never parks: its lock is always free, and parking would only defer its frees.
+    contended: AtomicBool,
 }
 
 /// What the allocator's lock protects: the heap, and what keeps the allocator alive for its
@@ -115,7 +120,10 @@ impl Shared {
     /// taking the lock, with `may_park` (nothing recorded), and bind what the lock gave after.
     #[inline]
     fn wants_slot(&self, may_park: bool) -> bool {
-        may_park && !self.closed.load(Ordering::Relaxed) && !park::is_bound(self.id)
+        may_park
+            && self.contended.load(Ordering::Relaxed)
+            && !self.closed.load(Ordering::Relaxed)
+            && !park::is_bound(self.id)
     }
 
     /// Called from `Buffer::drop` with the buffer's block, if it has one: returns the block and
@@ -144,14 +152,26 @@ impl Shared {
         };
         let records_nothing = shared.capture.records_nothing();
         let may_park = parkable.is_some() && records_nothing;
+        let contended = shared.contended.load(Ordering::Relaxed);
+        let mut free = None;
         if may_park {
-            if let Some(p) = parkable {
-                // Parked, the block stays counted as this buffer was (see `park`).
-                if park::park(shared.id, &shared.closed, p).is_ok() {
-                    return;
+            // Parking pays only where threads contend for the lock: a free lock costs less
+            // than parking now and pulling later. Once they have, a free does not even try it.
+            if !contended {
+                free = shared.heap.try_lock();
+                if free.is_none() {
+                    shared.contended.store(true, Ordering::Relaxed);
                 }
             }
-        } else if records_nothing && block.is_some() && !waits {
+            if free.is_none() {
+                if let Some(p) = parkable {
+                    // Parked, the block stays counted as this buffer was (see `park`).
+                    if park::park(shared.id, &shared.closed, p).is_ok() {
+                        return;
+                    }
+                }
+            }
+        } else if records_nothing && contended && block.is_some() && !waits {
             // Freed through the lock: a block this thread parked before is no longer the one
             // it freed last (`park::park` says the same where it fails). A free that waits for
             // another stream leaves the heap's block freed last as it was, so it stays.
@@ -160,7 +180,7 @@ impl Shared {
         // Who freed it is captured only where the history keeps context on frees.
         let pending = if block.is_some() { shared.capture.get_for_free().map(Pending::capture) } else { None };
         let wants_slot = shared.wants_slot(may_park);
-        let mut locked = shared.heap.lock();
+        let mut locked = free.unwrap_or_else(|| shared.heap.lock());
         locked.pull(&*shared.backend);
         if let Some(b) = block {
             let ctx = pending.map(|p| p.intern(locked.heap.recorder_mut()));
@@ -335,9 +355,18 @@ impl CachingAllocator {
             symbols: Mutex::default(),
             closed: AtomicBool::new(false),
             waiting: AtomicBool::new(false),
+            contended: AtomicBool::new(false),
         });
         registry::register(&shared);
         Ok(CachingAllocator { shared: ManuallyDrop::new(shared) })
+    }
+
+    /// For tests of parking (see the crate docs, "How the allocator works"): park on every
+    /// free the rules allow from now on, as after threads first contended for the lock. What
+    /// users can observe must not change.
+    #[doc(hidden)]
+    pub fn park_always(&self) {
+        self.shared.contended.store(true, Ordering::Relaxed);
     }
 
     /// The backend this allocator draws from.
@@ -398,7 +427,7 @@ impl CachingAllocator {
         let capture = if bytes == 0 { None } else { self.shared.capture.get() };
         let may_park = bytes != 0 && capture.is_none();
         let shared = NonNull::from(&**self.shared);
-        if may_park && !self.shared.waiting.load(Ordering::Relaxed) {
+        if may_park && self.shared.contended.load(Ordering::Relaxed) && !self.shared.waiting.load(Ordering::Relaxed) {
             if let Some(p) = park::take(self.shared.id, stream.id, bytes) {
                 // A block this thread parked: still allocated in the heap, still counted as a
                 // buffer (see `park`).

@@ -41,7 +41,10 @@
 //!
 //! Parking is used only while nothing is recorded (no stacks, scopes or history), for buffers
 //! with no tensor description and no other stream recorded (`record_stream`): those need the
-//! heap at their free.
+//! heap at their free. And only once a free found the lock held by another thread: one thread
+//! alone pays less for a free lock than for parking and pulling later (replays of mixed sizes,
+//! where few requests take back the block freed last). A thread whose requests stop matching
+//! the block it freed last stops parking until one would have (`Binding::credit`).
 
 use super::ids::{BlockId, StreamId};
 use super::Pool;
@@ -234,7 +237,18 @@ struct Binding {
     /// Parking sequence numbers, for the pull's order (wrapping: a pull sees at most
     /// [`ENTRIES`] of them, parked in a row).
     seq: u32,
+    /// Parks left before parking pays off or stops: a block taken back (or a request that
+    /// would have taken one) sets it to [`CREDIT`]; each park spends one. A thread whose
+    /// requests rarely match the block it freed last (a replay of many sizes) frees through
+    /// the lock, as parking would only delay its frees to the next pull at extra cost.
+    credit: u32,
+    /// While parking is off for lack of credit: the request (bytes, stream) that would have
+    /// taken back the block freed last, had it been parked.
+    ghost: Option<(u64, StreamId)>,
 }
+
+/// See `Binding::credit`.
+const CREDIT: u32 = 16;
 
 /// Bindings a thread keeps at once; beyond this the least recently used is dropped (its parked
 /// blocks stay in its slot until the allocator pulls them, and the slot then goes).
@@ -277,7 +291,10 @@ pub(crate) fn bind(allocator: u64, slot: Arc<Slot>) {
         if b.len() >= MAX_BINDINGS {
             b.pop();
         }
-        b.insert(0, Binding { allocator, slot, parked: [None; ENTRIES], last: None, seq: 0 });
+        b.insert(
+            0,
+            Binding { allocator, slot, parked: [None; ENTRIES], last: None, seq: 0, credit: CREDIT, ghost: None },
+        );
     });
 }
 
@@ -291,11 +308,18 @@ pub(crate) fn bind(allocator: u64, slot: Arc<Slot>) {
 #[inline]
 pub(crate) fn take(allocator: u64, stream: StreamId, requested: u64) -> Option<Parked> {
     with_binding(allocator, |b| {
-        let i = b.last?;
+        let Some(i) = b.last else {
+            if b.ghost.take() == Some((requested, stream)) {
+                // Parked, the block freed last would have been taken back: park again.
+                b.credit = CREDIT;
+            }
+            return None;
+        };
         let p = b.parked[i].as_ref()?;
         if p.requested != requested || p.stream != stream || !p.class.reusable {
             return None;
         }
+        b.credit = CREDIT;
         b.last = None;
         b.slot.set_last(0);
         let p = b.parked[i].take()?;
@@ -318,6 +342,7 @@ pub(crate) fn take(allocator: u64, stream: StreamId, requested: u64) -> Option<P
 #[inline]
 pub(crate) fn forget_last(allocator: u64) {
     with_binding(allocator, |b| {
+        b.ghost = None;
         if b.last.take().is_some() {
             b.slot.set_last(0);
         }
@@ -333,6 +358,11 @@ pub(crate) fn park(allocator: u64, closed: &AtomicBool, p: Parked) -> Result<(),
         // Whatever happens, this is now the block freed last: a parked one no longer is.
         b.last = None;
         b.slot.set_last(0);
+        if b.credit == 0 {
+            b.ghost = p.class.reusable.then_some((p.requested, p.stream));
+            return None;
+        }
+        b.credit -= 1;
         // An entry the owner thinks full but finds empty was pulled: it is free again.
         let i = (0..ENTRIES).find(|&i| b.parked[i].is_none() || b.slot.entries[i].load(Relaxed) == 0)?;
         b.seq = b.seq.wrapping_add(1);
@@ -427,6 +457,21 @@ mod tests {
         parking.pull(|_| {});
         assert_eq!(park(u64::MAX - 1, &closed, parked(12, 512)), Err(parked(12, 512)), "closed");
         assert_eq!(parking.pull(|p| assert_eq!(p, Pulled::Settle, "taken back by the parker")), Trips::default());
+    }
+
+    #[test]
+    fn a_thread_whose_requests_never_match_stops_parking_until_one_would() {
+        let (closed, mut parking, id) = (AtomicBool::new(false), Parking::default(), u64::MAX - 6);
+        bind(id, parking.register());
+        for k in 0..CREDIT as usize {
+            park(id, &closed, parked(1 + k % 3, 512 * (1 + k as u64))).unwrap();
+            assert_eq!(take(id, StreamId(0), 1), None);
+            parking.pull(|_| {});
+        }
+        assert!(park(id, &closed, parked(1, 512)).is_err(), "no credit left");
+        assert_eq!(take(id, StreamId(0), 512), None, "not parked: the heap hands it out");
+        park(id, &closed, parked(2, 1024)).unwrap();
+        assert_eq!(take(id, StreamId(0), 1024), Some(parked(2, 1024)), "a request would have matched");
     }
 
     #[test]
