@@ -274,7 +274,10 @@ impl Drop for CachingAllocator {
         // SAFETY: `ptr` came from `Arc::into_raw` and our strong reference keeps it alive.
         let shared = unsafe { &*ptr };
         let mut locked = shared.heap.lock();
-        if !locked.parking.is_empty() && Arc::strong_count(&self.shared) <= 1 + usize::from(locked.keepalive.holds()) {
+        // SAFETY: `ptr` is our reference, from `Arc::into_raw` above; the `Arc` rebuilt to read
+        // the count is never dropped.
+        let strong = Arc::strong_count(&ManuallyDrop::new(unsafe { Arc::from_raw(ptr) }));
+        if !locked.parking.is_empty() && strong <= 1 + usize::from(locked.keepalive.holds()) {
             // The last handle: no allocation will pull what threads parked, so close parking
             // and pull it now (Dekker's half; see `park`).
             shared.closed.store(true, Ordering::SeqCst);
