@@ -158,18 +158,9 @@ impl Tables {
 /// knows no line (its C++ frames); both are read as unknown, and written back the same way.
 fn read_frame(f: &Value, budget: &mut Budget, at: &dyn Fn() -> String, source: &str) -> Result<Frame> {
     budget.spend(f.len().max(1), at, source)?;
-    let mut text = |key: &str| -> Result<Option<String>> {
-        match f.get(key) {
-            None | Some(Value::None) => Ok(None),
-            Some(v @ Value::Str(_)) => {
-                budget.spend_bytes(v.byte_len(), at, source)?;
-                Ok(v.as_str().map(str::to_string))
-            }
-            Some(v) => Err(bad(source, format!("{}: `{key}` is a {}, expected a string", at(), v.type_name()))),
-        }
-    };
-    let function = text("name")?.ok_or_else(|| bad(source, format!("{} has no `name`", at())))?;
-    let file = text("filename")?.filter(|f| f != "??");
+    let function =
+        text(f, "name", budget, at, source)?.ok_or_else(|| bad(source, format!("{} has no `name`", at())))?;
+    let file = text(f, "filename", budget, at, source)?.filter(|f| f != "??");
     let line = match f.get("line") {
         None | Some(Value::None) => None,
         Some(v) => match v.as_i128().map(u32::try_from) {
@@ -184,6 +175,19 @@ fn read_frame(f: &Value, budget: &mut Budget, at: &dyn Fn() -> String, source: &
         },
     };
     Ok(Frame { function, file, line })
+}
+
+/// An optional string field of `v` (absent or `None` is `None`), its bytes counted against the
+/// budget.
+fn text(v: &Value, key: &str, budget: &mut Budget, at: &dyn Fn() -> String, source: &str) -> Result<Option<String>> {
+    match v.get(key) {
+        None | Some(Value::None) => Ok(None),
+        Some(s @ Value::Str(_)) => {
+            budget.spend_bytes(s.byte_len(), at, source)?;
+            Ok(s.as_str().map(str::to_string))
+        }
+        Some(x) => Err(bad(source, format!("{}: `{key}` is a {}, expected a string", at(), x.type_name()))),
+    }
 }
 
 fn uint(v: &Value, key: &str, at: &dyn Fn() -> String, source: &str) -> Result<u64> {
@@ -415,21 +419,7 @@ impl Snapshot {
                 blocks,
                 context: context(made_by),
                 // vramscope's own key: whose memory it is (PyTorch writes none).
-                source: match seg.get("source") {
-                    None | Some(Value::None) => None,
-                    Some(v) => match v.as_str() {
-                        Some(text) => {
-                            budget.spend_bytes(text.len(), &at, source)?;
-                            Some(text.to_string())
-                        }
-                        None => {
-                            return Err(bad(
-                                source,
-                                format!("{}: `source` is a {}, expected a string", at(), v.type_name()),
-                            ))
-                        }
-                    },
-                },
+                source: text(seg, "source", &mut budget, &at, source)?,
                 device: Some(device),
             });
         }
