@@ -185,7 +185,7 @@ impl Shared {
         if let Some(b) = block {
             let ctx = pending.map(|p| p.intern(locked.heap.recorder_mut()));
             locked.heap.free(&*shared.backend, b, ctx);
-            if locked.heap.has_pending() {
+            if locked.heap.has_pending() && !shared.waiting.load(Ordering::Relaxed) {
                 shared.waiting.store(true, Ordering::Relaxed);
             }
         }
@@ -474,7 +474,12 @@ impl CachingAllocator {
                 }
             };
             locked.keepalive.buffer_made(&self.shared);
-            self.shared.waiting.store(locked.heap.has_pending(), Ordering::Relaxed);
+            // Written only when it changes: every thread reads it beside `capture` on its way
+            // in, and a store would take that line from them on every allocation.
+            let waiting = locked.heap.has_pending();
+            if self.shared.waiting.load(Ordering::Relaxed) != waiting {
+                self.shared.waiting.store(waiting, Ordering::Relaxed);
+            }
             (grant, wants_slot.then(|| locked.parking.register()))
         };
         if let Some(slot) = slot {

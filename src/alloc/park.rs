@@ -81,12 +81,6 @@ impl Slot {
         counter.store(counter.load(Relaxed).wrapping_add(n), Relaxed);
     }
 
-    /// Owner only: records which entry value holds the block freed last (0: none does).
-    #[inline]
-    fn set_last(&self, v: u64) {
-        self.last.store(v, Relaxed);
-    }
-
     fn trips(&self) -> [[u64; 3]; 2] {
         self.trips.each_ref().map(|p| p.each_ref().map(|c| c.load(Relaxed)))
     }
@@ -247,6 +241,17 @@ struct Binding {
     ghost: Option<(u64, StreamId)>,
 }
 
+impl Binding {
+    /// Which entry holds the block this thread freed last (`None`: none does), on its side
+    /// and in the slot, where the pull reads it.
+    #[inline]
+    fn set_last(&mut self, entry: Option<usize>) {
+        self.last = entry;
+        let v = entry.and_then(|i| self.parked[i]).map_or(0, |p| encode(p.block, self.seq));
+        self.slot.last.store(v, Relaxed);
+    }
+}
+
 /// See `Binding::credit`.
 const CREDIT: u32 = 16;
 
@@ -320,8 +325,7 @@ pub(crate) fn take(allocator: u64, stream: StreamId, requested: u64) -> Option<P
             return None;
         }
         b.credit = CREDIT;
-        b.last = None;
-        b.slot.set_last(0);
+        b.set_last(None);
         let p = b.parked[i].take()?;
         // Whoever swaps the block out owns it: the allocator may have pulled it just now.
         decode(b.slot.entries[i].swap(0, SeqCst))?;
@@ -343,8 +347,8 @@ pub(crate) fn take(allocator: u64, stream: StreamId, requested: u64) -> Option<P
 pub(crate) fn forget_last(allocator: u64) {
     with_binding(allocator, |b| {
         b.ghost = None;
-        if b.last.take().is_some() {
-            b.slot.set_last(0);
+        if b.last.is_some() {
+            b.set_last(None);
         }
         Some(())
     });
@@ -356,8 +360,7 @@ pub(crate) fn forget_last(allocator: u64) {
 pub(crate) fn park(allocator: u64, closed: &AtomicBool, p: Parked) -> Result<(), Parked> {
     let parked = with_binding(allocator, |b| {
         // Whatever happens, this is now the block freed last: a parked one no longer is.
-        b.last = None;
-        b.slot.set_last(0);
+        b.set_last(None);
         if b.credit == 0 {
             b.ghost = p.class.reusable.then_some((p.requested, p.stream));
             return None;
@@ -376,8 +379,7 @@ pub(crate) fn park(allocator: u64, closed: &AtomicBool, p: Parked) -> Result<(),
             return Some(decode(e.swap(0, SeqCst)).is_none());
         }
         b.parked[i] = Some(p);
-        b.last = Some(i);
-        b.slot.set_last(encode(p.block, b.seq));
+        b.set_last(Some(i));
         Some(true)
     });
     match parked {
