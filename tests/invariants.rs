@@ -287,3 +287,112 @@ proptest! {
         prop_assert_eq!(allocs[0].memory_stats(), allocs[1].memory_stats());
     }
 }
+
+/// What a snapshot's context says, resolved: the frames' functions and lines, the scope path
+/// and the step (thread names are equal on one thread).
+fn resolved(
+    snap: &vramscope::Snapshot,
+    ctx: &Option<vramscope::snapshot::ContextInfo>,
+) -> Option<(Vec<String>, Vec<String>, u64)> {
+    let c = ctx.as_ref()?;
+    let frames = c.stack.map_or_else(Vec::new, |s| {
+        snap.stacks[s.0 as usize]
+            .iter()
+            .map(|f| {
+                let f = &snap.frames[f.0 as usize];
+                format!("{}:{:?}", f.function, f.line)
+            })
+            .collect()
+    });
+    Some((frames, snap.scopes[c.scope.0 as usize].clone(), c.step))
+}
+
+/// The events and live blocks a snapshot holds, resolved, without times.
+type Recorded = (
+    Vec<(String, u64, u64, u64, Option<(Vec<String>, Vec<String>, u64)>)>,
+    Vec<(u64, Option<(Vec<String>, Vec<String>, u64)>)>,
+);
+
+fn recorded(alloc: &CachingAllocator) -> Recorded {
+    let snap = alloc.snapshot();
+    let history = snap
+        .history
+        .iter()
+        .map(|e| (format!("{:?}", e.action), e.addr, e.size, e.stream, resolved(&snap, &e.context)))
+        .collect();
+    let live = snap.live_blocks().map(|b| (b.address, resolved(&snap, &b.context))).collect();
+    (history, live)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// Parking while recording is invisible on one thread: the same ops, some inside scopes and
+    /// steps, on two recording allocators, one parking on every free (a request from the site
+    /// it last allocated from through the lock takes its block back and logs the allocation),
+    /// give the same addresses, the same statistics, the same history (actions, addresses,
+    /// sizes, streams, stacks, scopes, steps, in the same order, times never going back) and
+    /// the same live blocks with the same contexts.
+    #[test]
+    fn recorded_parking_records_what_the_lock_would(
+        config in configs(),
+        ops in prop::collection::vec(op(3), 1..200),
+        scoped in prop::collection::vec(0..3usize, 200),
+    ) {
+        let sims = [Arc::new(SimBackend::new(1 << 40)), Arc::new(SimBackend::new(1 << 40))];
+        let allocs = [
+            CachingAllocator::with_config(sims[0].clone(), config.clone()).unwrap(),
+            CachingAllocator::with_config(sims[1].clone(), config).unwrap(),
+        ];
+        allocs[1].park_always();
+        let streams: Vec<[Stream; 3]> =
+            allocs.iter().map(|a| [a.default_stream(), a.new_stream().unwrap(), a.new_stream().unwrap()]).collect();
+        let mut live: [Vec<Buffer<u8>>; 2] = [Vec::new(), Vec::new()];
+        for (k, op) in ops.iter().enumerate() {
+            let mut addrs = [0u64; 2];
+            // A new step now and then: a block taken back must carry its new one.
+            if k % 3 == 2 {
+                vramscope::step(k as u64);
+            }
+            for side in 0..2 {
+                let (alloc, live) = (&allocs[side], &mut live[side]);
+                match op {
+                    Op::Alloc { stream, bytes } => {
+                        // Three places: two scopes and none, so that sites change under a thread.
+                        let b = match scoped[k] {
+                            0 => alloc.alloc::<u8>(&streams[side][*stream], *bytes).unwrap(),
+                            1 => {
+                                let _g = vramscope::scope("one");
+                                alloc.alloc::<u8>(&streams[side][*stream], *bytes).unwrap()
+                            }
+                            _ => {
+                                let _g = vramscope::scope("two");
+                                alloc.alloc::<u8>(&streams[side][*stream], *bytes).unwrap()
+                            }
+                        };
+                        addrs[side] = b.device_ptr();
+                        live.push(b);
+                    }
+                    Op::Free(i) if !live.is_empty() => drop(live.swap_remove(i % live.len())),
+                    Op::RecordStream { buffer, stream } if !live.is_empty() => {
+                        let b = &live[buffer % live.len()];
+                        alloc.record_stream(b, streams[side][*stream]).unwrap();
+                    }
+                    Op::Synchronize(s) => alloc.synchronize(streams[side][*s]).unwrap(),
+                    Op::EmptyCache => alloc.empty_cache(),
+                    _ => {}
+                }
+            }
+            prop_assert_eq!(addrs[0], addrs[1], "op {} ({:?})", k, op);
+            if k % 7 == 6 {
+                prop_assert_eq!(recorded(&allocs[0]), recorded(&allocs[1]), "after op {}", k);
+            }
+        }
+        prop_assert_eq!(recorded(&allocs[0]), recorded(&allocs[1]));
+        drop(live);
+        prop_assert_eq!(allocs[0].memory_stats(), allocs[1].memory_stats());
+        prop_assert_eq!(recorded(&allocs[0]), recorded(&allocs[1]));
+        let times: Vec<u64> = allocs[1].snapshot().history.iter().map(|e| e.time_ns).collect();
+        prop_assert!(times.windows(2).all(|w| w[0] <= w[1]), "times go back: {:?}", times);
+    }
+}

@@ -1,7 +1,8 @@
-//! Parking (nothing recorded): a thread's dropped blocks wait in its own slot for its next
-//! request of their size, without the allocator's lock. What users can see of it must be what
-//! they would see without it: exact statistics and peaks, no memory kept after the allocator
-//! goes, no stale tensor description.
+//! Parking: a thread's dropped blocks wait in its own slot for its next request of their size,
+//! without the allocator's lock. What users can see of it must be what they would see without
+//! it: exact statistics and peaks, no memory kept after the allocator goes, no stale tensor
+//! description, and while recording, every allocation and free in the history with its
+//! context.
 
 use std::sync::{Arc, Barrier};
 use vramscope::backend::SimBackend;
@@ -143,4 +144,66 @@ fn the_last_handle_frees_what_threads_parked_even_while_they_park() {
             assert_eq!(sim.used_memory(), 0, "round {round}: the allocator kept its memory");
         });
     }
+}
+
+/// Threads recording (the default) park and take blocks back, logging what they do: every
+/// allocation and free is in the history once, with its own thread and scope, each address
+/// alternating between allocation and free, and each thread's allocations in its order.
+#[test]
+fn threads_recording_log_every_event_once_with_its_context() {
+    let sim = Arc::new(SimBackend::new(1 << 34));
+    let alloc = CachingAllocator::new(sim.clone());
+    let mut rec = RecordConfig::default();
+    rec.max_entries = 1 << 20;
+    alloc.record_memory_history(rec);
+    alloc.park_always();
+    let (threads, rounds) = (4, 3_000);
+    // Mostly one size from one place (taken back), now and then another.
+    let size = |t: usize, i: usize| if i % 100 == 99 { 4096 << t } else { 512 * (t + 1) };
+    let go = Barrier::new(threads);
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let (alloc, go) = (&alloc, &go);
+            s.spawn(move || {
+                let stream = if t % 2 == 0 { alloc.default_stream() } else { alloc.new_stream().unwrap() };
+                let _scope = vramscope::scope(&format!("thread{t}"));
+                go.wait();
+                for i in 0..rounds {
+                    drop(alloc.alloc::<u8>(&stream, size(t, i)).unwrap());
+                }
+            });
+        }
+    });
+    let snap = alloc.snapshot();
+    assert_eq!(snap.history_dropped, 0);
+    let stats = alloc.stats();
+    let pairs = (threads * rounds) as u64;
+    assert_eq!((stats.allocation.all.allocated, stats.allocation.all.freed), (pairs, pairs));
+    let mut state = std::collections::HashMap::new();
+    let mut sizes = vec![Vec::new(); threads];
+    let (mut allocs, mut frees) = (0, 0);
+    for e in &snap.history {
+        match e.action {
+            vramscope::record::Action::Alloc => {
+                allocs += 1;
+                assert_ne!(state.insert(e.addr, true), Some(true), "{:#x} allocated twice", e.addr);
+                let c = e.context.as_ref().expect("an allocation's context");
+                let scope = snap.scopes[c.scope.0 as usize].last().unwrap().clone();
+                let t: usize = scope.strip_prefix("thread").unwrap().parse().unwrap();
+                sizes[t].push(e.size);
+            }
+            vramscope::record::Action::FreeCompleted => {
+                frees += 1;
+                assert_eq!(state.insert(e.addr, false), Some(true), "{:#x} freed while not allocated", e.addr);
+            }
+            _ => {}
+        }
+    }
+    assert_eq!((allocs, frees), (pairs, pairs));
+    for (t, sizes) in sizes.iter().enumerate() {
+        assert_eq!(sizes.len(), rounds, "thread {t}'s allocations");
+        let wrong = (0..rounds).find(|&i| sizes[i] != size(t, i) as u64);
+        assert_eq!(wrong, None, "thread {t}'s allocations in its order");
+    }
+    alloc.check_invariants().unwrap();
 }

@@ -14,7 +14,7 @@ mod sync_shim {
 }
 pub(crate) mod heap;
 mod oom_snapshot;
-mod park;
+pub(crate) mod park;
 mod registry;
 pub(crate) mod stats;
 pub use stats::{Counter, MemoryStats, Pool, PoolCounters};
@@ -82,8 +82,9 @@ impl Locked {
         let heap = &mut self.heap;
         let mut pulled = 0;
         let trips = self.parking.pull(|p| match p {
+            park::Pulled::Logged(e) => heap.note_logged(e),
             park::Pulled::Free(b) => {
-                heap.free(backend, b, None);
+                heap.free_unrecorded(backend, b);
                 pulled += 1;
             }
             park::Pulled::Settle => heap.settle(),
@@ -151,9 +152,12 @@ impl Shared {
             Arc::decrement_strong_count(this.as_ptr().cast_const())
         };
         let records_nothing = shared.capture.records_nothing();
-        let may_park = parkable.is_some() && records_nothing;
+        let parks = shared.capture.parks();
+        let may_park = parkable.is_some() && parks;
         let contended = shared.contended.load(Ordering::Relaxed);
         let mut free = None;
+        // Whether this free is in the thread's log already (see `park`).
+        let mut logged = false;
         if may_park {
             // Parking pays only where threads contend for the lock: a free lock costs less
             // than parking now and pulling later. Once they have, a free does not even try it.
@@ -166,12 +170,22 @@ impl Shared {
             if free.is_none() {
                 if let Some(p) = parkable {
                     // Parked, the block stays counted as this buffer was (see `park`).
-                    if park::park(shared.id, &shared.closed, p).is_ok() {
-                        return;
+                    let mut parked = park::park(shared.id, &shared.closed, p, !records_nothing);
+                    if parked == Err(park::Unparked::LogFull) {
+                        // The lock's holder pulls, emptying the log: wait for that rather than
+                        // queue for the lock. A free lock is taken, and pulls here.
+                        free = shared.heap.try_lock();
+                        if free.is_none() && park::wait_for_room(shared.id, 2) {
+                            parked = park::park(shared.id, &shared.closed, p, !records_nothing);
+                        }
+                    }
+                    match parked {
+                        Ok(()) => return,
+                        Err(u) => logged = u == park::Unparked::Logged,
                     }
                 }
             }
-        } else if records_nothing && contended && block.is_some() && !waits {
+        } else if parks && contended && block.is_some() && !waits {
             // Freed through the lock: a block this thread parked before is no longer the one
             // it freed last (`park::park` says the same where it fails). A free that waits for
             // another stream leaves the heap's block freed last as it was, so it stays.
@@ -183,8 +197,12 @@ impl Shared {
         let mut locked = free.unwrap_or_else(|| shared.heap.lock());
         locked.pull(&*shared.backend);
         if let Some(b) = block {
-            let ctx = pending.map(|p| p.intern(locked.heap.recorder_mut()));
-            locked.heap.free(&*shared.backend, b, ctx);
+            if logged {
+                locked.heap.free_unrecorded(&*shared.backend, b);
+            } else {
+                let ctx = pending.map(|p| p.intern(locked.heap.recorder_mut()));
+                locked.heap.free(&*shared.backend, b, ctx);
+            }
             if locked.heap.has_pending() && !shared.waiting.load(Ordering::Relaxed) {
                 shared.waiting.store(true, Ordering::Relaxed);
             }
@@ -428,12 +446,34 @@ impl CachingAllocator {
             .checked_mul(std::mem::size_of::<T>() as u64)
             .ok_or_else(|| Error::from(InvalidRequest::BytesOverflow { len, element: std::mem::size_of::<T>() }))?;
         let capture = if bytes == 0 { None } else { self.shared.capture.get() };
-        let may_park = bytes != 0 && capture.is_none();
+        let may_park = bytes != 0 && self.shared.capture.parks();
         let shared = NonNull::from(&**self.shared);
-        if may_park && self.shared.contended.load(Ordering::Relaxed) && !self.shared.waiting.load(Ordering::Relaxed) {
-            if let Some(p) = park::take(self.shared.id, stream.id, bytes) {
+        // Captured before anything else: a block taken back needs its site as much as the lock.
+        let pending = capture.map(Pending::capture);
+        let contended = self.shared.contended.load(Ordering::Relaxed);
+        let key = pending.as_ref().and_then(Pending::site_key);
+        // The lock, where it was taken on the way (see below).
+        let mut free = None;
+        if may_park && contended && !self.shared.waiting.load(Ordering::Relaxed) {
+            let recording = match (&pending, key) {
+                (None, _) => Some(park::Recording::Off),
+                (Some(p), Some(key)) => Some(park::Recording::Site(key, p.step)),
+                (Some(_), None) => None,
+            };
+            let mut took = recording.map_or(park::Took::No, |r| park::take(self.shared.id, stream.id, bytes, r));
+            if took == park::Took::LogFull {
+                // As in `release_buffer`: wait for the lock's holder to pull, or pull here.
+                free = self.shared.heap.try_lock();
+                if free.is_none() && park::wait_for_room(self.shared.id, 1) {
+                    took = recording.map_or(park::Took::No, |r| park::take(self.shared.id, stream.id, bytes, r));
+                }
+            }
+            if let park::Took::Block(p) = took {
                 // A block this thread parked: still allocated in the heap, still counted as a
                 // buffer (see `park`).
+                if let Some(pending) = &pending {
+                    pending.count_allocation();
+                }
                 #[cfg(vramscope_arc_per_buffer)]
                 // SAFETY: as below.
                 unsafe {
@@ -443,15 +483,15 @@ impl CachingAllocator {
                 return Ok(unsafe { Buffer::new(shared, p.block, p.addr, len, *stream, p.class) });
             }
         }
-        let pending = capture.map(Pending::capture);
         let wants_slot = self.shared.wants_slot(may_park);
-        let (grant, slot) = {
-            let mut locked = self.shared.heap.lock();
+        let (grant, slot, site) = {
+            let mut locked = free.unwrap_or_else(|| self.shared.heap.lock());
             locked.pull(&*self.shared.backend);
             if may_park && self.shared.closed.load(Ordering::Relaxed) {
                 // A handle allocates: its drop will close parking again if it is the last.
                 self.shared.closed.store(false, Ordering::Relaxed);
             }
+            let mut site = None;
             let grant = if bytes == 0 {
                 None
             } else {
@@ -459,6 +499,7 @@ impl CachingAllocator {
                     p.count_allocation();
                     p.intern(locked.heap.recorder_mut())
                 });
+                site = ctx.map(|c| c.site);
                 match locked.heap.alloc(&*self.shared.backend, stream.id, bytes, ctx) {
                     Ok(g) => Some(g),
                     Err(Error::OutOfMemory(mut report)) => {
@@ -480,10 +521,14 @@ impl CachingAllocator {
             if self.shared.waiting.load(Ordering::Relaxed) != waiting {
                 self.shared.waiting.store(waiting, Ordering::Relaxed);
             }
-            (grant, wants_slot.then(|| locked.parking.register()))
+            (grant, wants_slot.then(|| locked.parking.register()), site)
         };
         if let Some(slot) = slot {
             park::bind(self.shared.id, slot);
+        }
+        if let (true, Some(key), Some(site)) = (may_park && contended, key, site) {
+            // A request from here may take a block back with this site (see `park`).
+            park::remember_site(self.shared.id, key, site);
         }
         // The design the keep-alive protocol replaced, built only to measure the two side by
         // side (BENCHMARKS.md): an `Arc` per buffer, two atomic operations a pair.

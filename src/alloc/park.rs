@@ -48,17 +48,24 @@
 
 use super::ids::{BlockId, StreamId};
 use super::Pool;
+use crate::record::Context;
 use std::cell::RefCell;
 use std::num::NonZeroU32;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::atomic::{
+    fence, AtomicBool, AtomicU64, Ordering::Acquire, Ordering::Relaxed, Ordering::Release, Ordering::SeqCst,
+};
 use std::sync::Arc;
 
 /// Blocks a thread keeps parked per allocator: enough for a few temporaries of different
 /// sizes alive at once (a matmul's output and its workspace), few enough that a pull is cheap.
 pub(crate) const ENTRIES: usize = 4;
 
+/// Events a thread logs for one allocator between two pulls (two a round trip): a full log
+/// sends the thread through the lock, whose pull empties every log.
+pub(crate) const LOG: usize = 64;
+
 /// One thread's parked blocks for one allocator, shared by that thread and the allocator.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Slot {
     /// Each entry: the parked block's id (its slot + 1, so 0 is empty) in the low 32 bits and
     /// the owner's parking sequence number above, so that a pull frees in parking order.
@@ -71,6 +78,55 @@ pub(crate) struct Slot {
     /// The entry value of the block the owner freed last while it stays parked (0 once taken
     /// or once a later free went through the lock). Written by the owner only.
     last: AtomicU64,
+    /// What the owner's round trips recorded, while the allocator records (see "Recording" in
+    /// the module docs): a ring of [`LOG`] events, three words each (see [`Logged`]), that the
+    /// owner appends to and the pull drains.
+    log: [[AtomicU64; 3]; LOG],
+    /// Events appended. Written by the owner only, released after the event's words.
+    head: AtomicU64,
+    /// Events drained. Written by the pull only (under the allocator's lock), released after
+    /// it read the events, so that the owner overwrites only what was read.
+    tail: AtomicU64,
+}
+
+impl Default for Slot {
+    fn default() -> Self {
+        Slot {
+            entries: Default::default(),
+            trips: Default::default(),
+            oversize_trips: AtomicU64::new(0),
+            last: AtomicU64::new(0),
+            log: std::array::from_fn(|_| Default::default()),
+            head: AtomicU64::new(0),
+            tail: AtomicU64::new(0),
+        }
+    }
+}
+
+/// An event a thread logged for a block it parked or took back, applied by the pull in time
+/// order: the history event the heap would have recorded (the block's address, size and stream
+/// are the heap's), and for a block taken back its new context.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Logged {
+    pub(crate) block: BlockId,
+    /// The raw clock reading (see `record::raw_ticks`) when it happened.
+    pub(crate) ticks: u64,
+    /// `Some`: the block was taken back by an allocation of this context; `None`: it was freed.
+    pub(crate) alloc: Option<Context>,
+}
+
+impl Logged {
+    fn encode(&self) -> [u64; 3] {
+        let site = self.alloc.map_or(0, |c| u64::from(c.site) + 1);
+        [u64::from(self.block.raw().get()) | site << 32, self.ticks, self.alloc.map_or(0, |c| c.step)]
+    }
+
+    fn decode([w, ticks, step]: [u64; 3]) -> Option<Logged> {
+        let block = BlockId::from_raw(NonZeroU32::new(w as u32)?);
+        let site = (w >> 32) as u32;
+        let alloc = site.checked_sub(1).map(|site| Context { site, step });
+        Some(Logged { block, ticks, alloc })
+    }
 }
 
 impl Slot {
@@ -83,6 +139,34 @@ impl Slot {
 
     fn trips(&self) -> [[u64; 3]; 2] {
         self.trips.each_ref().map(|p| p.each_ref().map(|c| c.load(Relaxed)))
+    }
+
+    /// Owner only: whether the log has room for `n` more events.
+    #[inline]
+    fn log_room(&self, n: u64) -> bool {
+        self.head.load(Relaxed).wrapping_sub(self.tail.load(Acquire)) + n <= LOG as u64
+    }
+
+    /// Owner only, after [`log_room`](Self::log_room): appends `e` and publishes it.
+    #[inline]
+    fn log(&self, e: Logged) {
+        let h = self.head.load(Relaxed);
+        for (word, v) in self.log[h as usize % LOG].iter().zip(e.encode()) {
+            word.store(v, Relaxed);
+        }
+        self.head.store(h.wrapping_add(1), Release);
+    }
+
+    /// Under the allocator's lock: appends every event the owner published to `out`.
+    fn drain(&self, out: &mut Vec<Logged>) {
+        let head = self.head.load(Acquire);
+        let mut t = self.tail.load(Relaxed);
+        while t != head {
+            let words = self.log[t as usize % LOG].each_ref().map(|w| w.load(Relaxed));
+            out.extend(Logged::decode(words));
+            t = t.wrapping_add(1);
+        }
+        self.tail.store(head, Release);
     }
 }
 
@@ -117,6 +201,8 @@ pub(crate) struct BlockClass {
 #[derive(Debug, Default)]
 pub(crate) struct Parking {
     slots: Vec<Listed>,
+    /// The pull's events, kept for their allocation.
+    events: Vec<Logged>,
 }
 
 #[derive(Debug)]
@@ -124,12 +210,22 @@ struct Listed {
     slot: Arc<Slot>,
     merged: [[u64; 3]; 2],
     merged_oversize: u64,
+    /// During a pull: the blocks taken out of the entries, and how many.
+    taken: [(u64, BlockId); ENTRIES],
+    n: usize,
+    /// During a pull: the owner had gone before it began, so nothing will be parked here again.
+    gone: bool,
 }
 
-/// What a pull asks of the heap, in order.
+/// What a pull asks of the heap, in order: first every logged event, in time order, then the
+/// frees and merges of each slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Pulled {
-    /// Free this block, as the owner's drop would have.
+    /// Record what a thread did with a block it parked or took back (the block is still
+    /// allocated in the heap when this comes).
+    Logged(Logged),
+    /// Free this block, as the owner's drop would have, without recording the free: it is
+    /// in the owner's log where anything was recorded.
     Free(BlockId),
     /// Merge the block freed last (`Heap::settle`): the owner freed something after it.
     Settle,
@@ -147,7 +243,14 @@ impl Parking {
     /// Lists a new slot for the calling thread, which [`bind`]s it after the lock is released.
     pub(crate) fn register(&mut self) -> Arc<Slot> {
         let slot = Arc::new(Slot::default());
-        self.slots.push(Listed { slot: Arc::clone(&slot), merged: [[0; 3]; 2], merged_oversize: 0 });
+        self.slots.push(Listed {
+            slot: Arc::clone(&slot),
+            merged: [[0; 3]; 2],
+            merged_oversize: 0,
+            taken: [(0, BlockId::new(0)); ENTRIES],
+            n: 0,
+            gone: false,
+        });
         slot
     }
 
@@ -158,8 +261,9 @@ impl Parking {
     }
 
     /// Takes every parked block out, freeing each in parking order per thread (through `heap`),
-    /// and returns the round trips made since the last pull. Slots whose thread has gone (or
-    /// unbound them) are dropped once empty.
+    /// after recording what the threads logged (in time order), and returns the round trips
+    /// made since the last pull. Slots whose thread has gone (or unbound them) are dropped once
+    /// empty.
     ///
     /// The heap ends as if each thread's frees had reached it when they happened: a free
     /// merges the block freed before it (the heap keeps only the block freed last unmerged, for
@@ -167,30 +271,56 @@ impl Parking {
     /// unmerged, and the last block pulled stays unmerged only if it is still the one its thread
     /// freed last (none was taken back or freed through the lock since).
     pub(crate) fn pull(&mut self, mut heap: impl FnMut(Pulled)) -> Trips {
-        let mut trips = Trips::default();
-        let mut taken: [(u64, BlockId); ENTRIES] = [(0, BlockId::new(0)); ENTRIES];
+        // The entries first, then the logs: an owner logs a free before it parks the block, so
+        // every block taken out here comes with its logged events.
         for listed in &mut self.slots {
+            // An owner gone before the pull began has written all it will: its slot goes after.
+            listed.gone = Arc::strong_count(&listed.slot) == 1;
+            if listed.gone {
+                // Pairs with the release of the owner's reference: its last writes are seen.
+                fence(Acquire);
+            }
             let slot = &*listed.slot;
-            let mut n = 0;
+            listed.n = 0;
             for e in &slot.entries {
                 // Sequentially consistent, for the last handle's close (see the module docs).
                 if e.load(SeqCst) != 0 {
                     if let Some(b) = decode(e.swap(0, SeqCst)) {
-                        taken[n] = b;
-                        n += 1;
+                        listed.taken[listed.n] = b;
+                        listed.n += 1;
                     }
                 }
             }
-            taken[..n].sort_unstable_by_key(|&(seq, _)| seq);
+            listed.taken[..listed.n].sort_unstable_by_key(|&(seq, _)| seq);
+        }
+        self.events.clear();
+        let mut logs = 0;
+        for listed in &self.slots {
+            let before = self.events.len();
+            listed.slot.drain(&mut self.events);
+            logs += usize::from(self.events.len() > before);
+        }
+        if logs > 1 {
+            // Each log is in time order already: the (stable) sort merges them, keeping a
+            // thread's events of one tick in its order.
+            self.events.sort_by_key(|e| e.ticks);
+        }
+        for &e in &self.events {
+            heap(Pulled::Logged(e));
+        }
+        let mut trips = Trips::default();
+        for listed in &mut self.slots {
+            let slot = &*listed.slot;
+            let taken = &listed.taken[..listed.n];
             let now = slot.trips();
-            let active = n > 0 || now != listed.merged;
+            let active = !taken.is_empty() || now != listed.merged;
             if active {
                 heap(Pulled::Settle);
             }
-            for &(_, b) in &taken[..n] {
+            for &(_, b) in taken {
                 heap(Pulled::Free(b));
             }
-            if active && decode(slot.last.load(Relaxed)) != taken[..n].last().copied() {
+            if active && decode(slot.last.load(Relaxed)) != taken.last().copied() {
                 heap(Pulled::Settle);
             }
             for (pool, counts) in now.iter().enumerate() {
@@ -203,8 +333,9 @@ impl Parking {
             trips.oversize += over.wrapping_sub(listed.merged_oversize);
             listed.merged_oversize = over;
         }
-        // A slot only the list holds has no owner to park in it again: just emptied, it goes.
-        self.slots.retain(|l| Arc::strong_count(&l.slot) > 1);
+        // A slot whose owner had gone before the pull has no one to park in it again: just
+        // emptied, it goes. (One that went during the pull is emptied by the next.)
+        self.slots.retain(|l| !l.gone);
         trips
     }
 }
@@ -239,6 +370,24 @@ struct Binding {
     /// While parking is off for lack of credit: the request (bytes, stream) that would have
     /// taken back the block freed last, had it been parked.
     ghost: Option<(u64, StreamId)>,
+    /// While the allocator records: the site this thread's last allocation through the lock
+    /// was interned as, with its key (see [`SiteKey`]). A request from the same place takes
+    /// a block back with that site; from anywhere else it goes through the lock.
+    site: Option<(SiteKey, u32)>,
+}
+
+/// What identifies a capture's site on its thread without the allocator's tables: the
+/// unwinder's trace version and the stack's length (the same frames, see
+/// `record::Pending::site_key`) and the scope.
+pub(crate) type SiteKey = (u64, usize, u32);
+
+/// What an allocation records, for [`take`]: nothing, or the key of its site and its step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Recording {
+    /// Nothing is recorded.
+    Off,
+    /// A context is recorded: the capture's site key and step.
+    Site(SiteKey, u64),
 }
 
 impl Binding {
@@ -298,20 +447,31 @@ pub(crate) fn bind(allocator: u64, slot: Arc<Slot>) {
         }
         b.insert(
             0,
-            Binding { allocator, slot, parked: [None; ENTRIES], last: None, seq: 0, credit: CREDIT, ghost: None },
+            Binding {
+                allocator,
+                slot,
+                parked: [None; ENTRIES],
+                last: None,
+                seq: 0,
+                credit: CREDIT,
+                ghost: None,
+                site: None,
+            },
         );
     });
 }
 
 /// Takes back the block this thread freed last for `allocator` if it is still parked and was
-/// allocated for exactly `requested` bytes on `stream`, counting the round trip.
+/// allocated for exactly `requested` bytes on `stream`, counting the round trip; where the
+/// allocator records, only for a request from the site this thread last allocated from
+/// through the lock (`recording`), logging the allocation.
 ///
 /// Only the block freed last, and only as the heap's shortcut for it would reuse it (the
 /// same stream, a block of exactly the request's rounded size): so a thread's requests get the
 /// very blocks they would get without parking, and the heap's decisions (and the peaks they
 /// lead to) do not change. The other parked blocks only wait for the next pull.
 #[inline]
-pub(crate) fn take(allocator: u64, stream: StreamId, requested: u64) -> Option<Parked> {
+pub(crate) fn take(allocator: u64, stream: StreamId, requested: u64, recording: Recording) -> Took {
     with_binding(allocator, |b| {
         let Some(i) = b.last else {
             if b.ghost.take() == Some((requested, stream)) {
@@ -325,11 +485,28 @@ pub(crate) fn take(allocator: u64, stream: StreamId, requested: u64) -> Option<P
             return None;
         }
         b.credit = CREDIT;
+        let ctx = match recording {
+            Recording::Off => None,
+            Recording::Site(key, step) => match b.site {
+                Some((k, site)) if k == key => {
+                    if !b.slot.log_room(1) {
+                        return Some(Took::LogFull);
+                    }
+                    Some(Context { site, step })
+                }
+                // Through the lock, which interns the site.
+                _ => return None,
+            },
+        };
         b.set_last(None);
         let p = b.parked[i].take()?;
         // Whoever swaps the block out owns it: the allocator may have pulled it just now.
         decode(b.slot.entries[i].swap(0, SeqCst))?;
         let s = &b.slot;
+        if ctx.is_some() {
+            // Before the buffer exists: whoever drops it pulls this first.
+            s.log(Logged { block: p.block, ticks: crate::record::raw_ticks(), alloc: ctx });
+        }
         let t = &s.trips[p.class.pool as usize];
         Slot::bump(&t[0], 1);
         Slot::bump(&t[1], p.class.size);
@@ -337,8 +514,52 @@ pub(crate) fn take(allocator: u64, stream: StreamId, requested: u64) -> Option<P
         if p.class.oversize {
             Slot::bump(&s.oversize_trips, 1);
         }
-        Some(p)
+        Some(Took::Block(p))
     })
+    .unwrap_or(Took::No)
+}
+
+/// What [`take`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Took {
+    /// The block, taken back.
+    Block(Parked),
+    /// It would have taken a block back, but the log is full: see [`wait_for_room`].
+    LogFull,
+    /// Nothing: the request goes through the lock.
+    No,
+}
+
+/// Waits a little for the allocator to empty this thread's log for `allocator` (call when a
+/// lock holder, which pulls, was seen): whether it has room for `n` events now. Every locked
+/// operation pulls first, so a thread whose log filled while another held the lock finds it
+/// emptied a moment later, instead of queueing for the lock only to pull an empty log.
+pub(crate) fn wait_for_room(allocator: u64, n: u64) -> bool {
+    let Some(slot) = with_binding(allocator, |b| Some(Arc::clone(&b.slot))) else { return false };
+    for i in 0..ROOM_SPINS {
+        if slot.log_room(n) {
+            return true;
+        }
+        if i % 64 == 63 {
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+    slot.log_room(n)
+}
+
+/// How long [`wait_for_room`] waits: about as long as a pull of every thread's full log.
+const ROOM_SPINS: u32 = 4096;
+
+/// This thread allocated from the site of `key` through the lock while `allocator` records,
+/// and it was interned as `site`: a request from there may take a block back with it.
+#[inline]
+pub(crate) fn remember_site(allocator: u64, key: SiteKey, site: u32) {
+    with_binding(allocator, |b| {
+        b.site = Some((key, site));
+        Some(())
+    });
 }
 
 /// This thread freed a block of `allocator` through the lock: the block it parked before is no
@@ -354,10 +575,23 @@ pub(crate) fn forget_last(allocator: u64) {
     });
 }
 
-/// Parks `p` in this thread's slot for `allocator`. `Err(p)` when it cannot (no slot, every
-/// entry full, or parking closed): the caller frees the block through the lock.
+/// Why a block was not parked: the caller frees it through the lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Unparked {
+    /// Nothing of it was logged.
+    No,
+    /// Its free is logged already (parking closed just after): the free through the lock must
+    /// not record it again.
+    Logged,
+    /// The log is full: see [`wait_for_room`].
+    LogFull,
+}
+
+/// Parks `p` in this thread's slot for `allocator`, logging its free where `recorded` (the
+/// allocator records: see the module docs). `Err` when it cannot (no slot, every entry full,
+/// the log full, or parking closed): the caller frees the block through the lock.
 #[inline]
-pub(crate) fn park(allocator: u64, closed: &AtomicBool, p: Parked) -> Result<(), Parked> {
+pub(crate) fn park(allocator: u64, closed: &AtomicBool, p: Parked, recorded: bool) -> Result<(), Unparked> {
     let parked = with_binding(allocator, |b| {
         // Whatever happens, this is now the block freed last: a parked one no longer is.
         b.set_last(None);
@@ -365,10 +599,18 @@ pub(crate) fn park(allocator: u64, closed: &AtomicBool, p: Parked) -> Result<(),
             b.ghost = p.class.reusable.then_some((p.requested, p.stream));
             return None;
         }
-        b.credit -= 1;
         // An entry the owner thinks full but finds empty was pulled: it is free again.
         let i = (0..ENTRIES).find(|&i| b.parked[i].is_none() || b.slot.entries[i].load(Relaxed) == 0)?;
+        // Room for this free and the allocation that takes the block back.
+        if recorded && !b.slot.log_room(2) {
+            return Some(Err(Unparked::LogFull));
+        }
+        b.credit -= 1;
         b.seq = b.seq.wrapping_add(1);
+        if recorded {
+            // Before the entry: a pull that takes the block out sees its free logged.
+            b.slot.log(Logged { block: p.block, ticks: crate::record::raw_ticks(), alloc: None });
+        }
         let e = &b.slot.entries[i];
         // Sequentially consistent store, then load: Dekker's half (module docs).
         e.store(encode(p.block, b.seq), SeqCst);
@@ -376,15 +618,16 @@ pub(crate) fn park(allocator: u64, closed: &AtomicBool, p: Parked) -> Result<(),
             b.parked[i] = None;
             // The last handle is going: take the block back (unless its pull already did, and
             // freed it) and free it through the lock.
-            return Some(decode(e.swap(0, SeqCst)).is_none());
+            return Some(if decode(e.swap(0, SeqCst)).is_none() { Ok(()) } else { Err(Unparked::Logged) });
         }
         b.parked[i] = Some(p);
         b.set_last(Some(i));
-        Some(true)
+        Some(Ok(()))
     });
     match parked {
-        Some(true) => Ok(()),
-        _ => Err(p),
+        Some(Ok(())) => Ok(()),
+        Some(Err(u)) if recorded => Err(u),
+        _ => Err(Unparked::No),
     }
 }
 
@@ -412,16 +655,24 @@ mod tests {
         let closed = AtomicBool::new(false);
         let mut parking = Parking::default();
         bind(u64::MAX - 1, parking.register());
-        assert!(park(u64::MAX - 2, &closed, parked(1, 512)).is_err(), "no slot for another allocator");
+        assert!(park(u64::MAX - 2, &closed, parked(1, 512), false).is_err(), "no slot for another allocator");
         for (b, r) in [(1, 512), (2, 1024), (3, 512), (4, 4096)] {
-            park(u64::MAX - 1, &closed, parked(b, r)).unwrap();
+            park(u64::MAX - 1, &closed, parked(b, r), false).unwrap();
         }
-        assert_eq!(take(u64::MAX - 1, StreamId(0), 4096), Some(parked(4, 4096)), "the block freed last");
-        assert_eq!(take(u64::MAX - 1, StreamId(0), 512), None, "only the block freed last");
-        park(u64::MAX - 1, &closed, parked(4, 4096)).unwrap();
-        assert_eq!(park(u64::MAX - 1, &closed, parked(5, 512)), Err(parked(5, 512)), "full");
-        assert_eq!(take(u64::MAX - 1, StreamId(0), 4096), None, "block 5, freed through the lock, was last");
-        park(u64::MAX - 1, &closed, parked(3, 512)).unwrap_err();
+        assert_eq!(
+            take(u64::MAX - 1, StreamId(0), 4096, Recording::Off),
+            Took::Block(parked(4, 4096)),
+            "the block freed last"
+        );
+        assert_eq!(take(u64::MAX - 1, StreamId(0), 512, Recording::Off), Took::No, "only the block freed last");
+        park(u64::MAX - 1, &closed, parked(4, 4096), false).unwrap();
+        assert_eq!(park(u64::MAX - 1, &closed, parked(5, 512), false), Err(Unparked::No), "full");
+        assert_eq!(
+            take(u64::MAX - 1, StreamId(0), 4096, Recording::Off),
+            Took::No,
+            "block 5, freed through the lock, was last"
+        );
+        park(u64::MAX - 1, &closed, parked(3, 512), false).unwrap_err();
         let mut freed = Vec::new();
         assert_eq!(
             parking
@@ -432,14 +683,18 @@ mod tests {
             [1, 4096, 4096]
         );
         assert_eq!(freed, [1, 2, 3, 4], "in parking order");
-        park(u64::MAX - 1, &closed, parked(3, 512)).unwrap();
-        assert_eq!(take(u64::MAX - 1, StreamId(1), 512), None, "another stream");
-        assert_eq!(take(u64::MAX - 1, StreamId(0), 513), None, "another size");
-        assert_eq!(take(u64::MAX - 1, StreamId(0), 512), Some(parked(3, 512)));
+        park(u64::MAX - 1, &closed, parked(3, 512), false).unwrap();
+        assert_eq!(take(u64::MAX - 1, StreamId(1), 512, Recording::Off), Took::No, "another stream");
+        assert_eq!(take(u64::MAX - 1, StreamId(0), 513, Recording::Off), Took::No, "another size");
+        assert_eq!(take(u64::MAX - 1, StreamId(0), 512, Recording::Off), Took::Block(parked(3, 512)));
         let mut odd = parked(6, 2048);
         odd.class.reusable = false;
-        park(u64::MAX - 1, &closed, odd).unwrap();
-        assert_eq!(take(u64::MAX - 1, StreamId(0), 2048), None, "a block larger than its rounded request");
+        park(u64::MAX - 1, &closed, odd, false).unwrap();
+        assert_eq!(
+            take(u64::MAX - 1, StreamId(0), 2048, Recording::Off),
+            Took::No,
+            "a block larger than its rounded request"
+        );
         let mut freed = Vec::new();
         let trips = parking.pull(|p| {
             if let Pulled::Free(b) = p {
@@ -449,15 +704,15 @@ mod tests {
         assert_eq!(freed, [6]);
         assert_eq!(trips.pools[0], [1, 512, 512]);
         assert_eq!(parking.pull(|p| assert_eq!(p, Pulled::Settle)), Trips::default(), "merged once");
-        assert_eq!(take(u64::MAX - 1, StreamId(0), 1024), None, "pulled");
+        assert_eq!(take(u64::MAX - 1, StreamId(0), 1024, Recording::Off), Took::No, "pulled");
         // Pulled entries are free again.
         for b in 7..11 {
-            park(u64::MAX - 1, &closed, parked(b, 512)).unwrap();
+            park(u64::MAX - 1, &closed, parked(b, 512), false).unwrap();
         }
         closed.store(true, SeqCst);
-        assert!(park(u64::MAX - 1, &closed, parked(11, 512)).is_err(), "full anyway");
+        assert!(park(u64::MAX - 1, &closed, parked(11, 512), false).is_err(), "full anyway");
         parking.pull(|_| {});
-        assert_eq!(park(u64::MAX - 1, &closed, parked(12, 512)), Err(parked(12, 512)), "closed");
+        assert_eq!(park(u64::MAX - 1, &closed, parked(12, 512), false), Err(Unparked::No), "closed");
         assert_eq!(parking.pull(|p| assert_eq!(p, Pulled::Settle, "taken back by the parker")), Trips::default());
     }
 
@@ -466,14 +721,18 @@ mod tests {
         let (closed, mut parking, id) = (AtomicBool::new(false), Parking::default(), u64::MAX - 6);
         bind(id, parking.register());
         for k in 0..CREDIT as usize {
-            park(id, &closed, parked(1 + k % 3, 512 * (1 + k as u64))).unwrap();
-            assert_eq!(take(id, StreamId(0), 1), None);
+            park(id, &closed, parked(1 + k % 3, 512 * (1 + k as u64)), false).unwrap();
+            assert_eq!(take(id, StreamId(0), 1, Recording::Off), Took::No);
             parking.pull(|_| {});
         }
-        assert!(park(id, &closed, parked(1, 512)).is_err(), "no credit left");
-        assert_eq!(take(id, StreamId(0), 512), None, "not parked: the heap hands it out");
-        park(id, &closed, parked(2, 1024)).unwrap();
-        assert_eq!(take(id, StreamId(0), 1024), Some(parked(2, 1024)), "a request would have matched");
+        assert!(park(id, &closed, parked(1, 512), false).is_err(), "no credit left");
+        assert_eq!(take(id, StreamId(0), 512, Recording::Off), Took::No, "not parked: the heap hands it out");
+        park(id, &closed, parked(2, 1024), false).unwrap();
+        assert_eq!(
+            take(id, StreamId(0), 1024, Recording::Off),
+            Took::Block(parked(2, 1024)),
+            "a request would have matched"
+        );
     }
 
     #[test]
@@ -483,7 +742,7 @@ mod tests {
         std::thread::scope(|s| {
             s.spawn(|| {
                 bind(u64::MAX - 3, parking.register());
-                park(u64::MAX - 3, &closed, parked(1, 512)).unwrap();
+                park(u64::MAX - 3, &closed, parked(1, 512), false).unwrap();
             });
         });
         let mut freed = Vec::new();

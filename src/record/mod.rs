@@ -31,7 +31,7 @@ use serde::{Deserialize, Serialize};
 use std::cell::UnsafeCell;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Instant;
 
 /// Which events carry their context (stack, scope, thread, step) in the history, as PyTorch's
@@ -273,7 +273,13 @@ impl Clock {
     /// Raw ticks since the clock started.
     #[inline]
     pub(crate) fn now(&self) -> u64 {
-        ticks().wrapping_sub(self.start_ticks)
+        self.since_start(ticks())
+    }
+
+    /// Ticks since the clock started at the raw reading `raw` (of [`raw_ticks`]).
+    #[inline]
+    pub(crate) fn since_start(&self, raw: u64) -> u64 {
+        raw.wrapping_sub(self.start_ticks)
     }
 
     /// A function from ticks to nanoseconds since the start, calibrated now.
@@ -283,6 +289,13 @@ impl Clock {
         let scale = if TICKS_ARE_NANOS || t <= 0.0 { 1.0 } else { ns / t };
         move |ticks| (ticks as f64 * scale) as u64
     }
+}
+
+/// A raw reading of the clock every recorder shares, for events a thread logs without the
+/// allocator's lock (see `Clock::since_start`).
+#[inline]
+pub(crate) fn raw_ticks() -> u64 {
+    ticks()
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -345,6 +358,29 @@ impl Recorder {
         let ticks = self.clock.now();
         self.history.push(Event::new(action, addr, size, stream, ticks, if keep { context } else { None }));
     }
+
+    /// Records an event a thread logged at the raw clock reading `raw` (see `alloc::park`):
+    /// as [`event`](Self::event), at that time.
+    pub(crate) fn event_at(
+        &mut self,
+        action: Action,
+        addr: u64,
+        size: u64,
+        stream: u32,
+        ctx: Option<Context>,
+        raw: u64,
+    ) {
+        if self.config.max_entries == 0 {
+            return;
+        }
+        let keep = match self.config.context {
+            ContextLevel::None => false,
+            ContextLevel::Alloc => matches!(action, Action::Alloc | Action::SegmentAlloc | Action::SegmentMap),
+            ContextLevel::All => true,
+        };
+        let ticks = self.clock.since_start(raw);
+        self.history.push(Event::new(action, addr, size, stream, ticks, if keep { ctx } else { None }));
+    }
 }
 
 /// The most frames a stack keeps.
@@ -374,7 +410,7 @@ fn with_scratch<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {
 pub(crate) struct Pending {
     pub(crate) scope: u32,
     /// The scope's allocation counter (none at the root or without scopes).
-    counter: Option<&'static AtomicU64>,
+    counter: Option<&'static scope::Count>,
     pub(crate) thread: u32,
     pub(crate) step: u64,
     has_stack: bool,
@@ -426,6 +462,13 @@ impl CaptureFlags {
         self.get()
     }
 
+    /// Whether a free may be parked (see `alloc::park`): unless the history keeps context on
+    /// frees (whose capture needs the freeing thread's stack at the free).
+    #[inline]
+    pub(crate) fn parks(&self) -> bool {
+        self.0.load(Ordering::Relaxed) & 16 == 0
+    }
+
     /// Whether nothing at all is recorded (no stacks, scopes or history): the heap needs no
     /// word of an allocation that reuses a block as it lies.
     #[inline]
@@ -466,11 +509,24 @@ impl Pending {
         Pending { scope, counter, thread: thread_id(), step: current_step(), has_stack, hash, version }
     }
 
+    /// What identifies this capture's site on its thread, without the allocator's tables: the
+    /// unwinder's trace version and the stack's length (equal on one thread: the same frames,
+    /// as [`intern`](Self::intern) relies on too) or `(0, 0)` without a stack, and the scope.
+    /// `None` where the stack was taken by an unwinder without versions.
+    #[inline]
+    pub(crate) fn site_key(&self) -> Option<(u64, usize, u32)> {
+        match (self.has_stack, self.version) {
+            (false, _) => Some((0, 0, self.scope)),
+            (true, Some((version, len))) => Some((version, len, self.scope)),
+            (true, None) => None,
+        }
+    }
+
     /// Counts an allocation in the captured scope (see [`Scope::allocations`]).
     #[inline]
     pub(crate) fn count_allocation(&self) {
         if let Some(n) = self.counter {
-            n.fetch_add(1, Ordering::Relaxed);
+            n.add();
         }
     }
 

@@ -16,7 +16,38 @@ struct Node {
     name: Arc<str>,
     /// Leaked once per distinct scope path (scopes are never removed), so that the calling
     /// thread can count an allocation without taking the table's lock.
-    allocations: &'static AtomicU64,
+    allocations: &'static Count,
+}
+
+/// Shards of a scope's allocation count: threads whose ids differ modulo this share one.
+const SHARDS: usize = 16;
+
+/// One shard, alone on its cache line.
+#[repr(align(64))]
+#[derive(Debug, Default)]
+struct Shard(AtomicU64);
+
+/// How many allocations were made directly inside one scope, counted in shards so that
+/// threads allocating inside the same scope do not take turns on one cache line (one line
+/// written by every thread's allocations would cost each of them more than the rest of
+/// recording a parked block's allocation: see `alloc::park`).
+#[derive(Debug)]
+pub(crate) struct Count([Shard; SHARDS]);
+
+impl Count {
+    const fn new() -> Count {
+        Count([const { Shard(AtomicU64::new(0)) }; SHARDS])
+    }
+
+    /// Counts one allocation of the calling thread.
+    #[inline]
+    pub(crate) fn add(&self) {
+        self.0[thread_id() as usize % SHARDS].0.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn get(&self) -> u64 {
+        self.0.iter().map(|s| s.0.load(Ordering::Relaxed)).fold(0, u64::wrapping_add)
+    }
 }
 
 struct Table {
@@ -26,7 +57,7 @@ struct Table {
 }
 
 /// Allocations outside any scope are not counted (every thread would contend for it).
-static ROOT_ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+static ROOT_ALLOCATIONS: Count = Count::new();
 
 fn table() -> &'static Mutex<Table> {
     static TABLE: OnceLock<Mutex<Table>> = OnceLock::new();
@@ -38,7 +69,7 @@ fn table() -> &'static Mutex<Table> {
 
 thread_local! {
     /// The calling thread's scope and its allocation counter.
-    static CURRENT: Cell<(u32, &'static AtomicU64)> = const { Cell::new((ROOT, &ROOT_ALLOCATIONS)) };
+    static CURRENT: Cell<(u32, &'static Count)> = const { Cell::new((ROOT, &ROOT_ALLOCATIONS)) };
     static THREAD: Cell<u32> = const { Cell::new(u32::MAX) };
 }
 
@@ -82,7 +113,7 @@ pub(crate) fn current_id() -> u32 {
 
 /// The calling thread's scope with its allocation counter (`None` at the root).
 #[inline]
-pub(crate) fn current_counted() -> (u32, Option<&'static AtomicU64>) {
+pub(crate) fn current_counted() -> (u32, Option<&'static Count>) {
     let (id, n) = CURRENT.with(Cell::get);
     (id, (id != ROOT).then_some(n))
 }
@@ -100,7 +131,7 @@ fn set_current(id: u32) {
 /// Allocations made inside scope `id` or any scope within it, by allocators recording scopes.
 pub(crate) fn allocations_within(id: u32) -> u64 {
     let t = table().lock();
-    let counts = t.nodes.iter().enumerate().map(|(i, node)| (i as u32, node.allocations.load(Ordering::Relaxed)));
+    let counts = t.nodes.iter().enumerate().map(|(i, node)| (i as u32, node.allocations.get()));
     counts.filter(|&(i, n)| n > 0 && t.within(i, id)).map(|(_, n)| n).sum()
 }
 
@@ -143,14 +174,14 @@ impl Table {
 }
 
 /// The scope `name` inside `parent`, with its counter, made on first use.
-fn child_counted(parent: u32, name: &str) -> (u32, &'static AtomicU64) {
+fn child_counted(parent: u32, name: &str) -> (u32, &'static Count) {
     let mut t = table().lock();
     let name: Arc<str> = Arc::from(name);
     if let Some(&id) = t.ids.get(&(parent, name.clone())) {
         return (id, t.nodes[id as usize].allocations);
     }
     let id = t.nodes.len() as u32;
-    let allocations: &'static AtomicU64 = Box::leak(Box::new(AtomicU64::new(0)));
+    let allocations: &'static Count = Box::leak(Box::new(Count::new()));
     t.nodes.push(Node { parent, name: name.clone(), allocations });
     t.ids.insert((parent, name), id);
     (id, allocations)
@@ -174,7 +205,7 @@ pub(crate) fn restore(id: u32) {
 #[derive(Debug)]
 pub struct ScopeGuard {
     /// The scope current before, with its counter.
-    previous: (u32, &'static AtomicU64),
+    previous: (u32, &'static Count),
     _not_send: PhantomData<*const ()>,
 }
 

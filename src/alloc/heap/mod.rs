@@ -18,7 +18,7 @@
 use super::config::AllocatorConfig;
 use super::free_index::{Flags, FreeIndex};
 use super::ids::{BlockId, SegmentId, Slots, StreamId};
-use super::park::{BlockClass, Trips};
+use super::park::{BlockClass, Logged, Trips};
 use pages::{Deferred, Offer};
 
 mod arena;
@@ -31,7 +31,7 @@ mod streams;
 use super::stats::{Pool, Stats};
 use crate::backend::{Backend, RawEvent, RawStream};
 use crate::error::{BackendError, Error, InvalidRequest, OomReport, Result, Rounding};
-use crate::record::{Context, RecordConfig, Recorder};
+use crate::record::{Action, Context, RecordConfig, Recorder};
 pub(crate) use check::check_heap;
 use observe::Note;
 use streams::{PendingEvent, StreamSlot};
@@ -168,6 +168,8 @@ pub(crate) struct Heap {
     /// reserves and the pages it maps are recorded as its doing, as PyTorch's `segment_alloc`
     /// and `segment_map` entries carry the stack of the allocation that caused them.
     request_ctx: Option<Context>,
+    /// Set during [`Heap::free_unrecorded`]: the free's history event was logged elsewhere.
+    free_logged: bool,
     /// Memory the program allocated itself, recorded by address, in order (an unmapped range
     /// forgets every mapping inside it; see `external.rs`).
     external: std::collections::BTreeMap<u64, BlockId>,
@@ -221,6 +223,7 @@ impl Heap {
             config,
             recorder: Recorder::new(record),
             request_ctx: None,
+            free_logged: false,
             external: Default::default(),
             external_streams: Default::default(),
         }
@@ -506,6 +509,30 @@ impl Heap {
     }
 
     // ----- freeing ----------------------------------------------------------------------
+
+    /// [`free`](Self::free) of a block whose free a thread logged already (a parked block:
+    /// see `alloc::park`), or that was parked while nothing was recorded: no history event.
+    pub(crate) fn free_unrecorded(&mut self, backend: &dyn Backend, i: BlockId) {
+        self.free_logged = true;
+        self.free(backend, i, None);
+        self.free_logged = false;
+    }
+
+    /// Records what a thread logged for block `i`, which it parked or took back (see
+    /// `alloc::park`): the history event, at the time it happened, and for a block taken back
+    /// its new context. The block is still allocated in the heap.
+    pub(crate) fn note_logged(&mut self, e: Logged) {
+        let b = &mut self.blocks[e.block];
+        debug_assert_eq!(b.state, BlockState::Allocated);
+        let (addr, size, stream) = (b.addr, b.size, b.stream);
+        let action = if e.alloc.is_some() {
+            b.ctx = e.alloc;
+            Action::Alloc
+        } else {
+            Action::FreeCompleted
+        };
+        self.recorder.event_at(action, addr, size, stream.0, e.alloc, e.ticks);
+    }
 
     /// The buffer of block `i` was dropped: stop counting it as allocated, and either return it
     /// to the free index or wait for the other streams that used it.

@@ -82,8 +82,10 @@ impl Heap {
                 if self.is_oversize(size) {
                     self.stats.oversize_allocations.dec(1);
                 }
-                let action = if waiting { Action::FreeRequested } else { Action::FreeCompleted };
-                self.recorder.event(action, addr, size, stream.0, ctx);
+                if !self.free_logged {
+                    let action = if waiting { Action::FreeRequested } else { Action::FreeCompleted };
+                    self.recorder.event(action, addr, size, stream.0, ctx);
+                }
             }
             Note::WaitOver { addr, size, stream } => {
                 self.recorder.event(Action::FreeCompleted, addr, size, stream.0, None);
