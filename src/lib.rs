@@ -133,18 +133,23 @@
 //! a program creating streams without end keeps a bounded cache. Each stream with a live block
 //! holds at least one segment of its own (2 MiB for small blocks), as in PyTorch.
 //!
-//! Threads: one lock guards an allocator's heap. Once threads have contended for it, with the
-//! recording off ([`RecordConfig::off`](record::RecordConfig::off)), a dropped buffer's block
-//! is *parked* in its thread's own slot instead (up to 4 per thread), and that thread's next
-//! request takes back the block it freed last without the lock, where the heap would have
-//! handed out that very block (the same size and stream): threads that each allocate and free
-//! in a loop no longer queue on one another. Nothing a user reads changes: every operation that
-//! takes the lock (statistics, snapshots, any allocation the slot cannot serve, the last
-//! handle's drop) first pulls every parked block back into the heap, in the order it was
-//! parked, and counts the round trips made meanwhile, so statistics, peaks, snapshots and the
-//! blocks each request gets are what they would be without parking. Buffers with a tensor
-//! description or used on another stream, and every buffer while anything is recorded, are
-//! freed through the lock as before; an allocator one thread uses at a time never parks.
+//! Threads: one lock guards an allocator's heap. Once threads have contended for it, a
+//! dropped buffer's block is *parked* in its thread's own slot instead (up to 4 per thread),
+//! and that thread's next request takes back the block it freed last without the lock, where
+//! the heap would have handed out that very block (the same size and stream): threads that
+//! each allocate and free in a loop no longer queue on one another. Nothing a user reads
+//! changes: every operation that takes the lock (statistics, snapshots, any allocation the slot
+//! cannot serve, the last handle's drop) first pulls every parked block back into the heap, in
+//! the order it was parked, and counts the round trips made meanwhile, so statistics, peaks,
+//! snapshots and the blocks each request gets are what they would be without parking. While
+//! recording, a thread logs the history events of what it parks and takes back, with the time
+//! each happened and, for a block taken back, its new context (only from the place the thread
+//! last allocated from through the lock, whose interned site it keeps); the pull merges the
+//! logs into the history in time order, so each event is recorded once, each block carries
+//! its allocation's context, and one thread's history is the one it would record without
+//! parking. Buffers with a tensor description or used on another stream, and every buffer
+//! while the history keeps context on frees ([`ContextLevel::All`](record::ContextLevel::All)),
+//! are freed through the lock as before; an allocator one thread uses at a time never parks.
 //!
 //! Out of memory: when the backend refuses, the allocator releases its whole cache and retries
 //! once, then returns [`Error::OutOfMemory`] with the request, the device's capacity and free

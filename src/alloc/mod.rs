@@ -117,6 +117,40 @@ impl Shared {
         locked
     }
 
+    /// Takes back the block this thread freed last for a request of `bytes` on `stream`, if
+    /// it may (see `park::take`), counting the allocation in its scope; `pending`: what the
+    /// allocation records, `key` its site's. Where the thread's log is full and the lock is
+    /// free, returns `None` with the lock in `free` (the caller allocates through it, pulling).
+    /// Not inlined: an allocator one thread uses never gets here, and its path stays short.
+    #[inline(never)]
+    fn take_parked<'a>(
+        &'a self,
+        stream: ids::StreamId,
+        bytes: u64,
+        pending: Option<&Pending>,
+        key: Option<park::SiteKey>,
+        free: &mut Option<crate::sync::MutexGuard<'a, Locked>>,
+    ) -> Option<park::Parked> {
+        let recording = match (pending, key) {
+            (None, _) => park::Recording::Off,
+            (Some(p), Some(key)) => park::Recording::Site(key, p.step),
+            (Some(_), None) => return None,
+        };
+        let mut took = park::take(self.id, stream, bytes, recording);
+        if took == park::Took::LogFull {
+            // As in `release_buffer`: wait for the lock's holder to pull, or pull here.
+            *free = self.heap.try_lock();
+            if free.is_none() && park::wait_for_room(self.id, 1) {
+                took = park::take(self.id, stream, bytes, recording);
+            }
+        }
+        let park::Took::Block(p) = took else { return None };
+        if let Some(pending) = pending {
+            pending.count_allocation();
+        }
+        Some(p)
+    }
+
     /// Lists a parking slot for the calling thread if it has none and may park: call before
     /// taking the lock, with `may_park` (nothing recorded), and bind what the lock gave after.
     #[inline]
@@ -455,25 +489,9 @@ impl CachingAllocator {
         // The lock, where it was taken on the way (see below).
         let mut free = None;
         if may_park && contended && !self.shared.waiting.load(Ordering::Relaxed) {
-            let recording = match (&pending, key) {
-                (None, _) => Some(park::Recording::Off),
-                (Some(p), Some(key)) => Some(park::Recording::Site(key, p.step)),
-                (Some(_), None) => None,
-            };
-            let mut took = recording.map_or(park::Took::No, |r| park::take(self.shared.id, stream.id, bytes, r));
-            if took == park::Took::LogFull {
-                // As in `release_buffer`: wait for the lock's holder to pull, or pull here.
-                free = self.shared.heap.try_lock();
-                if free.is_none() && park::wait_for_room(self.shared.id, 1) {
-                    took = recording.map_or(park::Took::No, |r| park::take(self.shared.id, stream.id, bytes, r));
-                }
-            }
-            if let park::Took::Block(p) = took {
+            if let Some(p) = self.shared.take_parked(stream.id, bytes, pending.as_ref(), key, &mut free) {
                 // A block this thread parked: still allocated in the heap, still counted as a
                 // buffer (see `park`).
-                if let Some(pending) = &pending {
-                    pending.count_allocation();
-                }
                 #[cfg(vramscope_arc_per_buffer)]
                 // SAFETY: as below.
                 unsafe {

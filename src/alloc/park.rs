@@ -1,7 +1,8 @@
-//! Parking: a thread's alloc-free pairs without the allocator's lock, when nothing is recorded.
+//! Parking: a thread's alloc-free pairs without the allocator's lock.
 //!
-//! With the recording off, the commonest pattern (a temporary allocated, used and dropped, then
-//! the same size again) needs nothing of the heap but the block itself. A dropped buffer's block
+//! The commonest pattern (a temporary allocated, used and dropped, then the same size again)
+//! needs nothing of the heap but the block itself (and, while recording, a history event and
+//! a context, below). A dropped buffer's block
 //! is *parked* in its thread's slot for the allocator, and a request of the same size on the
 //! same stream from that thread *takes* it back: two uncontended atomic swaps on a cache line
 //! of that thread's, no lock. Threads allocating on their own no longer queue on one lock.
@@ -39,12 +40,34 @@
 //! stores its entry then reads `closed`, all sequentially consistent, so at least one of them
 //! sees the other and the block is freed once. An allocation through a handle reopens parking.
 //!
-//! Parking is used only while nothing is recorded (no stacks, scopes or history), for buffers
-//! with no tensor description and no other stream recorded (`record_stream`): those need the
-//! heap at their free. And only once a free found the lock held by another thread: one thread
-//! alone pays less for a free lock than for parking and pulling later (replays of mixed sizes,
-//! where few requests take back the block freed last). A thread whose requests stop matching
-//! the block it freed last stops parking until one would have (`Binding::credit`).
+//! **Recording.** While the allocator records, a thread logs in its slot what the heap would
+//! have recorded: a parked block's free, and a taken-back block's allocation with its new
+//! context, each with the clock's raw reading ([`Logged`]; a ring of [`LOG`] events the owner
+//! appends to and the pull drains). The pull takes the entries out first, then drains every
+//! log and applies the events in time order (each log is in its thread's order; a stable sort
+//! merges them): the history event at the time it happened, and the block's context. Then it
+//! frees the blocks without recording the free again. The order of the owner's writes makes
+//! this exact: a free is logged before its block is parked (so a pull that takes a block out
+//! sees its free, through the entry's swap), and an allocation is logged before its buffer
+//! exists (so whoever drops it pulls the allocation first); a logged block is still allocated
+//! in the heap when its events are applied. A request takes a block back only from the place
+//! its thread last allocated from through the lock (the same unwinder trace and scope: the
+//! same site, [`SiteKey`]), whose interned site the thread keeps; from anywhere else it goes
+//! through the lock, which interns the new site. So one thread's history and contexts are
+//! exactly those it would record without parking (`tests/invariants.rs`), and across threads
+//! each event is recorded once, each address alternating between allocation and free
+//! (`tests/parking.rs`). Events reach the history when a pull merges them: those of one pull
+//! are in time order, but a locked operation's own events may precede a thread's earlier ones
+//! still in its log. A full log sends its thread to the lock; while another thread holds it
+//! (and so pulls), the thread first waits briefly for its log to empty ([`wait_for_room`]).
+//!
+//! Parking is used for buffers with no tensor description and no other stream recorded
+//! (`record_stream`): those need the heap at their free; and not while the history keeps
+//! context on frees (the free's capture). And only once a free found the lock held by another
+//! thread: one thread alone pays less for a free lock than for parking and pulling later
+//! (replays of mixed sizes, where few requests take back the block freed last). A thread whose
+//! requests stop matching the block it freed last stops parking until one would have
+//! (`Binding::credit`).
 
 use super::ids::{BlockId, StreamId};
 use super::Pool;
