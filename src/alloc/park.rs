@@ -84,8 +84,10 @@ use std::sync::Arc;
 pub(crate) const ENTRIES: usize = 4;
 
 /// Events a thread logs for one allocator between two pulls (two a round trip): a full log
-/// sends the thread through the lock, whose pull empties every log.
-pub(crate) const LOG: usize = 64;
+/// sends the thread through the lock, whose pull empties every log. 6 KiB a slot; on the H100
+/// host 256 made 2 and 4 recording threads 1.1-1.6x one thread's pairs, where 64 made
+/// 0.7-1.1x (threads met full logs while another pulled: BENCHMARKS.md).
+pub(crate) const LOG: usize = 256;
 
 /// One thread's parked blocks for one allocator, shared by that thread and the allocator.
 #[derive(Debug)]
