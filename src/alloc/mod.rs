@@ -14,7 +14,7 @@ mod sync_shim {
 }
 pub(crate) mod heap;
 mod oom_snapshot;
-pub(crate) mod park;
+mod park;
 mod registry;
 pub(crate) mod stats;
 pub use stats::{Counter, MemoryStats, Pool, PoolCounters};
@@ -152,7 +152,7 @@ impl Shared {
     }
 
     /// Lists a parking slot for the calling thread if it has none and may park: call before
-    /// taking the lock, with `may_park` (nothing recorded), and bind what the lock gave after.
+    /// taking the lock, with `may_park` (parking allowed), and bind what the lock gave after.
     #[inline]
     fn wants_slot(&self, may_park: bool) -> bool {
         may_park

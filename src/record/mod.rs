@@ -350,17 +350,12 @@ impl Recorder {
         if self.config.max_entries == 0 {
             return;
         }
-        let keep = match self.config.context {
-            ContextLevel::None => false,
-            ContextLevel::Alloc => matches!(action, Action::Alloc | Action::SegmentAlloc | Action::SegmentMap),
-            ContextLevel::All => true,
-        };
-        let ticks = self.clock.now();
-        self.history.push(Event::new(action, addr, size, stream, ticks, if keep { context } else { None }));
+        self.event_at(action, addr, size, stream, context, ticks());
     }
 
-    /// Records an event a thread logged at the raw clock reading `raw` (see `alloc::park`):
-    /// as [`event`](Self::event), at that time.
+    /// Records an event that happened at the raw clock reading `raw` (a thread logged it: see
+    /// `alloc::park`), with `ctx` if the configuration keeps context on this action.
+    #[inline]
     pub(crate) fn event_at(
         &mut self,
         action: Action,
