@@ -119,32 +119,24 @@ impl Shared {
 
     /// Takes back the block this thread freed last for a request of `bytes` on `stream`, if
     /// it may (see `park::take`), counting the allocation in its scope; `pending`: what the
-    /// allocation records, `key` its site's. Where the thread's log is full and the lock is
-    /// free, returns `None` with the lock in `free` (the caller allocates through it, pulling).
-    /// Not inlined: an allocator one thread uses never gets here, and its path stays short.
+    /// allocation records, `key` its site's. Not inlined: an allocator one thread uses never
+    /// gets here, and its path stays short.
     #[inline(never)]
-    fn take_parked<'a>(
-        &'a self,
+    fn take_parked(
+        &self,
         stream: ids::StreamId,
         bytes: u64,
         pending: Option<&Pending>,
         key: Option<park::SiteKey>,
-        free: &mut Option<crate::sync::MutexGuard<'a, Locked>>,
     ) -> Option<park::Parked> {
         let recording = match (pending, key) {
             (None, _) => park::Recording::Off,
             (Some(p), Some(key)) => park::Recording::Site(key, p.step),
             (Some(_), None) => return None,
         };
-        let mut took = park::take(self.id, stream, bytes, recording);
-        if took == park::Took::LogFull {
-            // As in `release_buffer`: wait for the lock's holder to pull, or pull here.
-            *free = self.heap.try_lock();
-            if free.is_none() && park::wait_for_room(self.id, 1) {
-                took = park::take(self.id, stream, bytes, recording);
-            }
-        }
-        let park::Took::Block(p) = took else { return None };
+        // A full log (`Took::LogFull`) sends the request through the lock, which pulls; it
+        // hardly happens: a park keeps room for the allocation that takes its block back.
+        let park::Took::Block(p) = park::take(self.id, stream, bytes, recording) else { return None };
         if let Some(pending) = pending {
             pending.count_allocation();
         }
@@ -486,10 +478,8 @@ impl CachingAllocator {
         let pending = capture.map(Pending::capture);
         let contended = self.shared.contended.load(Ordering::Relaxed);
         let key = pending.as_ref().and_then(Pending::site_key);
-        // The lock, where it was taken on the way (see below).
-        let mut free = None;
         if may_park && contended && !self.shared.waiting.load(Ordering::Relaxed) {
-            if let Some(p) = self.shared.take_parked(stream.id, bytes, pending.as_ref(), key, &mut free) {
+            if let Some(p) = self.shared.take_parked(stream.id, bytes, pending.as_ref(), key) {
                 // A block this thread parked: still allocated in the heap, still counted as a
                 // buffer (see `park`).
                 #[cfg(vramscope_arc_per_buffer)]
@@ -503,7 +493,7 @@ impl CachingAllocator {
         }
         let wants_slot = self.shared.wants_slot(may_park);
         let (grant, slot, site) = {
-            let mut locked = free.unwrap_or_else(|| self.shared.heap.lock());
+            let mut locked = self.shared.heap.lock();
             locked.pull(&*self.shared.backend);
             if may_park && self.shared.closed.load(Ordering::Relaxed) {
                 // A handle allocates: its drop will close parking again if it is the last.

@@ -549,14 +549,16 @@ pub(crate) fn take(allocator: u64, stream: StreamId, requested: u64, recording: 
 pub(crate) enum Took {
     /// The block, taken back.
     Block(Parked),
-    /// It would have taken a block back, but the log is full: see [`wait_for_room`].
+    /// It would have taken a block back, but the log is full (a guard: [`park`] keeps room for
+    /// the allocation that takes its block back).
     LogFull,
     /// Nothing: the request goes through the lock.
     No,
 }
 
 /// Waits a little for the allocator to empty this thread's log for `allocator` (call when a
-/// lock holder, which pulls, was seen): whether it has room for `n` events now. Every locked
+/// lock holder, which pulls, was seen: a free whose park found the log full): whether it has
+/// room for `n` events now. Every locked
 /// operation pulls first, so a thread whose log filled while another held the lock finds it
 /// emptied a moment later, instead of queueing for the lock only to pull an empty log.
 pub(crate) fn wait_for_room(allocator: u64, n: u64) -> bool {
@@ -758,6 +760,46 @@ mod tests {
             Took::Block(parked(2, 1024)),
             "a request would have matched"
         );
+    }
+
+    /// While recording, each park and take logs an event; a full log refuses both (the caller
+    /// goes through the lock) until a pull drains it, in order, with each taken block's context.
+    #[test]
+    fn a_full_log_refuses_until_the_pull_drains_it() {
+        let (closed, mut parking, id) = (AtomicBool::new(false), Parking::default(), u64::MAX - 7);
+        bind(id, parking.register());
+        remember_site(id, (1, 2, 3), 9);
+        let site = Recording::Site((1, 2, 3), 5);
+        let mut round_trips = 0;
+        let full = loop {
+            match park(id, &closed, parked(1, 512), true) {
+                Ok(()) => {}
+                Err(u) => break u,
+            }
+            assert_eq!(take(id, StreamId(0), 512, Recording::Site((1, 2, 4), 5)), Took::No, "another site");
+            match take(id, StreamId(0), 512, site) {
+                Took::Block(p) => assert_eq!(p, parked(1, 512)),
+                other => panic!("{other:?}"),
+            }
+            round_trips += 1;
+        };
+        assert_eq!(full, Unparked::LogFull);
+        assert_eq!(round_trips, LOG / 2);
+        assert!(!wait_for_room(id, 2), "nobody pulls");
+        let mut events = Vec::new();
+        parking.pull(|p| {
+            if let Pulled::Logged(e) = p {
+                events.push(e)
+            }
+        });
+        assert_eq!(events.len(), LOG);
+        assert!(events.windows(2).all(|w| w[0].ticks <= w[1].ticks));
+        for (k, e) in events.iter().enumerate() {
+            let ctx = (k % 2 == 1).then_some(Context { site: 9, step: 5 });
+            assert_eq!((e.block, e.alloc), (BlockId::new(1), ctx), "event {k}");
+        }
+        assert!(wait_for_room(id, 2), "drained");
+        park(id, &closed, parked(1, 512), true).unwrap();
     }
 
     #[test]
