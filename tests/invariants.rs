@@ -239,6 +239,37 @@ fn host_buffers_never_share_memory() {
     assert_eq!(alloc.memory_reserved(), 0);
 }
 
+/// Applies `op` to one of two allocators run side by side (`sim` its backend, `streams` its
+/// three streams, `live` its buffers); `make` makes an allocation's buffer. Returns the address
+/// allocated (0 for other ops), which the caller compares with the other side's.
+fn apply_side(
+    op: &Op,
+    alloc: &CachingAllocator,
+    sim: &SimBackend,
+    streams: &[Stream; 3],
+    live: &mut Vec<Buffer<u8>>,
+    make: impl FnOnce(&Stream, usize) -> Buffer<u8>,
+) -> u64 {
+    match op {
+        Op::Alloc { stream, bytes } => {
+            let b = make(&streams[*stream], *bytes);
+            let addr = b.device_ptr();
+            live.push(b);
+            return addr;
+        }
+        Op::Free(i) if !live.is_empty() => drop(live.swap_remove(i % live.len())),
+        Op::RecordStream { buffer, stream } if !live.is_empty() => {
+            let b = &live[buffer % live.len()];
+            alloc.record_stream(b, streams[*stream]).unwrap();
+        }
+        Op::Synchronize(s) => alloc.synchronize(streams[*s]).unwrap(),
+        Op::CompleteEvents => sim.complete_events(),
+        Op::EmptyCache => alloc.empty_cache(),
+        _ => {}
+    }
+    0
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
 
@@ -262,24 +293,11 @@ proptest! {
         for (k, op) in ops.iter().enumerate() {
             let mut addrs = [0u64; 2];
             for side in 0..2 {
-                let (alloc, live) = (&allocs[side], &mut live[side]);
-                match op {
-                    Op::Alloc { stream, bytes } => {
-                        let b = alloc.alloc::<u8>(&streams[side][*stream], *bytes).unwrap();
-                        let b = if shaped[k] { b.with_shape(&[*bytes]).unwrap() } else { b };
-                        addrs[side] = b.device_ptr();
-                        live.push(b);
-                    }
-                    Op::Free(i) if !live.is_empty() => drop(live.swap_remove(i % live.len())),
-                    Op::RecordStream { buffer, stream } if !live.is_empty() => {
-                        let b = &live[buffer % live.len()];
-                        alloc.record_stream(b, streams[side][*stream]).unwrap();
-                    }
-                    Op::Synchronize(s) => alloc.synchronize(streams[side][*s]).unwrap(),
-                    Op::CompleteEvents => sims[side].complete_events(),
-                    Op::EmptyCache => alloc.empty_cache(),
-                    _ => {}
-                }
+                let alloc = &allocs[side];
+                addrs[side] = apply_side(op, alloc, &sims[side], &streams[side], &mut live[side], |stream, bytes| {
+                    let b = alloc.alloc::<u8>(stream, bytes).unwrap();
+                    if shaped[k] { b.with_shape(&[bytes]).unwrap() } else { b }
+                });
             }
             prop_assert_eq!(addrs[0], addrs[1], "op {} ({:?})", k, op);
         }
@@ -332,14 +350,15 @@ proptest! {
     /// it last allocated from through the lock takes its block back and logs the allocation),
     /// give the same addresses, the same statistics, the same history (actions, addresses,
     /// sizes, streams, stacks, scopes, steps, in the same order, times never going back) and
-    /// the same live blocks with the same contexts.
+    /// the same live blocks with the same contexts; events complete only when the ops say so.
     #[test]
     fn recorded_parking_records_what_the_lock_would(
         config in configs(),
         ops in prop::collection::vec(op(3), 1..200),
         scoped in prop::collection::vec(0..3usize, 200),
     ) {
-        let sims = [Arc::new(SimBackend::new(1 << 40)), Arc::new(SimBackend::new(1 << 40))];
+        let sim = || Arc::new(SimBackend::with_events(1 << 40, EventMode::Manual));
+        let sims = [sim(), sim()];
         let allocs = [
             CachingAllocator::with_config(sims[0].clone(), config.clone()).unwrap(),
             CachingAllocator::with_config(sims[1].clone(), config).unwrap(),
@@ -355,33 +374,21 @@ proptest! {
                 vramscope::step(k as u64);
             }
             for side in 0..2 {
-                let (alloc, live) = (&allocs[side], &mut live[side]);
-                match op {
-                    Op::Alloc { stream, bytes } => {
-                        // Three places: two scopes and none, so that sites change under a thread.
-                        let b = match scoped[k] {
-                            0 => alloc.alloc::<u8>(&streams[side][*stream], *bytes).unwrap(),
-                            1 => {
-                                let _g = vramscope::scope("one");
-                                alloc.alloc::<u8>(&streams[side][*stream], *bytes).unwrap()
-                            }
-                            _ => {
-                                let _g = vramscope::scope("two");
-                                alloc.alloc::<u8>(&streams[side][*stream], *bytes).unwrap()
-                            }
-                        };
-                        addrs[side] = b.device_ptr();
-                        live.push(b);
+                let alloc = &allocs[side];
+                addrs[side] = apply_side(op, alloc, &sims[side], &streams[side], &mut live[side], |stream, bytes| {
+                    // Three places: two scopes and none, so that sites change under a thread.
+                    match scoped[k] {
+                        0 => alloc.alloc::<u8>(stream, bytes).unwrap(),
+                        1 => {
+                            let _g = vramscope::scope("one");
+                            alloc.alloc::<u8>(stream, bytes).unwrap()
+                        }
+                        _ => {
+                            let _g = vramscope::scope("two");
+                            alloc.alloc::<u8>(stream, bytes).unwrap()
+                        }
                     }
-                    Op::Free(i) if !live.is_empty() => drop(live.swap_remove(i % live.len())),
-                    Op::RecordStream { buffer, stream } if !live.is_empty() => {
-                        let b = &live[buffer % live.len()];
-                        alloc.record_stream(b, streams[side][*stream]).unwrap();
-                    }
-                    Op::Synchronize(s) => alloc.synchronize(streams[side][*s]).unwrap(),
-                    Op::EmptyCache => alloc.empty_cache(),
-                    _ => {}
-                }
+                });
             }
             prop_assert_eq!(addrs[0], addrs[1], "op {} ({:?})", k, op);
             if k % 7 == 6 {
