@@ -47,7 +47,9 @@ fn requests_round_to_512_and_pools_split_at_1_mib() {
 
 #[test]
 fn the_fragmentation_limit_gives_cache_back_before_growing() {
-    let alloc = CachingAllocator::new(SimBackend::new(1 << 30));
+    // Segments that cannot grow in place (as `cuMemAlloc`'s): see the next test for those that can.
+    let config = AllocatorConfig::parse("release_pages:false").unwrap();
+    let alloc = CachingAllocator::with_config(SimBackend::new(1 << 30), config).unwrap();
     let s = alloc.default_stream();
     // A new peak is reserved exactly: no 20 MiB segment for a 3 MiB request.
     let a = alloc.alloc::<u8>(&s, 3 * MIB as usize).unwrap();
@@ -63,6 +65,61 @@ fn the_fragmentation_limit_gives_cache_back_before_growing() {
     assert_eq!(alloc.memory_reserved(), 6 * MIB, "served from the cached 6 MiB block");
     drop(small);
     alloc.check_invariants().unwrap();
+}
+
+#[test]
+fn a_single_stream_grows_its_segment_in_place_where_the_backend_maps_pages() {
+    let sim = Arc::new(SimBackend::new(1 << 30));
+    let alloc = CachingAllocator::new(sim.clone());
+    let s = alloc.default_stream();
+    let a = alloc.alloc::<u8>(&s, 3 * MIB as usize).unwrap();
+    let base = a.device_ptr();
+    assert_eq!(alloc.memory_reserved(), 4 * MIB);
+    drop(a);
+    // 6 MiB does not fit the free 4 MiB segment: it grows by the 2 MiB its free end lacks,
+    // and the request gets the whole segment, from its start.
+    let b = alloc.alloc::<u8>(&s, 6 * MIB as usize).unwrap();
+    assert_eq!(b.device_ptr(), base);
+    let st = alloc.stats();
+    assert_eq!((alloc.memory_reserved(), sim.used_memory()), (6 * MIB, 6 * MIB));
+    assert_eq!((st.num_device_alloc, st.num_device_free, st.num_device_map), (1, 0, 1), "{st:#?}");
+    // With its end in use, the next request grows it again, after that end.
+    let c = alloc.alloc::<u8>(&s, 5 * MIB as usize).unwrap();
+    assert_eq!(c.device_ptr(), base + 6 * MIB);
+    assert_eq!(alloc.memory_reserved(), 12 * MIB);
+    alloc.check_invariants().unwrap();
+    let snap = alloc.snapshot();
+    assert_eq!(snap.segments.len(), 1, "{:#?}", snap.segments);
+    assert_eq!(snap.segments[0].total_size, 12 * MIB);
+    // The history says what was mapped, where, for which request.
+    let maps: Vec<_> = snap.history.iter().filter(|e| e.action == vramscope::record::Action::SegmentMap).collect();
+    assert_eq!(
+        maps.iter().map(|e| (e.addr, e.size)).collect::<Vec<_>>(),
+        [(base + 4 * MIB, 2 * MIB), (base + 6 * MIB, 6 * MIB)]
+    );
+    // Its grown granules are given back whole, and the whole segment at once.
+    drop(b);
+    alloc.empty_cache();
+    assert_eq!(sim.used_memory(), 6 * MIB, "the 6 MiB still in use stay: {:#?}", alloc.stats());
+    drop(c);
+    alloc.empty_cache();
+    assert_eq!((alloc.memory_reserved(), sim.used_memory()), (0, 0));
+    alloc.check_invariants().unwrap();
+}
+
+#[test]
+fn streams_that_share_large_memory_do_not_grow_segments() {
+    let alloc = CachingAllocator::new(SimBackend::new(1 << 30));
+    let (s, t) = (alloc.default_stream(), alloc.new_stream().unwrap());
+    let a = alloc.alloc::<u8>(&s, 3 * MIB as usize).unwrap();
+    let other = alloc.alloc::<u8>(&t, 3 * MIB as usize).unwrap();
+    drop(a);
+    // Another stream holds a large segment: a new segment, as without growth.
+    let b = alloc.alloc::<u8>(&s, 6 * MIB as usize).unwrap();
+    let st = alloc.stats();
+    assert_eq!((st.num_device_alloc, st.num_device_map), (3, 0), "{st:#?}");
+    alloc.check_invariants().unwrap();
+    drop((b, other));
 }
 
 #[test]

@@ -32,13 +32,15 @@ fn fixture_traces_meet_the_fragmentation_targets() {
     }
 }
 
-/// With the fragmentation limit off, the allocator reserves exactly what PyTorch's did on the
-/// recorded run (fixtures/torch/README.md: 3.62 GB and 151 MB).
+/// With the fragmentation limit off and segments that do not grow (PyTorch's defaults), the
+/// allocator reserves exactly what PyTorch's did on the recorded run (fixtures/torch/README.md:
+/// 3.62 GB and 151 MB).
 #[test]
 fn pytorch_like_configuration_reproduces_pytorch_peaks() {
-    let r = run(&Trace::from_file(fixture("resnet_train.trace.json")).unwrap(), "fragmentation_limit:off");
+    let pytorch = "fragmentation_limit:off,expandable_segments:False";
+    let r = run(&Trace::from_file(fixture("resnet_train.trace.json")).unwrap(), pytorch);
     assert_eq!(r.peak_reserved_bytes, 3_617_587_200);
-    let r = run(&Trace::from_file(fixture("leaky_train.trace.json")).unwrap(), "fragmentation_limit:off");
+    let r = run(&Trace::from_file(fixture("leaky_train.trace.json")).unwrap(), pytorch);
     assert_eq!(r.peak_reserved_bytes, 150_994_944);
     assert_eq!(r.warm_device_allocs, 0, "a PyTorch-like cache needs no new segment when warm");
 }
@@ -60,7 +62,9 @@ fn costly_segments_settle_without_warm_backend_calls() {
             let r = replay(&alloc, &trace, &ReplayOptions::default()).unwrap();
             alloc.check_invariants().unwrap();
             let limit = r.fragmentation_limit.unwrap();
-            assert!(limit > 1.05 && limit <= vramscope::config::LimitMax::AUTO_CEILING, "{name}: limit {limit}");
+            // Segments that grow in place (pages) may need no rise at all.
+            let rose = limit > 1.05 || pages;
+            assert!(rose && limit <= vramscope::config::LimitMax::AUTO_CEILING, "{name}: limit {limit}");
             assert_eq!((r.warm_device_allocs, r.warm_device_maps), (0, 0), "{name}, pages {pages}: {r:?}");
             let best = f64::min(pytorch, pool);
             assert!(r.fragmentation <= best + 0.0005, "{name}, pages {pages}: {:.4} > {best}", r.fragmentation);
@@ -77,15 +81,19 @@ fn costly_segments_settle_without_warm_backend_calls() {
 /// reserved stays at most PyTorch's caching allocator's on the same trace (`torch_replay.py` on
 /// an H100 on 2026-11-24, peak reserved over peak live, BENCHMARKS.md). `pipeline_streams` is
 /// left out of the peak comparison: PyTorch's replay runs it on one stream.
+///
+/// With segments that grow in place (pages), peak reserved is also at most the pool's
+/// (`cudaMallocAsync`, same run) on every single-stream trace but `llm_generate_kv`, held out,
+/// whose 1.006 neither kind meets (1.043 growing, 1.047 not).
 #[test]
 fn every_new_trace_settles_within_one_warm_pass_where_segments_are_costly() {
-    for (name, pytorch) in [
-        ("transformer_varlen", 1.501),
-        ("llm_generate_kv", 1.065),
-        ("amp_grad_scaler", 1.293),
-        ("grad_accum_checkpoint", 1.077),
-        ("pipeline_streams", f64::INFINITY),
-        ("unet_diffusion", 1.226),
+    for (name, pytorch, pool) in [
+        ("transformer_varlen", 1.501, 1.099),
+        ("llm_generate_kv", 1.065, f64::INFINITY),
+        ("amp_grad_scaler", 1.293, 1.412),
+        ("grad_accum_checkpoint", 1.077, 1.654),
+        ("pipeline_streams", f64::INFINITY, f64::INFINITY),
+        ("unet_diffusion", 1.226, 1.248),
     ] {
         let trace = Trace::from_file(fixture(&format!("{name}.trace.json"))).unwrap();
         for pages in [false, true] {
@@ -98,6 +106,9 @@ fn every_new_trace_settles_within_one_warm_pass_where_segments_are_costly() {
             alloc.check_invariants().unwrap();
             assert_eq!((r.warm_device_allocs, r.warm_device_maps), (0, 0), "{name}, pages {pages}: {r:?}");
             assert!(r.fragmentation <= pytorch, "{name}, pages {pages}: {:.3} > PyTorch's {pytorch}", r.fragmentation);
+            if pages {
+                assert!(r.fragmentation <= pool, "{name}, growing: {:.3} > the pool's {pool}", r.fragmentation);
+            }
         }
     }
 }

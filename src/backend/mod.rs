@@ -60,20 +60,6 @@ pub const fn map_granule(size: u64, page: u64) -> u64 {
     g
 }
 
-/// Whether `[addr, end)` is whole granules ([`map_granule`]) of the segment `[base, base +
-/// size)` of a backend whose page is `page`: it starts at a granule's start and ends at one's
-/// end or at the segment's (the last granule may be shorter). The rule every backend that can
-/// unmap holds `map` and `unmap` to, as a device's mappings cannot be made or undone in part.
-pub(crate) fn whole_granules(base: u64, size: u64, page: u64, addr: u64, end: u64) -> Result<(), BackendError> {
-    let granule = map_granule(size, page);
-    if !(addr - base).is_multiple_of(granule) || (!(end - base).is_multiple_of(granule) && end != base + size) {
-        return Err(BackendError::Other(format!(
-            "range {addr:#x}..{end:#x} is not whole granules of {granule} bytes of the segment at {base:#x}"
-        )));
-    }
-    Ok(())
-}
-
 /// A raw stream handle as a backend knows it. `0` is the backend's default stream.
 pub type RawStream = u64;
 
@@ -132,7 +118,18 @@ pub unsafe trait Backend: Send + Sync + fmt::Debug + 'static {
     /// returns its base address.
     fn reserve(&self, size: u64) -> Result<u64, BackendError>;
 
-    /// Returns a segment obtained from [`reserve`](Backend::reserve). Pages of it that were
+    /// Reserves `span` bytes of addresses (a multiple of the page size, at least `size`) and
+    /// maps physical memory under the first `size` bytes as [`reserve`](Backend::reserve) does;
+    /// the rest stays unmapped until [`map`](Backend::map)ped, so that the segment can grow in
+    /// place. Only backends that [`can_unmap`](Backend::can_unmap) support it. Default: refused.
+    fn reserve_growable(&self, size: u64, span: u64) -> Result<u64, BackendError> {
+        let _ = (size, span);
+        Err(BackendError::Unsupported("growable segments"))
+    }
+
+    /// Returns a segment obtained from [`reserve`](Backend::reserve) or
+    /// [`reserve_growable`](Backend::reserve_growable) (with the size it has grown to: the
+    /// backend frees every address it reserved for it). Pages of it that were
     /// unmapped stay unmapped; the backend frees what is still mapped.
     ///
     /// # Safety
@@ -173,14 +170,15 @@ pub unsafe trait Backend: Send + Sync + fmt::Debug + 'static {
         false
     }
 
-    /// Gives back the physical memory of whole granules `[addr, addr + len)` inside a segment
-    /// ([`map_granule`] of the segment's size, counted from its base), keeping the addresses
-    /// reserved.
+    /// Gives back the physical memory of whole mappings `[addr, addr + len)` inside a segment,
+    /// keeping the addresses reserved. A mapping is what one [`map`](Backend::map) call made,
+    /// or one granule of what [`reserve`](Backend::reserve) mapped ([`map_granule`] of the size
+    /// reserved, counted from the base); none can be unmapped in part.
     ///
     /// # Safety
     ///
-    /// The granules lie inside a segment this backend reserved and has not released, are
-    /// mapped, and nothing on the host uses their memory any more. Device work queued on
+    /// The range is whole mappings inside a segment this backend reserved and has not
+    /// released, every byte of it mapped, and nothing on the host uses their memory any more. Device work queued on
     /// `stream` before the call may still use them: the backend orders the unmap after it (the
     /// CUDA backend waits for that stream alone, not for the whole device). No work queued on
     /// any other stream uses them (the allocator waits for the streams a block was recorded on
@@ -190,8 +188,10 @@ pub unsafe trait Backend: Send + Sync + fmt::Debug + 'static {
         Err(BackendError::Unsupported("unmap"))
     }
 
-    /// Maps physical memory again under whole granules ([`map_granule`]) unmapped earlier, one
-    /// mapping per granule.
+    /// Maps physical memory under `[addr, addr + len)`, as one mapping (the unit that
+    /// [`unmap`](Backend::unmap) gives back): a granule unmapped earlier, or a piece of the
+    /// room of a segment from [`reserve_growable`](Backend::reserve_growable). The range lies
+    /// in a segment's reserved addresses, starts on a page, and nothing in it is mapped.
     fn map(&self, addr: u64, len: u64) -> Result<(), BackendError> {
         let _ = (addr, len);
         Err(BackendError::Unsupported("map"))

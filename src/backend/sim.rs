@@ -42,8 +42,27 @@ pub struct SimBackend {
     mode: EventMode,
     costly: bool,
     events: Mutex<Events>,
-    /// Mapped bytes of each reserved segment, by base address.
-    segments: Mutex<BTreeMap<u64, (u64, u64)>>,
+    /// The reserved segments and their mappings.
+    segments: Mutex<Segments>,
+}
+
+/// What a [`SimBackend`] has reserved and mapped.
+#[derive(Debug, Default)]
+struct Segments {
+    /// Each segment by base address.
+    by_base: BTreeMap<u64, SimSegment>,
+    /// Every mapping, by address: its length.
+    maps: BTreeMap<u64, u64>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct SimSegment {
+    /// Addresses reserved.
+    span: u64,
+    /// The size the allocator knows it by: as reserved, then up to the end of its last growth.
+    size: u64,
+    /// Bytes mapped.
+    mapped: u64,
 }
 
 #[derive(Debug, Default)]
@@ -73,7 +92,7 @@ impl SimBackend {
             mode,
             costly: false,
             events: Mutex::new(Events::default()),
-            segments: Mutex::new(BTreeMap::new()),
+            segments: Mutex::new(Segments::default()),
         }
     }
 
@@ -102,34 +121,47 @@ impl SimBackend {
         self.used.load(Ordering::Relaxed)
     }
 
-    /// Adjusts the mapped bytes of the segment holding `[addr, addr + len)`.
+    /// Maps `[addr, addr + len)` as one mapping, or unmaps the whole mappings tiling it.
     fn remap(&self, addr: u64, len: u64, map: bool) -> Result<(), BackendError> {
-        let mut segs = self.segments.lock();
-        let (base, (size, mapped)) = segs
+        let mut guard = self.segments.lock();
+        let segs = &mut *guard;
+        let (&base, seg) = segs
+            .by_base
             .range_mut(..=addr)
             .next_back()
             .ok_or(BackendError::Other(format!("address {addr:#x} is in no segment")))?;
-        if addr.saturating_add(len) > base + *size {
-            return Err(BackendError::Other(format!(
-                "range {addr:#x}+{len} runs past the segment at {base:#x} of {size} bytes"
-            )));
+        let end = addr.checked_add(len).filter(|&e| e <= base + seg.span).ok_or_else(|| {
+            BackendError::Other(format!(
+                "range {addr:#x}+{len} runs past the addresses of the segment at {base:#x} ({} reserved)",
+                seg.span
+            ))
+        })?;
+        if len == 0 || !(addr - base).is_multiple_of(self.page) || !len.is_multiple_of(self.page) {
+            return Err(BackendError::Other(format!("range {addr:#x}+{len} is not whole pages")));
         }
-        // Whole granules only, as a device's mappings (one cannot be unmapped in part).
-        if len == 0 {
-            return Err(BackendError::Other(format!("an empty range at {addr:#x}")));
-        }
-        super::whole_granules(*base, *size, self.page, addr, addr + len)?;
+        // Mappings are made and undone whole, as a device's (one cannot be unmapped in part).
+        let inside: Vec<(u64, u64)> = segs.maps.range(addr..end).map(|(&a, &l)| (a, l)).collect();
+        let across = segs.maps.range(..addr).next_back().filter(|&(&a, &l)| a + l > addr).is_some();
         if map {
-            if *mapped + len > *size {
+            if across || !inside.is_empty() {
                 return Err(BackendError::Other(format!("range {addr:#x}+{len} is mapped already")));
             }
             self.take(len)?;
-            *mapped += len;
+            segs.maps.insert(addr, len);
+            seg.mapped += len;
+            seg.size = seg.size.max(end - base);
         } else {
-            if len > *mapped {
-                return Err(BackendError::Other(format!("range {addr:#x}+{len} is not mapped")));
+            let tiled = !across
+                && inside.first().is_some_and(|m| m.0 == addr)
+                && inside.windows(2).all(|w| w[0].0 + w[0].1 == w[1].0)
+                && inside.last().is_some_and(|m| m.0 + m.1 == end);
+            if !tiled {
+                return Err(BackendError::Other(format!("range {addr:#x}+{len} is not whole mappings, all mapped")));
             }
-            *mapped -= len;
+            for (a, _) in inside {
+                segs.maps.remove(&a);
+            }
+            seg.mapped -= len;
             self.used.fetch_sub(len, Ordering::Relaxed);
         }
         Ok(())
@@ -176,27 +208,48 @@ unsafe impl Backend for SimBackend {
     }
 
     fn reserve(&self, size: u64) -> Result<u64, BackendError> {
-        self.take(size)?;
+        self.reserve_growable(size, size)
+    }
+
+    fn reserve_growable(&self, size: u64, span: u64) -> Result<u64, BackendError> {
+        if size == 0 || span < size || !size.is_multiple_of(self.page) || !span.is_multiple_of(self.page) {
+            return Err(BackendError::Other(format!("a segment of {size} bytes in {span} is not whole pages")));
+        }
         // Leave a page-sized gap between segments so that neighbouring segments never touch.
-        let span = size.checked_add(self.page).ok_or(BackendError::OutOfMemory {
-            requested: size,
+        let gap = span.checked_add(self.page).ok_or(BackendError::OutOfMemory {
+            requested: span,
             message: "size exceeds the simulated address space".into(),
         })?;
-        let addr = self.next_addr.fetch_add(span, Ordering::Relaxed);
-        self.segments.lock().insert(addr, (size, size));
+        self.take(size)?;
+        let addr = self.next_addr.fetch_add(gap, Ordering::Relaxed);
+        let mut segs = self.segments.lock();
+        segs.by_base.insert(addr, SimSegment { span, size, mapped: size });
+        // Mapped in granules, as the CUDA backend maps a segment it reserves.
+        let granule = super::map_granule(size, self.page);
+        let mut at = 0;
+        while at < size {
+            segs.maps.insert(addr + at, granule.min(size - at));
+            at += granule;
+        }
         Ok(addr)
     }
 
     unsafe fn release(&self, addr: u64, size: u64) -> Result<(), BackendError> {
         let mut segs = self.segments.lock();
-        match segs.get(&addr) {
-            Some(&(s, mapped)) if s == size => {
-                segs.remove(&addr);
-                self.used.fetch_sub(mapped, Ordering::Relaxed);
+        match segs.by_base.get(&addr) {
+            Some(seg) if seg.size == size => {
+                let seg = *seg;
+                segs.by_base.remove(&addr);
+                let maps: Vec<u64> = segs.maps.range(addr..addr + seg.span).map(|(&a, _)| a).collect();
+                for a in maps {
+                    segs.maps.remove(&a);
+                }
+                self.used.fetch_sub(seg.mapped, Ordering::Relaxed);
                 Ok(())
             }
-            Some(&(s, _)) => Err(BackendError::Other(format!(
-                "release of segment {addr:#x} with size {size}, but it was reserved with {s}"
+            Some(seg) => Err(BackendError::Other(format!(
+                "release of segment {addr:#x} with size {size}, but it has {}",
+                seg.size
             ))),
             None => Err(BackendError::Other(format!("release of unknown segment {addr:#x}"))),
         }
@@ -278,9 +331,9 @@ mod tests {
     }
 
     #[test]
-    fn maps_and_unmaps_whole_granules_only() {
+    fn maps_and_unmaps_whole_mappings_only() {
         let sim = SimBackend::new(8 << 30);
-        // 1 GiB: granules of 32 MiB.
+        // 1 GiB: mapped in granules of 32 MiB.
         let a = sim.reserve(1 << 30).unwrap();
         let g = super::super::map_granule(1 << 30, DEFAULT_PAGE_SIZE);
         assert_eq!(g, 32 << 20);
@@ -289,16 +342,38 @@ mod tests {
             assert!(sim.unmap(a + (2 << 20), g, 0).is_err(), "not at a granule's start");
             assert!(sim.unmap(a, g / 2, 0).is_err(), "part of a granule");
             sim.unmap(a + g, 2 * g, 0).unwrap();
-            assert!(sim.map(a + g, g + (2 << 20)).is_err(), "part of a granule");
+            assert!(sim.unmap(a + g, g, 0).is_err(), "not mapped");
+            assert!(sim.map(a + g, 2 * g + (2 << 20)).is_err(), "over a mapping");
+            // One mapping over two granules, then only whole.
+            sim.map(a + g, 2 * g).unwrap();
+            assert!(sim.unmap(a + g, g, 0).is_err(), "part of a mapping");
+            sim.unmap(a + g, 2 * g, 0).unwrap();
             sim.map(a + g, g).unwrap();
             sim.map(a + 2 * g, g).unwrap();
         }
         // A size that is not a multiple: the last granule is shorter.
         let b = sim.reserve((1 << 30) + (6 << 20)).unwrap();
-        let g = super::super::map_granule((1 << 30) + (6 << 20), DEFAULT_PAGE_SIZE);
         // SAFETY: as above.
         unsafe { sim.unmap(b + (1 << 30), 6 << 20, 0).unwrap() };
-        assert_eq!(g, 32 << 20);
+    }
+
+    #[test]
+    fn growable_segments_map_their_room_and_release_it_all() {
+        let sim = SimBackend::new(1 << 30);
+        let a = sim.reserve_growable(4 << 20, 64 << 20).unwrap();
+        assert_eq!(sim.used_memory(), 4 << 20);
+        let b = sim.reserve(2 << 20).unwrap();
+        assert!(b >= a + (64 << 20), "the room is the segment's own");
+        assert!(sim.map(a + (62 << 20), 4 << 20).is_err(), "past the room");
+        sim.map(a + (4 << 20), 6 << 20).unwrap();
+        assert_eq!(sim.used_memory(), 12 << 20);
+        // SAFETY: as above.
+        unsafe {
+            assert!(sim.release(a, 4 << 20).is_err(), "it grew to 10 MiB");
+            sim.release(a, 10 << 20).unwrap();
+        }
+        assert_eq!(sim.used_memory(), 2 << 20);
+        assert!(sim.reserve_growable(4 << 20, 2 << 20).is_err(), "room below the size");
     }
 
     #[test]

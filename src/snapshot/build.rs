@@ -39,7 +39,7 @@ fn copy(heap: &Heap) -> Raw {
                 address: seg.addr,
                 total_size: seg.size,
                 mapped_size: seg.mapped,
-                expandable: false,
+                expandable: seg.room > 0,
                 stream: u64::from(seg.stream.0),
                 device: None,
                 pool: seg.pool,

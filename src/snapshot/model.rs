@@ -200,8 +200,10 @@ pub struct SegmentInfo {
     pub total_size: u64,
     /// Bytes of it mapped (less than `total_size` where pages under free holes were unmapped).
     pub mapped_size: u64,
-    /// Whether the segment can grow and shrink in place (PyTorch's `is_expandable`, kept as
-    /// read; vramscope's segments say so through `mapped_size`).
+    /// Whether the segment can grow in place (PyTorch's `is_expandable`: kept as read; in
+    /// vramscope's, a segment with addresses reserved after its end, see
+    /// [`Backend::reserve_growable`](crate::backend::Backend::reserve_growable)). Pages under
+    /// free holes show in `mapped_size`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub expandable: bool,
     /// The stream: vramscope's allocator-local index, or the CUDA stream handle a PyTorch

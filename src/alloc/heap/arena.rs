@@ -139,29 +139,66 @@ impl Heap {
 }
 
 impl Segment {
-    /// How many granules the segment has (the last may be shorter).
+    /// How many uniform granules the segment was reserved with (the last may be shorter).
+    fn uniform_granules(&self) -> u64 {
+        self.uniform_end.div_ceil(self.granule)
+    }
+
+    /// How many granules the segment has: the uniform ones, then those it grew by.
     pub(crate) fn granules(&self) -> u64 {
-        self.size.div_ceil(self.granule)
+        self.uniform_granules() + self.grown.len() as u64
+    }
+
+    /// The offset where granule `i` starts (`granules()`: the segment's end).
+    fn granule_offset(&self, i: u64) -> u64 {
+        let u = self.uniform_granules();
+        if i <= u {
+            (i * self.granule).min(self.uniform_end)
+        } else {
+            self.grown.get((i - u) as usize).copied().unwrap_or(self.size)
+        }
+    }
+
+    /// The granule holding offset `off` (below the size).
+    fn granule_at(&self, off: u64) -> u64 {
+        if off < self.uniform_end {
+            off >> self.granule.trailing_zeros()
+        } else {
+            self.uniform_granules() + self.grown.partition_point(|&g| g <= off) as u64 - 1
+        }
     }
 
     /// The address and length of granules `[start, stop)`.
     pub(crate) fn granule_span(&self, start: u64, stop: u64) -> (u64, u64) {
-        let (from, to) = (start * self.granule, (stop * self.granule).min(self.size));
+        let (from, to) = (self.granule_offset(start), self.granule_offset(stop));
         (self.addr + from, to - from)
     }
 
-    /// The granules lying wholly inside `[addr, addr + len)`, a range of the segment. The
-    /// granule is a power of two: shifts, not divisions (this runs on every merge).
+    /// The granules lying wholly inside `[addr, addr + len)`, a range of the segment. Uniform
+    /// granules are a power of two: shifts, not divisions (this runs on every merge); those a
+    /// segment grew by are found by binary search.
     pub(crate) fn granules_inside(&self, addr: u64, len: u64) -> std::ops::Range<u64> {
         let (shift, mask) = (self.granule.trailing_zeros(), self.granule - 1);
-        let first = (addr - self.addr + mask) >> shift;
-        let end_offset = addr + len - self.addr;
-        let end = if end_offset == self.size { self.granules() } else { end_offset >> shift };
+        let (off, end_off) = (addr - self.addr, addr + len - self.addr);
+        let u = self.uniform_granules();
+        let first = if off < self.uniform_end {
+            ((off + mask) >> shift).min(u)
+        } else {
+            u + self.grown.partition_point(|&g| g < off) as u64
+        };
+        let end = if end_off >= self.size {
+            self.granules()
+        } else if end_off < self.uniform_end {
+            end_off >> shift
+        } else {
+            u + self.grown.get(1..).map_or(0, |rest| rest.partition_point(|&g| g <= end_off)) as u64
+        };
         first..end.max(first)
     }
 
     /// The granules that `[addr, addr + len)`, a range of the segment, touches.
     pub(crate) fn granules_touching(&self, addr: u64, len: u64) -> std::ops::Range<u64> {
-        (addr - self.addr) / self.granule..(addr + len - self.addr).div_ceil(self.granule)
+        let off = addr - self.addr;
+        self.granule_at(off)..self.granule_at(off + len - 1) + 1
     }
 }

@@ -24,6 +24,20 @@ pub(crate) fn check_heap(heap: &Heap) -> std::result::Result<(), String> {
                 seg.addr, seg.granule
             ));
         }
+        let grown_ok = seg.grown.first().is_none_or(|&g| g == seg.uniform_end)
+            && seg.grown.windows(2).all(|w| w[0] < w[1])
+            && seg.grown.last().is_none_or(|&g| g < seg.size)
+            && seg.grown.iter().all(|g| g % heap.page == 0)
+            && (seg.grown.is_empty() == (seg.uniform_end == seg.size))
+            && seg.uniform_end <= seg.size
+            && (seg.room == 0 || seg.pool == Pool::Large)
+            && seg.unmapped_pages.len() as u64 == seg.granules().div_ceil(64);
+        if !grown_ok {
+            return Err(format!(
+                "segment {:#x} of {} bytes: growths {:?} after {} do not tile it (room {})",
+                seg.addr, seg.size, seg.grown, seg.uniform_end, seg.room
+            ));
+        }
         for pg in 0..seg.granules() {
             if Heap::is_page_unmapped(seg, pg) {
                 unmapped += seg.granule_span(pg, pg + 1).1;

@@ -77,7 +77,7 @@ impl Heap {
     ) -> BlockId {
         let pool = Self::pool_of(size);
         self.request_ctx = ctx;
-        let b = self.add_segment(pool, stream, addr, size);
+        let b = self.add_segment(pool, stream, addr, size, 0);
         self.request_ctx = None;
         self.unindex_free(b);
         let blk = &mut self.blocks[b];

@@ -23,6 +23,7 @@ use pages::{Deferred, Offer};
 
 mod arena;
 mod check;
+mod expand;
 mod external;
 mod observe;
 mod pages;
@@ -110,9 +111,17 @@ pub(crate) struct Segment {
     pub(crate) stream: StreamId,
     /// First block (lowest address).
     pub(crate) head: Option<BlockId>,
-    /// The unit in which the segment is mapped and unmapped: the backend's page, or on a
-    /// backend that can unmap its [`map_granule`](crate::backend::map_granule).
+    /// The unit in which the segment's first `uniform_end` bytes are mapped and unmapped: the
+    /// backend's page, or on a backend that can unmap the
+    /// [`map_granule`](crate::backend::map_granule) of the size it was reserved with.
     pub(crate) granule: u64,
+    /// The size the segment was reserved with, mapped in `granule`s.
+    pub(crate) uniform_end: u64,
+    /// Where each granule the segment grew by starts (offsets, ascending, the first at
+    /// `uniform_end`): each growth maps its bytes in granules of its own (see `grow.rs`).
+    pub(crate) grown: Vec<u64>,
+    /// Addresses reserved after the segment's end that it may grow into (0: none).
+    pub(crate) room: u64,
     /// One bit per granule: set when unmapped.
     pub(crate) unmapped_pages: Vec<u64>,
     pub(crate) mapped: u64,
@@ -175,6 +184,27 @@ pub(crate) struct Heap {
     external: std::collections::BTreeMap<u64, BlockId>,
     /// The streams of that memory, by the backend's handle.
     external_streams: std::collections::HashMap<RawStream, StreamId>,
+}
+
+impl Block {
+    /// A free block of fresh memory: a new segment's, or what a segment grew by (after `prev`).
+    fn fresh(addr: u64, size: u64, segment: SegmentId, pool: Pool, stream: StreamId, prev: Option<BlockId>) -> Self {
+        Block {
+            addr,
+            size,
+            requested: 0,
+            segment,
+            pool,
+            prev,
+            next: None,
+            stream,
+            state: BlockState::Free,
+            unmapped: false,
+            pending_events: 0,
+            extra: None,
+            ctx: None,
+        }
+    }
 }
 
 /// What [`Heap::grow`] found for a request.
@@ -412,8 +442,17 @@ impl Heap {
             self.settle();
             return Ok(Grown::Free(b));
         }
+        // On a single-stream heap that can map pages, grow a segment in place instead: the
+        // request then costs only what its segment's free end lacks (see `expand.rs`).
+        let mut growth = None;
+        if self.may_grow_in_place(pool, stream) {
+            self.settle();
+            deferred = None;
+            growth = self.growth_plan(stream, size);
+        }
+        let need = growth.map_or(seg_size, |g| g.by);
         let limit = self.soft_limit(backend, size);
-        if self.reserved() + seg_size > limit {
+        if self.reserved() + need > limit {
             // Over the limit, reclaiming would release other streams' whole cached segments to
             // make room for a new one: take one of those over instead when it fits.
             let fits = seg_size.max(exact);
@@ -430,31 +469,40 @@ impl Heap {
             if let Some(taken) = taken {
                 return Ok(taken);
             }
-            self.reclaim(backend, seg_size, limit);
+            self.reclaim(backend, need, limit);
             if self.reserved() + seg_size > limit {
                 // Over-allocating for amortization must not set a new peak.
                 seg_size = exact;
             }
+            if growth.is_some() {
+                // Reclaiming may have released or unmapped the segment planned for.
+                growth = self.growth_plan(stream, size);
+            }
         }
         self.settle();
-        let addr = match backend.reserve(seg_size) {
-            Ok(a) => a,
+        if let Some(g) = growth {
+            if let Some(b) = self.grow_in_place(backend, g) {
+                return Ok(Grown::Free(b));
+            }
+        }
+        let (addr, room) = match self.reserve_segment(backend, pool, stream, seg_size) {
+            Ok(r) => r,
             Err(first) => {
                 self.note(Note::Retry);
                 self.release_cache(backend, true);
-                match backend.reserve(exact) {
-                    Ok(a) => {
+                match self.reserve_segment(backend, pool, stream, exact) {
+                    Ok(r) => {
                         seg_size = exact;
-                        a
+                        r
                     }
                     Err(_) => return Err(self.oom(backend, requested, size, first)),
                 }
             }
         };
-        Ok(Grown::Free(self.add_segment(pool, stream, addr, seg_size)))
+        Ok(Grown::Free(self.add_segment(pool, stream, addr, seg_size, room)))
     }
 
-    fn add_segment(&mut self, pool: Pool, stream: StreamId, addr: u64, size: u64) -> BlockId {
+    fn add_segment(&mut self, pool: Pool, stream: StreamId, addr: u64, size: u64, room: u64) -> BlockId {
         let granule = if self.can_unmap { crate::backend::map_granule(size, self.page) } else { self.page };
         let seg = Segment {
             addr,
@@ -463,26 +511,15 @@ impl Heap {
             stream,
             head: None,
             granule,
+            uniform_end: size,
+            grown: Vec::new(),
+            room,
             unmapped_pages: vec![0; size.div_ceil(granule).div_ceil(64) as usize],
             mapped: size,
             live: true,
         };
         let s = self.new_segment(seg);
-        let b = self.new_block(Block {
-            addr,
-            size,
-            requested: 0,
-            segment: s,
-            pool,
-            prev: None,
-            next: None,
-            stream,
-            state: BlockState::Free,
-            unmapped: false,
-            pending_events: 0,
-            extra: None,
-            ctx: None,
-        });
+        let b = self.new_block(Block::fresh(addr, size, s, pool, stream, None));
         self.segments[s].head = Some(b);
         self.note(Note::SegmentReserved { addr, size, pool, stream });
         // Indexed so that `take` can unindex it like any cached block.

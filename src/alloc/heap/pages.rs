@@ -384,11 +384,20 @@ impl Heap {
             self.reclaim(backend, missing, limit);
         }
         for (start, stop) in self.page_runs(s, first, end, true) {
-            let (a, l) = self.segments[s].granule_span(start, stop);
-            if let Err(e) = backend.map(a, l) {
-                self.note(Note::Retry);
-                self.release_cache(backend, true);
-                backend.map(a, l).map_err(|_| e)?;
+            // One mapping per granule: the unit that unmapping gives back.
+            for p in start..stop {
+                let (a, l) = self.segments[s].granule_span(p, p + 1);
+                if let Err(e) = backend.map(a, l) {
+                    self.note(Note::Retry);
+                    self.release_cache(backend, true);
+                    if backend.map(a, l).is_err() {
+                        // The run's granules mapped so far are mapped: count them.
+                        if p > start {
+                            self.set_pages(s, start..p, false);
+                        }
+                        return Err(e);
+                    }
+                }
             }
             self.set_pages(s, start..stop, false);
         }

@@ -78,9 +78,11 @@ pub enum CudaSegments {
     /// `cuMemAddressReserve` backed by one `cuMemCreate` handle per granule
     /// ([`map_granule`](crate::backend::map_granule): a 2 MiB page, doubled while the segment
     /// holds 32, up to 64 MiB), so the allocator can give back the granules under free holes
-    /// ([`Backend::can_unmap`]) and map them again later. Reserving costs two driver calls per
-    /// granule (PyTorch's expandable segments: per 2 MiB page); unmapping waits for the
-    /// segment's stream, not the device.
+    /// ([`Backend::can_unmap`]) and map them again later. A large segment reserves as many
+    /// addresses as the device has memory, so that it can grow in place
+    /// ([`Backend::reserve_growable`]). Reserving costs two driver calls per granule
+    /// (PyTorch's expandable segments: per 2 MiB page); unmapping waits for the segment's
+    /// stream, not the device.
     Virtual,
 }
 
@@ -297,12 +299,19 @@ unsafe impl Backend for CudaBackend {
         self.bind()?;
         let _own = OwnCall::enter();
         let reserved = match &self.pages {
-            Some(pages) => pages.lock().reserve(size),
+            Some(pages) => pages.lock().reserve(size, size),
             // SAFETY: the context is current on this thread (bound above); the memory is
             // returned with `release` exactly once, by the allocator.
             None => unsafe { result::malloc_sync(bytes) }.map_err(|e| driver("cuMemAlloc", e)),
         };
         reserved.map_err(|e| for_request(e, size))
+    }
+
+    fn reserve_growable(&self, size: u64, span: u64) -> Result<u64, BackendError> {
+        let Some(pages) = &self.pages else { return Err(BackendError::Unsupported("growable cuMemAlloc segments")) };
+        self.bind()?;
+        let _own = OwnCall::enter();
+        pages.lock().reserve(size, span).map_err(|e| for_request(e, size))
     }
 
     unsafe fn release(&self, addr: u64, size: u64) -> Result<(), BackendError> {

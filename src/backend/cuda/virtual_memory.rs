@@ -7,7 +7,7 @@
 //! whatever the size), so a segment of gigabytes maps in a few dozen calls, not a thousand.
 
 use super::driver;
-use crate::backend::{map_granule, whole_granules};
+use crate::backend::map_granule;
 use crate::error::BackendError;
 use cudarc::driver::sys;
 use std::collections::BTreeMap;
@@ -19,7 +19,7 @@ pub(super) struct Pages {
     access: sys::CUmemAccessDesc,
     /// The mapping granularity, a power of two (2 MiB on current GPUs).
     pub(super) page: u64,
-    /// Reserved ranges: base to size.
+    /// Reserved ranges: base to span (the segment's addresses, its room to grow included).
     segments: BTreeMap<u64, u64>,
     /// Mappings, by address: their length and the physical allocation behind them.
     handles: BTreeMap<u64, (u64, sys::CUmemGenericAllocationHandle)>,
@@ -61,69 +61,77 @@ impl Pages {
         Ok(Pages { prop, access, page, segments: BTreeMap::new(), handles: BTreeMap::new() })
     }
 
-    /// Reserves `size` bytes of addresses and maps physical memory under all of them.
-    pub(super) fn reserve(&mut self, size: u64) -> Result<u64, BackendError> {
+    /// Reserves `span` bytes of addresses and maps physical memory under the first `size`, one
+    /// mapping per granule ([`map_granule`] of `size`); the rest is the segment's room to grow.
+    pub(super) fn reserve(&mut self, size: u64, span: u64) -> Result<u64, BackendError> {
+        if span < size || !span.is_multiple_of(self.page) || !size.is_multiple_of(self.page) {
+            return Err(BackendError::Other(format!("a segment of {size} bytes in {span} is not whole pages")));
+        }
         let mut base = 0;
         // SAFETY: `base` is valid for the call; the range is freed in `release` or below.
-        unsafe { sys::cuMemAddressReserve(&mut base, size as usize, self.page as usize, 0, 0) }
+        unsafe { sys::cuMemAddressReserve(&mut base, span as usize, self.page as usize, 0, 0) }
             .result()
             .map_err(|e| driver("cuMemAddressReserve", e))?;
-        self.segments.insert(base, size);
-        if let Err(e) = self.map(base, size) {
+        self.segments.insert(base, span);
+        let granule = map_granule(size, self.page);
+        let mut done = 0;
+        let mut result = Ok(());
+        while done < size && result.is_ok() {
+            let piece = granule.min(size - done);
+            result = self.map(base + done, piece);
+            done += piece;
+        }
+        if let Err(e) = result {
+            let _ = self.unmap_range(base, base + span);
             self.segments.remove(&base);
-            // SAFETY: nothing is mapped in the range (`map` rolled back its granules).
-            let _ = unsafe { sys::cuMemAddressFree(base, size as usize) };
+            // SAFETY: nothing is mapped in the range any more (unmapped just above).
+            let _ = unsafe { sys::cuMemAddressFree(base, span as usize) };
             return Err(e);
         }
         Ok(base)
     }
 
-    /// The reserved segment holding `[addr, end)`: its base and size.
+    /// The reserved segment holding `[addr, end)`: its base and span.
     fn segment_of(&self, addr: u64, end: u64) -> Result<(u64, u64), BackendError> {
         match self.segments.range(..=addr).next_back() {
-            Some((&base, &size)) if end <= base + size => Ok((base, size)),
+            Some((&base, &span)) if end <= base + span => Ok((base, span)),
             _ => Err(BackendError::Other(format!("range {addr:#x}..{end:#x} is in no reserved segment"))),
         }
     }
 
-    /// Maps fresh physical memory under the whole granules `[addr, addr + len)` of a segment,
-    /// one allocation per granule, and makes it accessible; on failure, maps none.
+    /// Maps fresh physical memory under `[addr, addr + len)` of a segment's addresses, as one
+    /// mapping (one `cuMemCreate` and `cuMemMap`), and makes it accessible; on failure, maps
+    /// nothing.
     pub(super) fn map(&mut self, addr: u64, len: u64) -> Result<(), BackendError> {
         let end = addr + len;
-        let (base, size) = self.segment_of(addr, end)?;
-        whole_granules(base, size, self.page, addr, end)?;
-        let granule = map_granule(size, self.page);
+        let (base, _) = self.segment_of(addr, end)?;
+        if len == 0 || !(addr - base).is_multiple_of(self.page) || !len.is_multiple_of(self.page) {
+            return Err(BackendError::Other(format!("range {addr:#x}+{len} is not whole pages")));
+        }
         if self.any_mapped(addr, end) {
             return Err(BackendError::Other(format!("range {addr:#x}+{len} is mapped already")));
         }
-        let mut done = addr;
-        let result = (|| {
-            while done < end {
-                let piece = granule.min(end - done);
-                let mut handle = 0;
-                // SAFETY: `handle` and `prop` are valid; the handle is released in `unmap_range`.
-                unsafe { sys::cuMemCreate(&mut handle, piece as usize, &self.prop, 0) }
-                    .result()
-                    .map_err(|e| driver("cuMemCreate", e))?;
-                // SAFETY: `[done, done + piece)` lies in a range reserved by `reserve` with
-                // nothing mapped there (checked above).
-                if let Err(e) = unsafe { sys::cuMemMap(done, piece as usize, 0, handle, 0) }.result() {
-                    // SAFETY: the handle was created above and is mapped nowhere.
-                    let _ = unsafe { sys::cuMemRelease(handle) };
-                    return Err(driver("cuMemMap", e));
-                }
-                self.handles.insert(done, (piece, handle));
-                done += piece;
-            }
-            // SAFETY: the whole range is mapped (above); `access` names this device.
-            unsafe { sys::cuMemSetAccess(addr, len as usize, &self.access, 1) }
-                .result()
-                .map_err(|e| driver("cuMemSetAccess", e))
-        })();
-        if result.is_err() {
-            let _ = self.unmap_range(addr, done);
+        let mut handle = 0;
+        // SAFETY: `handle` and `prop` are valid; the handle is released in `unmap_range`.
+        unsafe { sys::cuMemCreate(&mut handle, len as usize, &self.prop, 0) }
+            .result()
+            .map_err(|e| driver("cuMemCreate", e))?;
+        // SAFETY: `[addr, end)` lies in a range reserved by `reserve` with nothing mapped there
+        // (checked above).
+        if let Err(e) = unsafe { sys::cuMemMap(addr, len as usize, 0, handle, 0) }.result() {
+            // SAFETY: the handle was created above and is mapped nowhere.
+            let _ = unsafe { sys::cuMemRelease(handle) };
+            return Err(driver("cuMemMap", e));
         }
-        result
+        self.handles.insert(addr, (len, handle));
+        // SAFETY: the whole range is mapped (above); `access` names this device.
+        let access = unsafe { sys::cuMemSetAccess(addr, len as usize, &self.access, 1) }
+            .result()
+            .map_err(|e| driver("cuMemSetAccess", e));
+        if access.is_err() {
+            let _ = self.unmap_range(addr, end);
+        }
+        access
     }
 
     /// Unmaps and frees the mappings in `[addr, end)`, which must be whole (a mapping cannot
@@ -171,12 +179,17 @@ impl Pages {
         Ok(())
     }
 
-    /// Unmaps whatever is still mapped in the segment and frees its addresses.
+    /// Unmaps whatever is still mapped in the segment (its room included) and frees all its
+    /// addresses. `size` is the size it has grown to.
     pub(super) fn release(&mut self, addr: u64, size: u64) -> Result<(), BackendError> {
-        self.unmap_range(addr, addr + size)?;
+        let span = match self.segments.get(&addr) {
+            Some(&span) if size <= span => span,
+            _ => return Err(BackendError::Other(format!("release of unknown segment {addr:#x} of {size} bytes"))),
+        };
+        self.unmap_range(addr, addr + span)?;
         self.segments.remove(&addr);
-        // SAFETY: the range was reserved by `reserve` with this size and nothing is mapped in it.
-        unsafe { sys::cuMemAddressFree(addr, size as usize) }.result().map_err(|e| driver("cuMemAddressFree", e))
+        // SAFETY: the range was reserved by `reserve` with this span and nothing is mapped in it.
+        unsafe { sys::cuMemAddressFree(addr, span as usize) }.result().map_err(|e| driver("cuMemAddressFree", e))
     }
 
     /// Whether any byte of `[addr, end)` is mapped.

@@ -1,0 +1,136 @@
+//! Growing segments in place, as PyTorch's expandable segments do: on a backend that maps
+//! pages, a large segment is reserved with room for addresses after it, and a request that no
+//! free block fits maps more memory at the end of the segment whose free end is largest, so
+//! that the new block is that free end plus only what it lacks.
+//!
+//! Why it lowers the peak: with segments that cannot grow, a request larger than every free
+//! block reserves a whole new segment while the free ends of the others stay reserved; and
+//! memory freed in one segment never merges with its neighbour in the next. Growing, the free
+//! end is used and the segments of a stream's working set become one, whose holes merge
+//! whatever size the next step's tensors are (dynamic shapes, growing caches).
+//!
+//! Only while one stream holds the large segments: memory moves between streams as whole
+//! segments (a stream takes over another's whole free segment, see `pages.rs`), and a grown
+//! segment is seldom wholly free, so with several streams growing would strand memory in
+//! one stream's segment that another needs (a two-stream pipeline needed 1.25x its peak of
+//! allocated bytes growing, 1.14x not: `BENCHMARKS.md`).
+
+use super::observe::Note;
+use super::{Block, BlockState, Heap};
+use crate::alloc::ids::{BlockId, SegmentId, StreamId};
+use crate::alloc::stats::Pool;
+use crate::backend::{map_granule, Backend};
+use crate::error::BackendError;
+
+/// A segment to grow and by how much.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Growth {
+    seg: SegmentId,
+    /// Bytes to map at its end (whole pages).
+    pub(super) by: u64,
+}
+
+impl Heap {
+    /// Whether a request of `pool` on `stream` may grow a segment in place: the backend maps
+    /// pages, the request is large, and no other stream holds a large segment.
+    pub(super) fn may_grow_in_place(&self, pool: Pool, stream: StreamId) -> bool {
+        self.can_unmap
+            && pool == Pool::Large
+            && !self.segments.iter().any(|(_, s)| s.live && s.pool == Pool::Large && s.stream != stream)
+    }
+
+    /// Reserves a segment of `size` bytes, with room to grow where [`Heap::may_grow_in_place`]
+    /// holds (as many addresses as the device has memory, as PyTorch's expandable segments
+    /// reserve; a backend that refuses them gets a plain segment). Returns its address and room.
+    pub(super) fn reserve_segment(
+        &self,
+        backend: &dyn Backend,
+        pool: Pool,
+        stream: StreamId,
+        size: u64,
+    ) -> Result<(u64, u64), BackendError> {
+        if self.may_grow_in_place(pool, stream) {
+            let span = backend.total_memory().next_multiple_of(self.page).max(size);
+            if let Ok(addr) = backend.reserve_growable(size, span) {
+                return Ok((addr, span - size));
+            }
+        }
+        backend.reserve(size).map(|addr| (addr, 0))
+    }
+
+    /// The segment of `stream` to grow for a request of `size` bytes: the one whose free end
+    /// (its last block, if free) is largest, with room for what that end lacks.
+    pub(super) fn growth_plan(&self, stream: StreamId, size: u64) -> Option<Growth> {
+        let mut best: Option<(u64, Growth)> = None;
+        for (s, seg) in self.segments.iter() {
+            if !seg.live || seg.pool != Pool::Large || seg.stream != stream || seg.room == 0 {
+                continue;
+            }
+            let tail = self.last_block(s);
+            let end = if self.blocks[tail].state == BlockState::Free { self.blocks[tail].size } else { 0 };
+            // A free end that fits was passed over by the split rules: growing would not help.
+            if end >= size {
+                continue;
+            }
+            let by = (size - end).next_multiple_of(self.page);
+            if by <= seg.room && best.is_none_or(|(e, _)| end > e) {
+                best = Some((end, Growth { seg: s, by }));
+            }
+        }
+        best.map(|(_, g)| g)
+    }
+
+    fn last_block(&self, s: SegmentId) -> BlockId {
+        let mut b = self.segments[s].head.expect("a live segment has blocks");
+        while let Some(n) = self.blocks[b].next {
+            b = n;
+        }
+        b
+    }
+
+    /// Maps `g.by` bytes at the end of segment `g.seg`, in granules of their own
+    /// ([`map_granule`] of the growth), and returns the free block that now ends the segment
+    /// (its former free end, grown). `None` if the backend refused (nothing changed).
+    pub(super) fn grow_in_place(&mut self, backend: &dyn Backend, g: Growth) -> Option<BlockId> {
+        let seg = &self.segments[g.seg];
+        let (start, old_size, pool, stream) = (seg.addr + seg.size, seg.size, seg.pool, seg.stream);
+        let piece = map_granule(g.by, self.page);
+        let mut done = 0;
+        while done < g.by {
+            let len = piece.min(g.by - done);
+            if let Err(e) = backend.map(start + done, len) {
+                self.last_error = Some(format!("growing segment {:#x} by {} bytes: {e}", seg.addr, g.by));
+                if done > 0 {
+                    let raw = self.streams[stream.index()].raw;
+                    // SAFETY: `[start, start + done)` was mapped just above, whole mappings
+                    // inside the segment's room, and nothing has used it yet.
+                    if let Err(e) = unsafe { backend.unmap(start, done, raw) } {
+                        self.note(Note::BackendError);
+                        self.last_error = Some(format!("undoing a growth at {start:#x}: {e}"));
+                    }
+                }
+                return None;
+            }
+            done += len;
+        }
+        let seg = &mut self.segments[g.seg];
+        seg.grown.extend((0..g.by.div_ceil(piece)).map(|k| old_size + k * piece));
+        seg.size += g.by;
+        seg.room -= g.by;
+        seg.mapped += g.by;
+        let words = seg.granules().div_ceil(64) as usize;
+        seg.unmapped_pages.resize(words, 0);
+        self.note(Note::Pages { addr: start, len: g.by, pool, stream, mapped: true });
+        let tail = self.last_block(g.seg);
+        if self.blocks[tail].state == BlockState::Free {
+            self.unindex_free(tail);
+            self.blocks[tail].size += g.by;
+            self.index_free(tail);
+            return Some(tail);
+        }
+        let b = self.new_block(Block::fresh(start, g.by, g.seg, self.blocks[tail].pool, stream, Some(tail)));
+        self.blocks[tail].next = Some(b);
+        self.index_free(b);
+        Some(b)
+    }
+}
