@@ -107,6 +107,52 @@ fn a_single_stream_grows_its_segment_in_place_where_the_backend_maps_pages() {
     alloc.check_invariants().unwrap();
 }
 
+/// Random requests on one stream (so segments grow in place), with and without PyTorch's
+/// split rules (an oversize block is handed out whole, unmapped granules past the request
+/// included: they must be mapped first), freeing and emptying the cache at random: every
+/// invariant holds after every step.
+#[test]
+fn one_stream_growing_in_place_keeps_every_invariant() {
+    for seed in 1..3000u64 {
+        let mut r = seed.wrapping_mul(0x9e3779b97f4a7c15) | 1;
+        let mut next = move || {
+            r ^= r << 13;
+            r ^= r >> 7;
+            r ^= r << 17;
+            r
+        };
+        let conf = match seed % 3 {
+            0 => "",
+            1 => "max_split_size_mb:40,roundup_power2_divisions:4",
+            _ => "roundup_power2_divisions:4",
+        };
+        let alloc =
+            CachingAllocator::with_config(SimBackend::new(1 << 40), AllocatorConfig::parse(conf).unwrap()).unwrap();
+        let s = alloc.default_stream();
+        let mut live: Vec<vramscope::Buffer<u8>> = Vec::new();
+        let mut log = Vec::new();
+        for _ in 0..60 {
+            let k = next() % 10;
+            if k < 5 {
+                let bytes = [512usize, 1 << 20, 4 << 20, 3 << 20, 7 << 20, 20 << 20, 45 << 20][(next() % 7) as usize]
+                    + (next() % 3) as usize * 4096;
+                log.push(format!("alloc {bytes}"));
+                live.push(alloc.alloc::<u8>(&s, bytes).unwrap());
+            } else if k < 9 && !live.is_empty() {
+                let i = (next() as usize) % live.len();
+                log.push(format!("free {}", live[i].len()));
+                drop(live.swap_remove(i));
+            } else {
+                log.push("empty".into());
+                alloc.empty_cache();
+            }
+            if let Err(e) = alloc.check_invariants() {
+                panic!("seed {seed} conf {conf}: {e}\n{}", log.join("\n"));
+            }
+        }
+    }
+}
+
 #[test]
 fn streams_that_share_large_memory_do_not_grow_segments() {
     let alloc = CachingAllocator::new(SimBackend::new(1 << 30));

@@ -358,14 +358,6 @@ impl Heap {
     /// the index. With one, a new block takes the front and `i` keeps the rest, so that its
     /// index entry is only resized, usually in place.
     fn take(&mut self, backend: &dyn Backend, i: BlockId, size: u64) -> Result<BlockId, BackendError> {
-        if self.blocks[i].unmapped {
-            // Out of the index while mapping: reclaiming must not touch this block.
-            self.unindex_free(i);
-            let addr = self.blocks[i].addr;
-            let mapped = self.ensure_mapped(backend, i, addr, size);
-            self.index_free(i);
-            mapped?;
-        }
         let b = &self.blocks[i];
         let seg = b.segment;
         let pool = self.segments[seg].pool;
@@ -374,6 +366,17 @@ impl Heap {
             Pool::Small => remaining >= MIN_BLOCK,
             Pool::Large => remaining > SMALL_SIZE && !self.is_oversize(b.size),
         };
+        if b.unmapped {
+            // Everything handed out is mapped: the whole block where it is not split (an
+            // oversize block may hold unmapped granules past the request).
+            let (addr, len) = (b.addr, if split { size } else { b.size });
+            // Out of the index while mapping: reclaiming must not touch this block.
+            self.unindex_free(i);
+            let mapped = self.ensure_mapped(backend, i, addr, len);
+            self.index_free(i);
+            mapped?;
+        }
+        let b = &self.blocks[i];
         if !split {
             self.unindex_free(i);
             self.blocks[i].unmapped = false;
