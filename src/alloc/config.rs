@@ -80,8 +80,10 @@ pub struct AllocatorConfig {
     /// steps than a test runs: `BENCHMARKS.md`). A steady workload (a training loop) settles
     /// within one or two steps. Default: [`LimitMax::Auto`].
     pub fragmentation_limit_max: LimitMax,
-    /// Where the backend can unmap pages, give back the pages under free holes inside segments
-    /// when reclaiming, as PyTorch's expandable segments do. Default: `true`.
+    /// Where the backend can map and unmap pages (CUDA's virtual-memory segments, the sim),
+    /// give back the pages under free holes inside segments when reclaiming, and let a large
+    /// segment grow in place while one stream holds the large segments, as PyTorch's
+    /// expandable segments do (see the crate docs, "How the allocator works"). Default: `true`.
     pub release_pages: bool,
 }
 
