@@ -5,6 +5,8 @@
 //! expandable segments use the same driver calls, a 2 MiB page at a time; one mapping per
 //! granule costs about as much as one per page (`tests/gpu/vmm_costs.cpp`: 60 µs on an H100
 //! whatever the size), so a segment of gigabytes maps in a few dozen calls, not a thousand.
+//! A growable segment reserves more addresses than it maps; the allocator maps its room piece
+//! by piece as it grows (`map`: one mapping per call, the unit an unmap gives back whole).
 
 use super::driver;
 use crate::backend::map_granule;
