@@ -154,6 +154,26 @@ fn one_stream_growing_in_place_keeps_every_invariant() {
 }
 
 #[test]
+fn a_growth_the_backend_refuses_becomes_a_new_segment() {
+    // Requests: 0 reserves the first segment, 1 is the growth (refused), 2 the new segment.
+    let sim = SimBackend::new(1 << 30);
+    let alloc = CachingAllocator::new(FaultyBackend::new(sim, FaultPlan::nth(1)));
+    let s = alloc.default_stream();
+    let a = alloc.alloc::<u8>(&s, 3 * MIB as usize).unwrap();
+    let b = alloc.alloc::<u8>(&s, 6 * MIB as usize).unwrap();
+    let st = alloc.stats();
+    assert_eq!((st.num_device_alloc, st.num_device_map), (2, 0), "{st:#?}");
+    assert_eq!(alloc.memory_reserved(), 10 * MIB);
+    alloc.check_invariants().unwrap();
+    drop((a, b));
+    // The next growth is granted.
+    let c = alloc.alloc::<u8>(&s, 12 * MIB as usize).unwrap();
+    assert_eq!(alloc.stats().num_device_map, 1);
+    alloc.check_invariants().unwrap();
+    drop(c);
+}
+
+#[test]
 fn streams_that_share_large_memory_do_not_grow_segments() {
     let alloc = CachingAllocator::new(SimBackend::new(1 << 30));
     let (s, t) = (alloc.default_stream(), alloc.new_stream().unwrap());

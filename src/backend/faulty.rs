@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Which memory requests a [`FaultyBackend`] fails.
 ///
-/// Requests are counted from 0 over [`Backend::reserve`] and [`Backend::map`] calls together:
-/// each is a request for physical memory.
+/// Requests are counted from 0 over [`Backend::reserve`], [`Backend::reserve_growable`] and
+/// [`Backend::map`] calls together: each is a request for physical memory.
 #[derive(Clone, Default)]
 #[non_exhaustive]
 pub enum FaultPlan {
@@ -188,6 +188,10 @@ unsafe impl<B: Backend> Backend for FaultyBackend<B> {
     fn reserve(&self, size: u64) -> Result<u64, BackendError> {
         self.check(size)?;
         self.inner.reserve(size)
+    }
+    fn reserve_growable(&self, size: u64, span: u64) -> Result<u64, BackendError> {
+        self.check(size)?;
+        self.inner.reserve_growable(size, span)
     }
     unsafe fn release(&self, addr: u64, size: u64) -> Result<(), BackendError> {
         // SAFETY: the caller's promise, passed on; segments are the inner backend's.

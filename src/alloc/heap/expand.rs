@@ -41,7 +41,9 @@ impl Heap {
 
     /// Reserves a segment of `size` bytes, with room to grow where [`Heap::may_grow_in_place`]
     /// holds (as many addresses as the device has memory, as PyTorch's expandable segments
-    /// reserve; a backend that refuses them gets a plain segment). Returns its address and room.
+    /// reserve; where the backend refuses them other than for lack of memory, a plain
+    /// segment). Returns its address and room. One request for memory either way: a refusal for
+    /// lack of memory is the caller's to handle (it releases the cache and retries).
     pub(super) fn reserve_segment(
         &self,
         backend: &dyn Backend,
@@ -51,8 +53,10 @@ impl Heap {
     ) -> Result<(u64, u64), BackendError> {
         if self.may_grow_in_place(pool, stream) {
             let span = backend.total_memory().next_multiple_of(self.page).max(size);
-            if let Ok(addr) = backend.reserve_growable(size, span) {
-                return Ok((addr, span - size));
+            match backend.reserve_growable(size, span) {
+                Ok(addr) => return Ok((addr, span - size)),
+                Err(e @ BackendError::OutOfMemory { .. }) => return Err(e),
+                Err(_) => {}
             }
         }
         backend.reserve(size).map(|addr| (addr, 0))
@@ -90,8 +94,9 @@ impl Heap {
 
     /// Maps `g.by` bytes at the end of segment `g.seg`, in granules of their own
     /// ([`map_granule`] of the growth), and returns the free block that now ends the segment
-    /// (its former free end, grown). `None` if the backend refused (nothing changed).
-    pub(super) fn grow_in_place(&mut self, backend: &dyn Backend, g: Growth) -> Option<BlockId> {
+    /// (its former free end, grown). If the backend refuses, nothing changes (what was mapped
+    /// is unmapped again) and its error is returned.
+    pub(super) fn grow_in_place(&mut self, backend: &dyn Backend, g: Growth) -> Result<BlockId, BackendError> {
         let seg = &self.segments[g.seg];
         let (start, old_size, pool, stream) = (seg.addr + seg.size, seg.size, seg.pool, seg.stream);
         let piece = map_granule(g.by, self.page);
@@ -99,7 +104,6 @@ impl Heap {
         while done < g.by {
             let len = piece.min(g.by - done);
             if let Err(e) = backend.map(start + done, len) {
-                self.last_error = Some(format!("growing segment {:#x} by {} bytes: {e}", seg.addr, g.by));
                 if done > 0 {
                     let raw = self.streams[stream.index()].raw;
                     // SAFETY: `[start, start + done)` was mapped just above, whole mappings
@@ -109,7 +113,7 @@ impl Heap {
                         self.last_error = Some(format!("undoing a growth at {start:#x}: {e}"));
                     }
                 }
-                return None;
+                return Err(e);
             }
             done += len;
         }
@@ -126,11 +130,11 @@ impl Heap {
             self.unindex_free(tail);
             self.blocks[tail].size += g.by;
             self.index_free(tail);
-            return Some(tail);
+            return Ok(tail);
         }
         let b = self.new_block(Block::fresh(start, g.by, g.seg, self.blocks[tail].pool, stream, Some(tail)));
         self.blocks[tail].next = Some(b);
         self.index_free(b);
-        Some(b)
+        Ok(b)
     }
 }

@@ -118,7 +118,7 @@ pub(crate) struct Segment {
     /// The size the segment was reserved with, mapped in `granule`s.
     pub(crate) uniform_end: u64,
     /// Where each granule the segment grew by starts (offsets, ascending, the first at
-    /// `uniform_end`): each growth maps its bytes in granules of its own (see `grow.rs`).
+    /// `uniform_end`): each growth maps its bytes in granules of its own (see `expand.rs`).
     pub(crate) grown: Vec<u64>,
     /// Addresses reserved after the segment's end that it may grow into (0: none).
     pub(crate) room: u64,
@@ -483,12 +483,16 @@ impl Heap {
             }
         }
         self.settle();
-        if let Some(g) = growth {
-            if let Some(b) = self.grow_in_place(backend, g) {
-                return Ok(Grown::Free(b));
-            }
-        }
-        let (addr, room) = match self.reserve_segment(backend, pool, stream, seg_size) {
+        // A growth refused is handled as a refused segment: release the cache, then one
+        // segment of the request's size.
+        let first = match growth {
+            Some(g) => match self.grow_in_place(backend, g) {
+                Ok(b) => return Ok(Grown::Free(b)),
+                Err(e) => Err(e),
+            },
+            None => self.reserve_segment(backend, pool, stream, seg_size),
+        };
+        let (addr, room) = match first {
             Ok(r) => r,
             Err(first) => {
                 self.note(Note::Retry);

@@ -71,9 +71,14 @@ impl Pages {
         }
         let mut base = 0;
         // SAFETY: `base` is valid for the call; the range is freed in `release` or below.
-        unsafe { sys::cuMemAddressReserve(&mut base, span as usize, self.page as usize, 0, 0) }
-            .result()
-            .map_err(|e| driver("cuMemAddressReserve", e))?;
+        unsafe { sys::cuMemAddressReserve(&mut base, span as usize, self.page as usize, 0, 0) }.result().map_err(
+            |e| match span > size {
+                // Addresses for room, not memory: not an out-of-memory error (the allocator then
+                // reserves the segment without room).
+                true => BackendError::Other(format!("cuMemAddressReserve of {span} bytes of addresses: {e}")),
+                false => driver("cuMemAddressReserve", e),
+            },
+        )?;
         self.segments.insert(base, span);
         let granule = map_granule(size, self.page);
         let mut done = 0;
