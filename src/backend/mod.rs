@@ -60,6 +60,28 @@ pub const fn map_granule(size: u64, page: u64) -> u64 {
     g
 }
 
+/// The mappings a range of `size` bytes is made of: pieces of its [`map_granule`] (offset from
+/// the range's start, length), the last shorter where `size` is not a multiple. The backends
+/// map a segment they reserve this way and the allocator maps a growth this way, so that both
+/// know where every mapping starts and ends.
+pub(crate) fn granule_pieces(size: u64, page: u64) -> impl Iterator<Item = (u64, u64)> {
+    let g = map_granule(size, page);
+    (0..size.div_ceil(g)).map(move |k| (k * g, g.min(size - k * g)))
+}
+
+/// Whether `maps` (address and length, ascending) cover `[addr, end)` exactly: the first
+/// starts at `addr`, each where the one before ends, the last ends at `end`.
+pub(crate) fn tiles(maps: impl IntoIterator<Item = (u64, u64)>, addr: u64, end: u64) -> bool {
+    let mut at = addr;
+    for (a, l) in maps {
+        if a != at {
+            return false;
+        }
+        at = a + l;
+    }
+    at == end && end > addr
+}
+
 /// A raw stream handle as a backend knows it. `0` is the backend's default stream.
 pub type RawStream = u64;
 
@@ -251,5 +273,24 @@ pub unsafe trait Backend: Send + Sync + fmt::Debug + 'static {
     fn copy_from_device(&self, stream: RawStream, addr: u64, dst: &mut [u8]) -> Result<(), BackendError> {
         let _ = (stream, addr, dst);
         Err(BackendError::Unsupported("copies from device memory"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn granule_pieces_tile_the_range_and_tiles_says_so() {
+        let page = DEFAULT_PAGE_SIZE;
+        for size in [page, 6 * page, (1 << 30) + 3 * page, 8 << 30] {
+            let pieces: Vec<(u64, u64)> = granule_pieces(size, page).collect();
+            assert!(pieces.iter().all(|&(_, l)| l > 0 && l <= map_granule(size, page)), "{size}");
+            assert!(tiles(pieces.iter().copied(), 0, size), "{size}: {pieces:?}");
+            assert!(!tiles(pieces.iter().copied(), 0, size + page), "ends short");
+            assert!(!tiles(pieces.iter().skip(1).copied(), 0, size), "starts late");
+        }
+        assert!(!tiles([(0, page), (2 * page, page)], 0, 3 * page), "a gap");
+        assert!(!tiles([], 0, page), "nothing");
     }
 }

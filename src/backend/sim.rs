@@ -151,11 +151,7 @@ impl SimBackend {
             seg.mapped += len;
             seg.size = seg.size.max(end - base);
         } else {
-            let tiled = !across
-                && inside.first().is_some_and(|m| m.0 == addr)
-                && inside.windows(2).all(|w| w[0].0 + w[0].1 == w[1].0)
-                && inside.last().is_some_and(|m| m.0 + m.1 == end);
-            if !tiled {
+            if across || !super::tiles(inside.iter().copied(), addr, end) {
                 return Err(BackendError::Other(format!("range {addr:#x}+{len} is not whole mappings, all mapped")));
             }
             for (a, _) in inside {
@@ -225,11 +221,8 @@ unsafe impl Backend for SimBackend {
         let mut segs = self.segments.lock();
         segs.by_base.insert(addr, SimSegment { span, size, mapped: size });
         // Mapped in granules, as the CUDA backend maps a segment it reserves.
-        let granule = super::map_granule(size, self.page);
-        let mut at = 0;
-        while at < size {
-            segs.maps.insert(addr + at, granule.min(size - at));
-            at += granule;
+        for (offset, len) in super::granule_pieces(size, self.page) {
+            segs.maps.insert(addr + offset, len);
         }
         Ok(addr)
     }

@@ -19,7 +19,7 @@ use super::observe::Note;
 use super::{Block, BlockState, Heap};
 use crate::alloc::ids::{BlockId, SegmentId, StreamId};
 use crate::alloc::stats::Pool;
-use crate::backend::{map_granule, Backend};
+use crate::backend::{granule_pieces, Backend};
 use crate::error::BackendError;
 
 /// A segment to grow and by how much.
@@ -93,17 +93,15 @@ impl Heap {
     }
 
     /// Maps `g.by` bytes at the end of segment `g.seg`, in granules of their own
-    /// ([`map_granule`] of the growth), and returns the free block that now ends the segment
-    /// (its former free end, grown). If the backend refuses, nothing changes (what was mapped
-    /// is unmapped again) and its error is returned.
+    /// ([`granule_pieces`] of the growth), and returns the free block that now ends the
+    /// segment (its former free end, grown). If the backend refuses, nothing changes (what was
+    /// mapped is unmapped again) and its error is returned.
     pub(super) fn grow_in_place(&mut self, backend: &dyn Backend, g: Growth) -> Result<BlockId, BackendError> {
         let seg = &self.segments[g.seg];
         let (start, old_size, pool, stream) = (seg.addr + seg.size, seg.size, seg.pool, seg.stream);
-        let piece = map_granule(g.by, self.page);
         let mut done = 0;
-        while done < g.by {
-            let len = piece.min(g.by - done);
-            if let Err(e) = backend.map(start + done, len) {
+        for (offset, len) in granule_pieces(g.by, self.page) {
+            if let Err(e) = backend.map(start + offset, len) {
                 if done > 0 {
                     let raw = self.streams[stream.index()].raw;
                     // SAFETY: `[start, start + done)` was mapped just above, whole mappings
@@ -115,10 +113,10 @@ impl Heap {
                 }
                 return Err(e);
             }
-            done += len;
+            done = offset + len;
         }
         let seg = &mut self.segments[g.seg];
-        seg.grown.extend((0..g.by.div_ceil(piece)).map(|k| old_size + k * piece));
+        seg.grown.extend(granule_pieces(g.by, self.page).map(|(offset, _)| old_size + offset));
         seg.size += g.by;
         seg.room -= g.by;
         seg.mapped += g.by;

@@ -9,7 +9,7 @@
 //! by piece as it grows (`map`: one mapping per call, the unit an unmap gives back whole).
 
 use super::driver;
-use crate::backend::map_granule;
+use crate::backend::{granule_pieces, tiles};
 use crate::error::BackendError;
 use cudarc::driver::sys;
 use std::collections::BTreeMap;
@@ -80,13 +80,12 @@ impl Pages {
             },
         )?;
         self.segments.insert(base, span);
-        let granule = map_granule(size, self.page);
-        let mut done = 0;
         let mut result = Ok(());
-        while done < size && result.is_ok() {
-            let piece = granule.min(size - done);
-            result = self.map(base + done, piece);
-            done += piece;
+        for (offset, len) in granule_pieces(size, self.page) {
+            result = self.map(base + offset, len);
+            if result.is_err() {
+                break;
+            }
         }
         if let Err(e) = result {
             let _ = self.unmap_range(base, base + span);
@@ -156,9 +155,7 @@ impl Pages {
                 return Err(BackendError::Other(format!("{end:#x} is inside the mapping at {a:#x} of {l} bytes")));
             }
         }
-        let tiled = maps.first().is_some_and(|m| m.0 == addr)
-            && maps.windows(2).all(|w| w[0].0 + w[0].1 == w[1].0)
-            && maps.last().is_some_and(|m| m.0 + m.1 == end);
+        let tiled = tiles(maps.iter().map(|&(a, l, _)| (a, l)), addr, end);
         let mut first_error = None;
         if tiled {
             // SAFETY: `[addr, end)` is exactly these mappings, which nothing uses any more.
