@@ -120,7 +120,11 @@
 //! costly (CUDA), each time holding to the limit churns — memory given back then asked for
 //! again — the limit rises at once to what that request needed, up to
 //! [`AllocatorConfig::fragmentation_limit_max`] (1.25), so that a training loop settles within
-//! one or two steps to steps that never call the driver.
+//! one or two steps to steps that never call the driver. That ceiling gives way where holding
+//! to it would churn for ever: a request of a size that already churned once at the ceiling
+//! raises the limit past it ([`LimitMax::Auto`]). One churn at the ceiling may be a warm-up;
+//! the same size churning again is a loop's steady state (a server's requests of random shapes
+//! kept reserving and freeing segments in every pass at 1.25; `BENCHMARKS.md`).
 //!
 //! Where the backend maps pages (CUDA's virtual-memory segments, the sim) and one stream holds
 //! the large segments, segments also *grow in place*, as PyTorch's expandable segments: a large

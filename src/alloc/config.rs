@@ -107,12 +107,15 @@ pub enum LimitMax {
     /// Up to [`LimitMax::AUTO_CEILING`] on backends whose segment calls are costly
     /// ([`Backend::costly_segments`](crate::backend::Backend::costly_segments): CUDA, where
     /// `cuMemAlloc` takes tens of microseconds and `cuMemFree` synchronizes the device);
-    /// fixed on the others (host, sim), where giving memory back costs next to nothing.
+    /// fixed on the others (host, sim), where giving memory back costs next to nothing. The
+    /// ceiling gives way to churn that repeats: once the limit is at it, a request whose size
+    /// (in pages) already churned there raises the limit past it, as below it, so that a loop
+    /// whose steady state needs more cache settles instead of calling the driver on every step.
     #[default]
     Auto,
     /// The limit stays where it is configured.
     Off,
-    /// Up to this multiple of the peak of allocated bytes.
+    /// Up to this multiple of the peak of allocated bytes, never past it.
     At(f64),
 }
 

@@ -26,6 +26,9 @@ pub(super) enum Offer {
     Whole,
 }
 
+/// How many sizes [`Heap::churned_at_ceiling`] remembers.
+const CEILING_CHURNS: usize = 64;
+
 impl Heap {
     pub(crate) fn reserved(&self) -> u64 {
         self.stats.reserved_bytes.current()
@@ -60,14 +63,34 @@ impl Heap {
         }
         self.released_since_peak = 0;
         if let (Some(f), Some(max)) = (self.limit_factor, self.limit_max) {
+            // What growing now without giving anything back takes, in steps of 0.5%.
+            let wanted = (self.reserved() + need) as f64 / self.limit_peak.max(1) as f64;
+            let next = (f + 0.005).max((wanted * 200.0).ceil() / 200.0);
+            let next = (next * 1000.0).round() / 1000.0;
             if f < max {
-                // What growing now without giving anything back takes, in steps of 0.5%.
-                let wanted = (self.reserved() + need) as f64 / self.limit_peak.max(1) as f64;
-                let next = (f + 0.005).max((wanted * 200.0).ceil() / 200.0);
-                self.limit_factor = Some(((next * 1000.0).round() / 1000.0).min(max));
+                self.limit_factor = Some(next.min(max));
+                self.note(Note::LimitRaised);
+            } else if self.ceiling_yields && self.churned_at_ceiling(size) {
+                self.limit_factor = Some(next);
                 self.note(Note::LimitRaised);
             }
         }
+    }
+
+    /// Notes that a request of `size` bytes churned with the limit at its ceiling; true if a
+    /// request of that size (in pages) churned there before. Once is what a workload's
+    /// first passes may cost; twice, at the same size, is a loop's steady state, which holding
+    /// to the ceiling would make call the backend on every step from then on.
+    fn churned_at_ceiling(&mut self, size: u64) -> bool {
+        let key = size.next_multiple_of(self.page);
+        if self.ceiling_churns.contains(&key) {
+            return true;
+        }
+        if self.ceiling_churns.len() == CEILING_CHURNS {
+            self.ceiling_churns.remove(0);
+        }
+        self.ceiling_churns.push(key);
+        false
     }
 
     /// Gives cached memory back until `reserved + need <= limit` or nothing is left to give:
