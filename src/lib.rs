@@ -264,8 +264,9 @@
 //! ## Backends
 //!
 //! - `CudaBackend` (cargo feature `cuda`): a CUDA device through `cudarc`, the driver loaded at
-//!   run time (a missing driver or device is an error); `cuMemAlloc` segments or virtual-memory
-//!   ones whose free pages can be given back (`CudaSegments`, `VRAMSCOPE_CUDA_SEGMENTS`), cudarc
+//!   run time (a missing driver or device is an error); virtual-memory segments whose free pages
+//!   can be given back and which grow in place (the default) or `cuMemAlloc` ones
+//!   (`CudaSegments`, `VRAMSCOPE_CUDA_SEGMENTS`), cudarc
 //!   streams, reuse across streams gated by CUDA events, copies in order on the buffer's stream,
 //!   segments taken over by another stream ordered after the old one by an event (the host does
 //!   not wait). [`device`] picks it when a device is

@@ -71,6 +71,21 @@ fn a_missing_driver_or_device_is_an_error_not_a_panic() {
     assert!(e.contains("CUDA") || e.contains("libcuda"), "{e}");
 }
 
+/// `CudaBackend::new` opens the segments `VRAMSCOPE_CUDA_SEGMENTS` names, and virtual ones
+/// where it is unset (on a device with virtual memory management, as every GPU run's is).
+#[test]
+fn new_opens_the_named_segments_or_virtual_ones_by_default() {
+    if backend().is_none() {
+        return;
+    }
+    let named = std::env::var(vramscope::backend::CUDA_SEGMENTS_ENV).ok();
+    let expected = match named.as_deref() {
+        Some(v) if v.eq_ignore_ascii_case("malloc") => CudaSegments::Malloc,
+        _ => CudaSegments::Virtual,
+    };
+    assert_eq!(CudaBackend::new(0).unwrap().segments(), expected, "{named:?}");
+}
+
 #[test]
 fn data_survives_many_alloc_free_cycles() {
     let _device = shared_device();

@@ -25,9 +25,13 @@
 set -u
 cd "$(dirname "$0")"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-for seg in malloc virtual; do
+for seg in malloc virtual default; do
   echo "== cuda tests, $seg segments"
-  VRAMSCOPE_CUDA_SEGMENTS=$seg timeout 120 ./cuda_tests 2>&1 | grep -E "^test |test result|panicked" | head -30
+  if [ $seg = default ]; then
+    (unset VRAMSCOPE_CUDA_SEGMENTS; timeout 120 ./cuda_tests 2>&1 | grep -E "^test |test result|panicked" | head -30)
+  else
+    VRAMSCOPE_CUDA_SEGMENTS=$seg timeout 120 ./cuda_tests 2>&1 | grep -E "^test |test result|panicked" | head -30
+  fi
 done
 mkdir -p traces && cp ../fixtures/torch/*.trace.json traces/
 for f in traces/*.trace.json; do

@@ -141,7 +141,14 @@ impl Heap {
 impl Segment {
     /// How many uniform granules the segment was reserved with (the last may be shorter).
     fn uniform_granules(&self) -> u64 {
-        self.uniform_end.div_ceil(self.granule)
+        // The granule is a power of two: a shift, not a division.
+        (self.uniform_end + self.granule - 1) >> self.granule.trailing_zeros()
+    }
+
+    /// The index in `grown` of the granule holding offset `off`, at or after `uniform_end`
+    /// and below the size.
+    fn grown_at(&self, off: u64) -> usize {
+        self.grown_at_page[((off - self.uniform_end) >> self.page_shift) as usize] as usize
     }
 
     /// How many granules the segment has: the uniform ones, then those it grew by.
@@ -164,7 +171,7 @@ impl Segment {
         if off < self.uniform_end {
             off >> self.granule.trailing_zeros()
         } else {
-            self.uniform_granules() + self.grown.partition_point(|&g| g <= off) as u64 - 1
+            self.uniform_granules() + self.grown_at(off) as u64
         }
     }
 
@@ -184,14 +191,17 @@ impl Segment {
         let first = if off < self.uniform_end {
             ((off + mask) >> shift).min(u)
         } else {
-            u + self.grown.partition_point(|&g| g < off) as u64
+            // The granule holding `off`, or the next if `off` is inside it.
+            let g = self.grown_at(off);
+            u + g as u64 + u64::from(self.grown[g] < off)
         };
         let end = if end_off >= self.size {
             self.granules()
         } else if end_off < self.uniform_end {
             end_off >> shift
         } else {
-            u + self.grown.get(1..).map_or(0, |rest| rest.partition_point(|&g| g <= end_off)) as u64
+            // The granules before the one holding `end_off` end at or before it.
+            u + self.grown_at(end_off) as u64
         };
         first..end.max(first)
     }
@@ -200,5 +210,71 @@ impl Segment {
     pub(crate) fn granules_touching(&self, addr: u64, len: u64) -> std::ops::Range<u64> {
         let off = addr - self.addr;
         self.granule_at(off)..self.granule_at(off + len - 1) + 1
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{Pool, Segment, StreamId};
+    use crate::backend::granule_pieces;
+
+    /// A segment reserved with `size` bytes in granules of `granule`, grown by each of `growths`
+    /// as `grow_in_place` grows one.
+    fn grown_segment(size: u64, granule: u64, growths: &[u64], page: u64) -> Segment {
+        let mut seg = Segment {
+            addr: 1 << 40,
+            size,
+            pool: Pool::Large,
+            stream: StreamId(0),
+            head: None,
+            granule,
+            uniform_end: size,
+            grown: Vec::new(),
+            grown_at_page: Vec::new(),
+            page_shift: page.trailing_zeros(),
+            room: 1 << 40,
+            unmapped_pages: Vec::new(),
+            mapped: size,
+            live: true,
+        };
+        for &by in growths {
+            for (offset, len) in granule_pieces(by, page) {
+                let index = seg.grown.len() as u32;
+                seg.grown.push(seg.size + offset);
+                seg.grown_at_page.extend(std::iter::repeat_n(index, (len / page) as usize));
+            }
+            seg.size += by;
+        }
+        seg
+    }
+
+    /// Every granule's bounds, from the definition: uniform ones from 0, then the grown ones.
+    fn bounds(seg: &Segment) -> Vec<(u64, u64)> {
+        let mut starts: Vec<u64> = (0..seg.uniform_end).step_by(seg.granule as usize).collect();
+        starts.extend(&seg.grown);
+        let ends = starts.iter().skip(1).copied().chain([seg.size]);
+        starts.iter().copied().zip(ends).collect()
+    }
+
+    /// `granules_inside` and `granules_touching` of every range on a page grid of a segment
+    /// that grew by granules of several sizes agree with the granules' bounds.
+    #[test]
+    fn granule_lookups_agree_with_the_granules_bounds() {
+        let page = 2 << 20;
+        let seg = grown_segment(6 * page, 2 * page, &[page, 3 * page, 40 * page, page, 70 * page], page);
+        let b = bounds(&seg);
+        assert_eq!(seg.granules(), b.len() as u64);
+        let step = page / 2;
+        for from in (0..seg.size).step_by(step as usize) {
+            for to in ((from + step)..=seg.size).step_by(step as usize) {
+                let (addr, len) = (seg.addr + from, to - from);
+                let inside: Vec<u64> =
+                    (0..b.len() as u64).filter(|&i| b[i as usize].0 >= from && b[i as usize].1 <= to).collect();
+                let touching: Vec<u64> =
+                    (0..b.len() as u64).filter(|&i| b[i as usize].0 < to && b[i as usize].1 > from).collect();
+                assert_eq!(seg.granules_inside(addr, len).collect::<Vec<_>>(), inside, "inside [{from}, {to})");
+                assert_eq!(seg.granules_touching(addr, len).collect::<Vec<_>>(), touching, "touching [{from}, {to})");
+            }
+        }
     }
 }

@@ -29,6 +29,12 @@ pub(crate) fn check_heap(heap: &Heap) -> std::result::Result<(), String> {
             && seg.grown.last().is_none_or(|&g| g < seg.size)
             && seg.grown.iter().all(|g| g % heap.page == 0)
             && (seg.grown.is_empty() == (seg.uniform_end == seg.size))
+            && seg.grown_at_page.len() as u64 == (seg.size - seg.uniform_end) >> seg.page_shift
+            && seg.grown_at_page.iter().enumerate().all(|(p, &g)| {
+                let off = seg.uniform_end + ((p as u64) << seg.page_shift);
+                let g = g as usize;
+                seg.grown[g] <= off && seg.grown.get(g + 1).is_none_or(|&next| off < next)
+            })
             && seg.uniform_end <= seg.size
             && (seg.room == 0 || seg.pool == Pool::Large)
             && seg.unmapped_pages.len() as u64 == seg.granules().div_ceil(64);

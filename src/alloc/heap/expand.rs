@@ -116,7 +116,11 @@ impl Heap {
             done = offset + len;
         }
         let seg = &mut self.segments[g.seg];
-        seg.grown.extend(granule_pieces(g.by, self.page).map(|(offset, _)| old_size + offset));
+        for (offset, len) in granule_pieces(g.by, self.page) {
+            let index = u32::try_from(seg.grown.len()).expect("fewer than 2^32 granules");
+            seg.grown.push(old_size + offset);
+            seg.grown_at_page.extend(std::iter::repeat_n(index, (len >> seg.page_shift) as usize));
+        }
         seg.size += g.by;
         seg.room -= g.by;
         seg.mapped += g.by;

@@ -120,6 +120,12 @@ pub(crate) struct Segment {
     /// Where each granule the segment grew by starts (offsets, ascending, the first at
     /// `uniform_end`): each growth maps its bytes in granules of its own (see `expand.rs`).
     pub(crate) grown: Vec<u64>,
+    /// For each page after `uniform_end`, the index in `grown` of the granule holding it: the
+    /// granule at an offset in one step instead of a binary search (this runs on every free
+    /// and split of a block at least a page long).
+    pub(crate) grown_at_page: Vec<u32>,
+    /// The backend's page, as a shift.
+    pub(crate) page_shift: u32,
     /// Addresses reserved after the segment's end that it may grow into (0: none).
     pub(crate) room: u64,
     /// One bit per granule: set when unmapped.
@@ -527,6 +533,8 @@ impl Heap {
             granule,
             uniform_end: size,
             grown: Vec::new(),
+            grown_at_page: Vec::new(),
+            page_shift: self.page.trailing_zeros(),
             room,
             unmapped_pages: vec![0; size.div_ceil(granule).div_ceil(64) as usize],
             mapped: size,

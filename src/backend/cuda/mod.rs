@@ -63,8 +63,8 @@ impl Drop for OwnCall {
     }
 }
 
-/// The environment variable [`CudaBackend::new`] reads to choose [`CudaSegments`]: `malloc`
-/// (the default) or `virtual`.
+/// The environment variable [`CudaBackend::new`] reads to choose [`CudaSegments`]: `virtual`
+/// (the default where the device supports virtual memory management) or `malloc`.
 pub const CUDA_SEGMENTS_ENV: &str = "VRAMSCOPE_CUDA_SEGMENTS";
 
 /// Where the CUDA backend's segments come from.
@@ -72,7 +72,8 @@ pub const CUDA_SEGMENTS_ENV: &str = "VRAMSCOPE_CUDA_SEGMENTS";
 #[non_exhaustive]
 pub enum CudaSegments {
     /// One `cuMemAlloc` per segment, freed whole with `cuMemFree` (which waits for the device).
-    #[default]
+    /// A segment cannot grow, and gives memory back only whole. [`CudaBackend::new`] falls back
+    /// to these where the device has no virtual memory management.
     Malloc,
     /// Virtual memory, as PyTorch's expandable segments: each segment is an address range from
     /// `cuMemAddressReserve` backed by one `cuMemCreate` handle per granule
@@ -83,14 +84,21 @@ pub enum CudaSegments {
     /// ([`Backend::reserve_growable`]). Reserving costs two driver calls per granule
     /// (PyTorch's expandable segments: per 2 MiB page); unmapping waits for the segment's
     /// stream, not the device.
+    ///
+    /// The default: of the twelve single-stream traces of `fixtures/torch` replayed on an H100,
+    /// these reserve less at peak than `cuMemAlloc` segments on ten (1.014 against 1.106 on
+    /// GPT-2 training, 1.153 against 1.412 on an encoder served at random shapes), as much on
+    /// one, more on one (a network on random graphs, 1.149 against 1.111), and call the driver
+    /// no more once warm; a first pass costs more driver calls (`BENCHMARKS.md`).
+    #[default]
     Virtual,
 }
 
 impl CudaSegments {
-    /// Reads [`CUDA_SEGMENTS_ENV`]: unset is [`CudaSegments::Malloc`].
+    /// Reads [`CUDA_SEGMENTS_ENV`]: unset is the default, [`CudaSegments::Virtual`].
     pub fn from_env() -> Result<Self, Error> {
         match std::env::var(CUDA_SEGMENTS_ENV) {
-            Err(std::env::VarError::NotPresent) => Ok(CudaSegments::Malloc),
+            Err(std::env::VarError::NotPresent) => Ok(CudaSegments::default()),
             Ok(v) if v.eq_ignore_ascii_case("malloc") => Ok(CudaSegments::Malloc),
             Ok(v) if v.eq_ignore_ascii_case("virtual") => Ok(CudaSegments::Virtual),
             Ok(v) => Err(Error::Config {
@@ -186,11 +194,20 @@ fn driver_library_present() -> bool {
 }
 
 impl CudaBackend {
-    /// Opens device `ordinal` with the segments [`CUDA_SEGMENTS_ENV`] names (`cuMemAlloc`
-    /// ones when it is unset). A missing driver library or device is an error, not a panic
-    /// (the library is looked for before `cudarc` is asked for a context).
+    /// Opens device `ordinal` with the segments [`CUDA_SEGMENTS_ENV`] names. Unset, virtual
+    /// ones where the device supports them and `cuMemAlloc` ones where it does not (or where
+    /// setting them up fails); [`segments`](Self::segments) says which. A missing driver
+    /// library or device is an error, not a panic (the library is looked for before `cudarc`
+    /// is asked for a context).
     pub fn new(ordinal: usize) -> Result<Self, Error> {
-        Self::with_segments(ordinal, CudaSegments::from_env()?)
+        let chosen = std::env::var_os(CUDA_SEGMENTS_ENV).is_some();
+        let segments = CudaSegments::from_env()?;
+        match Self::with_segments(ordinal, segments) {
+            Err(_) if !chosen && segments == CudaSegments::Virtual => {
+                Self::with_segments(ordinal, CudaSegments::Malloc)
+            }
+            opened => opened,
+        }
     }
 
     /// Opens device `ordinal` with the given kind of segments. [`CudaSegments::Virtual`] on a
