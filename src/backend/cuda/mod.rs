@@ -354,6 +354,8 @@ unsafe impl Backend for CudaBackend {
     unsafe fn unmap(&self, addr: u64, len: u64, stream: RawStream) -> Result<(), BackendError> {
         let Some(pages) = &self.pages else { return Err(BackendError::Unsupported("unmap with cuMemAlloc segments")) };
         self.bind()?;
+        // The observer leaves the allocator's own mappings out (its segments are counted once).
+        let _own = OwnCall::enter();
         // A block the allocator considers free may still be read or written by work queued on
         // the stream that freed it (reuse on that stream is ordered; unmapping is not). Only
         // that stream is waited for: other streams' work (other users' too) goes on.
@@ -364,6 +366,7 @@ unsafe impl Backend for CudaBackend {
     fn map(&self, addr: u64, len: u64) -> Result<(), BackendError> {
         let Some(pages) = &self.pages else { return Err(BackendError::Unsupported("map with cuMemAlloc segments")) };
         self.bind()?;
+        let _own = OwnCall::enter();
         pages.lock().map(addr, len).map_err(|e| for_request(e, len))
     }
 
