@@ -18,6 +18,18 @@ fn run(trace: &Trace, config: &str) -> vramscope::replay::ReplayReport {
     r
 }
 
+/// Replays `trace` with `config` and `warm_passes` warm passes on a sim whose segment calls
+/// are costly (as CUDA's: the fragmentation limit rises on churn), invariants checked after.
+fn run_costly(trace: &Trace, config: &str, warm_passes: usize) -> vramscope::replay::ReplayReport {
+    let backend = SimBackend::new(1 << 40).with_costly_segments(true);
+    let alloc = CachingAllocator::with_config(backend, AllocatorConfig::parse(config).unwrap()).unwrap();
+    let mut opts = ReplayOptions::default();
+    opts.warm_passes = warm_passes;
+    let r = replay(&alloc, trace, &opts).unwrap();
+    alloc.check_invariants().unwrap();
+    r
+}
+
 /// The fragmentation targets of the fixtures: at most the better of PyTorch's caching allocator
 /// and the cudaMallocAsync pool (fixtures/torch/README.md).
 #[test]
@@ -56,11 +68,7 @@ fn costly_segments_settle_without_warm_backend_calls() {
     for (name, pytorch, pool) in [("resnet_train", 1.209, 1.121), ("leaky_train", 1.082, 1.684)] {
         let trace = Trace::from_file(fixture(&format!("{name}.trace.json"))).unwrap();
         for pages in [false, true] {
-            let backend = SimBackend::new(1 << 40).with_costly_segments(true);
-            let config = AllocatorConfig::parse(&format!("release_pages:{pages}")).unwrap();
-            let alloc = CachingAllocator::with_config(backend, config).unwrap();
-            let r = replay(&alloc, &trace, &ReplayOptions::default()).unwrap();
-            alloc.check_invariants().unwrap();
+            let r = run_costly(&trace, &format!("release_pages:{pages}"), ReplayOptions::default().warm_passes);
             let limit = r.fragmentation_limit.unwrap();
             // Segments that grow in place (pages) may need no rise at all.
             let rose = limit > 1.05 || pages;
@@ -97,13 +105,7 @@ fn every_new_trace_settles_within_one_warm_pass_where_segments_are_costly() {
     ] {
         let trace = Trace::from_file(fixture(&format!("{name}.trace.json"))).unwrap();
         for pages in [false, true] {
-            let backend = SimBackend::new(1 << 40).with_costly_segments(true);
-            let config = AllocatorConfig::parse(&format!("release_pages:{pages}")).unwrap();
-            let alloc = CachingAllocator::with_config(backend, config).unwrap();
-            let mut opts = ReplayOptions::default();
-            opts.warm_passes = 2;
-            let r = replay(&alloc, &trace, &opts).unwrap();
-            alloc.check_invariants().unwrap();
+            let r = run_costly(&trace, &format!("release_pages:{pages}"), 2);
             assert_eq!((r.warm_device_allocs, r.warm_device_maps), (0, 0), "{name}, pages {pages}: {r:?}");
             assert!(r.fragmentation <= pytorch, "{name}, pages {pages}: {:.3} > PyTorch's {pytorch}", r.fragmentation);
             if pages {
@@ -131,13 +133,7 @@ fn later_traces_settle_by_the_third_warm_pass() {
     ] {
         let trace = Trace::from_file(fixture(&format!("{name}.trace.json"))).unwrap();
         for pages in [false, true] {
-            let backend = SimBackend::new(1 << 40).with_costly_segments(true);
-            let config = AllocatorConfig::parse(&format!("release_pages:{pages}")).unwrap();
-            let alloc = CachingAllocator::with_config(backend, config).unwrap();
-            let mut opts = ReplayOptions::default();
-            opts.warm_passes = 3;
-            let r = replay(&alloc, &trace, &opts).unwrap();
-            alloc.check_invariants().unwrap();
+            let r = run_costly(&trace, &format!("release_pages:{pages}"), 3);
             assert_eq!((r.warm_device_allocs, r.warm_device_maps), (0, 0), "{name}, pages {pages}: {r:?}");
             if pages {
                 assert!(r.fragmentation <= pytorch.min(pool), "{name}, growing: {:.3}", r.fragmentation);
@@ -342,16 +338,8 @@ fn encoder_serving_like(seed: u64) -> Trace {
 #[test]
 fn the_automatic_ceiling_gives_way_to_churn_that_repeats() {
     let trace = encoder_serving_like(10);
-    let third_warm_pass = |max: &str| {
-        let backend = SimBackend::new(1 << 40).with_costly_segments(true);
-        let config = AllocatorConfig::parse(&format!("release_pages:false,fragmentation_limit_max:{max}")).unwrap();
-        let alloc = CachingAllocator::with_config(backend, config).unwrap();
-        let mut opts = ReplayOptions::default();
-        opts.warm_passes = 3;
-        let r = replay(&alloc, &trace, &opts).unwrap();
-        alloc.check_invariants().unwrap();
-        r
-    };
+    let third_warm_pass =
+        |max: &str| run_costly(&trace, &format!("release_pages:false,fragmentation_limit_max:{max}"), 3);
     let fixed = third_warm_pass("1.25");
     assert!(fixed.warm_device_allocs > 0, "{fixed:?}");
     assert_eq!(fixed.fragmentation_limit, Some(1.25));
