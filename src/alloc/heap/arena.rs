@@ -145,6 +145,14 @@ impl Segment {
         (self.uniform_end + self.granule - 1) >> self.granule.trailing_zeros()
     }
 
+    /// Adds a granule of `len` bytes (whole pages) at offset `off`, the segment's end, as a
+    /// growth maps it; the caller then adds `len` to the size.
+    pub(crate) fn push_grown(&mut self, off: u64, len: u64) {
+        let index = u32::try_from(self.grown.len()).expect("fewer than 2^32 granules");
+        self.grown.push(off);
+        self.grown_at_page.extend(std::iter::repeat_n(index, (len >> self.page_shift) as usize));
+    }
+
     /// The index in `grown` of the granule holding offset `off`, at or after `uniform_end`
     /// and below the size.
     fn grown_at(&self, off: u64) -> usize {
@@ -239,9 +247,7 @@ mod tests {
         };
         for &by in growths {
             for (offset, len) in granule_pieces(by, page) {
-                let index = seg.grown.len() as u32;
-                seg.grown.push(seg.size + offset);
-                seg.grown_at_page.extend(std::iter::repeat_n(index, (len / page) as usize));
+                seg.push_grown(seg.size + offset, len);
             }
             seg.size += by;
         }

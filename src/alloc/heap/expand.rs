@@ -117,9 +117,7 @@ impl Heap {
         }
         let seg = &mut self.segments[g.seg];
         for (offset, len) in granule_pieces(g.by, self.page) {
-            let index = u32::try_from(seg.grown.len()).expect("fewer than 2^32 granules");
-            seg.grown.push(old_size + offset);
-            seg.grown_at_page.extend(std::iter::repeat_n(index, (len >> seg.page_shift) as usize));
+            seg.push_grown(old_size + offset, len);
         }
         seg.size += g.by;
         seg.room -= g.by;

@@ -165,9 +165,6 @@ pub(crate) struct Heap {
     limit_factor: Option<f64>,
     /// How far `limit_factor` may rise; `None`: it stays.
     limit_max: Option<f64>,
-    /// Whether the ceiling `limit_max` gives way to a churn that repeats at it
-    /// ([`LimitMax::Auto`](crate::config::LimitMax::Auto)); see [`Heap::note_regrowth`].
-    ceiling_yields: bool,
     /// The sizes (in pages) of requests that churned with the limit at its ceiling.
     ceiling_churns: Vec<u64>,
     /// The block freed last, if it is kept aside unmerged for the next request of its exact
@@ -257,7 +254,6 @@ impl Heap {
             limit_peak: 0,
             limit_factor: config.fragmentation_limit,
             limit_max: config.fragmentation_limit_max.resolve(backend.costly_segments()),
-            ceiling_yields: config.fragmentation_limit_max == crate::config::LimitMax::Auto,
             ceiling_churns: Vec::new(),
             released_since_peak: 0,
             hot: None,

@@ -5,6 +5,7 @@ use super::observe::Note;
 use super::Heap;
 use crate::alloc::ids::{BlockId, SegmentId, StreamId};
 use crate::backend::Backend;
+use crate::config::LimitMax;
 use crate::error::BackendError;
 
 /// The block kept aside by the last free, whose merge [`Heap::grow`] defers (see
@@ -70,7 +71,8 @@ impl Heap {
             if f < max {
                 self.limit_factor = Some(next.min(max));
                 self.note(Note::LimitRaised);
-            } else if self.ceiling_yields && self.churned_at_ceiling(size) {
+            } else if self.config.fragmentation_limit_max == LimitMax::Auto && self.churned_at_ceiling(size) {
+                // Only the automatic ceiling gives way; one the user set holds.
                 self.limit_factor = Some(next);
                 self.note(Note::LimitRaised);
             }
