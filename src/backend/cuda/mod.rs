@@ -203,9 +203,8 @@ impl CudaBackend {
         let chosen = std::env::var_os(CUDA_SEGMENTS_ENV).is_some();
         let segments = CudaSegments::from_env()?;
         match Self::with_segments(ordinal, segments) {
-            Err(_) if !chosen && segments == CudaSegments::Virtual => {
-                Self::with_segments(ordinal, CudaSegments::Malloc)
-            }
+            // Unset, the kind is the default (virtual): fall back to `cuMemAlloc` segments.
+            Err(_) if !chosen => Self::with_segments(ordinal, CudaSegments::Malloc),
             opened => opened,
         }
     }
