@@ -10,7 +10,7 @@ const MIB: u64 = 1 << 20;
 
 /// An allocator that caches exactly like PyTorch's (no fragmentation limit).
 fn pytorch_like(capacity: u64) -> CachingAllocator {
-    let config = AllocatorConfig::parse("fragmentation_limit:off").unwrap();
+    let config = AllocatorConfig::parse("fragmentation_limit:off,expandable_segments:False").unwrap();
     CachingAllocator::with_config(SimBackend::new(capacity), config).unwrap()
 }
 

@@ -192,9 +192,11 @@ fn no_segment_changes_stream_without_waiting_for_the_old_stream() {
     // soft limit), but waiting for stream 1 fails: stream 2 does not get that memory; the
     // cached segment is given back to the backend instead (which orders the release after the
     // stream's work, as `cuMemFree` does) and stream 2 reserves its own. The failure is counted
-    // and kept as the last error.
+    // and kept as the last error. Segments that do not grow, so that stream 1's small block is
+    // in a small segment, as stream 2's will be.
     let faulty = Arc::new(FaultyBackend::new(SimBackend::new(1 << 40), FaultPlan::Never));
-    let alloc = CachingAllocator::new(faulty.clone());
+    let config = vramscope::config::AllocatorConfig::parse("release_pages:false").unwrap();
+    let alloc = CachingAllocator::with_config(faulty.clone(), config).unwrap();
     let (s1, s2) = (alloc.new_stream().unwrap(), alloc.new_stream().unwrap());
     let first = alloc.alloc::<u8>(s1, 512).unwrap();
     let addr = first.device_ptr();

@@ -10,7 +10,13 @@ use vramscope::record::RecordConfig;
 use vramscope::CachingAllocator;
 
 fn quiet(sim: &Arc<SimBackend>) -> CachingAllocator {
-    let alloc = CachingAllocator::new(sim.clone());
+    quiet_with(sim, "")
+}
+
+/// [`quiet`] with an allocator configuration.
+fn quiet_with(sim: &Arc<SimBackend>, config: &str) -> CachingAllocator {
+    let config = vramscope::config::AllocatorConfig::parse(config).unwrap();
+    let alloc = CachingAllocator::with_config(sim.clone(), config).unwrap();
     alloc.record_memory_history(RecordConfig::off());
     // Park on every free, not only where the lock is busy (on one thread it never is).
     alloc.park_always();
@@ -20,7 +26,9 @@ fn quiet(sim: &Arc<SimBackend>) -> CachingAllocator {
 #[test]
 fn the_peak_is_the_true_one_though_a_block_sat_parked() {
     let sim = Arc::new(SimBackend::new(1 << 30));
-    let alloc = quiet(&sim);
+    // Segments that do not grow: PyTorch's two pools, each counted apart (where segments grow
+    // and one stream holds them, every request is served from the large pool).
+    let alloc = quiet_with(&sim, "release_pages:false");
     let s = alloc.default_stream();
     for _ in 0..3 {
         drop(alloc.alloc::<u8>(&s, 1 << 20).unwrap());

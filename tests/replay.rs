@@ -91,13 +91,14 @@ fn costly_segments_settle_without_warm_backend_calls() {
 /// left out of the peak comparison: PyTorch's replay runs it on one stream.
 ///
 /// With segments that grow in place (pages), peak reserved is also at most the pool's
-/// (`cudaMallocAsync`, same run) on every single-stream trace but `llm_generate_kv`, held out,
-/// whose 1.006 neither kind meets (1.043 growing, 1.047 not).
+/// (`cudaMallocAsync`, same run) on every single-stream trace. `llm_generate_kv`, held out, met
+/// the pool's 1.006 only once small requests were served from the growing range too (1.003;
+/// 1.043 before, with 2 MiB small segments beside it).
 #[test]
 fn every_new_trace_settles_within_one_warm_pass_where_segments_are_costly() {
     for (name, pytorch, pool) in [
         ("transformer_varlen", 1.501, 1.099),
-        ("llm_generate_kv", 1.065, f64::INFINITY),
+        ("llm_generate_kv", 1.065, 1.006),
         ("amp_grad_scaler", 1.293, 1.412),
         ("grad_accum_checkpoint", 1.077, 1.654),
         ("pipeline_streams", f64::INFINITY, f64::INFINITY),
@@ -120,14 +121,14 @@ fn every_new_trace_settles_within_one_warm_pass_where_segments_are_costly() {
 /// calls are costly: none calls the backend in its third warm pass. Segments that grow in
 /// place reserve at most PyTorch's caching allocator's peak on each (`torch_replay.py` on an
 /// H100, peak reserved over peak live, in the same command as the recording:
-/// `fixtures/torch/runs/2026-11-24-h100-workloads-later.log`), and at most the pool's where
-/// they met it there; the pool's lower figures elsewhere are BENCHMARKS.md's.
+/// `fixtures/torch/runs/2026-11-24-h100-workloads-later.log`), and at most the pool's (same
+/// log) but on `gnn_random_graphs` and `encoder_serving`, where they miss it (BENCHMARKS.md).
 #[test]
 fn later_traces_settle_by_the_third_warm_pass() {
     for (name, pytorch, pool) in [
         ("gpt2_train", 1.105f64, 1.021),
         ("gnn_random_graphs", 1.873, f64::INFINITY),
-        ("gpt2_generate", 1.258, f64::INFINITY),
+        ("gpt2_generate", 1.258, 1.057),
         ("gan_train", 1.322, 1.743),
         ("encoder_serving", 2.302, f64::INFINITY),
     ] {

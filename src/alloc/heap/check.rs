@@ -57,6 +57,19 @@ pub(crate) fn check_heap(heap: &Heap) -> std::result::Result<(), String> {
         }
         ranges.push((seg.addr, seg.addr + seg.size));
     }
+    // The counts that say whether one stream holds the segments (growing in place).
+    let mut held = vec![[0u32; 2]; heap.streams.len()];
+    for (_, seg) in heap.segments.iter().filter(|(_, s)| s.live) {
+        held[seg.stream.index()][seg.pool as usize] += 1;
+    }
+    let kept: Vec<[u32; 2]> = heap.streams.iter().map(|s| s.segments).collect();
+    let total = held.iter().fold([0; 2], |t, h| [t[0] + h[0], t[1] + h[1]]);
+    if held != kept || total != heap.segment_count {
+        return Err(format!(
+            "segments per stream and pool {kept:?} (total {:?}), recounted {held:?}",
+            heap.segment_count
+        ));
+    }
     ranges.sort_unstable();
     for w in ranges.windows(2) {
         if w[0].1 > w[1].0 {

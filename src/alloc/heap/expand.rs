@@ -34,9 +34,10 @@ impl Heap {
     /// Whether a request of `pool` on `stream` may grow a segment in place: the backend maps
     /// pages, the request is large, and no other stream holds a large segment.
     pub(super) fn may_grow_in_place(&self, pool: Pool, stream: StreamId) -> bool {
+        let large = Pool::Large as usize;
         self.can_unmap
             && pool == Pool::Large
-            && !self.segments.iter().any(|(_, s)| s.live && s.pool == Pool::Large && s.stream != stream)
+            && self.segment_count[large] == self.streams[stream.index()].segments[large]
     }
 
     /// Reserves a segment of `size` bytes, with room to grow where [`Heap::may_grow_in_place`]

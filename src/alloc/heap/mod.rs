@@ -177,6 +177,13 @@ pub(crate) struct Heap {
     /// The largest free piece given back to the backend by the limit since the last new peak
     /// of allocated bytes.
     released_since_peak: u64,
+    /// What the reclaims that gave memory back since the last peak of allocated bytes wanted
+    /// reserved, at most, where their requests' needs were exact (see
+    /// [`Heap::note_regrowth`]).
+    released_wanted: u64,
+    /// Live segments of all streams, small pool and large (each stream's own are counted in
+    /// its slot): whether one stream holds them all is read from these.
+    segment_count: [u32; 2],
     /// The last error a `Drop` could not report.
     last_error: Option<String>,
     /// Stacks, history and what to record.
@@ -256,6 +263,8 @@ impl Heap {
             limit_max: config.fragmentation_limit_max.resolve(backend.costly_segments()),
             ceiling_churns: Vec::new(),
             released_since_peak: 0,
+            released_wanted: 0,
+            segment_count: [0; 2],
             hot: None,
             defer_hot: true,
             last_error: None,
@@ -298,7 +307,7 @@ impl Heap {
         if !self.pending.is_empty() {
             self.process_pending(backend);
         }
-        let pool = Self::pool_of(size);
+        let pool = self.pool_for(size, stream);
         self.streams[stream.index()].last_alloc = self.grows;
         let block = match self.hot {
             Some(hot) if self.blocks[hot].size == size && self.blocks[hot].stream == stream => {
@@ -336,12 +345,15 @@ impl Heap {
         // The shortcut for the block freed last reuses it only for a request rounded to its
         // very size, and so may a thread's parking slot (see `park`).
         let reusable = b.size == size;
-        let (addr, size) = (b.addr, b.size);
+        // The block's own pool: the block freed last may lie in the other one (a segment that
+        // served every size while one stream held them all).
+        let (addr, size, pool) = (b.addr, b.size, b.pool);
         self.note(Note::Alloc { addr, size, requested, pool, stream, ctx });
         let cur = self.stats.allocated_bytes.current();
         if cur > self.limit_peak {
             self.limit_peak = cur;
             self.released_since_peak = 0;
+            self.released_wanted = 0;
         }
         let class = BlockClass { size, pool, oversize: self.is_oversize(size), reusable };
         Ok(Grant { block, addr, class })
@@ -369,12 +381,8 @@ impl Heap {
     fn take(&mut self, backend: &dyn Backend, i: BlockId, size: u64) -> Result<BlockId, BackendError> {
         let b = &self.blocks[i];
         let seg = b.segment;
-        let pool = self.segments[seg].pool;
         let remaining = b.size - size;
-        let split = match pool {
-            Pool::Small => remaining >= MIN_BLOCK,
-            Pool::Large => remaining > SMALL_SIZE && !self.is_oversize(b.size),
-        };
+        let split = self.splits(seg, remaining, b.size);
         if b.unmapped {
             // Everything handed out is mapped: the whole block where it is not split (an
             // oversize block may hold unmapped granules past the request).
@@ -481,7 +489,7 @@ impl Heap {
             if let Some(taken) = taken {
                 return Ok(taken);
             }
-            self.reclaim(backend, need, limit);
+            self.reclaim(backend, need, limit, growth.is_some());
             if self.reserved() + seg_size > limit {
                 // Over-allocating for amortization must not set a new peak.
                 seg_size = exact;
@@ -994,8 +1002,9 @@ mod tests {
     #[test]
     fn a_temporary_on_each_new_stream_is_handed_out_without_merging() {
         // The benchmark's pattern: the block freed last on one stream is the segment's front,
-        // and the next stream takes that segment over.
-        let (mut h, sim) = heap("");
+        // and the next stream takes that segment over. Segments that do not grow (no pages
+        // given back), so that the first stream's small block is in the small pool too.
+        let (mut h, sim) = heap("release_pages:false");
         let mut last = None;
         for _ in 0..200 {
             let raw = sim.create_stream().unwrap();
@@ -1012,6 +1021,36 @@ mod tests {
         assert_eq!(h.stats.num_segment_adoptions, 199);
         assert_eq!(h.reserved(), 2 << 20, "one segment throughout");
         h.settle();
+        crate::alloc::heap::check_heap(&h).unwrap();
+    }
+
+    #[test]
+    fn one_stream_that_grows_serves_small_and_large_requests_from_one_range() {
+        let (mut h, sim) = heap("");
+        let s = StreamId(0);
+        // Small requests, 3 MiB of them, then all freed: their pages serve a large request.
+        let small: Vec<Grant> = (0..6).map(|_| h.alloc(&sim, s, 512 << 10, None).unwrap()).collect();
+        let seg = h.blocks[small[0].block].segment;
+        assert!(small.iter().all(|g| h.blocks[g.block].segment == seg), "one segment");
+        assert_eq!(h.segments[seg].pool, Pool::Large);
+        for g in small {
+            h.free(&sim, g.block, None);
+        }
+        h.settle();
+        let reserved = h.reserved();
+        assert_eq!(reserved, 4 << 20, "two pages: 2 MiB reserved, then grown by one");
+        let big = h.alloc(&sim, s, 3 << 20, None).unwrap();
+        assert_eq!((h.reserved(), h.blocks[big.block].segment), (reserved, seg), "no more memory");
+        // A sliver under 1 MiB is split off a large block there, for small requests to use.
+        let tail = h.blocks[big.block].next.expect("the rest of the range is a block of its own");
+        assert_eq!((h.blocks[tail].state, h.blocks[tail].size), (BlockState::Free, 1 << 20));
+        crate::alloc::heap::check_heap(&h).unwrap();
+        // Once another stream holds a large segment, small requests go to the small pool.
+        let s1 = h.add_stream(sim.create_stream().unwrap()).unwrap();
+        let other = h.alloc(&sim, s1, 3 << 20, None).unwrap();
+        assert_ne!(h.blocks[other.block].segment, seg);
+        let g = h.alloc(&sim, s, 512, None).unwrap();
+        assert_eq!(h.segments[h.blocks[g.block].segment].pool, Pool::Small);
         crate::alloc::heap::check_heap(&h).unwrap();
     }
 

@@ -28,7 +28,7 @@ pub(super) enum Note {
     SegmentReleased { addr: u64, size: u64, mapped: u64, pool: Pool, stream: StreamId },
     /// A cached segment moved from stream `from` to stream `to` (no backend call): it leaves
     /// one stream and joins the other in the history, as a replay of the trace would see it.
-    SegmentAdopted { addr: u64, size: u64, from: StreamId, to: StreamId },
+    SegmentAdopted { addr: u64, size: u64, pool: Pool, from: StreamId, to: StreamId },
     /// Pages `[addr, addr + len)` of a segment were mapped (`true`) or unmapped.
     Pages { addr: u64, len: u64, pool: Pool, stream: StreamId, mapped: bool },
     /// A request failed for lack of memory, the device having `device_free` bytes free.
@@ -103,6 +103,8 @@ impl Heap {
                 st.inactive_split_bytes.dec(pool, size);
             }
             Note::SegmentReserved { addr, size, pool, stream } => {
+                self.segment_count[pool as usize] += 1;
+                self.streams[stream.index()].segments[pool as usize] += 1;
                 self.recorder.event(Action::SegmentAlloc, addr, size, stream.0, self.request_ctx);
                 st.num_device_alloc += 1;
                 st.segment.inc(pool, 1);
@@ -112,6 +114,8 @@ impl Heap {
                 }
             }
             Note::SegmentReleased { addr, size, mapped, pool, stream } => {
+                self.segment_count[pool as usize] -= 1;
+                self.streams[stream.index()].segments[pool as usize] -= 1;
                 self.recorder.event(Action::SegmentFree, addr, size, stream.0, None);
                 st.num_device_free += 1;
                 st.segment.dec(pool, 1);
@@ -120,7 +124,9 @@ impl Heap {
                     self.stats.oversize_segments.dec(1);
                 }
             }
-            Note::SegmentAdopted { addr, size, from, to } => {
+            Note::SegmentAdopted { addr, size, pool, from, to } => {
+                self.streams[from.index()].segments[pool as usize] -= 1;
+                self.streams[to.index()].segments[pool as usize] += 1;
                 self.recorder.event(Action::SegmentFree, addr, size, from.0, None);
                 self.recorder.event(Action::SegmentAlloc, addr, size, to.0, self.request_ctx);
                 st.num_segment_adoptions += 1;

@@ -63,9 +63,16 @@ impl Heap {
             return;
         }
         self.released_since_peak = 0;
+        let spared = std::mem::take(&mut self.released_wanted);
         if let (Some(f), Some(max)) = (self.limit_factor, self.limit_max) {
-            // What growing now without giving anything back takes, in steps of 0.5%.
-            let wanted = (self.reserved() + need) as f64 / self.limit_peak.max(1) as f64;
+            // What growing now without giving anything back takes, in steps of 0.5%. Where
+            // growing now fits under the limit, the limit did not make this request churn: an
+            // earlier reclaim gave back what it now needs, so the limit rises to what that
+            // reclaim wanted (known where its need was exact).
+            let now = self.reserved() + need;
+            let fits = now as f64 <= f * self.limit_peak as f64;
+            let wanted = if fits { now.max(spared) } else { now };
+            let wanted = wanted as f64 / self.limit_peak.max(1) as f64;
             let next = (f + 0.005).max((wanted * 200.0).ceil() / 200.0);
             let next = (next * 1000.0).round() / 1000.0;
             if f < max {
@@ -96,8 +103,21 @@ impl Heap {
     }
 
     /// Gives cached memory back until `reserved + need <= limit` or nothing is left to give:
-    /// whole free segments first (smallest first), then the pages under free holes.
-    pub(super) fn reclaim(&mut self, backend: &dyn Backend, need: u64, limit: u64) {
+    /// whole free segments first (smallest first), then the pages under free holes. With
+    /// `exact` (`need` is exactly the pages the request lacks: a growth in place or a block's
+    /// unmapped pages, not a new segment's rounded size), what reserved would have had to
+    /// reach to give nothing back is kept for [`Heap::note_regrowth`].
+    pub(super) fn reclaim(&mut self, backend: &dyn Backend, need: u64, limit: u64, exact: bool) {
+        let before = self.reserved();
+        self.give_back(backend, need, limit);
+        if exact && self.reserved() < before {
+            let wanted = before + need;
+            self.released_wanted = self.released_wanted.max(wanted);
+        }
+    }
+
+    /// [`Heap::reclaim`]'s work.
+    fn give_back(&mut self, backend: &dyn Backend, need: u64, limit: u64) {
         let mut whole: Vec<(u64, u64, BlockId)> = (self.free.whole().iter())
             .map(|&b| (self.segments[self.blocks[b].segment].mapped, self.blocks[b].addr, b))
             .collect();
@@ -200,7 +220,7 @@ impl Heap {
             seg.stream = stream;
             let (addr, seg_size) = (seg.addr, seg.size);
             self.blocks[b].stream = stream;
-            self.note(Note::SegmentAdopted { addr, size: seg_size, from: old, to: stream });
+            self.note(Note::SegmentAdopted { addr, size: seg_size, pool, from: old, to: stream });
             // Moved between the streams' bins in one step: a whole segment stays free, whole
             // and unsplit, so its flags and counters do not change.
             self.free.rehome(b, pool as usize, stream.0);
@@ -249,10 +269,7 @@ impl Heap {
         }
         let segment_size = h.size + r.size;
         // `take` splits the merged segment at `size` again (its rules, with the remainder).
-        let splits = match pool {
-            super::Pool::Small => r.size >= super::MIN_BLOCK,
-            super::Pool::Large => r.size > super::SMALL_SIZE && !self.is_oversize(segment_size),
-        };
+        let splits = self.splits(h.segment, r.size, segment_size);
         splits.then_some(Deferred { hot, rest, segment_size })
     }
 
@@ -278,7 +295,7 @@ impl Heap {
         let (addr, seg_size, pool) = (seg.addr, seg.size, seg.pool);
         self.blocks[d.hot].stream = stream;
         self.blocks[d.rest].stream = stream;
-        self.note(Note::SegmentAdopted { addr, size: seg_size, from: old, to: stream });
+        self.note(Note::SegmentAdopted { addr, size: seg_size, pool, from: old, to: stream });
         // The remainder keeps its size and flags, as after a merge and a split; it left the
         // inactive-split counters at the merge and came back at the split, which the
         // cumulative totals count.
@@ -406,7 +423,7 @@ impl Heap {
         self.note_regrowth(len, missing);
         let limit = self.soft_limit(backend, len);
         if self.reserved() + missing > limit {
-            self.reclaim(backend, missing, limit);
+            self.reclaim(backend, missing, limit, true);
         }
         for (start, stop) in self.page_runs(s, first, end, true) {
             // One mapping per granule: the unit that unmapping gives back.

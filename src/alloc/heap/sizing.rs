@@ -30,6 +30,41 @@ impl Heap {
         }
     }
 
+    /// The pool a request of `size` bytes (rounded) on `stream` is served from: PyTorch's rule
+    /// ([`Heap::pool_of`]), except where segments grow in place ([`Heap::may_grow_in_place`])
+    /// and `stream` holds every segment: there every request is served from the large ones.
+    /// (With several streams, memory moves between them as whole segments, small ones
+    /// included: PyTorch's pools then.)
+    ///
+    /// Why: where segments grow, a stream's large memory is one range whose holes merge; small
+    /// segments beside it are memory that range cannot use. A program's small requests often
+    /// peak when its large ones do not (a model's prompt against its decoding steps), and the
+    /// 2 MiB segments kept for them stay reserved at the large peak; in the one range the same
+    /// pages serve both in turn. Small blocks are split off down to 512 bytes there (see
+    /// [`Heap::splits`]), so that they fill the slivers large blocks leave.
+    pub(super) fn pool_for(&self, size: u64, stream: StreamId) -> Pool {
+        match Self::pool_of(size) {
+            Pool::Small if self.can_unmap && self.streams[stream.index()].segments == self.segment_count => Pool::Large,
+            pool => pool,
+        }
+    }
+
+    /// Whether a free block of `block` bytes in segment `seg` is split to hand out all but
+    /// `remaining` bytes of it. PyTorch's rules: in the small pool down to 512 bytes; in the
+    /// large pool only when more than 1 MiB remains (a smaller remainder fits no large
+    /// request, and stays with the block), and never an oversize block. In a segment that
+    /// grows in place, which serves requests of every size ([`Heap::pool_for`]), down to 512
+    /// bytes: the remainder is a block that small requests use, or that merges with its
+    /// neighbour when that is freed.
+    pub(super) fn splits(&self, seg: SegmentId, remaining: u64, block: u64) -> bool {
+        let seg = &self.segments[seg];
+        match seg.pool {
+            Pool::Small => remaining >= MIN_BLOCK,
+            Pool::Large if seg.room > 0 => remaining >= MIN_BLOCK && !self.is_oversize(block),
+            Pool::Large => remaining > SMALL_SIZE && !self.is_oversize(block),
+        }
+    }
+
     /// The segment size PyTorch would choose for a block of `size`.
     pub(super) fn segment_size(&self, size: u64) -> Option<u64> {
         let s = if size <= SMALL_SIZE {

@@ -16,11 +16,13 @@ pub(crate) struct StreamSlot {
     pub(crate) raw: RawStream,
     /// [`Heap::grows`] at the stream's last allocation.
     pub(crate) last_alloc: u64,
+    /// Live segments the stream holds, small pool and large (kept by [`Heap::note`]).
+    pub(crate) segments: [u32; 2],
 }
 
 impl StreamSlot {
     pub(crate) fn new(raw: RawStream) -> Self {
-        StreamSlot { raw, last_alloc: 0 }
+        StreamSlot { raw, last_alloc: 0, segments: [0; 2] }
     }
 }
 
