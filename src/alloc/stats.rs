@@ -61,7 +61,8 @@ impl From<&Stat> for Counter {
 }
 
 /// A statistic for both pools together and for each pool (requests of at most 1 MiB go to the
-/// small pool), as PyTorch keeps them.
+/// small pool, except where one stream holds segments that grow in place: see [`Pool`]), as
+/// PyTorch keeps them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 #[non_exhaustive]
 pub struct PoolCounters {
@@ -240,7 +241,10 @@ pub(crate) mod flat_map {
 
 /// Which pool a block or segment belongs to: requests of at most 1 MiB go to the small pool
 /// (in 2 MiB segments), the others to the large pool. Written `small` and `large`, as
-/// PyTorch's `segment_type`.
+/// PyTorch's `segment_type`. Where segments grow in place (CUDA's virtual segments, the
+/// default; the sim) and one stream holds every segment, every request is served from the
+/// large pool's growing range (crate docs, "How the allocator works"), so the small pool's
+/// counters stay at 0 there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Pool {
