@@ -39,13 +39,19 @@ impl Heap {
     pub(super) fn soft_limit(&self, backend: &dyn Backend, size: u64) -> u64 {
         let mut limit = u64::MAX;
         if let Some(f) = self.limit_factor {
-            let peak = self.limit_peak.max(self.stats.allocated_bytes.current() + size);
-            limit = limit.min((peak as f64 * f) as u64);
+            limit = self.factor_limit(f, size);
         }
         if let Some(t) = self.config.garbage_collection_threshold {
             limit = limit.min((backend.total_memory() as f64 * t) as u64);
         }
         limit
+    }
+
+    /// What a fragmentation limit of `f` lets reserved reach for a request of `size` bytes: `f`
+    /// times the peak of allocated bytes, the request counted.
+    fn factor_limit(&self, f: f64, size: u64) -> u64 {
+        let peak = self.limit_peak.max(self.stats.allocated_bytes.current() + size);
+        (peak as f64 * f) as u64
     }
 
     /// The fragmentation limit in force (it rises from the configured one on churn).
@@ -70,7 +76,7 @@ impl Heap {
             // earlier reclaim gave back what it now needs, so the limit rises to what that
             // reclaim wanted (known where its need was exact).
             let now = self.reserved() + need;
-            let fits = now as f64 <= f * self.limit_peak as f64;
+            let fits = now <= self.factor_limit(f, size);
             let wanted = if fits { now.max(spared) } else { now };
             let wanted = wanted as f64 / self.limit_peak.max(1) as f64;
             let next = (f + 0.005).max((wanted * 200.0).ceil() / 200.0);
