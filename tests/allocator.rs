@@ -219,6 +219,28 @@ fn holes_are_unmapped_instead_of_growing_where_the_backend_can() {
 }
 
 #[test]
+fn mapping_a_blocks_front_may_give_back_the_pages_of_its_rest() {
+    let sim = Arc::new(SimBackend::new(1 << 30));
+    let alloc = CachingAllocator::new(sim.clone());
+    let s = alloc.default_stream();
+    drop(alloc.alloc::<u8>(&s, 40 * MIB as usize).unwrap());
+    let [a, b, c, d] = [(); 4].map(|()| alloc.alloc::<u8>(&s, 10 * MIB as usize).unwrap());
+    drop(b);
+    // 12 MiB fits no hole: the range grows, and b's hole is unmapped to stay under the limit.
+    let e = alloc.alloc::<u8>(&s, 12 * MIB as usize).unwrap();
+    assert_eq!(alloc.memory_reserved(), 42 * MIB);
+    // One free block of 20 MiB: b's unmapped 10 MiB, then c's mapped 10 MiB.
+    drop(c);
+    // Its front 12 MiB lack 10 MiB of pages; the limit (1.05 x 44 MiB) lets reserved reach
+    // 46.2 MiB, so the rest's 8 MiB of whole pages are given back: 42 + 10 - 8.
+    let f = alloc.alloc::<u8>(&s, 12 * MIB as usize).unwrap();
+    assert_eq!(alloc.memory_reserved(), 44 * MIB, "{:#?}", alloc.stats());
+    assert_eq!(sim.used_memory(), 44 * MIB);
+    alloc.check_invariants().unwrap();
+    drop((a, d, e, f));
+}
+
+#[test]
 fn holes_in_large_segments_are_unmapped_in_whole_granules() {
     // A 1 GiB segment maps in 32 MiB granules (`backend::map_granule`): a hole gives back the
     // granules wholly inside it, and the sim backend refuses any other unmap.

@@ -375,28 +375,31 @@ impl Heap {
         Some(block)
     }
 
-    /// Hands out the first `size` bytes of free block `i`. Without a split, `i` itself leaves
-    /// the index. With one, a new block takes the front and `i` keeps the rest, so that its
-    /// index entry is only resized, usually in place.
+    /// Hands out the first `size` bytes of free block `i`, mapping whatever of them is
+    /// unmapped. Without a split, `i` itself leaves the index. With one, a new block takes the
+    /// front and `i` keeps the rest, so that its index entry is only resized, usually in place.
+    ///
+    /// The split comes before the mapping: while the front is mapped, the remainder is a free
+    /// block like any other, whose mapped pages a reclaim may give back. Mapped first, a
+    /// request for the front of a large free block whose pages lie unmapped at its start and
+    /// mapped further on grew reserved past the soft limit, the remainder out of reach.
     fn take(&mut self, backend: &dyn Backend, i: BlockId, size: u64) -> Result<BlockId, BackendError> {
         let b = &self.blocks[i];
         let seg = b.segment;
         let remaining = b.size - size;
-        let split = self.splits(seg, remaining, b.size);
-        if b.unmapped {
-            // Everything handed out is mapped: the whole block where it is not split (an
-            // oversize block may hold unmapped granules past the request).
-            let (addr, len) = (b.addr, if split { size } else { b.size });
-            // Out of the index while mapping: reclaiming must not touch this block.
+        let unmapped = b.unmapped;
+        if !self.splits(seg, remaining, b.size) {
+            // Everything handed out is mapped: the whole block (an oversize block may hold
+            // unmapped granules past the request).
+            let (addr, len) = (b.addr, b.size);
             self.unindex_free(i);
-            let mapped = self.ensure_mapped(backend, i, addr, len);
-            self.index_free(i);
-            mapped?;
-        }
-        let b = &self.blocks[i];
-        if !split {
-            self.unindex_free(i);
-            self.blocks[i].unmapped = false;
+            if unmapped {
+                if let Err(e) = self.ensure_mapped(backend, i, addr, len) {
+                    self.index_free(i);
+                    return Err(e);
+                }
+                self.blocks[i].unmapped = false;
+            }
             return Ok(i);
         }
         let front = Block {
@@ -424,10 +427,19 @@ impl Heap {
         b.prev = Some(a);
         b.addr += size;
         b.size = remaining;
-        let (addr, size) = (b.addr, b.size);
+        let (addr, rest) = (b.addr, b.size);
         let flags = self.free_flags(i);
-        self.free.update(i, size, addr, flags);
+        self.free.update(i, rest, addr, flags);
         self.count_split(i);
+        if unmapped {
+            let addr = self.blocks[a].addr;
+            if let Err(e) = self.ensure_mapped(backend, a, addr, size) {
+                // Back into the free block it came from, as before the split.
+                self.blocks[a].unmapped = true;
+                self.merge_free(a);
+                return Err(e);
+            }
+        }
         Ok(a)
     }
 
