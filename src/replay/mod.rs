@@ -55,6 +55,8 @@ pub struct ReplayReport {
     pub allocs: usize,
     /// Frees per pass.
     pub frees: usize,
+    /// Streams the trace allocates on.
+    pub streams: usize,
     /// Events of the trace that were skipped: frees of unknown addresses, allocations at an
     /// address still live.
     pub skipped: usize,
@@ -62,6 +64,9 @@ pub struct ReplayReport {
     pub cold_ns_per_op: f64,
     /// Nanoseconds per operation, median of the warm passes.
     pub ns_per_op: f64,
+    /// Nanoseconds per operation of each warm pass, in the order they ran (how much the
+    /// median hides: a noisy machine shows here).
+    pub warm_ns_per_op: Vec<f64>,
     /// Peak of live bytes as requested by the trace.
     pub peak_live_bytes: u64,
     /// Peak of reserved bytes over all passes.
@@ -185,8 +190,9 @@ pub fn replay(alloc: &CachingAllocator, trace: &Trace, options: &ReplayOptions) 
         warm_device_allocs = b.num_device_alloc - a.num_device_alloc;
         warm_device_maps = maps(&b) - maps(&a);
     }
-    warm.sort_by(f64::total_cmp);
     let ops = enc.ops.len().max(1) as f64;
+    let warm_ns_per_op: Vec<f64> = warm.iter().map(|w| w / ops).collect();
+    warm.sort_by(f64::total_cmp);
     let warm_ns = if warm.is_empty() { cold } else { warm[warm.len() / 2] };
     let after = alloc.stats();
     let peak_reserved = alloc.max_memory_reserved();
@@ -196,9 +202,11 @@ pub fn replay(alloc: &CachingAllocator, trace: &Trace, options: &ReplayOptions) 
         ops: enc.ops.len(),
         allocs: enc.allocs,
         frees: enc.ops.len() - enc.allocs,
+        streams: enc.streams.len(),
         skipped: enc.skipped,
         cold_ns_per_op: cold / ops,
         ns_per_op: warm_ns / ops,
+        warm_ns_per_op,
         peak_live_bytes: enc.peak_live,
         peak_reserved_bytes: peak_reserved,
         fragmentation: if enc.peak_live == 0 { 0.0 } else { peak_reserved as f64 / enc.peak_live as f64 },

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # On the device machine: the CUDA tests (both kinds of segments, parallel as `cargo test` runs
 # them), then every fixture trace replayed through vramscope with each segment kind, recording
-# off and with the default recording (two runs each), then through PyTorch's caching allocator,
-# cudaMallocAsync and cudaMalloc (../shared/tools/torch_replay.py); then the pair (one
+# off and with the default recording, then through PyTorch's caching allocator, cudaMallocAsync
+# and cudaMalloc (../shared/tools/torch_replay.py), in three rounds; then the pair (one
 # allocation and free, cached) and the threads (1 to 16 threads, each on its own stream or all
 # on one), vramscope as users build and with frame pointers, beside PyTorch's allocator
 # (../shared/tools/torch_threads.py). table.py prints the whole table from this log. Here, first:
@@ -34,14 +34,19 @@ for seg in malloc virtual default; do
   fi
 done
 mkdir -p traces && cp ../fixtures/torch/*.trace.json traces/
-for f in traces/*.trace.json; do
-  for seg in malloc virtual; do for rec in off fast; do for i in 1 2; do
-    echo "== replay $(basename $f .trace.json) $seg $rec $i"
-    VRAMSCOPE_CUDA_SEGMENTS=$seg timeout 60 ./vramscope replay "$f" --backend cuda --warm 5 --record $rec --json; echo
-  done; done; done
+# Rounds, each every vramscope replay then torch_replay.py: the host's speed changes from one
+# second to the next (up to 2x, BENCHMARKS.md), so each side is run in every round and
+# table.py compares medians of rounds.
+for round in $(seq "${ROUNDS:-3}"); do
+  for f in traces/*.trace.json; do
+    for seg in malloc virtual; do for rec in off fast; do
+      echo "== replay $(basename $f .trace.json) $seg $rec $round"
+      VRAMSCOPE_CUDA_SEGMENTS=$seg timeout 60 ./vramscope replay "$f" --backend cuda --warm 5 --record $rec --json; echo
+    done; done
+  done
+  echo "== torch_replay.py $round"
+  timeout 300 python3 torch_replay.py traces 2>&1 | grep -v Warning | tail -20
 done
-echo "== torch_replay.py"
-timeout 300 python3 torch_replay.py traces 2>&1 | grep -v Warning | tail -20
 if [ -x cuda_bench ]; then
   echo "== pair bench"; timeout 200 ./cuda_bench --bench 2>&1 | grep -v "^$"
 fi
