@@ -387,7 +387,9 @@ impl Heap {
         let b = &self.blocks[i];
         let seg = b.segment;
         let remaining = b.size - size;
-        let unmapped = b.unmapped;
+        // The flag says the block may hold unmapped granules; none can where the whole
+        // segment is mapped (the steady state of a loop: no page scan then).
+        let unmapped = b.unmapped && self.segments[seg].mapped < self.segments[seg].size;
         if !self.splits(seg, remaining, b.size) {
             // Everything handed out is mapped: the whole block (an oversize block may hold
             // unmapped granules past the request).
@@ -398,8 +400,8 @@ impl Heap {
                     self.index_free(i);
                     return Err(e);
                 }
-                self.blocks[i].unmapped = false;
             }
+            self.blocks[i].unmapped = false;
             return Ok(i);
         }
         let front = Block {
