@@ -191,7 +191,7 @@ impl Segment {
 
     /// The granules lying wholly inside `[addr, addr + len)`, a range of the segment. Uniform
     /// granules are a power of two: shifts, not divisions (this runs on every merge); those a
-    /// segment grew by are found by binary search.
+    /// segment grew by are looked up in a table by page (`grown_at_page`).
     pub(crate) fn granules_inside(&self, addr: u64, len: u64) -> std::ops::Range<u64> {
         let (shift, mask) = (self.granule.trailing_zeros(), self.granule - 1);
         let (off, end_off) = (addr - self.addr, addr + len - self.addr);
