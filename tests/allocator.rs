@@ -241,6 +241,32 @@ fn mapping_a_blocks_front_may_give_back_the_pages_of_its_rest() {
 }
 
 #[test]
+fn a_refused_map_of_a_blocks_front_leaves_the_block_free_and_whole() {
+    let faulty = Arc::new(FaultyBackend::new(SimBackend::new(1 << 30), FaultPlan::Never));
+    let alloc = CachingAllocator::new(faulty.clone());
+    let s = alloc.default_stream();
+    drop(alloc.alloc::<u8>(&s, 40 * MIB as usize).unwrap());
+    let [a, b, c, d] = [(); 4].map(|()| alloc.alloc::<u8>(&s, 10 * MIB as usize).unwrap());
+    let b_addr = b.device_ptr();
+    drop(b);
+    let e = alloc.alloc::<u8>(&s, 12 * MIB as usize).unwrap();
+    drop(c);
+    // The front of the 20 MiB free block lacks pages, and every map is refused (the retry
+    // after releasing the cache too): an out-of-memory error, and nothing lost.
+    faulty.set_plan(FaultPlan::From(0));
+    let err = alloc.alloc::<u8>(&s, 12 * MIB as usize).unwrap_err();
+    assert!(err.to_string().contains("out of memory"), "{err}");
+    alloc.check_invariants().unwrap();
+    assert_eq!(alloc.memory_allocated(), 32 * MIB);
+    // The block is whole again: with maps allowed, the same request gets its front.
+    faulty.set_plan(FaultPlan::Never);
+    let f = alloc.alloc::<u8>(&s, 20 * MIB as usize).unwrap();
+    assert_eq!(f.device_ptr(), b_addr);
+    alloc.check_invariants().unwrap();
+    drop((a, d, e, f));
+}
+
+#[test]
 fn holes_in_large_segments_are_unmapped_in_whole_granules() {
     // A 1 GiB segment maps in 32 MiB granules (`backend::map_granule`): a hole gives back the
     // granules wholly inside it, and the sim backend refuses any other unmap.
