@@ -284,6 +284,16 @@ impl FreeIndex {
     /// Puts indexed `block` on the lists its flags name and takes it off the others.
     #[inline]
     pub(crate) fn set_flags(&mut self, block: BlockId, flags: Flags) {
+        let listed = self.entries[block.index()].listed;
+        if listed[0].is_some() == flags.whole && listed[1].is_some() == flags.mapped_pages {
+            // Nothing moves (most updates: a block's flags rarely change).
+            return;
+        }
+        self.move_between_lists(block, flags);
+    }
+
+    /// [`FreeIndex::set_flags`]'s work where a flag changed.
+    fn move_between_lists(&mut self, block: BlockId, flags: Flags) {
         for list in 0..LISTS {
             let pos = self.entries[block.index()].listed[list];
             match (flags.get(list), pos) {
@@ -304,7 +314,7 @@ impl FreeIndex {
 
     /// Makes `block` the head of class `c`'s list in bins `bin` (which exist) and returns the
     /// previous head, which the caller stores as the block's `next`.
-    #[inline]
+    #[inline(always)]
     fn push_front(&mut self, bin: usize, c: usize, block: BlockId) -> Option<BlockId> {
         let bins = self.bins[bin].as_mut().expect("the bins exist");
         let head = bins.head(c);
@@ -319,7 +329,7 @@ impl FreeIndex {
     }
 
     /// Takes entry `e` (indexed) out of its class's list; the entry itself is left as it was.
-    #[inline]
+    #[inline(always)]
     fn unlink(&mut self, e: Entry) {
         match e.prev {
             None => {

@@ -37,11 +37,21 @@ mkdir -p traces && cp ../fixtures/torch/*.trace.json traces/
 # Rounds, each every vramscope replay then torch_replay.py: the host's speed changes from one
 # second to the next (up to 2x, BENCHMARKS.md), so each side is run in every round and
 # table.py compares medians of rounds.
+# vramscope's warm passes: at least 5, and about 300,000 operations in all (some tens of
+# milliseconds), so that the median of one replay spans more than a moment of the host's speed
+# (a trace of 401 operations ran its 5 passes in under a millisecond). Each pass's time is
+# printed to 0.1 ns.
+compact='import json,sys
+t=sys.stdin.read()
+try:
+    r=json.loads(t); r["warm_ns_per_op"]=[round(x,1) for x in r["warm_ns_per_op"]]; print(json.dumps(r))
+except ValueError: print(t)'
 for round in $(seq "${ROUNDS:-3}"); do
   for f in traces/*.trace.json; do
+    warm=$(python3 -c 'import json,sys; n=len(json.load(open(sys.argv[1]))["events"]); print(max(5, min(1000, 300000 // max(n, 1))))' "$f")
     for seg in malloc virtual; do for rec in off fast; do
       echo "== replay $(basename $f .trace.json) $seg $rec $round"
-      VRAMSCOPE_CUDA_SEGMENTS=$seg timeout 60 ./vramscope replay "$f" --backend cuda --warm 5 --record $rec --json; echo
+      VRAMSCOPE_CUDA_SEGMENTS=$seg timeout 60 ./vramscope replay "$f" --backend cuda --warm $warm --record $rec --json 2>&1 | python3 -c "$compact"
     done; done
   done
   echo "== torch_replay.py $round"

@@ -5,6 +5,7 @@ use super::observe::Note;
 use super::*;
 
 impl Heap {
+    #[inline]
     pub(super) fn new_block(&mut self, b: Block) -> BlockId {
         if let Some(i) = self.free_slots.pop() {
             self.blocks[i] = b;
@@ -24,6 +25,7 @@ impl Heap {
         }
     }
 
+    #[inline]
     pub(super) fn drop_block(&mut self, i: BlockId) {
         let b = &mut self.blocks[i];
         b.extra = None;
@@ -42,6 +44,7 @@ impl Heap {
     }
 
     /// Counts free block `i` in the inactive-split statistics if it shares its segment.
+    #[inline]
     pub(super) fn count_split(&mut self, i: BlockId) {
         if self.is_split(i) {
             let pool = self.pool_of_block(i);
@@ -50,6 +53,7 @@ impl Heap {
     }
 
     /// Undoes [`count_split`](Self::count_split) before the block changes.
+    #[inline]
     pub(super) fn uncount_split(&mut self, i: BlockId) {
         if self.is_split(i) {
             let pool = self.pool_of_block(i);
@@ -59,6 +63,7 @@ impl Heap {
 
     /// What the free index lists free block `i` under: a whole segment, and whether unmapping
     /// could give back any of its pages (constant time for blocks smaller than a page).
+    #[inline]
     pub(super) fn free_flags(&self, i: BlockId) -> Flags {
         let b = &self.blocks[i];
         let whole = b.prev.is_none() && b.next.is_none();
@@ -67,8 +72,13 @@ impl Heap {
             return Flags { whole, mapped_pages: false };
         }
         let seg = &self.segments[b.segment];
+        let mut inside = seg.granules_inside(b.addr, b.size);
+        if seg.mapped == seg.size {
+            // Every granule is mapped (a loop's steady state): no bitmap to read.
+            return Flags { whole, mapped_pages: !inside.is_empty() };
+        }
         // Usually the first granule answers: holes are unmapped whole or not at all.
-        Flags { whole, mapped_pages: seg.granules_inside(b.addr, b.size).any(|p| !Self::is_page_unmapped(seg, p)) }
+        Flags { whole, mapped_pages: inside.any(|p| !Self::is_page_unmapped(seg, p)) }
     }
 
     /// Recomputes the free index's flags of indexed block `i` after its pages changed.
