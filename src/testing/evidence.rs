@@ -142,16 +142,7 @@ fn grown(before: &Snapshot, after: &Snapshot, path: &[String]) -> Vec<Grown> {
 fn render_sites(s: &mut String, sites: &[Grown], iters: u64) {
     let iters = iters.max(1);
     for g in sites {
-        match g.site.rsplit_once(" (") {
-            // Too long for a 100-column terminal (a long path, where the binary runs outside
-            // the tree it was built in, or a long function name): the function on a line below.
-            Some((line, function)) if g.site.len() + 2 > 100 => {
-                let _ = writeln!(s, "  {line}\n    ({function}");
-            }
-            _ => {
-                let _ = writeln!(s, "  {}", g.site);
-            }
-        }
+        let _ = writeln!(s, "  {}", g.site);
         let even = g.blocks.is_multiple_of(iters) && g.requested.is_multiple_of(iters) && g.bytes.is_multiple_of(iters);
         let (k, when) =
             if even { (iters, "per iteration".to_string()) } else { (1, format!("over {iters} iterations")) };
@@ -437,34 +428,6 @@ mod tests {
             ),
             "{s}"
         );
-    }
-
-    /// A site too long for 100 columns (an absolute path where the test binary runs outside
-    /// the tree it was built in, as on a GPU host) puts its function on the next line.
-    #[test]
-    fn a_long_site_keeps_to_100_columns() {
-        let site =
-            "/work/main/tests/mem_tests.rs:76 (mem_tests::tolerance_is_compared_with_the_bytes_asked_for::{{closure}})";
-        let g = Grown {
-            site: site.into(),
-            scope: String::new(),
-            blocks: 2,
-            bytes: 1024,
-            requested: 200,
-            sizes: vec![512, 512],
-            gone: Vec::new(),
-            tensor: String::new(),
-        };
-        let mut s = String::new();
-        render_sites(&mut s, &[g], 2);
-        assert_eq!(
-            s.lines().take(2).collect::<Vec<_>>(),
-            [
-                "  /work/main/tests/mem_tests.rs:76",
-                "    (mem_tests::tolerance_is_compared_with_the_bytes_asked_for::{{closure}})"
-            ]
-        );
-        assert!(s.lines().all(|l| l.len() <= 100), "{s}");
     }
 
     /// In a build without line tables, a thread's closure inlined into the standard library
