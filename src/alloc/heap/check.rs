@@ -63,11 +63,11 @@ pub(crate) fn check_heap(heap: &Heap) -> std::result::Result<(), String> {
         held[seg.stream.index()][seg.pool as usize] += 1;
     }
     let kept: Vec<[u32; 2]> = heap.streams.iter().map(|s| s.segments).collect();
-    let total = held.iter().fold([0; 2], |t, h| [t[0] + h[0], t[1] + h[1]]);
-    if held != kept || total != heap.segment_count {
+    let total = held.iter().fold([0u64; 2], |t, h| [t[0] + u64::from(h[0]), t[1] + u64::from(h[1])]);
+    let counted = [Pool::Small, Pool::Large].map(|p| heap.stats.segment.pool_current(p));
+    if held != kept || total != counted {
         return Err(format!(
-            "segments per stream and pool {kept:?} (total {:?}), recounted {held:?}",
-            heap.segment_count
+            "segments per stream and pool {kept:?} (in the statistics {counted:?}), recounted {held:?}"
         ));
     }
     ranges.sort_unstable();

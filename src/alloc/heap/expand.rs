@@ -34,10 +34,7 @@ impl Heap {
     /// Whether a request of `pool` on `stream` may grow a segment in place: the backend maps
     /// pages, the request is large, and no other stream holds a large segment.
     pub(super) fn may_grow_in_place(&self, pool: Pool, stream: StreamId) -> bool {
-        let large = Pool::Large as usize;
-        self.can_unmap
-            && pool == Pool::Large
-            && self.segment_count[large] == self.streams[stream.index()].segments[large]
+        self.can_unmap && pool == Pool::Large && self.holds_every_segment(stream, Pool::Large)
     }
 
     /// Reserves a segment of `size` bytes, with room to grow where [`Heap::may_grow_in_place`]

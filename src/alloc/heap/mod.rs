@@ -181,9 +181,6 @@ pub(crate) struct Heap {
     /// reserved, at most, where their requests' needs were exact (see
     /// [`Heap::note_regrowth`]).
     released_wanted: u64,
-    /// Live segments of all streams, small pool and large (each stream's own are counted in
-    /// its slot): whether one stream holds them all is read from these.
-    segment_count: [u32; 2],
     /// The last error a `Drop` could not report.
     last_error: Option<String>,
     /// Stacks, history and what to record.
@@ -264,7 +261,6 @@ impl Heap {
             ceiling_churns: Vec::new(),
             released_since_peak: 0,
             released_wanted: 0,
-            segment_count: [0; 2],
             hot: None,
             defer_hot: true,
             last_error: None,

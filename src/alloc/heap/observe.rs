@@ -103,7 +103,6 @@ impl Heap {
                 st.inactive_split_bytes.dec(pool, size);
             }
             Note::SegmentReserved { addr, size, pool, stream } => {
-                self.segment_count[pool as usize] += 1;
                 self.streams[stream.index()].segments[pool as usize] += 1;
                 self.recorder.event(Action::SegmentAlloc, addr, size, stream.0, self.request_ctx);
                 st.num_device_alloc += 1;
@@ -114,7 +113,6 @@ impl Heap {
                 }
             }
             Note::SegmentReleased { addr, size, mapped, pool, stream } => {
-                self.segment_count[pool as usize] -= 1;
                 self.streams[stream.index()].segments[pool as usize] -= 1;
                 self.recorder.event(Action::SegmentFree, addr, size, stream.0, None);
                 st.num_device_free += 1;

@@ -44,9 +44,21 @@ impl Heap {
     /// [`Heap::splits`]), so that they fill the slivers large blocks leave.
     pub(super) fn pool_for(&self, size: u64, stream: StreamId) -> Pool {
         match Self::pool_of(size) {
-            Pool::Small if self.can_unmap && self.streams[stream.index()].segments == self.segment_count => Pool::Large,
+            Pool::Small
+                if self.can_unmap
+                    && self.holds_every_segment(stream, Pool::Small)
+                    && self.holds_every_segment(stream, Pool::Large) =>
+            {
+                Pool::Large
+            }
             pool => pool,
         }
+    }
+
+    /// Whether `stream` holds every live segment of `pool` (none held: true): its own count,
+    /// kept in its slot, against the statistics' count of live segments.
+    pub(super) fn holds_every_segment(&self, stream: StreamId, pool: Pool) -> bool {
+        u64::from(self.streams[stream.index()].segments[pool as usize]) == self.stats.segment.pool_current(pool)
     }
 
     /// Whether a free block of `block` bytes in segment `seg` is split to hand out all but
