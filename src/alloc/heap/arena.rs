@@ -73,8 +73,7 @@ impl Heap {
         }
         let seg = &self.segments[b.segment];
         let mut inside = seg.granules_inside(b.addr, b.size);
-        if seg.mapped == seg.size {
-            // Every granule is mapped (a loop's steady state): no bitmap to read.
+        if seg.wholly_mapped() {
             return Flags { whole, mapped_pages: !inside.is_empty() };
         }
         // Usually the first granule answers: holes are unmapped whole or not at all.
@@ -167,6 +166,12 @@ impl Segment {
     /// and below the size.
     fn grown_at(&self, off: u64) -> usize {
         self.grown_at_page[((off - self.uniform_end) >> self.page_shift) as usize] as usize
+    }
+
+    /// Whether every granule is mapped (a loop's steady state): no page bitmap to read then.
+    #[inline]
+    pub(crate) fn wholly_mapped(&self) -> bool {
+        self.mapped == self.size
     }
 
     /// How many granules the segment has: the uniform ones, then those it grew by.

@@ -384,8 +384,8 @@ impl Heap {
         let seg = b.segment;
         let remaining = b.size - size;
         // The flag says the block may hold unmapped granules; none can where the whole
-        // segment is mapped (the steady state of a loop: no page scan then).
-        let unmapped = b.unmapped && self.segments[seg].mapped < self.segments[seg].size;
+        // segment is mapped (no page scan then).
+        let unmapped = b.unmapped && !self.segments[seg].wholly_mapped();
         if !self.splits(seg, remaining, b.size) {
             // Everything handed out is mapped: the whole block (an oversize block may hold
             // unmapped granules past the request).
