@@ -71,6 +71,9 @@ const WINDOWS: usize = 10;
 /// Windows at most where steps are marked.
 const MAX_STEP_WINDOWS: u64 = 100;
 
+/// The columns a rendered report fits where its sites allow (a site line stays one line).
+const WIDTH: usize = 100;
+
 /// Sites whose live memory keeps growing, largest growth first.
 ///
 /// The history is replayed and cut into windows: one per step where the program marked steps
@@ -314,7 +317,7 @@ impl LeakCandidate {
             s.push_str(&format!(
                 "\n{}\n  +{} and {} block{} per step; {} in {} block{} live at the end\n  \
                  kept memory from {} of {} {}s ({}s {} to {})\n",
-                c.site,
+                super::fit_site(&c.site, WIDTH),
                 bytes(c.bytes_per_step),
                 c.blocks_per_step,
                 if c.blocks_per_step == 1.0 { "" } else { "s" },
@@ -329,7 +332,7 @@ impl LeakCandidate {
                 c.grew_until,
             ));
             for caller in &c.callers {
-                s.push_str(&format!("  called from {caller}\n"));
+                s.push_str(&format!("  called from {}\n", super::fit_site(caller, WIDTH - 14)));
             }
             if !c.scope.is_empty() {
                 s.push_str(&format!("  in scope {}\n", c.scope));

@@ -5,6 +5,7 @@
 //! stable order, no addresses or timestamps.
 
 mod diff;
+mod fit;
 mod flame;
 
 mod labels;
@@ -23,6 +24,7 @@ pub use leaks::{leaks, LeakCandidate, LeakUnit};
 pub use live::{live, LiveGroup};
 pub use segments::segments;
 
+pub(crate) use fit::fit_site;
 pub(crate) use labels::Labels;
 
 use crate::frames;
