@@ -157,10 +157,18 @@
 //! that stream at free time has completed.
 //! A whole cached segment changes stream in two cases, with the new stream's work ordered after
 //! the old stream's (on CUDA the new stream waits for an event recorded on the old one; the
-//! host does not block; copies run on their buffer's stream): over the fragmentation limit, where reclaiming would otherwise release it, and when
+//! host does not block; copies run on their buffer's stream): over the fragmentation limit,
+//! where reclaiming would otherwise release it, and when
 //! its stream is idle (it has not allocated during the last 64 requests that needed a new
 //! segment); idle streams' whole segments nobody takes are released at the next sweep, so that
-//! a program creating streams without end keeps a bounded cache. Each stream with a live block
+//! a program creating streams without end keeps a bounded cache. Over the limit, a request
+//! takes a segment of about its size (up to the segment it would reserve); where there is
+//! none, the smallest larger one among the last 32 listed, split, rather than releasing that
+//! one to reserve a segment of the request's size: with dynamic shapes on several streams, a
+//! stream seldom finds another's segment of about its size, and releasing and reserving came
+//! back at every step (synthetic traces of two to four streams kept calling the driver after
+//! twenty passes; now within twenty, most within five, and at lower peaks: `BENCHMARKS.md`).
+//! Each stream with a live block
 //! holds at least one segment of its own (2 MiB for small blocks), as in PyTorch.
 //!
 //! Threads: one lock guards an allocator's heap. Once threads have contended for it, a

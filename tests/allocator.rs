@@ -668,6 +668,35 @@ fn a_segment_taken_over_from_another_stream_waits_for_that_stream() {
     alloc.check_invariants().unwrap();
 }
 
+/// Over the soft limit, with no other stream's cached segment of about the request's size, a
+/// larger one is taken over (the smallest that fits) and split, instead of being released to
+/// reserve one of the request's size: with dynamic shapes on several streams, that release and
+/// reserve came back on every step (the synthetic traces of `BENCHMARKS.md`).
+#[test]
+fn a_larger_segment_of_another_stream_is_taken_over_rather_than_released() {
+    let backend = Arc::new(SyncLog { sim: SimBackend::new(1 << 30), ordered: Default::default() });
+    let mut config = AllocatorConfig::default();
+    config.release_pages = false;
+    let alloc = CachingAllocator::with_config(backend.clone(), config).unwrap();
+    let (s1, s2) = (alloc.default_stream(), alloc.new_stream().unwrap());
+    let big = alloc.alloc::<u8>(&s2, 100 * MIB as usize).unwrap();
+    let bigger = alloc.alloc::<u8>(&s2, 140 * MIB as usize).unwrap();
+    let kept = alloc.alloc::<u8>(&s1, 40 * MIB as usize).unwrap();
+    let addr = big.device_ptr();
+    drop((big, bigger));
+    backend.ordered.lock().unwrap().clear();
+    // Peak allocated 280 MiB, reserved 280 MiB: 60 MiB more is over the 1.05 limit, and no
+    // cached segment is of about 60 MiB.
+    let b = alloc.alloc::<u8>(&s1, 60 * MIB as usize).unwrap();
+    assert_eq!(b.device_ptr(), addr, "the smaller of stream 2's two cached segments is taken over");
+    assert_eq!(*backend.ordered.lock().unwrap(), [(s1.raw(), s2.raw())], "stream 1 ordered after stream 2");
+    let st = alloc.stats();
+    assert_eq!((st.num_segment_adoptions, st.num_device_alloc, st.num_device_free), (1, 3, 0), "{st:?}");
+    assert_eq!(st.reserved_bytes.all.current, 280 * MIB);
+    drop((b, kept));
+    alloc.check_invariants().unwrap();
+}
+
 /// The papercuts of a small inference engine: a shaped allocation in one call, streams by
 /// value or reference, a buffer that gives back its allocator (to grow a KV cache), and
 /// half-precision element types (feature `half`).

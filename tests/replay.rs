@@ -349,6 +349,75 @@ fn the_automatic_ceiling_gives_way_to_churn_that_repeats() {
     assert!(auto.fragmentation_limit.unwrap() > 1.25, "{auto:?}");
 }
 
+/// Steps of random shapes on several streams: each step scales its sizes by a random factor,
+/// each allocation goes to a random stream and some are freed at once, the rest at the step's
+/// end (a few kept to the end of the pass). No recorded trace has this shape; PyTorch's
+/// streams mostly allocate on one stream with a few side streams.
+fn streams_of_random_shapes(seed: u64, streams: u64) -> Trace {
+    const SIZES: [u64; 8] = [512, 4096, 65536, MIB, 3 * MIB, 16 * MIB, 50 * MIB, 200 * MIB];
+    let mut r = Rng(0x9e37_79b9_7f4a_7c15 ^ seed.wrapping_mul(0x2545_f491_4f6c_dd1d));
+    let mut events = Vec::new();
+    let mut next = 0u64;
+    let mut kept = Vec::new();
+    for _ in 0..12 {
+        let scale = [3, 6, 10, 15, 25][r.below(5) as usize];
+        let mut step: Vec<(u64, u64, u64)> = Vec::new();
+        for _ in 0..30 + r.below(170) {
+            let size = (SIZES[r.below(8) as usize] * scale / 10 * (50 + r.below(101)) / 100).max(1);
+            next += 1;
+            let block = (next, size, r.below(streams));
+            events.push(TraceEvent { op: TraceOp::Alloc, addr: block.0, size: block.1, stream: block.2 });
+            step.push(block);
+            if r.below(10) < 4 {
+                let (addr, size, stream) = step.swap_remove(r.below(step.len() as u64) as usize);
+                events.push(TraceEvent { op: TraceOp::Free, addr, size, stream });
+            }
+        }
+        for block in step {
+            if r.below(50) == 0 {
+                kept.push(block);
+            } else {
+                events.push(TraceEvent { op: TraceOp::Free, addr: block.0, size: block.1, stream: block.2 });
+            }
+        }
+    }
+    for (addr, size, stream) in kept {
+        events.push(TraceEvent { op: TraceOp::Free, addr, size, stream });
+    }
+    Trace { source: format!("streams_of_random_shapes({seed}, {streams})"), events }
+}
+
+/// Random shapes on two to four streams, where segments are costly: each stream's requests
+/// differ in size from step to step, so a stream seldom finds another's cached segment of
+/// about its size. Taking over a larger one (rather than releasing it and reserving one of
+/// the request's size) lets these settle within twenty warm passes with both segment kinds
+/// (most within five), below what the same allocator caching as PyTorch reserves; some still
+/// called the backend at every step after twenty before. Issue 22 asks for two: not met here.
+/// Prints the figures (`--nocapture`).
+#[test]
+fn random_shapes_on_several_streams_settle() {
+    for seed in 0..6 {
+        let trace = streams_of_random_shapes(seed, 2 + seed % 3);
+        let pytorch = run(&trace, "fragmentation_limit:off,release_pages:false");
+        for pages in [true, false] {
+            let third = run_costly(&trace, &format!("release_pages:{pages}"), 3);
+            let r = run_costly(&trace, &format!("release_pages:{pages}"), 20);
+            eprintln!(
+                "{} pages {pages}: 3rd warm pass {} segments {} maps, 20th {} {}; {:.3}x (pytorch-like {:.3}x)",
+                trace.source,
+                third.warm_device_allocs,
+                third.warm_device_maps,
+                r.warm_device_allocs,
+                r.warm_device_maps,
+                r.fragmentation,
+                pytorch.fragmentation
+            );
+            assert_eq!((r.warm_device_allocs, r.warm_device_maps), (0, 0), "{}, pages {pages}: {r:?}", trace.source);
+            assert!(r.peak_reserved_bytes <= pytorch.peak_reserved_bytes, "{}: {r:?}", trace.source);
+        }
+    }
+}
+
 /// On workloads nobody tuned for, vramscope never reserves more at peak than the same
 /// allocator caching as PyTorch does. Prints the figures (`--nocapture`) for BENCHMARKS.md.
 #[test]

@@ -159,6 +159,10 @@ enum Command {
 enum BackendKind {
     /// Address space only: measures the allocator alone.
     Sim,
+    /// The same, deciding as on CUDA: segment calls count as costly, so the fragmentation limit
+    /// rises when holding to it churns (`fragmentation_limit_max:auto`). Shows without a GPU
+    /// what a CUDA replay will reserve and how many driver calls its warm passes make.
+    SimCuda,
     /// Host memory standing in for a device.
     Host,
     /// CUDA device 0 (needs the `cuda` feature).
@@ -401,6 +405,9 @@ fn run(cli: Cli) -> Result<(), Failure> {
                 .map_err(|e| Failure(2, e.to_string()))?;
             let backend: std::sync::Arc<dyn Backend> = match backend {
                 BackendKind::Sim => std::sync::Arc::new(SimBackend::new(capacity.unwrap_or(80 << 30))),
+                BackendKind::SimCuda => {
+                    std::sync::Arc::new(SimBackend::new(capacity.unwrap_or(80 << 30)).with_costly_segments(true))
+                }
                 #[cfg(feature = "cuda")]
                 BackendKind::Cuda => std::sync::Arc::new(vramscope::backend::CudaBackend::new(0)?),
                 #[cfg(not(feature = "cuda"))]

@@ -25,7 +25,16 @@ pub(super) enum Offer {
     Idle,
     /// Any whole cached segment: over the soft limit, the reclaim would release it anyway.
     Whole,
+    /// The smallest whole cached segment at least the request's size among the last
+    /// [`LOOK_LARGER`] listed, where none of about its size was found. Over the soft limit the
+    /// reclaim would release it and reserve a segment of the request's size: two backend calls
+    /// for memory, on every step where streams' requests differ in size (dynamic shapes on
+    /// several streams, which otherwise never settle), where taking it over costs none.
+    Larger,
 }
+
+/// How many of the last listed whole segments [`Offer::Larger`] compares.
+const LOOK_LARGER: usize = 32;
 
 /// How many sizes [`Heap::churned_at_ceiling`] remembers.
 const CEILING_CHURNS: usize = 64;
@@ -195,16 +204,19 @@ impl Heap {
         sizes: std::ops::RangeInclusive<u64>,
     ) -> Option<BlockId> {
         const LOOK: usize = 8;
-        let len = match offer {
-            Offer::Idle => self.adoptable.len(),
-            Offer::Whole => self.free.whole().len(),
+        let (len, look) = match offer {
+            Offer::Idle => (self.adoptable.len(), LOOK),
+            Offer::Whole => (self.free.whole().len(), LOOK),
+            Offer::Larger => (self.free.whole().len(), LOOK_LARGER),
         };
+        // The candidate taken: the first that fits, or for `Larger` the smallest.
+        let mut chosen: Option<(u64, usize)> = None;
         let mut k = len;
-        while k > len.saturating_sub(LOOK) {
+        while k > len.saturating_sub(look) {
             k -= 1;
             let b = match offer {
                 Offer::Idle => self.adoptable[k],
-                Offer::Whole => self.free.whole()[k],
+                Offer::Whole | Offer::Larger => self.free.whole()[k],
             };
             if offer == Offer::Idle && !self.idle_whole(b) {
                 self.adoptable.swap_remove(k);
@@ -214,25 +226,35 @@ impl Heap {
             if blk.pool != pool || !sizes.contains(&blk.size) || blk.stream == stream {
                 continue;
             }
-            let old = blk.stream;
-            if !self.order_for_take_over(backend, old, stream) {
-                return None;
+            if chosen.is_none_or(|(size, _)| blk.size < size) {
+                chosen = Some((blk.size, k));
             }
-            if offer == Offer::Idle {
-                self.adoptable.swap_remove(k);
+            if offer != Offer::Larger {
+                break;
             }
-            let s = self.blocks[b].segment;
-            let seg = &mut self.segments[s];
-            seg.stream = stream;
-            let (addr, seg_size) = (seg.addr, seg.size);
-            self.blocks[b].stream = stream;
-            self.note(Note::SegmentAdopted { addr, size: seg_size, pool, from: old, to: stream });
-            // Moved between the streams' bins in one step: a whole segment stays free, whole
-            // and unsplit, so its flags and counters do not change.
-            self.free.rehome(b, pool as usize, stream.0);
-            return Some(b);
         }
-        None
+        let (_, k) = chosen?;
+        let b = match offer {
+            Offer::Idle => self.adoptable[k],
+            Offer::Whole | Offer::Larger => self.free.whole()[k],
+        };
+        let old = self.blocks[b].stream;
+        if !self.order_for_take_over(backend, old, stream) {
+            return None;
+        }
+        if offer == Offer::Idle {
+            self.adoptable.swap_remove(k);
+        }
+        let s = self.blocks[b].segment;
+        let seg = &mut self.segments[s];
+        seg.stream = stream;
+        let (addr, seg_size) = (seg.addr, seg.size);
+        self.blocks[b].stream = stream;
+        self.note(Note::SegmentAdopted { addr, size: seg_size, pool, from: old, to: stream });
+        // Moved between the streams' bins in one step: a whole segment stays free, whole
+        // and unsplit, so its flags and counters do not change.
+        self.free.rehome(b, pool as usize, stream.0);
+        Some(b)
     }
 
     /// Orders stream `new`'s work after stream `old`'s before `new` takes over a cached
