@@ -25,8 +25,9 @@ pub(super) enum Offer {
     Idle,
     /// Any whole cached segment: over the soft limit, the reclaim would release it anyway.
     Whole,
-    /// The smallest whole cached segment at least the request's size among the last
-    /// [`LOOK_LARGER`] listed, where none of about its size was found. Over the soft limit the
+    /// The smallest whole cached segment larger than [`Offer::Whole`] takes (of about the
+    /// request's size) among the last [`LOOK_LARGER`] listed, where none of that size was
+    /// found; split, the rest stays with the new stream. Over the soft limit the
     /// reclaim would release it and reserve a segment of the request's size: two backend calls
     /// for memory, on every step where streams' requests differ in size (dynamic shapes on
     /// several streams, which otherwise never settle), where taking it over costs none.
