@@ -167,7 +167,7 @@
 //! one to reserve a segment of the request's size: with dynamic shapes on several streams, a
 //! stream seldom finds another's segment of about its size, and releasing and reserving came
 //! back at every step (synthetic traces of two to four streams kept calling the driver after
-//! twenty passes; now within twenty, most within five, and at lower peaks: `BENCHMARKS.md`).
+//! twenty passes; now within ten, most within five, at lower peaks on most: `BENCHMARKS.md`).
 //! Each stream with a live block
 //! holds at least one segment of its own (2 MiB for small blocks), as in PyTorch.
 //!
