@@ -185,12 +185,20 @@ struct Builder {
 }
 impl Builder {
     fn alloc(&mut self, size: u64) -> (u64, u64) {
-        self.next += 1;
-        self.events.push(TraceEvent { op: TraceOp::Alloc, addr: self.next, size, stream: 0 });
-        (self.next, size)
+        let (addr, size, _) = self.alloc_on(size, 0);
+        (addr, size)
     }
     fn free(&mut self, (addr, size): (u64, u64)) {
-        self.events.push(TraceEvent { op: TraceOp::Free, addr, size, stream: 0 });
+        self.free_on((addr, size, 0));
+    }
+    /// An allocation on `stream`: `(addr, size, stream)`.
+    fn alloc_on(&mut self, size: u64, stream: u64) -> (u64, u64, u64) {
+        self.next += 1;
+        self.events.push(TraceEvent { op: TraceOp::Alloc, addr: self.next, size, stream });
+        (self.next, size, stream)
+    }
+    fn free_on(&mut self, (addr, size, stream): (u64, u64, u64)) {
+        self.events.push(TraceEvent { op: TraceOp::Free, addr, size, stream });
     }
     fn trace(self, name: &str) -> Trace {
         Trace { source: name.into(), events: self.events }
@@ -356,35 +364,32 @@ fn the_automatic_ceiling_gives_way_to_churn_that_repeats() {
 fn streams_of_random_shapes(seed: u64, streams: u64) -> Trace {
     const SIZES: [u64; 8] = [512, 4096, 65536, MIB, 3 * MIB, 16 * MIB, 50 * MIB, 200 * MIB];
     let mut r = Rng(0x9e37_79b9_7f4a_7c15 ^ seed.wrapping_mul(0x2545_f491_4f6c_dd1d));
-    let mut events = Vec::new();
-    let mut next = 0u64;
+    let mut b = Builder::default();
     let mut kept = Vec::new();
     for _ in 0..12 {
         let scale = [3, 6, 10, 15, 25][r.below(5) as usize];
-        let mut step: Vec<(u64, u64, u64)> = Vec::new();
+        let mut step = Vec::new();
         for _ in 0..30 + r.below(170) {
             let size = (SIZES[r.below(8) as usize] * scale / 10 * (50 + r.below(101)) / 100).max(1);
-            next += 1;
-            let block = (next, size, r.below(streams));
-            events.push(TraceEvent { op: TraceOp::Alloc, addr: block.0, size: block.1, stream: block.2 });
-            step.push(block);
+            let stream = r.below(streams);
+            step.push(b.alloc_on(size, stream));
             if r.below(10) < 4 {
-                let (addr, size, stream) = step.swap_remove(r.below(step.len() as u64) as usize);
-                events.push(TraceEvent { op: TraceOp::Free, addr, size, stream });
+                let block = step.swap_remove(r.below(step.len() as u64) as usize);
+                b.free_on(block);
             }
         }
         for block in step {
             if r.below(50) == 0 {
                 kept.push(block);
             } else {
-                events.push(TraceEvent { op: TraceOp::Free, addr: block.0, size: block.1, stream: block.2 });
+                b.free_on(block);
             }
         }
     }
-    for (addr, size, stream) in kept {
-        events.push(TraceEvent { op: TraceOp::Free, addr, size, stream });
+    for block in kept {
+        b.free_on(block);
     }
-    Trace { source: format!("streams_of_random_shapes({seed}, {streams})"), events }
+    b.trace(&format!("streams_of_random_shapes({seed}, {streams})"))
 }
 
 /// Random shapes on two to four streams, where segments are costly: each stream's requests

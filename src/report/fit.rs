@@ -12,6 +12,10 @@ use std::borrow::Cow;
 /// What stands for what was left out.
 const ELIDED: &str = "..";
 
+/// The columns of the terminal the reports are written for: a line, its indent counted, fits
+/// them where its site allows.
+pub(crate) const COLUMNS: usize = 100;
+
 /// `site` made to fit `width` columns where it is `file:line (function)` and too wide;
 /// anything else (a label without a line, a file alone wider than `width`) as it is.
 pub(crate) fn fit_site(site: &str, width: usize) -> Cow<'_, str> {

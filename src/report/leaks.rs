@@ -71,9 +71,6 @@ const WINDOWS: usize = 10;
 /// Windows at most where steps are marked.
 const MAX_STEP_WINDOWS: u64 = 100;
 
-/// The columns a rendered report fits where its sites allow (a site line stays one line).
-const WIDTH: usize = 100;
-
 /// Sites whose live memory keeps growing, largest growth first.
 ///
 /// The history is replayed and cut into windows: one per step where the program marked steps
@@ -317,7 +314,7 @@ impl LeakCandidate {
             s.push_str(&format!(
                 "\n{}\n  +{} and {} block{} per step; {} in {} block{} live at the end\n  \
                  kept memory from {} of {} {}s ({}s {} to {})\n",
-                super::fit_site(&c.site, WIDTH),
+                super::fit_site(&c.site, super::COLUMNS),
                 bytes(c.bytes_per_step),
                 c.blocks_per_step,
                 if c.blocks_per_step == 1.0 { "" } else { "s" },
@@ -332,7 +329,9 @@ impl LeakCandidate {
                 c.grew_until,
             ));
             for caller in &c.callers {
-                s.push_str(&format!("  called from {}\n", super::fit_site(caller, WIDTH - 14)));
+                const CALLED_FROM: &str = "  called from ";
+                let caller = super::fit_site(caller, super::COLUMNS - CALLED_FROM.len());
+                s.push_str(&format!("{CALLED_FROM}{caller}\n"));
             }
             if !c.scope.is_empty() {
                 s.push_str(&format!("  in scope {}\n", c.scope));

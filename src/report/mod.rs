@@ -24,7 +24,7 @@ pub use leaks::{leaks, LeakCandidate, LeakUnit};
 pub use live::{live, LiveGroup};
 pub use segments::segments;
 
-pub(crate) use fit::fit_site;
+pub(crate) use fit::{fit_site, COLUMNS};
 pub(crate) use labels::Labels;
 
 use crate::frames;

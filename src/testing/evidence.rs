@@ -142,8 +142,8 @@ fn grown(before: &Snapshot, after: &Snapshot, path: &[String]) -> Vec<Grown> {
 fn render_sites(s: &mut String, sites: &[Grown], iters: u64) {
     let iters = iters.max(1);
     for g in sites {
-        // One line per site, within 100 columns where the function's name allows (see `fit_site`).
-        let _ = writeln!(s, "  {}", report::fit_site(&g.site, 98));
+        // One line per site, within the columns where the function's name allows.
+        let _ = writeln!(s, "  {}", report::fit_site(&g.site, report::COLUMNS - 2));
         let even = g.blocks.is_multiple_of(iters) && g.requested.is_multiple_of(iters) && g.bytes.is_multiple_of(iters);
         let (k, when) =
             if even { (iters, "per iteration".to_string()) } else { (1, format!("over {iters} iterations")) };

@@ -34,6 +34,8 @@ pub(super) enum Offer {
     Larger,
 }
 
+/// How many of the last candidates [`Offer::Idle`] and [`Offer::Whole`] look at.
+const LOOK: usize = 8;
 /// How many of the last listed whole segments [`Offer::Larger`] compares.
 const LOOK_LARGER: usize = 32;
 
@@ -204,7 +206,6 @@ impl Heap {
         stream: StreamId,
         sizes: std::ops::RangeInclusive<u64>,
     ) -> Option<BlockId> {
-        const LOOK: usize = 8;
         let (len, look) = match offer {
             Offer::Idle => (self.adoptable.len(), LOOK),
             Offer::Whole => (self.free.whole().len(), LOOK),
@@ -215,10 +216,7 @@ impl Heap {
         let mut k = len;
         while k > len.saturating_sub(look) {
             k -= 1;
-            let b = match offer {
-                Offer::Idle => self.adoptable[k],
-                Offer::Whole | Offer::Larger => self.free.whole()[k],
-            };
+            let b = self.offered(offer, k);
             if offer == Offer::Idle && !self.idle_whole(b) {
                 self.adoptable.swap_remove(k);
                 continue;
@@ -235,10 +233,7 @@ impl Heap {
             }
         }
         let (_, k) = chosen?;
-        let b = match offer {
-            Offer::Idle => self.adoptable[k],
-            Offer::Whole | Offer::Larger => self.free.whole()[k],
-        };
+        let b = self.offered(offer, k);
         let old = self.blocks[b].stream;
         if !self.order_for_take_over(backend, old, stream) {
             return None;
@@ -256,6 +251,14 @@ impl Heap {
         // and unsplit, so its flags and counters do not change.
         self.free.rehome(b, pool as usize, stream.0);
         Some(b)
+    }
+
+    /// The `k`th candidate of `offer`: the idle streams' segments, or every whole one.
+    fn offered(&self, offer: Offer, k: usize) -> BlockId {
+        match offer {
+            Offer::Idle => self.adoptable[k],
+            Offer::Whole | Offer::Larger => self.free.whole()[k],
+        }
     }
 
     /// Orders stream `new`'s work after stream `old`'s before `new` takes over a cached
