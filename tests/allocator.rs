@@ -697,6 +697,34 @@ fn a_larger_segment_of_another_stream_is_taken_over_rather_than_released() {
     alloc.check_invariants().unwrap();
 }
 
+/// Over the soft limit, a cached segment of another stream of the request's size is taken over
+/// even where the last few listed are all too small: the reclaim would otherwise release it and
+/// reserve one of the very same size.
+#[test]
+fn a_segment_of_the_requests_size_behind_smaller_ones_is_taken_over() {
+    let backend = Arc::new(SyncLog { sim: SimBackend::new(1 << 30), ordered: Default::default() });
+    let mut config = AllocatorConfig::default();
+    config.release_pages = false;
+    let alloc = CachingAllocator::with_config(backend.clone(), config).unwrap();
+    let (s1, s2) = (alloc.default_stream(), alloc.new_stream().unwrap());
+    let fit = alloc.alloc::<u8>(&s2, 60 * MIB as usize).unwrap();
+    let small: Vec<_> = (0..8).map(|_| alloc.alloc::<u8>(&s2, 20 * MIB as usize).unwrap()).collect();
+    let kept = alloc.alloc::<u8>(&s1, 40 * MIB as usize).unwrap();
+    let addr = fit.device_ptr();
+    // Freed first, so listed before the eight smaller segments.
+    drop(fit);
+    drop(small);
+    backend.ordered.lock().unwrap().clear();
+    // Peak allocated 260 MiB, all reserved: 60 MiB more is over the 1.05 limit.
+    let b = alloc.alloc::<u8>(&s1, 60 * MIB as usize).unwrap();
+    assert_eq!(b.device_ptr(), addr, "stream 2's 60 MiB segment is taken over");
+    assert_eq!(*backend.ordered.lock().unwrap(), [(s1.raw(), s2.raw())], "stream 1 ordered after stream 2");
+    let st = alloc.stats();
+    assert_eq!((st.num_segment_adoptions, st.num_device_alloc, st.num_device_free), (1, 10, 0), "{st:?}");
+    drop((b, kept));
+    alloc.check_invariants().unwrap();
+}
+
 /// The papercuts of a small inference engine: a shaped allocation in one call, streams by
 /// value or reference, a buffer that gives back its allocator (to grow a KV cache), and
 /// half-precision element types (feature `half`).

@@ -351,9 +351,14 @@ fn the_automatic_ceiling_gives_way_to_churn_that_repeats() {
         |max: &str| run_costly(&trace, &format!("release_pages:false,fragmentation_limit_max:{max}"), 3);
     let fixed = third_warm_pass("1.25");
     assert!(fixed.warm_device_allocs > 0, "{fixed:?}");
+    // Each churn releases what it reserves: every warm pass calls, the last as its counts say.
+    assert_eq!(fixed.warm_device_calls.len(), 3);
+    assert!(fixed.warm_device_calls.iter().all(|&c| c > 0), "{fixed:?}");
+    assert!(fixed.warm_device_calls[2] >= fixed.warm_device_allocs + fixed.warm_device_maps, "{fixed:?}");
     assert_eq!(fixed.fragmentation_limit, Some(1.25));
     let auto = third_warm_pass("auto");
     assert_eq!(auto.warm_device_allocs, 0, "{auto:?}");
+    assert_eq!(auto.warm_device_calls.last(), Some(&0), "{auto:?}");
     assert!(auto.fragmentation_limit.unwrap() > 1.25, "{auto:?}");
 }
 

@@ -466,6 +466,19 @@ fn run(cli: Cli) -> Result<(), Failure> {
                     report.warm_device_maps,
                     report.alloc_retries
                 );
+                let calls = &report.warm_device_calls;
+                let busy = calls.iter().filter(|&&c| c > 0).count();
+                let _ = match calls.iter().rposition(|&c| c > 0) {
+                    None => writeln!(text, "warm passes      {} without a backend call for memory", calls.len()),
+                    Some(last) => writeln!(
+                        text,
+                        "warm passes      {busy} of {} with backend calls for memory, the last pass {} ({} call{})",
+                        calls.len(),
+                        last + 1,
+                        calls[last],
+                        if calls[last] == 1 { "" } else { "s" }
+                    ),
+                };
                 let _ = match report.fragmentation_limit {
                     Some(f) => writeln!(text, "limit in force   {f:.2}x peak allocated"),
                     None => writeln!(text, "limit in force   none"),

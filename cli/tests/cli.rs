@@ -24,6 +24,7 @@ fn replay_json_has_the_promised_keys() {
         assert!(v.get(key).is_some(), "{key} missing from {out}");
     }
     assert_eq!(v["ops"], 1140);
+    assert_eq!(v["warm_device_calls"].as_array().map(Vec::len), Some(1), "one warm pass: {out}");
     assert_eq!(v["peak_live_bytes"], 139_501_684u64);
 }
 
@@ -32,6 +33,11 @@ fn replay_text_on_the_host_backend() {
     let (code, out, err) = vramscope(&["replay", &fixture("leaky_train.trace.json"), "--backend", "host"]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("ns/op (warm)") && out.contains("peak reserved") && out.contains("host"), "{out}");
+    assert!(out.contains("warm passes      "), "{out}");
+    // Deciding as on CUDA (segment calls costly), a training loop settles in its cold pass.
+    let (code, out, err) = vramscope(&["replay", &fixture("leaky_train.trace.json"), "--backend", "sim-cuda"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("warm passes      3 without a backend call for memory"), "{out}");
 }
 
 #[test]

@@ -81,6 +81,10 @@ pub struct ReplayReport {
     pub device_maps: u64,
     /// Page map and unmap calls in the last warm pass.
     pub warm_device_maps: u64,
+    /// Backend calls for memory in each warm pass, in the order the passes ran: segments
+    /// reserved and released, pages mapped and unmapped. A replay has settled from the first
+    /// pass after which every count is 0.
+    pub warm_device_calls: Vec<u64>,
     /// The fragmentation limit in force at the end (it rises from the configured one when
     /// holding to it churns); `None` without a limit.
     pub fragmentation_limit: Option<f64>,
@@ -182,13 +186,16 @@ pub fn replay(alloc: &CachingAllocator, trace: &Trace, options: &ReplayOptions) 
     let cold = run_pass(alloc, &enc, &streams)?;
     let mut warm = Vec::with_capacity(options.warm_passes);
     let (mut warm_device_allocs, mut warm_device_maps) = (0, 0);
+    let mut warm_device_calls = Vec::with_capacity(options.warm_passes);
     let maps = |m: &MemoryStats| m.num_device_map + m.num_device_unmap;
+    let calls = |m: &MemoryStats| m.num_device_alloc + m.num_device_free + maps(m);
     for _ in 0..options.warm_passes {
         let a = alloc.stats();
         warm.push(run_pass(alloc, &enc, &streams)?);
         let b = alloc.stats();
         warm_device_allocs = b.num_device_alloc - a.num_device_alloc;
         warm_device_maps = maps(&b) - maps(&a);
+        warm_device_calls.push(calls(&b) - calls(&a));
     }
     let ops = enc.ops.len().max(1) as f64;
     let warm_ns_per_op: Vec<f64> = warm.iter().map(|w| w / ops).collect();
@@ -214,6 +221,7 @@ pub fn replay(alloc: &CachingAllocator, trace: &Trace, options: &ReplayOptions) 
         warm_device_allocs,
         device_maps: maps(&after) - maps(&before),
         warm_device_maps,
+        warm_device_calls,
         fragmentation_limit: alloc.fragmentation_limit(),
         alloc_retries: after.num_alloc_retries - before.num_alloc_retries,
     })

@@ -496,12 +496,6 @@ impl Heap {
                     self.adopt(backend, Offer::Whole, pool, stream, size..=fits).map(Grown::Free)
                 }
             };
-            // None of about the request's size: a larger one, rather than releasing it to
-            // reserve a segment of the request's size (larger than any `Whole` looked for, so
-            // that a segment whose stream could not be waited for is not tried twice).
-            let taken = taken.or_else(|| {
-                self.adopt(backend, Offer::Larger, pool, stream, fits.saturating_add(1)..=u64::MAX).map(Grown::Free)
-            });
             if let Some(taken) = taken {
                 return Ok(taken);
             }

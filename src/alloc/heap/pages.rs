@@ -23,21 +23,22 @@ pub(super) struct Deferred {
 pub(super) enum Offer {
     /// The idle streams' segments offered by the last sweep.
     Idle,
-    /// Any whole cached segment: over the soft limit, the reclaim would release it anyway.
+    /// Any whole cached segment of another stream: over the soft limit, the reclaim would
+    /// release it anyway. The first of about the request's size (the range given) among the
+    /// last [`LOOK`] listed; where none is, the smallest at least the request's size among the
+    /// last [`LOOK_WIDE`], split, the rest staying with the new stream. Without that second
+    /// look the reclaim would release such a segment and reserve one of the request's size:
+    /// two backend calls for memory on every step where streams' requests differ in size
+    /// (dynamic shapes on several streams, which then never settle), where taking it over
+    /// costs none. One scan, one candidate: a stream that cannot be waited for is asked once.
     Whole,
-    /// The smallest whole cached segment larger than [`Offer::Whole`] takes (of about the
-    /// request's size) among the last [`LOOK_LARGER`] listed, where none of that size was
-    /// found; split, the rest stays with the new stream. Over the soft limit the
-    /// reclaim would release it and reserve a segment of the request's size: two backend calls
-    /// for memory, on every step where streams' requests differ in size (dynamic shapes on
-    /// several streams, which otherwise never settle), where taking it over costs none.
-    Larger,
 }
 
-/// How many of the last candidates [`Offer::Idle`] and [`Offer::Whole`] look at.
+/// How many of the last candidates [`Offer::Idle`] and [`Offer::Whole`] look at first.
 const LOOK: usize = 8;
-/// How many of the last listed whole segments [`Offer::Larger`] compares.
-const LOOK_LARGER: usize = 32;
+/// How many of the last listed whole segments [`Offer::Whole`] compares where none of the
+/// last [`LOOK`] is of about the request's size.
+const LOOK_WIDE: usize = 32;
 
 /// How many sizes [`Heap::churned_at_ceiling`] remembers.
 const CEILING_CHURNS: usize = 64;
@@ -208,11 +209,12 @@ impl Heap {
     ) -> Option<BlockId> {
         let (len, look) = match offer {
             Offer::Idle => (self.adoptable.len(), LOOK),
-            Offer::Whole => (self.free.whole().len(), LOOK),
-            Offer::Larger => (self.free.whole().len(), LOOK_LARGER),
+            Offer::Whole => (self.free.whole().len(), LOOK_WIDE),
         };
-        // The candidate taken: the first that fits, or for `Larger` the smallest.
-        let mut chosen: Option<(u64, usize)> = None;
+        // The candidate taken: the first of a size in `sizes` among the last `LOOK`, else
+        // (`Whole`) the smallest of at least `sizes.start()` among the last `LOOK_WIDE`.
+        let mut first: Option<usize> = None;
+        let mut smallest: Option<(u64, usize)> = None;
         let mut k = len;
         while k > len.saturating_sub(look) {
             k -= 1;
@@ -222,17 +224,18 @@ impl Heap {
                 continue;
             }
             let blk = &self.blocks[b];
-            if blk.pool != pool || !sizes.contains(&blk.size) || blk.stream == stream {
+            if blk.pool != pool || blk.size < *sizes.start() || blk.stream == stream {
                 continue;
             }
-            if chosen.is_none_or(|(size, _)| blk.size < size) {
-                chosen = Some((blk.size, k));
-            }
-            if offer != Offer::Larger {
+            if len - k <= LOOK && blk.size <= *sizes.end() {
+                first = Some(k);
                 break;
             }
+            if smallest.is_none_or(|(size, _)| blk.size < size) {
+                smallest = Some((blk.size, k));
+            }
         }
-        let (_, k) = chosen?;
+        let k = first.or(smallest.filter(|_| offer == Offer::Whole).map(|(_, k)| k))?;
         let b = self.offered(offer, k);
         let old = self.blocks[b].stream;
         if !self.order_for_take_over(backend, old, stream) {
@@ -257,7 +260,7 @@ impl Heap {
     fn offered(&self, offer: Offer, k: usize) -> BlockId {
         match offer {
             Offer::Idle => self.adoptable[k],
-            Offer::Whole | Offer::Larger => self.free.whole()[k],
+            Offer::Whole => self.free.whole()[k],
         }
     }
 
