@@ -122,7 +122,11 @@
 //! under the limit and an earlier reclaim gave back what it now needs, to what that reclaim
 //! needed: the limit that would have spared it), up to
 //! [`AllocatorConfig::fragmentation_limit_max`] (1.25), so that a training loop settles within
-//! one or two steps to steps that never call the driver. That ceiling gives way where holding
+//! one or two steps to steps that never call the driver. Where the limit must rise again
+//! before the allocated bytes set a new peak (steps that churn again: dynamic shapes, whose
+//! holes each raise leaves too few), each such raise is at least twice the last (0.5%, 1%, 2%,
+//! ...): the steps that still churn are then as many as the doublings to the headroom the loop
+//! needs, not that headroom over 0.5%, overshooting it by less than the last step. That ceiling gives way where holding
 //! to it would churn for ever: a request of a size that already churned once at the ceiling
 //! raises the limit past it ([`LimitMax::Auto`]). One churn at the ceiling may be a warm-up;
 //! the same size churning again is a loop's steady state (a server's requests of random shapes
@@ -162,12 +166,18 @@
 //! its stream is idle (it has not allocated during the last 64 requests that needed a new
 //! segment); idle streams' whole segments nobody takes are released at the next sweep, so that
 //! a program creating streams without end keeps a bounded cache. Over the limit, a request
-//! takes a segment of about its size (up to the segment it would reserve); where there is
-//! none, the smallest larger one among the last 32 listed, split, rather than releasing that
-//! one to reserve a segment of the request's size: with dynamic shapes on several streams, a
-//! stream seldom finds another's segment of about its size, and releasing and reserving came
-//! back at every step (synthetic traces of two to four streams kept calling the driver after
-//! twenty passes; now within ten, most within five, at lower peaks on most: `BENCHMARKS.md`).
+//! takes a segment of about its size (up to the segment it would reserve) among the last 8
+//! listed; where there is none, the smallest at least its size among the last 32, split,
+//! rather than releasing that one to reserve a segment of the request's size. Where no whole
+//! segment fits, a free *block* of another stream's segment is lent (the best fit over the
+//! other streams), the request's stream ordered after the owner's as for a segment: the block
+//! stays in its owner's segment and goes back to the owner's free blocks once an event
+//! recorded on the borrower's stream at free time has completed, as after `record_stream`
+//! (the cudaMallocAsync pool shares freed memory between streams in the same way; PyTorch's
+//! allocator does not). With dynamic shapes on several streams a stream seldom finds another's
+//! whole segment of about its size, and releasing and reserving came back at every step
+//! (synthetic traces of two to four streams kept calling the driver after twenty passes; now
+//! most settle within three: `BENCHMARKS.md`).
 //! Each stream with a live block
 //! holds at least one segment of its own (2 MiB for small blocks), as in PyTorch.
 //!

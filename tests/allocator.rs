@@ -725,6 +725,47 @@ fn a_segment_of_the_requests_size_behind_smaller_ones_is_taken_over() {
     alloc.check_invariants().unwrap();
 }
 
+/// Over the soft limit, where no whole cached segment fits, a free block of another stream's
+/// segment is lent: the borrower's work is ordered after the owner's, nothing is reserved, and
+/// the block goes back to its owner only once the borrower's work queued before the free is
+/// done (as after `record_stream`).
+#[test]
+fn a_free_block_of_another_streams_segment_is_lent_and_comes_back_after_the_borrower() {
+    let backend = Arc::new(SyncLog {
+        sim: SimBackend::with_events(1 << 30, vramscope::backend::EventMode::Manual),
+        ordered: Default::default(),
+    });
+    let mut config = AllocatorConfig::default();
+    config.release_pages = false;
+    let alloc = CachingAllocator::with_config(backend.clone(), config).unwrap();
+    let (s1, s2) = (alloc.default_stream(), alloc.new_stream().unwrap());
+    let kept = alloc.alloc::<u8>(&s1, 100 * MIB as usize).unwrap();
+    let whole = alloc.alloc::<u8>(&s2, 100 * MIB as usize).unwrap();
+    let base = whole.device_ptr();
+    drop(whole);
+    // Stream 2's segment: 40 MiB live at its start, 60 MiB free behind.
+    let front = alloc.alloc::<u8>(&s2, 40 * MIB as usize).unwrap();
+    assert_eq!(front.device_ptr(), base);
+    backend.ordered.lock().unwrap().clear();
+    // Peak allocated 200 MiB, all reserved: 50 MiB more is over the 1.05 limit.
+    let lent = alloc.alloc::<u8>(&s1, 50 * MIB as usize).unwrap();
+    assert_eq!(lent.device_ptr(), base + 40 * MIB, "stream 2's free block is lent");
+    assert_eq!(*backend.ordered.lock().unwrap(), [(s1.raw(), s2.raw())], "stream 1 ordered after stream 2");
+    let st = alloc.stats();
+    assert_eq!((st.num_device_alloc, st.num_device_free, st.num_segment_adoptions), (2, 0, 0), "{st:?}");
+    drop(lent);
+    // Stream 1's work may still use it: stream 2 cannot have it back yet.
+    let again = alloc.alloc::<u8>(&s2, 50 * MIB as usize).unwrap();
+    assert_ne!(again.device_ptr(), base + 40 * MIB, "reused before the borrower's work was done");
+    drop(again);
+    alloc.synchronize(s1).unwrap();
+    // Merged again with the 10 MiB left behind it: stream 2's 60 MiB free block as before.
+    let back = alloc.alloc::<u8>(&s2, 60 * MIB as usize).unwrap();
+    assert_eq!(back.device_ptr(), base + 40 * MIB, "back with its owner once the borrower's work is done");
+    drop((back, front, kept));
+    alloc.check_invariants().unwrap();
+}
+
 /// The papercuts of a small inference engine: a shaped allocation in one call, streams by
 /// value or reference, a buffer that gives back its allocator (to grow a KV cache), and
 /// half-precision element types (feature `half`).

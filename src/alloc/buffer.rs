@@ -319,6 +319,12 @@ impl<T> Buffer<T> {
         }
     }
 
+    /// The block lies in another stream's segment (the heap lent it): its free waits for
+    /// this buffer's stream, which the heap sees to, so it is never parked.
+    pub(crate) fn lent(&self) {
+        self.flags.fetch_or(USED_ELSEWHERE, Ordering::Relaxed);
+    }
+
     /// What parking its block needs, unless the heap must see its free.
     fn parkable(&mut self) -> Option<Parked> {
         let flags = *self.flags.get_mut();

@@ -78,7 +78,9 @@ pub struct AllocatorConfig {
     /// workload's steps need that much cache; raising the limit a fixed step at a time instead
     /// paid driver calls at every step until it got there (on CUDA, with dynamic shapes, more
     /// steps than a test runs: `BENCHMARKS.md`). A steady workload (a training loop) settles
-    /// within one or two steps. Default: [`LimitMax::Auto`].
+    /// within one or two steps; where it must rise again before a new peak of allocated bytes,
+    /// each rise is at least twice the last, so that a loop whose steps keep churning (dynamic
+    /// shapes) gets there in a few. Default: [`LimitMax::Auto`].
     pub fragmentation_limit_max: LimitMax,
     /// Where the backend can map and unmap pages (CUDA's virtual-memory segments, the sim),
     /// give back the pages under free holes inside segments when reclaiming, and let a large

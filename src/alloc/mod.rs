@@ -546,8 +546,14 @@ impl CachingAllocator {
             Arc::increment_strong_count(Arc::as_ptr(&self.shared))
         };
         Ok(match grant {
-            // SAFETY: the buffer was counted in `buffers` above, with `keepalive` set.
-            Some(g) => unsafe { Buffer::new(shared, g.block, g.addr, len, *stream, g.class) },
+            Some(g) => {
+                // SAFETY: the buffer was counted in `buffers` above, with `keepalive` set.
+                let buf = unsafe { Buffer::new(shared, g.block, g.addr, len, *stream, g.class) };
+                if g.lent {
+                    buf.lent();
+                }
+                buf
+            }
             // SAFETY: as above.
             None => unsafe { Buffer::empty(shared, *stream) },
         })

@@ -100,6 +100,9 @@ pub(crate) struct Block {
 pub(crate) struct Extra {
     /// Other streams the block was used on (`record_stream`).
     pub(crate) uses: Vec<StreamId>,
+    /// The stream a block of another stream's segment was lent to (see [`Heap::lend`]): the
+    /// stream its allocation and free are recorded on.
+    pub(crate) lent_to: Option<StreamId>,
     pub(crate) meta: Option<TensorMeta>,
 }
 
@@ -181,6 +184,9 @@ pub(crate) struct Heap {
     /// reserved, at most, where their requests' needs were exact (see
     /// [`Heap::note_regrowth`]).
     released_wanted: u64,
+    /// Raises of the limit since the last new peak of allocated bytes: each rise without a new
+    /// peak doubles the least step of the next (see [`Heap::note_regrowth`]).
+    raises_since_peak: u32,
     /// The last error a `Drop` could not report.
     last_error: Option<String>,
     /// Stacks, history and what to record.
@@ -226,6 +232,9 @@ enum Grown {
     Free(BlockId),
     /// The block to hand out as it is, already its size and off the free index.
     Handed(BlockId),
+    /// A free block of another stream's segment, lent to the request's stream (see
+    /// [`Heap::lend`]).
+    Lent(BlockId),
 }
 
 /// What `alloc` hands back.
@@ -234,6 +243,9 @@ pub(crate) struct Grant {
     pub(crate) block: BlockId,
     pub(crate) addr: u64,
     pub(crate) class: BlockClass,
+    /// The block lies in another stream's segment: its free waits for the request's stream
+    /// (as after `record_stream`), so it must go through the heap, never a parking slot.
+    pub(crate) lent: bool,
 }
 
 impl Heap {
@@ -260,6 +272,7 @@ impl Heap {
             limit_max: config.fragmentation_limit_max.resolve(backend.costly_segments()),
             ceiling_churns: Vec::new(),
             released_since_peak: 0,
+            raises_since_peak: 0,
             released_wanted: 0,
             hot: None,
             defer_hot: true,
@@ -331,6 +344,11 @@ impl Heap {
                     // A failure here is mapping pages for a cached block, even after a retry.
                     Grown::Free(i) => self.take(backend, i, size).map_err(|e| self.oom(backend, requested, size, e))?,
                     Grown::Handed(i) => i,
+                    Grown::Lent(i) => {
+                        let b = self.take(backend, i, size).map_err(|e| self.oom(backend, requested, size, e))?;
+                        self.lend(b, stream);
+                        b
+                    }
                 }
             }
         };
@@ -343,16 +361,17 @@ impl Heap {
         let reusable = b.size == size;
         // The block's own pool: the block freed last may lie in the other one (a segment that
         // served every size while one stream held them all).
-        let (addr, size, pool) = (b.addr, b.size, b.pool);
+        let (addr, size, pool, b_stream) = (b.addr, b.size, b.pool, b.stream);
         self.note(Note::Alloc { addr, size, requested, pool, stream, ctx });
         let cur = self.stats.allocated_bytes.current();
         if cur > self.limit_peak {
             self.limit_peak = cur;
             self.released_since_peak = 0;
+            self.raises_since_peak = 0;
             self.released_wanted = 0;
         }
         let class = BlockClass { size, pool, oversize: self.is_oversize(size), reusable };
-        Ok(Grant { block, addr, class })
+        Ok(Grant { block, addr, class, lent: b_stream != stream })
     }
 
     /// Best fit among the free blocks of `pool` on `stream`.
@@ -486,6 +505,7 @@ impl Heap {
             // Over the limit, reclaiming would release other streams' whole cached segments to
             // make room for a new one: take one of those over instead when it fits.
             let fits = seg_size.max(exact);
+            let errors = self.stats.num_backend_errors;
             let taken = match deferred.filter(|d| d.segment_size <= fits) {
                 // Merged, the kept block's segment would be the last whole segment listed, the
                 // first that `adopt` looks at, and it fits: take it over as it lies (or, if its
@@ -495,6 +515,14 @@ impl Heap {
                     self.settle();
                     self.adopt(backend, Offer::Whole, pool, stream, size..=fits).map(Grown::Free)
                 }
+            };
+            // None to take over: lend a free block of another stream's segment, rather than
+            // release cached segments to reserve a new one (unless waiting failed just now).
+            let taken = match taken {
+                None if self.stats.num_backend_errors == errors => {
+                    self.lendable(backend, pool, stream, size).map(Grown::Lent)
+                }
+                taken => taken,
             };
             if let Some(taken) = taken {
                 return Ok(taken);
@@ -610,12 +638,12 @@ impl Heap {
     /// The buffer of block `i` was dropped: stop counting it as allocated, and either return it
     /// to the free index or wait for the other streams that used it.
     pub(crate) fn free(&mut self, backend: &dyn Backend, i: BlockId, ctx: Option<Context>) {
-        let (pool, size, requested, uses) = {
+        let (pool, size, requested, uses, lent_to) = {
             let b = &mut self.blocks[i];
             debug_assert_eq!(b.state, BlockState::Allocated);
-            let uses = b.extra.take().map(|e| e.uses).unwrap_or_default();
+            let (uses, lent_to) = b.extra.take().map(|e| (e.uses, e.lent_to)).unwrap_or_default();
             b.ctx = None;
-            (b.pool, b.size, std::mem::take(&mut b.requested), uses)
+            (b.pool, b.size, std::mem::take(&mut b.requested), uses, lent_to)
         };
         let mut waiting = 0;
         for s in uses {
@@ -638,7 +666,7 @@ impl Heap {
                         // The events recorded for its earlier streams are still pending and
                         // count down as they complete (the block stays out of use).
                         self.blocks[i].pending_events = waiting;
-                        let (addr, stream) = (self.blocks[i].addr, self.blocks[i].stream);
+                        let (addr, stream) = (self.blocks[i].addr, lent_to.unwrap_or(self.blocks[i].stream));
                         self.note(Note::Release { addr, size, requested, pool, stream, ctx, waiting: true });
                         return;
                     }
@@ -646,7 +674,7 @@ impl Heap {
             }
         }
         let b = &mut self.blocks[i];
-        let (addr, stream) = (b.addr, b.stream);
+        let (addr, stream) = (b.addr, lent_to.unwrap_or(b.stream));
         if waiting > 0 {
             b.state = BlockState::PendingFree;
             b.pending_events = waiting;

@@ -75,7 +75,9 @@ impl Heap {
     /// Called before asking the backend for memory to serve a request of `size` bytes. If the
     /// allocator gave back, since the last peak of allocated bytes, a free piece that would have
     /// served this request, holding to the limit made it churn: raise the limit to what growing
-    /// by `need` bytes without reclaiming takes (at least 0.5% more), up to
+    /// by `need` bytes without reclaiming takes (at least 0.5% more, doubled for each raise
+    /// since the last peak: a loop that churns again after a raise needs more headroom than the
+    /// raise gave, and geometric steps reach it in few churns), up to
     /// `fragmentation_limit_max`.
     pub(super) fn note_regrowth(&mut self, size: u64, need: u64) {
         if size > self.released_since_peak || self.stats.allocated_bytes.current() + size > self.limit_peak {
@@ -92,14 +94,17 @@ impl Heap {
             let fits = now <= self.factor_limit(f, size);
             let wanted = if fits { now.max(spared) } else { now };
             let wanted = wanted as f64 / self.limit_peak.max(1) as f64;
-            let next = (f + 0.005).max((wanted * 200.0).ceil() / 200.0);
+            let step = 0.005 * f64::from(1u32 << self.raises_since_peak.min(6));
+            let next = (f + step).max((wanted * 200.0).ceil() / 200.0);
             let next = (next * 1000.0).round() / 1000.0;
             if f < max {
                 self.limit_factor = Some(next.min(max));
+                self.raises_since_peak += 1;
                 self.note(Note::LimitRaised);
             } else if self.config.fragmentation_limit_max == LimitMax::Auto && self.churned_at_ceiling(size) {
                 // Only the automatic ceiling gives way; one the user set holds.
                 self.limit_factor = Some(next);
+                self.raises_since_peak += 1;
                 self.note(Note::LimitRaised);
             }
         }
@@ -267,7 +272,7 @@ impl Heap {
     /// Orders stream `new`'s work after stream `old`'s before `new` takes over a cached
     /// segment of `old` (on CUDA without blocking the host: `Backend::order_after`); false
     /// (the error noted) if the backend could not.
-    fn order_for_take_over(&mut self, backend: &dyn Backend, old: StreamId, new: StreamId) -> bool {
+    pub(super) fn order_for_take_over(&mut self, backend: &dyn Backend, old: StreamId, new: StreamId) -> bool {
         match backend.order_after(self.streams[new.index()].raw, self.streams[old.index()].raw) {
             Ok(()) => true,
             Err(e) => {

@@ -92,6 +92,47 @@ impl Heap {
         }
     }
 
+    /// Over the soft limit, where no whole cached segment can be taken over: the best fit for
+    /// `size` bytes in `pool` among the free blocks of the other streams' segments, with
+    /// `stream`'s work ordered after the owner's (`Backend::order_after`, as for a segment
+    /// taken over) so that nothing the owner queued before freeing it can still touch the
+    /// memory. The block stays in its owner's segment; [`Heap::lend`] makes its free wait for
+    /// `stream`. Without this, the reclaim releases cached segments and reserves a new one of
+    /// the request's size while other streams cache free blocks that fit: with dynamic shapes
+    /// on several streams, two backend calls on step after step. `None` if no other stream's
+    /// free block fits or its owner could not be waited for.
+    pub(super) fn lendable(
+        &mut self,
+        backend: &dyn Backend,
+        pool: Pool,
+        stream: StreamId,
+        size: u64,
+    ) -> Option<BlockId> {
+        let mut best: Option<(u64, BlockId)> = None;
+        for s in 0..self.streams.len() as u32 {
+            if s == stream.0 {
+                continue;
+            }
+            if let Some(b) = self.find_free(pool, StreamId(s), size) {
+                let found = self.blocks[b].size;
+                if best.is_none_or(|(size, _)| found < size) {
+                    best = Some((found, b));
+                }
+            }
+        }
+        let (_, b) = best?;
+        let owner = self.blocks[b].stream;
+        self.order_for_take_over(backend, owner, stream).then_some(b)
+    }
+
+    /// Block `i`, of another stream's segment, is handed out to `stream`: its free waits for
+    /// `stream`'s work (as after `record_stream`) before the block goes back to its owner's
+    /// free blocks, and its allocation and free are recorded on `stream`.
+    pub(super) fn lend(&mut self, i: BlockId, stream: StreamId) {
+        self.record_stream(i, stream);
+        self.blocks[i].extra.get_or_insert_with(Box::default).lent_to = Some(stream);
+    }
+
     /// Adds a stream, returning its allocator-local id.
     pub(crate) fn add_stream(&mut self, raw: RawStream) -> Result<StreamId> {
         let id =
