@@ -141,8 +141,8 @@
 //! reserved: on the H100 the peak reserved over the peak allocated of a Transformer trained
 //! on random sequence lengths fell from 1.143 to 1.029 (the driver's pool: 1.099), and below
 //! the pool's on every single-stream trace but one (`BENCHMARKS.md`). With several streams
-//! holding large memory nothing grows: memory moves between streams as whole segments, which
-//! a grown segment seldom is.
+//! holding large memory nothing grows: memory moves between streams as whole segments (which
+//! a grown segment seldom is) or lent blocks.
 //!
 //! While one stream holds every segment there, small requests are served from the growing
 //! range too (split off down to 512 bytes, where a large block keeps a remainder under 1 MiB
@@ -171,10 +171,12 @@
 //! rather than releasing that one to reserve a segment of the request's size. Where no whole
 //! segment fits, a free *block* of another stream's segment is lent (the best fit over the
 //! other streams), the request's stream ordered after the owner's as for a segment: the block
-//! stays in its owner's segment and goes back to the owner's free blocks once an event
-//! recorded on the borrower's stream at free time has completed, as after `record_stream`
-//! (the cudaMallocAsync pool shares freed memory between streams in the same way; PyTorch's
-//! allocator does not). With dynamic shapes on several streams a stream seldom finds another's
+//! stays in its owner's segment, and at its free goes back to the owner's free blocks at once,
+//! the owner's stream ordered after the borrower's (or, where the backend cannot order them,
+//! once an event recorded on the borrower at free time has completed, as after
+//! `record_stream`). The cudaMallocAsync pool shares freed memory between streams much the
+//! same way; PyTorch's allocator does not, and on the same streams reserves more
+//! (`BENCHMARKS.md`, "Several streams, like for like"). With dynamic shapes on several streams a stream seldom finds another's
 //! whole segment of about its size, and releasing and reserving came back at every step
 //! (synthetic traces of two to four streams kept calling the driver after twenty passes; now
 //! most settle within three: `BENCHMARKS.md`).

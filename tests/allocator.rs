@@ -590,6 +590,8 @@ struct SyncLog {
     sim: SimBackend,
     /// `(waiting, on)` of each `order_after`.
     ordered: std::sync::Mutex<Vec<(vramscope::backend::RawStream, vramscope::backend::RawStream)>>,
+    /// While set, `order_after` fails.
+    fail_order: std::sync::atomic::AtomicBool,
 }
 
 // SAFETY: every call goes to the simulated backend, which keeps the promises.
@@ -633,6 +635,9 @@ unsafe impl vramscope::backend::Backend for SyncLog {
         waiting: vramscope::backend::RawStream,
         on: vramscope::backend::RawStream,
     ) -> Result<(), vramscope::error::BackendError> {
+        if self.fail_order.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(vramscope::error::BackendError::Other("injected: order_after".into()));
+        }
         self.ordered.lock().unwrap().push((waiting, on));
         self.sim.order_after(waiting, on)
     }
@@ -643,7 +648,11 @@ unsafe impl vramscope::backend::Backend for SyncLog {
 /// after that stream's first; the history shows the segment leaving one stream and joining the other.
 #[test]
 fn a_segment_taken_over_from_another_stream_waits_for_that_stream() {
-    let backend = Arc::new(SyncLog { sim: SimBackend::new(1 << 30), ordered: Default::default() });
+    let backend = Arc::new(SyncLog {
+        sim: SimBackend::new(1 << 30),
+        ordered: Default::default(),
+        fail_order: Default::default(),
+    });
     let alloc = CachingAllocator::new(backend.clone());
     alloc.record_memory_history(vramscope::record::RecordConfig::default());
     let (s1, s2) = (alloc.default_stream(), alloc.new_stream().unwrap());
@@ -674,7 +683,11 @@ fn a_segment_taken_over_from_another_stream_waits_for_that_stream() {
 /// reserve came back on every step (the synthetic traces of `BENCHMARKS.md`).
 #[test]
 fn a_larger_segment_of_another_stream_is_taken_over_rather_than_released() {
-    let backend = Arc::new(SyncLog { sim: SimBackend::new(1 << 30), ordered: Default::default() });
+    let backend = Arc::new(SyncLog {
+        sim: SimBackend::new(1 << 30),
+        ordered: Default::default(),
+        fail_order: Default::default(),
+    });
     let mut config = AllocatorConfig::default();
     config.release_pages = false;
     let alloc = CachingAllocator::with_config(backend.clone(), config).unwrap();
@@ -702,7 +715,11 @@ fn a_larger_segment_of_another_stream_is_taken_over_rather_than_released() {
 /// reserve one of the very same size.
 #[test]
 fn a_segment_of_the_requests_size_behind_smaller_ones_is_taken_over() {
-    let backend = Arc::new(SyncLog { sim: SimBackend::new(1 << 30), ordered: Default::default() });
+    let backend = Arc::new(SyncLog {
+        sim: SimBackend::new(1 << 30),
+        ordered: Default::default(),
+        fail_order: Default::default(),
+    });
     let mut config = AllocatorConfig::default();
     config.release_pages = false;
     let alloc = CachingAllocator::with_config(backend.clone(), config).unwrap();
@@ -726,44 +743,57 @@ fn a_segment_of_the_requests_size_behind_smaller_ones_is_taken_over() {
 }
 
 /// Over the soft limit, where no whole cached segment fits, a free block of another stream's
-/// segment is lent: the borrower's work is ordered after the owner's, nothing is reserved, and
-/// the block goes back to its owner only once the borrower's work queued before the free is
-/// done (as after `record_stream`).
+/// segment is lent: the borrower's work is ordered after the owner's and nothing is reserved.
+/// At its free the block goes back to its owner at once, the owner's work ordered after the
+/// borrower's; where that ordering fails, the block waits for an event on the borrower (as
+/// after `record_stream`).
 #[test]
-fn a_free_block_of_another_streams_segment_is_lent_and_comes_back_after_the_borrower() {
-    let backend = Arc::new(SyncLog {
-        sim: SimBackend::with_events(1 << 30, vramscope::backend::EventMode::Manual),
-        ordered: Default::default(),
-    });
-    let mut config = AllocatorConfig::default();
-    config.release_pages = false;
-    let alloc = CachingAllocator::with_config(backend.clone(), config).unwrap();
-    let (s1, s2) = (alloc.default_stream(), alloc.new_stream().unwrap());
-    let kept = alloc.alloc::<u8>(&s1, 100 * MIB as usize).unwrap();
-    let whole = alloc.alloc::<u8>(&s2, 100 * MIB as usize).unwrap();
-    let base = whole.device_ptr();
-    drop(whole);
-    // Stream 2's segment: 40 MiB live at its start, 60 MiB free behind.
-    let front = alloc.alloc::<u8>(&s2, 40 * MIB as usize).unwrap();
-    assert_eq!(front.device_ptr(), base);
-    backend.ordered.lock().unwrap().clear();
-    // Peak allocated 200 MiB, all reserved: 50 MiB more is over the 1.05 limit.
-    let lent = alloc.alloc::<u8>(&s1, 50 * MIB as usize).unwrap();
-    assert_eq!(lent.device_ptr(), base + 40 * MIB, "stream 2's free block is lent");
-    assert_eq!(*backend.ordered.lock().unwrap(), [(s1.raw(), s2.raw())], "stream 1 ordered after stream 2");
-    let st = alloc.stats();
-    assert_eq!((st.num_device_alloc, st.num_device_free, st.num_segment_adoptions), (2, 0, 0), "{st:?}");
-    drop(lent);
-    // Stream 1's work may still use it: stream 2 cannot have it back yet.
-    let again = alloc.alloc::<u8>(&s2, 50 * MIB as usize).unwrap();
-    assert_ne!(again.device_ptr(), base + 40 * MIB, "reused before the borrower's work was done");
-    drop(again);
-    alloc.synchronize(s1).unwrap();
-    // Merged again with the 10 MiB left behind it: stream 2's 60 MiB free block as before.
-    let back = alloc.alloc::<u8>(&s2, 60 * MIB as usize).unwrap();
-    assert_eq!(back.device_ptr(), base + 40 * MIB, "back with its owner once the borrower's work is done");
-    drop((back, front, kept));
-    alloc.check_invariants().unwrap();
+fn a_free_block_of_another_streams_segment_is_lent_and_given_back_in_stream_order() {
+    for order_back_fails in [false, true] {
+        let backend = Arc::new(SyncLog {
+            sim: SimBackend::with_events(1 << 30, vramscope::backend::EventMode::Manual),
+            ordered: Default::default(),
+            fail_order: Default::default(),
+        });
+        let mut config = AllocatorConfig::default();
+        config.release_pages = false;
+        let alloc = CachingAllocator::with_config(backend.clone(), config).unwrap();
+        let (s1, s2) = (alloc.default_stream(), alloc.new_stream().unwrap());
+        let kept = alloc.alloc::<u8>(&s1, 100 * MIB as usize).unwrap();
+        let whole = alloc.alloc::<u8>(&s2, 100 * MIB as usize).unwrap();
+        let base = whole.device_ptr();
+        drop(whole);
+        // Stream 2's segment: 40 MiB live at its start, 60 MiB free behind.
+        let front = alloc.alloc::<u8>(&s2, 40 * MIB as usize).unwrap();
+        assert_eq!(front.device_ptr(), base);
+        backend.ordered.lock().unwrap().clear();
+        // Peak allocated 200 MiB, all reserved: 50 MiB more is over the 1.05 limit.
+        let lent = alloc.alloc::<u8>(&s1, 50 * MIB as usize).unwrap();
+        assert_eq!(lent.device_ptr(), base + 40 * MIB, "stream 2's free block is lent");
+        assert_eq!(*backend.ordered.lock().unwrap(), [(s1.raw(), s2.raw())], "stream 1 ordered after stream 2");
+        let st = alloc.stats();
+        assert_eq!((st.num_device_alloc, st.num_device_free, st.num_segment_adoptions), (2, 0, 0), "{st:?}");
+        backend.ordered.lock().unwrap().clear();
+        backend.fail_order.store(order_back_fails, std::sync::atomic::Ordering::Relaxed);
+        drop(lent);
+        backend.fail_order.store(false, std::sync::atomic::Ordering::Relaxed);
+        let back = if order_back_fails {
+            // Stream 1's work may still use it: stream 2 cannot have it back yet.
+            let again = alloc.alloc::<u8>(&s2, 50 * MIB as usize).unwrap();
+            assert_ne!(again.device_ptr(), base + 40 * MIB, "reused before the borrower's work was done");
+            drop(again);
+            alloc.synchronize(s1).unwrap();
+            // Merged again with the 10 MiB left behind it: stream 2's 60 MiB free block.
+            alloc.alloc::<u8>(&s2, 60 * MIB as usize).unwrap()
+        } else {
+            assert_eq!(*backend.ordered.lock().unwrap(), [(s2.raw(), s1.raw())], "stream 2 ordered after stream 1");
+            alloc.alloc::<u8>(&s2, 60 * MIB as usize).unwrap()
+        };
+        assert_eq!(back.device_ptr(), base + 40 * MIB, "back with its owner");
+        assert_eq!(alloc.stats().num_backend_errors, u64::from(order_back_fails));
+        drop((back, front, kept));
+        alloc.check_invariants().unwrap();
+    }
 }
 
 /// The papercuts of a small inference engine: a shaped allocation in one call, streams by

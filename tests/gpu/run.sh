@@ -17,7 +17,7 @@
 #   cp fixtures/user-bench/target/release/deps/threads-<hash> .gpu/threads_user
 #   cp fixtures/user-bench/target/fp/release/deps/threads-<hash> .gpu/threads_fp
 #   cp target/release/vramscope ../shared/tools/torch_replay.py ../shared/tools/torch_threads.py \
-#     tests/gpu/run.sh tests/gpu/table.py .gpu/
+#     tests/gpu/run.sh tests/gpu/table.py tests/gpu/torch_streams.py .gpu/
 #   strip --strip-debug .gpu/cuda_tests .gpu/cuda_bench .gpu/vramscope .gpu/threads_*
 # then with the `device` tool (carry [".gpu"]): bash .gpu/run.sh > $OUT/log.txt 2>&1, and
 # python3 tests/gpu/table.py log.txt here. A part whose binary is missing is left out.
@@ -56,6 +56,8 @@ for round in $(seq "${ROUNDS:-3}"); do
   done
   echo "== torch_replay.py $round"
   timeout 300 python3 torch_replay.py traces 2>&1 | grep -v Warning | tail -20
+  # The traces on several streams, through PyTorch and the pool on those streams.
+  [ -f torch_streams.py ] && timeout 120 python3 torch_streams.py traces 2>&1 | grep -v Warning
 done
 if [ -x cuda_bench ]; then
   echo "== pair bench"; timeout 200 ./cuda_bench --bench 2>&1 | grep -v "^$"

@@ -3,7 +3,9 @@
 ns/op, driver calls in the last warm pass, peak reserved over peak live; vramscope's rows are
 `malloc`/`virtual` (segment kind) x `off`/`fast` (recording off, default recording), one run
 a round; PyTorch and the cudaMallocAsync pool are torch_replay.py's, one run a round (one
-stream: compare multi-stream traces on peak and calls, not time). Then issue 22's targets per
+stream: compare multi-stream traces on peak and calls, not time), and for traces on several
+streams torch_streams.py's too (PyTorch and the pool on the trace's own streams), whose peaks
+are then the ones the target compares with. Then issue 22's targets per
 trace and segment kind, on medians of the rounds (the host's speed changes between runs). The pair: one cached allocation and free,
 ns (divan medians of `benches/cuda.rs`; PyTorch's from torch_threads.py at one thread). The
 threads: million pairs per second in all at 1 to 16 threads, each run's figure, and the most
@@ -75,7 +77,7 @@ def median(xs):
     return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
 
 
-def targets(names, runs, torch):
+def targets(names, runs, torch, same):
     """Issue 22's targets per trace and segment kind: no driver call in the last warm pass;
     peak reserved at most the better of PyTorch's and the pool's (exactly for the default
     kind, virtual; within 1% for the other); warm ns/op, medians of the rounds, recording off
@@ -95,6 +97,10 @@ def targets(names, runs, torch):
             cells.append("yes" if calls else "**no**")
             ok.append(calls)
             best = min(min(t["torch_peak_reserved"], t["async_peak_reserved"]) for t in ts)
+            if off[0].get("streams", 1) > 1 and same.get(name):
+                # Like for like: PyTorch and the pool on the trace's own streams.
+                best = min(min(t["torch_peak_reserved"], t.get("pool_peak_reserved", t["torch_peak_reserved"]))
+                           for t in same[name])
             peak = max(r["peak_reserved_bytes"] for r in off + fast)
             slack = 1.0 if seg == "virtual" else 1.01
             good = peak <= best * slack
@@ -116,7 +122,7 @@ def targets(names, runs, torch):
 
 
 def main(path):
-    runs, torch = {}, {}
+    runs, torch, same = {}, {}, {}
     key = None
     section, pair_lines, threads, torch_threads = None, [], [], []
     for line in open(path):
@@ -140,8 +146,12 @@ def main(path):
             key = None
         elif line.startswith('{"trace":') or line.startswith('{"trace": '):
             d = json.loads(line)
-            if "torch_warm_ns_op" in d:
-                torch.setdefault(d["trace"].replace(".trace.json", ""), []).append(d)
+            name = d["trace"].replace(".trace.json", "")
+            if "sum_of_stream_peaks" in d:
+                # torch_streams.py: the same streams as the trace.
+                same.setdefault(name, []).append(d)
+            elif "torch_warm_ns_op" in d:
+                torch.setdefault(name, []).append(d)
     names = sorted({k[0] for k in runs})
     print("| trace | allocator | warm ns/op | warm driver calls | peak reserved / peak live |")
     print("|---|---|---|---|---|")
@@ -164,7 +174,14 @@ def main(path):
             print(f"| {name} | PyTorch | {row('torch_warm_ns_op')} | | {peak('torch_peak_reserved')} |")
             print(f"| {name} | cudaMallocAsync | {row('async_warm_ns_op')} | | {peak('async_peak_reserved')} |")
             print(f"| {name} | cudaMalloc | {row('cudaMalloc_ns_op_first20k')} (first 20k) | every op | 1 |")
-    targets(names, runs, torch)
+        ss = same.get(name, [])
+        if ss:
+            live = ss[0]["peak_live"]
+            calls = ", ".join("/".join(map(str, t["torch_segments_per_pass"][1:])) for t in ss)
+            peak = lambda k: ", ".join(sorted({f"{t[k] / live:.3f}" for t in ss if k in t}))
+            print(f"| {name} | PyTorch, the trace's streams | | {calls} (segments) | {peak('torch_peak_reserved')} |")
+            print(f"| {name} | cudaMallocAsync, the trace's streams | | | {peak('pool_peak_reserved')} |")
+    targets(names, runs, torch, same)
     pair_table(divan_medians(pair_lines), threads, torch_threads)
     thread_table(threads, torch_threads)
 

@@ -645,6 +645,7 @@ impl Heap {
             b.ctx = None;
             (b.pool, b.size, std::mem::take(&mut b.requested), uses, lent_to)
         };
+        let (uses, handed_back) = self.hand_back(backend, i, uses, lent_to);
         let mut waiting = 0;
         for s in uses {
             let raw = self.streams[s.index()].raw;
@@ -680,7 +681,11 @@ impl Heap {
             b.pending_events = waiting;
         }
         self.note(Note::Release { addr, size, requested, pool, stream, ctx, waiting: waiting > 0 });
-        if waiting == 0 {
+        if waiting == 0 && handed_back {
+            // Back among its owner's free blocks, the block freed last left as it was (as when
+            // a wait completes: see `event_done`).
+            self.finish_free(i);
+        } else if waiting == 0 {
             self.settle();
             self.deactivate(i);
             // Kept aside for a request of the same size (the common alloc-free-alloc of a

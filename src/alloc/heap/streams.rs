@@ -133,6 +133,37 @@ impl Heap {
         self.blocks[i].extra.get_or_insert_with(Box::default).lent_to = Some(stream);
     }
 
+    /// At the free of block `i` (used on `uses` besides its segment's stream), lent to
+    /// `lent_to`: orders the owner's stream after the borrower's work queued so far
+    /// (`Backend::order_after`: on CUDA the owner waits for an event, the host does not block),
+    /// so that the block goes back to its owner at once instead of waiting for an event on the
+    /// borrower to complete (until the device has passed it the block is out of everyone's
+    /// reach, and the owner may reserve memory anew meanwhile). Returns the
+    /// streams still to wait for and whether the borrower was ordered so; if the backend could
+    /// not, the free waits for the borrower's event as after `record_stream`.
+    pub(super) fn hand_back(
+        &mut self,
+        backend: &dyn Backend,
+        i: BlockId,
+        mut uses: Vec<StreamId>,
+        lent_to: Option<StreamId>,
+    ) -> (Vec<StreamId>, bool) {
+        let Some(borrower) = lent_to else { return (uses, false) };
+        let owner = self.blocks[i].stream;
+        match backend.order_after(self.streams[owner.index()].raw, self.streams[borrower.index()].raw) {
+            Ok(()) => {
+                uses.retain(|&s| s != borrower);
+                (uses, true)
+            }
+            Err(e) => {
+                self.note(Note::BackendError);
+                self.last_error =
+                    Some(format!("ordering stream {owner} after stream {borrower} to take back a block it lent: {e}"));
+                (uses, false)
+            }
+        }
+    }
+
     /// Adds a stream, returning its allocator-local id.
     pub(crate) fn add_stream(&mut self, raw: RawStream) -> Result<StreamId> {
         let id =
