@@ -319,8 +319,8 @@ impl<T> Buffer<T> {
         }
     }
 
-    /// The block lies in another stream's segment (the heap lent it): its free waits for
-    /// this buffer's stream, which the heap sees to, so it is never parked.
+    /// The block lies in another stream's segment (the heap lent it): its free must order the
+    /// owner after this buffer's stream, which the heap sees to, so it is never parked.
     pub(crate) fn lent(&self) {
         self.flags.fetch_or(USED_ELSEWHERE, Ordering::Relaxed);
     }

@@ -243,8 +243,9 @@ pub(crate) struct Grant {
     pub(crate) block: BlockId,
     pub(crate) addr: u64,
     pub(crate) class: BlockClass,
-    /// The block lies in another stream's segment: its free waits for the request's stream
-    /// (as after `record_stream`), so it must go through the heap, never a parking slot.
+    /// The block lies in another stream's segment: its free must go through the heap (which
+    /// orders the owner after the request's stream, see `Heap::hand_back`), never a parking
+    /// slot.
     pub(crate) lent: bool,
 }
 

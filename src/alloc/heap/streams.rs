@@ -96,8 +96,8 @@ impl Heap {
     /// `size` bytes in `pool` among the free blocks of the other streams' segments, with
     /// `stream`'s work ordered after the owner's (`Backend::order_after`, as for a segment
     /// taken over) so that nothing the owner queued before freeing it can still touch the
-    /// memory. The block stays in its owner's segment; [`Heap::lend`] makes its free wait for
-    /// `stream`. Without this, the reclaim releases cached segments and reserves a new one of
+    /// memory. The block stays in its owner's segment; at its free, [`Heap::hand_back`] orders
+    /// the owner after `stream` (see [`Heap::lend`]). Without this, the reclaim releases cached segments and reserves a new one of
     /// the request's size while other streams cache free blocks that fit: with dynamic shapes
     /// on several streams, two backend calls on step after step. `None` if no other stream's
     /// free block fits or its owner could not be waited for.
@@ -125,9 +125,10 @@ impl Heap {
         self.order_for_take_over(backend, owner, stream).then_some(b)
     }
 
-    /// Block `i`, of another stream's segment, is handed out to `stream`: its free waits for
-    /// `stream`'s work (as after `record_stream`) before the block goes back to its owner's
-    /// free blocks, and its allocation and free are recorded on `stream`.
+    /// Block `i`, of another stream's segment, is handed out to `stream`: `stream` counts as a
+    /// stream the block is used on (as after `record_stream`), so that its free orders the
+    /// owner after `stream` ([`Heap::hand_back`]) or else waits for an event on `stream`; its
+    /// allocation and free are recorded on `stream`.
     pub(super) fn lend(&mut self, i: BlockId, stream: StreamId) {
         self.record_stream(i, stream);
         self.blocks[i].extra.get_or_insert_with(Box::default).lent_to = Some(stream);
