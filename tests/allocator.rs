@@ -594,6 +594,25 @@ struct SyncLog {
     fail_order: std::sync::atomic::AtomicBool,
 }
 
+impl SyncLog {
+    fn new(sim: SimBackend) -> Arc<Self> {
+        Arc::new(SyncLog { sim, ordered: Default::default(), fail_order: Default::default() })
+    }
+}
+
+/// An allocator on `sim` (logged) that gives back no pages (so that only whole segments and
+/// blocks move between streams), with its default stream and a second one.
+fn two_streams_without_pages(
+    sim: SimBackend,
+) -> (Arc<SyncLog>, CachingAllocator, vramscope::Stream, vramscope::Stream) {
+    let backend = SyncLog::new(sim);
+    let mut config = AllocatorConfig::default();
+    config.release_pages = false;
+    let alloc = CachingAllocator::with_config(backend.clone(), config).unwrap();
+    let (s1, s2) = (alloc.default_stream(), alloc.new_stream().unwrap());
+    (backend, alloc, s1, s2)
+}
+
 // SAFETY: every call goes to the simulated backend, which keeps the promises.
 unsafe impl vramscope::backend::Backend for SyncLog {
     fn name(&self) -> &str {
@@ -648,11 +667,7 @@ unsafe impl vramscope::backend::Backend for SyncLog {
 /// after that stream's first; the history shows the segment leaving one stream and joining the other.
 #[test]
 fn a_segment_taken_over_from_another_stream_waits_for_that_stream() {
-    let backend = Arc::new(SyncLog {
-        sim: SimBackend::new(1 << 30),
-        ordered: Default::default(),
-        fail_order: Default::default(),
-    });
+    let backend = SyncLog::new(SimBackend::new(1 << 30));
     let alloc = CachingAllocator::new(backend.clone());
     alloc.record_memory_history(vramscope::record::RecordConfig::default());
     let (s1, s2) = (alloc.default_stream(), alloc.new_stream().unwrap());
@@ -683,15 +698,7 @@ fn a_segment_taken_over_from_another_stream_waits_for_that_stream() {
 /// reserve came back on every step (the synthetic traces of `BENCHMARKS.md`).
 #[test]
 fn a_larger_segment_of_another_stream_is_taken_over_rather_than_released() {
-    let backend = Arc::new(SyncLog {
-        sim: SimBackend::new(1 << 30),
-        ordered: Default::default(),
-        fail_order: Default::default(),
-    });
-    let mut config = AllocatorConfig::default();
-    config.release_pages = false;
-    let alloc = CachingAllocator::with_config(backend.clone(), config).unwrap();
-    let (s1, s2) = (alloc.default_stream(), alloc.new_stream().unwrap());
+    let (backend, alloc, s1, s2) = two_streams_without_pages(SimBackend::new(1 << 30));
     let big = alloc.alloc::<u8>(&s2, 100 * MIB as usize).unwrap();
     let bigger = alloc.alloc::<u8>(&s2, 140 * MIB as usize).unwrap();
     let kept = alloc.alloc::<u8>(&s1, 40 * MIB as usize).unwrap();
@@ -715,15 +722,7 @@ fn a_larger_segment_of_another_stream_is_taken_over_rather_than_released() {
 /// reserve one of the very same size.
 #[test]
 fn a_segment_of_the_requests_size_behind_smaller_ones_is_taken_over() {
-    let backend = Arc::new(SyncLog {
-        sim: SimBackend::new(1 << 30),
-        ordered: Default::default(),
-        fail_order: Default::default(),
-    });
-    let mut config = AllocatorConfig::default();
-    config.release_pages = false;
-    let alloc = CachingAllocator::with_config(backend.clone(), config).unwrap();
-    let (s1, s2) = (alloc.default_stream(), alloc.new_stream().unwrap());
+    let (backend, alloc, s1, s2) = two_streams_without_pages(SimBackend::new(1 << 30));
     let fit = alloc.alloc::<u8>(&s2, 60 * MIB as usize).unwrap();
     let small: Vec<_> = (0..8).map(|_| alloc.alloc::<u8>(&s2, 20 * MIB as usize).unwrap()).collect();
     let kept = alloc.alloc::<u8>(&s1, 40 * MIB as usize).unwrap();
@@ -750,15 +749,8 @@ fn a_segment_of_the_requests_size_behind_smaller_ones_is_taken_over() {
 #[test]
 fn a_free_block_of_another_streams_segment_is_lent_and_given_back_in_stream_order() {
     for order_back_fails in [false, true] {
-        let backend = Arc::new(SyncLog {
-            sim: SimBackend::with_events(1 << 30, vramscope::backend::EventMode::Manual),
-            ordered: Default::default(),
-            fail_order: Default::default(),
-        });
-        let mut config = AllocatorConfig::default();
-        config.release_pages = false;
-        let alloc = CachingAllocator::with_config(backend.clone(), config).unwrap();
-        let (s1, s2) = (alloc.default_stream(), alloc.new_stream().unwrap());
+        let (backend, alloc, s1, s2) =
+            two_streams_without_pages(SimBackend::with_events(1 << 30, vramscope::backend::EventMode::Manual));
         let kept = alloc.alloc::<u8>(&s1, 100 * MIB as usize).unwrap();
         let whole = alloc.alloc::<u8>(&s2, 100 * MIB as usize).unwrap();
         let base = whole.device_ptr();
