@@ -40,6 +40,9 @@ const LOOK: usize = 8;
 /// last [`LOOK`] is of about the request's size.
 const LOOK_WIDE: usize = 32;
 
+/// What ordering a stream after another is for, where a segment changes stream.
+const TAKE_OVER: &str = "to take over its cached segment";
+
 /// How many sizes [`Heap::churned_at_ceiling`] remembers.
 const CEILING_CHURNS: usize = 64;
 
@@ -243,7 +246,7 @@ impl Heap {
         let k = first.or(smallest.filter(|_| offer == Offer::Whole).map(|(_, k)| k))?;
         let b = self.offered(offer, k);
         let old = self.blocks[b].stream;
-        if !self.order_for_take_over(backend, old, stream) {
+        if !self.order_streams(backend, stream, old, TAKE_OVER) {
             return None;
         }
         if offer == Offer::Idle {
@@ -266,21 +269,6 @@ impl Heap {
         match offer {
             Offer::Idle => self.adoptable[k],
             Offer::Whole => self.free.whole()[k],
-        }
-    }
-
-    /// Orders stream `new`'s work after stream `old`'s before `new` takes over a cached
-    /// segment of `old` (on CUDA without blocking the host: `Backend::order_after`); false
-    /// (the error noted) if the backend could not.
-    pub(super) fn order_for_take_over(&mut self, backend: &dyn Backend, old: StreamId, new: StreamId) -> bool {
-        match backend.order_after(self.streams[new.index()].raw, self.streams[old.index()].raw) {
-            Ok(()) => true,
-            Err(e) => {
-                self.note(Note::BackendError);
-                self.last_error =
-                    Some(format!("ordering stream {new} after stream {old} to take over its cached segment: {e}"));
-                false
-            }
         }
     }
 
@@ -324,7 +312,7 @@ impl Heap {
     ) -> Option<BlockId> {
         debug_assert_eq!(self.hot, Some(d.hot));
         let old = self.blocks[d.hot].stream;
-        if !self.order_for_take_over(backend, old, stream) {
+        if !self.order_streams(backend, stream, old, TAKE_OVER) {
             self.settle();
             return None;
         }

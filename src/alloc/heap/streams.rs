@@ -122,7 +122,7 @@ impl Heap {
         }
         let (_, b) = best?;
         let owner = self.blocks[b].stream;
-        self.order_for_take_over(backend, owner, stream).then_some(b)
+        self.order_streams(backend, stream, owner, "to borrow a free block of its segment").then_some(b)
     }
 
     /// Block `i`, of another stream's segment, is handed out to `stream`: `stream` counts as a
@@ -151,16 +151,24 @@ impl Heap {
     ) -> (Vec<StreamId>, bool) {
         let Some(borrower) = lent_to else { return (uses, false) };
         let owner = self.blocks[i].stream;
-        match backend.order_after(self.streams[owner.index()].raw, self.streams[borrower.index()].raw) {
-            Ok(()) => {
-                uses.retain(|&s| s != borrower);
-                (uses, true)
-            }
+        if !self.order_streams(backend, owner, borrower, "to take back a block it lent") {
+            return (uses, false);
+        }
+        uses.retain(|&s| s != borrower);
+        (uses, true)
+    }
+
+    /// Orders stream `waiting`'s work after the work queued so far on stream `on` (on CUDA
+    /// without blocking the host: `Backend::order_after`), before memory `on` used passes to
+    /// `waiting`; false, the error noted with `why` (what the ordering was for), if the backend
+    /// could not.
+    pub(super) fn order_streams(&mut self, backend: &dyn Backend, waiting: StreamId, on: StreamId, why: &str) -> bool {
+        match backend.order_after(self.streams[waiting.index()].raw, self.streams[on.index()].raw) {
+            Ok(()) => true,
             Err(e) => {
                 self.note(Note::BackendError);
-                self.last_error =
-                    Some(format!("ordering stream {owner} after stream {borrower} to take back a block it lent: {e}"));
-                (uses, false)
+                self.last_error = Some(format!("ordering stream {waiting} after stream {on} {why}: {e}"));
+                false
             }
         }
     }
