@@ -40,16 +40,18 @@ fn twenty_thousand_loads_leak_nothing() {
     let real =
         std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/torch/leaky_train.snapshot.pickle")).unwrap();
     let cycle = hostile::cycle();
+    let unreachable = hostile::unreachable_cycle();
     let bomb = hostile::block_bomb(20_000);
     let frames = hostile::frame_bomb(20_000);
     let load = |data: &[u8]| drop(Snapshot::from_bytes(data, "leak check"));
     // Warm up whatever is created once (lazy statics, thread-locals).
-    for data in [&real[..], &cycle, &bomb, &frames] {
+    for data in [&real[..], &cycle, &unreachable, &bomb, &frames] {
         load(data);
     }
     let before = LIVE.load(Ordering::Relaxed);
     for _ in 0..20_000 {
         load(&cycle);
+        load(&unreachable);
     }
     for _ in 0..20 {
         load(&bomb);

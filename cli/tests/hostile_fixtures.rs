@@ -79,6 +79,7 @@ fn inputs() -> Vec<(&'static str, Vec<u8>, &'static str, Expect)> {
         // 400 million frames by reference, but one shared list of 20,000: read once.
         ("frame_bomb.pickle", hostile::frame_bomb(20_000), "summary", Answer("Allocated memory")),
         ("cycle.pickle", hostile::cycle(), "summary", Refused("reference cycle")),
+        ("unreachable_cycle.pickle", hostile::unreachable_cycle(), "summary", Refused("reference cycle")),
         ("consistent.json", edited(|_| {}), "live", Answer("train_step")),
         (
             "forged_frame.json",

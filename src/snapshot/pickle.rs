@@ -248,19 +248,17 @@ fn long_value(r: &Reader<'_>, bytes: &[u8]) -> Result<Value, PickleError> {
 pub(crate) fn parse(data: &[u8]) -> Result<Value, PickleError> {
     let mut stack: Vec<Value> = Vec::new();
     let mut memo: Vec<Option<Value>> = Vec::new();
-    let mut shared = false;
-    let result = parse_into(data, &mut stack, &mut memo, &mut shared);
-    // A memo reference can put a container inside itself (`l = []; l.append(l)`): such a value
-    // could never be dropped. Whether the pickle was read or not, a cycle among what it built
-    // is broken (every list and dict emptied) and reported.
-    // Only a container pushed a second time (a memo GET or a DUP) can close a cycle.
-    let cycle = shared && {
-        let roots = memo.iter().flatten().chain(&stack).chain(result.as_ref().ok());
-        has_cycle(roots)
-    };
-    if cycle {
-        let roots = memo.iter().flatten().chain(&stack).chain(result.as_ref().ok());
-        empty_containers(roots);
+    let mut again: Vec<Value> = Vec::new();
+    let result = parse_into(data, &mut stack, &mut memo, &mut again);
+    // A memo reference or a DUP can put a container inside itself (`l = []; l.append(l)`):
+    // such a value could never be dropped. Whether the pickle was read or not, a cycle among
+    // what it built is broken (every list and dict emptied) and reported. A cycle holds a
+    // container pushed a second time (a memo GET or a DUP put it inside what it already
+    // contained), so those containers are where to look: what the stack and the memo still
+    // hold would miss a cycle popped off the stack before STOP, which leaked (found by
+    // `fuzz/run.sh`).
+    if !again.is_empty() && has_cycle(again.iter()) {
+        empty_containers(again.iter());
         return Err(PickleError {
             offset: data.len(),
             message: "the pickle holds a reference cycle (a list or dict inside itself); snapshots never do".into(),
@@ -368,12 +366,13 @@ fn empty_containers<'a>(roots: impl Iterator<Item = &'a Value>) {
     }
 }
 
-/// Reads the pickle, leaving what it built in `stack` and `memo` for [`parse`] to check.
+/// Reads the pickle, keeping in `again` each container it pushes a second time (a memo GET or
+/// a DUP), for [`parse`] to check for cycles.
 fn parse_into(
     data: &[u8],
     stack: &mut Vec<Value>,
     memo: &mut Vec<Option<Value>>,
-    shared: &mut bool,
+    again: &mut Vec<Value>,
 ) -> Result<Value, PickleError> {
     let mut r = Reader { data, pos: 0, op_at: 0 };
     let mut marks: Vec<usize> = Vec::new();
@@ -596,13 +595,17 @@ fn parse_into(
             b'h' => {
                 let idx = r.u8()? as usize;
                 let v = get(memo, idx, &r)?;
-                *shared |= container_id(&v).is_some();
+                if container_id(&v).is_some() {
+                    again.push(v.clone());
+                }
                 stack.push(v);
             }
             b'j' => {
                 let idx = r.u32()? as usize;
                 let v = get(memo, idx, &r)?;
-                *shared |= container_id(&v).is_some();
+                if container_id(&v).is_some() {
+                    again.push(v.clone());
+                }
                 stack.push(v);
             }
             b'0' => {
@@ -613,7 +616,9 @@ fn parse_into(
             }
             b'2' => {
                 let v = stack.last().cloned().ok_or_else(|| r.err("DUP with an empty stack"))?;
-                *shared |= container_id(&v).is_some();
+                if container_id(&v).is_some() {
+                    again.push(v.clone());
+                }
                 stack.push(v);
             }
             b'c' | 0x93 | b'R' | 0x81 | 0x92 | b'b' | b'i' | b'o' => {

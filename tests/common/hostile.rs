@@ -240,6 +240,19 @@ pub fn cycle() -> Vec<u8> {
     p.0
 }
 
+/// A list put inside itself (`DUP`, `APPEND`) and popped off the stack, so that nothing the
+/// pickle ends with reaches it, before a plain snapshot dict (found by `fuzz/run.sh`).
+pub fn unreachable_cycle() -> Vec<u8> {
+    let mut p = Pickle::new();
+    p.op(b']').op(b'2').op(b'a').op(b'0');
+    p.container(b'}');
+    p.s("segments");
+    p.op(b']');
+    p.op(b's');
+    p.op(b'.');
+    p.0
+}
+
 impl Pickle {
     /// Pushes an unsigned integer as a nine-byte `LONG1` (any `u64`, 2^63 and above included).
     pub fn long(&mut self, n: u64) -> &mut Self {
