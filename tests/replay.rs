@@ -399,30 +399,28 @@ fn streams_of_random_shapes(seed: u64, streams: u64) -> Trace {
 
 /// Random shapes on two to four streams, where segments are costly: each stream's requests
 /// differ in size from step to step, so a stream seldom finds another's cached segment of
-/// about its size. Taking over a larger one (rather than releasing it and reserving one of
-/// the request's size) lets these settle within twenty warm passes with both segment kinds
-/// (most within five), below what the same allocator caching as PyTorch reserves; some still
-/// called the backend at every step after twenty before. Issue 22 asks for two: not met here.
-/// Prints the figures (`--nocapture`).
+/// about its size. Taking over a whole segment, lending a free block of another stream's
+/// segment and the limit's doubling steps let these six traces settle with both segment kinds
+/// by the fourth warm pass (nine of the twelve rows by the third), below what the same
+/// allocator caching as PyTorch reserves; before lending, some called the backend in every
+/// pass up to the twentieth. Issue 22 asks for none from the third pass on: not met here on
+/// three rows. Prints the figures (`--nocapture`).
 #[test]
 fn random_shapes_on_several_streams_settle() {
+    const PASSES: usize = 12;
     for seed in 0..6 {
         let trace = streams_of_random_shapes(seed, 2 + seed % 3);
         let pytorch = run(&trace, "fragmentation_limit:off,release_pages:false");
         for pages in [true, false] {
-            let third = run_costly(&trace, &format!("release_pages:{pages}"), 3);
-            let r = run_costly(&trace, &format!("release_pages:{pages}"), 20);
+            let r = run_costly(&trace, &format!("release_pages:{pages}"), PASSES);
+            let calls = &r.warm_device_calls;
             eprintln!(
-                "{} pages {pages}: 3rd warm pass {} segments {} maps, 20th {} {}; {:.3}x (pytorch-like {:.3}x)",
-                trace.source,
-                third.warm_device_allocs,
-                third.warm_device_maps,
-                r.warm_device_allocs,
-                r.warm_device_maps,
-                r.fragmentation,
-                pytorch.fragmentation
+                "{} pages {pages}: backend calls for memory in warm passes 1 to {PASSES}: {calls:?}; \
+                 {:.3}x (pytorch-like {:.3}x)",
+                trace.source, r.fragmentation, pytorch.fragmentation
             );
-            assert_eq!((r.warm_device_allocs, r.warm_device_maps), (0, 0), "{}, pages {pages}: {r:?}", trace.source);
+            assert_eq!(calls.len(), PASSES);
+            assert!(calls[3..].iter().all(|&c| c == 0), "{}, pages {pages}: {calls:?}", trace.source);
             assert!(r.peak_reserved_bytes <= pytorch.peak_reserved_bytes, "{}: {r:?}", trace.source);
         }
     }
