@@ -56,9 +56,10 @@
 //! lines outside the scope that grew, with their figures, and how to carry the scope.
 //!
 //! Stacks name your code as you build it, without frame pointers or other flags: `file:line
-//! (function)` in the dev profile and in release with `debug = "line-tables-only"` (function
-//! names of inlined code read `{closure#0}` there), function names in release without debug
-//! info (a body inlined into the harness is named after the test).
+//! (function)` in the dev profile and in release with `debug = "line-tables-only"` (there debug
+//! info names inlined code without its path: the test's body reads `the memory test's body`,
+//! a closure inside it `{closure#0}`), function names in release without debug info (a body
+//! inlined into the harness is named after the test).
 //!
 //! Keys: `iters` (5), `warmup` (1), `tolerance` (`"0 B"`; bytes with a unit, or blocks),
 //! `metric` (`"live_bytes"`, `"live_blocks"`, or `"reserved_bytes"`, which counts whole

@@ -35,6 +35,10 @@ fn relative(path: &std::path::Path) -> String {
     cwd.as_deref().and_then(|c| path.strip_prefix(c).ok()).unwrap_or(path).display().to_string()
 }
 
+/// The name of a memory test's body where debug info names it without its path (inlined, in a
+/// build with line tables only: `{closure#0}`); its `file:line` is known.
+pub(crate) const TEST_BODY: &str = "the memory test's body";
+
 /// The frame that stands for a memory-test body whose own frames cannot be seen: inlined into
 /// the harness in a build without line tables, where the symbol table names only the harness.
 pub(crate) const INLINED_TEST_BODY: &str = "the memory test's body (inlined; no line tables in this build)";
@@ -68,6 +72,12 @@ impl Symbolizer {
             let harness = frames.iter().position(|f| frames::is_harness(&f.function, f.file.as_deref()));
             if let Some(k) = harness {
                 frames.truncate(k);
+                // The frame the harness called is the test's body. Inlined, in a build with
+                // line tables only, debug info names it without its path (`{closure#0}`):
+                // say what it is.
+                if let Some(body) = frames.last_mut().filter(|f| !f.function.contains("::")) {
+                    body.function = TEST_BODY.to_string();
+                }
             }
             frames.retain(|f| !frames::is_captures_own(f));
             for f in &mut frames {
