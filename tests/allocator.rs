@@ -2,8 +2,8 @@
 
 use std::sync::Arc;
 use vramscope::{
-    backend::EventMode, backend::FaultPlan, backend::FaultyBackend, backend::HostBackend, backend::SimBackend,
-    config::AllocatorConfig, error::InvalidRequest, error::UsageError, CachingAllocator, Error,
+    backend::EventMode, backend::FaultPlan, backend::FaultyBackend, backend::HostBackend, backend::RawStream,
+    backend::SimBackend, config::AllocatorConfig, error::InvalidRequest, error::UsageError, CachingAllocator, Error,
 };
 
 const MIB: u64 = 1 << 20;
@@ -589,7 +589,7 @@ fn streams_created_without_end_hold_a_bounded_cache() {
 struct SyncLog {
     sim: SimBackend,
     /// `(waiting, on)` of each `order_after`.
-    ordered: std::sync::Mutex<Vec<(vramscope::backend::RawStream, vramscope::backend::RawStream)>>,
+    ordered: std::sync::Mutex<Vec<(RawStream, RawStream)>>,
     /// While set, `order_after` fails.
     fail_order: std::sync::atomic::AtomicBool,
 }
@@ -597,6 +597,13 @@ struct SyncLog {
 impl SyncLog {
     fn new(sim: SimBackend) -> Arc<Self> {
         Arc::new(SyncLog { sim, ordered: Default::default(), fail_order: Default::default() })
+    }
+
+    /// Runs `f`: what it returned and the `(waiting, on)` of every `order_after` it made.
+    fn orderings<R>(&self, f: impl FnOnce() -> R) -> (R, Vec<(RawStream, RawStream)>) {
+        self.ordered.lock().unwrap().clear();
+        let r = f();
+        (r, std::mem::take(&mut *self.ordered.lock().unwrap()))
     }
 }
 
@@ -631,13 +638,10 @@ unsafe impl vramscope::backend::Backend for SyncLog {
         // SAFETY: the caller's promise, passed on.
         unsafe { self.sim.release(addr, size) }
     }
-    fn create_stream(&self) -> Result<vramscope::backend::RawStream, vramscope::error::BackendError> {
+    fn create_stream(&self) -> Result<RawStream, vramscope::error::BackendError> {
         self.sim.create_stream()
     }
-    fn record_event(
-        &self,
-        stream: vramscope::backend::RawStream,
-    ) -> Result<vramscope::backend::RawEvent, vramscope::error::BackendError> {
+    fn record_event(&self, stream: RawStream) -> Result<vramscope::backend::RawEvent, vramscope::error::BackendError> {
         self.sim.record_event(stream)
     }
     fn event_completed(&self, event: vramscope::backend::RawEvent) -> Result<bool, vramscope::error::BackendError> {
@@ -646,14 +650,10 @@ unsafe impl vramscope::backend::Backend for SyncLog {
     fn destroy_event(&self, event: vramscope::backend::RawEvent) {
         self.sim.destroy_event(event)
     }
-    fn synchronize(&self, stream: vramscope::backend::RawStream) -> Result<(), vramscope::error::BackendError> {
+    fn synchronize(&self, stream: RawStream) -> Result<(), vramscope::error::BackendError> {
         self.sim.synchronize(stream)
     }
-    fn order_after(
-        &self,
-        waiting: vramscope::backend::RawStream,
-        on: vramscope::backend::RawStream,
-    ) -> Result<(), vramscope::error::BackendError> {
+    fn order_after(&self, waiting: RawStream, on: RawStream) -> Result<(), vramscope::error::BackendError> {
         if self.fail_order.load(std::sync::atomic::Ordering::Relaxed) {
             return Err(vramscope::error::BackendError::Other("injected: order_after".into()));
         }
@@ -674,10 +674,9 @@ fn a_segment_taken_over_from_another_stream_waits_for_that_stream() {
     let a = alloc.alloc::<u8>(&s2, 8 * MIB as usize).unwrap();
     let addr = a.device_ptr();
     drop(a);
-    backend.ordered.lock().unwrap().clear();
-    let b = alloc.alloc::<u8>(&s1, 8 * MIB as usize).unwrap();
+    let (b, ordered) = backend.orderings(|| alloc.alloc::<u8>(&s1, 8 * MIB as usize).unwrap());
     assert_eq!(b.device_ptr(), addr, "stream 2's cached segment is taken over");
-    assert_eq!(*backend.ordered.lock().unwrap(), [(s1.raw(), s2.raw())], "stream 1 ordered after stream 2");
+    assert_eq!(ordered, [(s1.raw(), s2.raw())], "stream 1 ordered after stream 2");
     let st = alloc.stats();
     assert_eq!((st.num_segment_adoptions, st.num_device_alloc), (1, 1));
     let snap = alloc.snapshot();
@@ -704,12 +703,11 @@ fn a_larger_segment_of_another_stream_is_taken_over_rather_than_released() {
     let kept = alloc.alloc::<u8>(&s1, 40 * MIB as usize).unwrap();
     let addr = big.device_ptr();
     drop((big, bigger));
-    backend.ordered.lock().unwrap().clear();
     // Peak allocated 280 MiB, reserved 280 MiB: 60 MiB more is over the 1.05 limit, and no
     // cached segment is of about 60 MiB.
-    let b = alloc.alloc::<u8>(&s1, 60 * MIB as usize).unwrap();
+    let (b, ordered) = backend.orderings(|| alloc.alloc::<u8>(&s1, 60 * MIB as usize).unwrap());
     assert_eq!(b.device_ptr(), addr, "the smaller of stream 2's two cached segments is taken over");
-    assert_eq!(*backend.ordered.lock().unwrap(), [(s1.raw(), s2.raw())], "stream 1 ordered after stream 2");
+    assert_eq!(ordered, [(s1.raw(), s2.raw())], "stream 1 ordered after stream 2");
     let st = alloc.stats();
     assert_eq!((st.num_segment_adoptions, st.num_device_alloc, st.num_device_free), (1, 3, 0), "{st:?}");
     assert_eq!(st.reserved_bytes.all.current, 280 * MIB);
@@ -730,11 +728,10 @@ fn a_segment_of_the_requests_size_behind_smaller_ones_is_taken_over() {
     // Freed first, so listed before the eight smaller segments.
     drop(fit);
     drop(small);
-    backend.ordered.lock().unwrap().clear();
     // Peak allocated 260 MiB, all reserved: 60 MiB more is over the 1.05 limit.
-    let b = alloc.alloc::<u8>(&s1, 60 * MIB as usize).unwrap();
+    let (b, ordered) = backend.orderings(|| alloc.alloc::<u8>(&s1, 60 * MIB as usize).unwrap());
     assert_eq!(b.device_ptr(), addr, "stream 2's 60 MiB segment is taken over");
-    assert_eq!(*backend.ordered.lock().unwrap(), [(s1.raw(), s2.raw())], "stream 1 ordered after stream 2");
+    assert_eq!(ordered, [(s1.raw(), s2.raw())], "stream 1 ordered after stream 2");
     let st = alloc.stats();
     assert_eq!((st.num_segment_adoptions, st.num_device_alloc, st.num_device_free), (1, 10, 0), "{st:?}");
     drop((b, kept));
@@ -758,16 +755,14 @@ fn a_free_block_of_another_streams_segment_is_lent_and_given_back_in_stream_orde
         // Stream 2's segment: 40 MiB live at its start, 60 MiB free behind.
         let front = alloc.alloc::<u8>(&s2, 40 * MIB as usize).unwrap();
         assert_eq!(front.device_ptr(), base);
-        backend.ordered.lock().unwrap().clear();
         // Peak allocated 200 MiB, all reserved: 50 MiB more is over the 1.05 limit.
-        let lent = alloc.alloc::<u8>(&s1, 50 * MIB as usize).unwrap();
+        let (lent, ordered) = backend.orderings(|| alloc.alloc::<u8>(&s1, 50 * MIB as usize).unwrap());
         assert_eq!(lent.device_ptr(), base + 40 * MIB, "stream 2's free block is lent");
-        assert_eq!(*backend.ordered.lock().unwrap(), [(s1.raw(), s2.raw())], "stream 1 ordered after stream 2");
+        assert_eq!(ordered, [(s1.raw(), s2.raw())], "stream 1 ordered after stream 2");
         let st = alloc.stats();
         assert_eq!((st.num_device_alloc, st.num_device_free, st.num_segment_adoptions), (2, 0, 0), "{st:?}");
-        backend.ordered.lock().unwrap().clear();
         backend.fail_order.store(order_back_fails, std::sync::atomic::Ordering::Relaxed);
-        drop(lent);
+        let ((), ordered) = backend.orderings(|| drop(lent));
         backend.fail_order.store(false, std::sync::atomic::Ordering::Relaxed);
         let back = if order_back_fails {
             // Stream 1's work may still use it: stream 2 cannot have it back yet.
@@ -778,7 +773,7 @@ fn a_free_block_of_another_streams_segment_is_lent_and_given_back_in_stream_orde
             // Merged again with the 10 MiB left behind it: stream 2's 60 MiB free block.
             alloc.alloc::<u8>(&s2, 60 * MIB as usize).unwrap()
         } else {
-            assert_eq!(*backend.ordered.lock().unwrap(), [(s2.raw(), s1.raw())], "stream 2 ordered after stream 1");
+            assert_eq!(ordered, [(s2.raw(), s1.raw())], "stream 2 ordered after stream 1");
             alloc.alloc::<u8>(&s2, 60 * MIB as usize).unwrap()
         };
         assert_eq!(back.device_ptr(), base + 40 * MIB, "back with its owner");
