@@ -127,11 +127,12 @@
 //! before the allocated bytes set a new peak (steps that churn again: dynamic shapes, whose
 //! holes each raise leaves too few), each such raise is at least twice the last (0.5%, 1%, 2%,
 //! ...): the steps that still churn are then as many as the doublings to the headroom the loop
-//! needs, not that headroom over 0.5%, overshooting it by less than the last step. That ceiling gives way where holding
-//! to it would churn for ever: a request of a size that already churned once at the ceiling
-//! raises the limit past it ([`LimitMax::Auto`]). One churn at the ceiling may be a warm-up;
-//! the same size churning again is a loop's steady state (a server's requests of random shapes
-//! kept reserving and freeing segments in every pass at 1.25; `BENCHMARKS.md`).
+//! needs, not that headroom over 0.5%, overshooting it by less than the last step. That
+//! ceiling gives way where holding to it would churn for ever: a request of a size that
+//! already churned once at the ceiling raises the limit past it ([`LimitMax::Auto`]). One churn
+//! at the ceiling may be a warm-up; the same size churning again is a loop's steady state (a
+//! server's requests of random shapes kept reserving and freeing segments in every pass at
+//! 1.25; `BENCHMARKS.md`).
 //!
 //! Where the backend maps pages (CUDA's virtual-memory segments, the sim) and one stream holds
 //! the large segments, segments also *grow in place*, as PyTorch's expandable segments: a large
@@ -177,12 +178,13 @@
 //! once an event recorded on the borrower at free time has completed, as after
 //! `record_stream`). The cudaMallocAsync pool shares freed memory between streams much the
 //! same way; PyTorch's allocator does not, and on the same streams reserves more
-//! (`BENCHMARKS.md`, "Several streams, like for like"). With dynamic shapes on several streams a stream seldom finds another's
-//! whole segment of about its size, and releasing and reserving came back at every step
-//! (synthetic traces of two to four streams kept calling the driver after twenty passes; now
-//! most settle within three: `BENCHMARKS.md`).
-//! Each stream with a live block
-//! holds at least one segment of its own (2 MiB for small blocks), as in PyTorch.
+//! (`BENCHMARKS.md`, "Several streams, like for like"). With dynamic shapes on several streams
+//! a stream seldom finds another's whole segment of about its size, and releasing and reserving
+//! came back at every step (synthetic traces of two to four streams kept calling the driver
+//! after twenty passes; now the six of the test `random_shapes_on_several_streams_settle` make
+//! no call from the fourth warm pass on, most none from the third, and a few other synthetic
+//! traces still call later: `BENCHMARKS.md`). Each stream with a live block holds at least one
+//! segment of its own (2 MiB for small blocks), as in PyTorch.
 //!
 //! Threads: one lock guards an allocator's heap. Once threads have contended for it, a
 //! dropped buffer's block is *parked* in its thread's own slot instead (up to 4 per thread),
