@@ -194,6 +194,22 @@ impl MemoryStats {
         out
     }
 
+    /// Calls to the backend for memory so far: segments reserved and released, pages mapped and
+    /// unmapped. A loop that makes none from one step to the next runs on cached memory alone.
+    ///
+    /// ```
+    /// use vramscope::{CachingAllocator, backend::SimBackend};
+    /// let alloc = CachingAllocator::new(SimBackend::new(1 << 30));
+    /// let s = alloc.default_stream();
+    /// drop(alloc.alloc::<u8>(&s, 1000).unwrap());
+    /// let before = alloc.stats().backend_memory_calls();
+    /// drop(alloc.alloc::<u8>(&s, 1000).unwrap()); // the cached block again
+    /// assert_eq!(alloc.stats().backend_memory_calls(), before);
+    /// ```
+    pub fn backend_memory_calls(&self) -> u64 {
+        self.num_device_alloc + self.num_device_free + self.num_device_map + self.num_device_unmap
+    }
+
     /// PyTorch's flat map, with its key names (`allocated_bytes.all.current`,
     /// `reserved_bytes.large_pool.peak`, `num_alloc_retries`, ...) and vramscope's own counters
     /// beside them.

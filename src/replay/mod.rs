@@ -188,14 +188,13 @@ pub fn replay(alloc: &CachingAllocator, trace: &Trace, options: &ReplayOptions) 
     let (mut warm_device_allocs, mut warm_device_maps) = (0, 0);
     let mut warm_device_calls = Vec::with_capacity(options.warm_passes);
     let maps = |m: &MemoryStats| m.num_device_map + m.num_device_unmap;
-    let calls = |m: &MemoryStats| m.num_device_alloc + m.num_device_free + maps(m);
     for _ in 0..options.warm_passes {
         let a = alloc.stats();
         warm.push(run_pass(alloc, &enc, &streams)?);
         let b = alloc.stats();
         warm_device_allocs = b.num_device_alloc - a.num_device_alloc;
         warm_device_maps = maps(&b) - maps(&a);
-        warm_device_calls.push(calls(&b) - calls(&a));
+        warm_device_calls.push(b.backend_memory_calls() - a.backend_memory_calls());
     }
     let ops = enc.ops.len().max(1) as f64;
     let warm_ns_per_op: Vec<f64> = warm.iter().map(|w| w / ops).collect();
