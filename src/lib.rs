@@ -161,30 +161,39 @@
 //! Streams: a freed block is reused at once on the stream it was allocated on. A block used on
 //! another stream ([`CachingAllocator::record_stream`]) is reused only after an event recorded on
 //! that stream at free time has completed.
-//! A whole cached segment changes stream in two cases, with the new stream's work ordered after
-//! the old stream's (on CUDA the new stream waits for an event recorded on the old one; the
-//! host does not block; copies run on their buffer's stream): over the fragmentation limit,
-//! where reclaiming would otherwise release it, and when
-//! its stream is idle (it has not allocated during the last 64 requests that needed a new
-//! segment); idle streams' whole segments nobody takes are released at the next sweep, so that
-//! a program creating streams without end keeps a bounded cache. Over the limit, a request
-//! takes a segment of about its size (up to the segment it would reserve) among the last 8
-//! listed; where there is none, the smallest at least its size among the last 32, split,
-//! rather than releasing that one to reserve a segment of the request's size. Where no whole
-//! segment fits, a free *block* of another stream's segment is lent (the best fit over the
-//! other streams), the request's stream ordered after the owner's as for a segment: the block
-//! stays in its owner's segment, and at its free goes back to the owner's free blocks at once,
-//! the owner's stream ordered after the borrower's (or, where the backend cannot order them,
-//! once an event recorded on the borrower at free time has completed, as after
-//! `record_stream`). The cudaMallocAsync pool shares freed memory between streams much the
-//! same way; PyTorch's allocator does not, and on the same streams reserves more
-//! (`BENCHMARKS.md`, "Several streams, like for like"). With dynamic shapes on several streams
-//! a stream seldom finds another's whole segment of about its size, and releasing and reserving
-//! came back at every step (synthetic traces of two to four streams kept calling the driver
-//! after twenty passes; now the six of the test `random_shapes_on_several_streams_settle` make
-//! no call from the fourth warm pass on, most none from the third, and a few other synthetic
-//! traces still call later: `BENCHMARKS.md`). Each stream with a live block holds at least one
-//! segment of its own (2 MiB for small blocks), as in PyTorch.
+//! Over the fragmentation limit, where the request's stream has no free block that fits and
+//! reclaiming would otherwise release cached memory to reserve a new segment, a free *block*
+//! of another stream's segment is lent instead (the best fit over the other streams, whole
+//! segments included), the request's stream ordered after the owner's (on CUDA the borrower
+//! waits for an event recorded on the owner; the host does not block; copies run on their
+//! buffer's stream): the block stays in its owner's segment, and at its free goes back to the
+//! owner's free blocks at once, the owner's stream ordered after the borrower's (or, where the
+//! backend cannot order them, once an event recorded on the borrower at free time has
+//! completed, as after `record_stream`). The cudaMallocAsync pool shares freed memory between
+//! streams much the same way; PyTorch's allocator does not, and on the same streams reserves
+//! more (`BENCHMARKS.md`, "Several streams, like for like").
+//!
+//! Lent, not given: a stream that still works and gave a cached segment away needs memory
+//! again later in its loop and takes another stream's, so segments taken over wander from
+//! stream to stream and the allocator keeps calling the driver pass after pass; a lent block
+//! is back with its owner at its free, so each stream's cache drifts less from one pass to
+//! the next and a loop settles sooner. On synthetic traces of dynamic shapes over two to four
+//! streams replayed as on CUDA (two generators, 72 rows each, neither tuned on), handing whole
+//! segments over left 30 and 38 rows calling the driver after two warm passes, the last until
+//! the fourteenth and the tenth warm pass; lending leaves 11 and 25, the last settled by the
+//! fifth and the sixth, at a lower peak. Not every row settles by the third pass, as issue 22
+//! asks (`BENCHMARKS.md`, "Lending instead of taking over"; the test
+//! `random_shapes_on_several_streams_settle`).
+//!
+//! A whole cached segment changes stream in two cases, the new stream's work ordered after the
+//! old stream's as for a loan: when its stream is idle (it has not allocated during the last
+//! 64 requests that needed a new segment; idle streams' whole segments nobody takes are
+//! released at the next sweep, so that a program creating streams without end keeps a bounded
+//! cache), and, over the limit, when it holds only a temporary that another stream freed just
+//! now, of exactly the request's size: a stream per request, where the segment follows the
+//! temporary from stream to stream (lending it would order the first stream after every later
+//! one). Each stream with a live block holds at least one segment of its own (2 MiB for small
+//! blocks), as in PyTorch.
 //!
 //! Threads: one lock guards an allocator's heap. Once threads have contended for it, a
 //! dropped buffer's block is *parked* in its thread's own slot instead (up to 4 per thread),
@@ -305,8 +314,8 @@
 //!   can be given back and which grow in place (the default) or `cuMemAlloc` ones
 //!   (`CudaSegments`, `VRAMSCOPE_CUDA_SEGMENTS`), cudarc
 //!   streams, reuse across streams gated by CUDA events, copies in order on the buffer's stream,
-//!   segments taken over by another stream ordered after the old one by an event (the host does
-//!   not wait). [`device`] picks it when a device is
+//!   blocks lent and segments taken over by another stream ordered after the owner by an event
+//!   (the host does not wait). [`device`] picks it when a device is
 //!   present. Its segment calls are costly, so the fragmentation limit rises on churn there
 //!   ([`LimitMax::Auto`]).
 //!

@@ -560,9 +560,11 @@ fn default_device_is_shared() {
     drop(x);
 }
 
-/// A program that creates streams without end, each allocating and freeing once, holds a
-/// bounded cache: idle streams' whole segments are taken over by new streams (after waiting
-/// for the old stream) or released, whichever configuration.
+/// A program that creates streams without end, each allocating and freeing once (of a size
+/// that changes), holds a bounded cache, whichever configuration: without the fragmentation
+/// limit idle streams' whole segments are taken over by new streams (after waiting for the old
+/// stream) or released; with it, over the limit from the first request on, the new streams
+/// borrow blocks of the cached segments.
 #[test]
 fn streams_created_without_end_hold_a_bounded_cache() {
     for config in ["fragmentation_limit:off", ""] {
@@ -579,8 +581,12 @@ fn streams_created_without_end_hold_a_bounded_cache() {
         let st = alloc.stats();
         // At most two sweeps' worth (2 x 64 idle streams) of 2 MiB segments, and the newest.
         assert!(alloc.memory_reserved() <= 130 * 2 * MIB, "{config}: {} reserved", alloc.memory_reserved());
-        assert!(st.num_segment_adoptions > 4_000, "{config}: {st:?}");
-        assert!(st.num_device_alloc < 200, "{config}: {} segments reserved", st.num_device_alloc);
+        if config.is_empty() {
+            assert!(st.num_device_alloc <= 2, "{config}: {} segments reserved", st.num_device_alloc);
+        } else {
+            assert!(st.num_segment_adoptions > 4_000, "{config}: {st:?}");
+            assert!(st.num_device_alloc < 200, "{config}: {} segments reserved", st.num_device_alloc);
+        }
     }
 }
 
@@ -662,84 +668,88 @@ unsafe impl vramscope::backend::Backend for SyncLog {
     }
 }
 
-/// Over the soft limit, a request on a stream without cache takes over another stream's whole
-/// cached segment instead of releasing it and reserving a new one, with its own work ordered
-/// after that stream's first; the history shows the segment leaving one stream and joining the other.
+/// Over the soft limit, a temporary that another stream freed just now is handed on with its
+/// segment (a stream per request): the new stream's work ordered after the old one's; the
+/// history shows the segment leaving one stream and joining the other.
 #[test]
-fn a_segment_taken_over_from_another_stream_waits_for_that_stream() {
-    let backend = SyncLog::new(SimBackend::new(1 << 30));
-    let alloc = CachingAllocator::new(backend.clone());
+fn a_temporary_freed_on_another_stream_is_handed_on_with_its_segment() {
+    let (backend, alloc, s1, s2) = two_streams_without_pages(SimBackend::new(1 << 30));
     alloc.record_memory_history(vramscope::record::RecordConfig::default());
-    let (s1, s2) = (alloc.default_stream(), alloc.new_stream().unwrap());
-    let a = alloc.alloc::<u8>(&s2, 8 * MIB as usize).unwrap();
+    let a = alloc.alloc::<u8>(&s2, 512).unwrap();
     let addr = a.device_ptr();
     drop(a);
-    let (b, ordered) = backend.orderings(|| alloc.alloc::<u8>(&s1, 8 * MIB as usize).unwrap());
-    assert_eq!(b.device_ptr(), addr, "stream 2's cached segment is taken over");
+    let (b, ordered) = backend.orderings(|| alloc.alloc::<u8>(&s1, 512).unwrap());
+    assert_eq!(b.device_ptr(), addr, "stream 2's temporary is handed on");
     assert_eq!(ordered, [(s1.raw(), s2.raw())], "stream 1 ordered after stream 2");
     let st = alloc.stats();
     assert_eq!((st.num_segment_adoptions, st.num_device_alloc), (1, 1));
     let snap = alloc.snapshot();
     assert_eq!(snap.segments.len(), 1);
     assert_eq!(snap.segments[0].stream, u64::from(s1.id()), "the snapshot puts the segment on stream 1");
-    let moves: Vec<_> = snap.history.iter().filter(|h| h.addr == addr).map(|h| (h.action, h.stream)).collect();
+    let segment = snap.segments[0].address;
+    let moves: Vec<_> = snap.history.iter().filter(|h| h.addr == segment).map(|h| (h.action, h.stream)).collect();
     assert!(
         moves.windows(2).any(|w| w[0] == (vramscope::record::Action::SegmentFree, u64::from(s2.id()))
             && w[1] == (vramscope::record::Action::SegmentAlloc, u64::from(s1.id()))),
         "{moves:?}"
     );
+    drop(b);
     alloc.check_invariants().unwrap();
 }
 
-/// Over the soft limit, with no other stream's cached segment of about the request's size, a
-/// larger one is taken over (the smallest that fits) and split, instead of being released to
-/// reserve one of the request's size: with dynamic shapes on several streams, that release and
-/// reserve came back on every step (the synthetic traces of `BENCHMARKS.md`).
+/// Over the soft limit, another stream's whole cached segment is lent, not taken over: it
+/// stays its owner's, which has it back, ordered after the borrower, at the borrower's free.
+/// A stream that gave its segment away would need memory again later in its loop; on dynamic
+/// shapes over several streams, segments taken over wandered from stream to stream and the
+/// allocator kept calling the backend pass after pass (BENCHMARKS.md, "Lending instead of
+/// taking over").
 #[test]
-fn a_larger_segment_of_another_stream_is_taken_over_rather_than_released() {
+fn a_whole_segment_of_another_stream_is_lent_and_stays_its_owners() {
     let (backend, alloc, s1, s2) = two_streams_without_pages(SimBackend::new(1 << 30));
-    let big = alloc.alloc::<u8>(&s2, 100 * MIB as usize).unwrap();
+    let a = alloc.alloc::<u8>(&s2, 8 * MIB as usize).unwrap();
+    let addr = a.device_ptr();
+    drop(a);
+    let (b, ordered) = backend.orderings(|| alloc.alloc::<u8>(&s1, 8 * MIB as usize).unwrap());
+    assert_eq!(b.device_ptr(), addr, "stream 2's cached segment is lent");
+    assert_eq!(ordered, [(s1.raw(), s2.raw())], "stream 1 ordered after stream 2");
+    let st = alloc.stats();
+    assert_eq!((st.num_segment_adoptions, st.num_device_alloc), (0, 1));
+    assert_eq!(alloc.snapshot().segments[0].stream, u64::from(s2.id()), "still stream 2's segment");
+    let ((), ordered) = backend.orderings(|| drop(b));
+    assert_eq!(ordered, [(s2.raw(), s1.raw())], "stream 2 ordered after stream 1 at the free");
+    let again = alloc.alloc::<u8>(&s2, 8 * MIB as usize).unwrap();
+    assert_eq!(again.device_ptr(), addr, "back with its owner");
+    assert_eq!(alloc.stats().num_device_alloc, 1);
+    drop(again);
+    alloc.check_invariants().unwrap();
+}
+
+/// Over the soft limit, with no other stream's cached segment of about the request's size, the
+/// best-fitting free block of another stream (here the smaller of two whole segments) is lent,
+/// split, instead of a segment being released to reserve one of the request's size: with
+/// dynamic shapes on several streams, that release and reserve came back on every step (the
+/// synthetic traces of `BENCHMARKS.md`).
+#[test]
+fn the_best_fitting_block_of_another_stream_is_lent_rather_than_released() {
+    let (backend, alloc, s1, s2) = two_streams_without_pages(SimBackend::new(1 << 30));
     let bigger = alloc.alloc::<u8>(&s2, 140 * MIB as usize).unwrap();
+    let big = alloc.alloc::<u8>(&s2, 100 * MIB as usize).unwrap();
     let kept = alloc.alloc::<u8>(&s1, 40 * MIB as usize).unwrap();
     let addr = big.device_ptr();
     drop((big, bigger));
     // Peak allocated 280 MiB, reserved 280 MiB: 60 MiB more is over the 1.05 limit, and no
     // cached segment is of about 60 MiB.
     let (b, ordered) = backend.orderings(|| alloc.alloc::<u8>(&s1, 60 * MIB as usize).unwrap());
-    assert_eq!(b.device_ptr(), addr, "the smaller of stream 2's two cached segments is taken over");
+    assert_eq!(b.device_ptr(), addr, "the smaller of stream 2's two cached segments is lent");
     assert_eq!(ordered, [(s1.raw(), s2.raw())], "stream 1 ordered after stream 2");
     let st = alloc.stats();
-    assert_eq!((st.num_segment_adoptions, st.num_device_alloc, st.num_device_free), (1, 3, 0), "{st:?}");
+    assert_eq!((st.num_segment_adoptions, st.num_device_alloc, st.num_device_free), (0, 3, 0), "{st:?}");
     assert_eq!(st.reserved_bytes.all.current, 280 * MIB);
     drop((b, kept));
     alloc.check_invariants().unwrap();
 }
 
-/// Over the soft limit, a cached segment of another stream of the request's size is taken over
-/// even where the last few listed are all too small: the reclaim would otherwise release it and
-/// reserve one of the very same size.
-#[test]
-fn a_segment_of_the_requests_size_behind_smaller_ones_is_taken_over() {
-    let (backend, alloc, s1, s2) = two_streams_without_pages(SimBackend::new(1 << 30));
-    let fit = alloc.alloc::<u8>(&s2, 60 * MIB as usize).unwrap();
-    let small: Vec<_> = (0..8).map(|_| alloc.alloc::<u8>(&s2, 20 * MIB as usize).unwrap()).collect();
-    let kept = alloc.alloc::<u8>(&s1, 40 * MIB as usize).unwrap();
-    let addr = fit.device_ptr();
-    // Freed first, so listed before the eight smaller segments.
-    drop(fit);
-    drop(small);
-    // Peak allocated 260 MiB, all reserved: 60 MiB more is over the 1.05 limit.
-    let (b, ordered) = backend.orderings(|| alloc.alloc::<u8>(&s1, 60 * MIB as usize).unwrap());
-    assert_eq!(b.device_ptr(), addr, "stream 2's 60 MiB segment is taken over");
-    assert_eq!(ordered, [(s1.raw(), s2.raw())], "stream 1 ordered after stream 2");
-    let st = alloc.stats();
-    assert_eq!((st.num_segment_adoptions, st.num_device_alloc, st.num_device_free), (1, 10, 0), "{st:?}");
-    drop((b, kept));
-    alloc.check_invariants().unwrap();
-}
-
-/// Over the soft limit, where no whole cached segment fits, a free block of another stream's
-/// segment is lent: the borrower's work is ordered after the owner's and nothing is reserved.
+/// Over the soft limit, a free block of another stream's segment is lent: the borrower's work is ordered after the owner's and nothing is reserved.
 /// At its free the block goes back to its owner at once, the owner's work ordered after the
 /// borrower's; where that ordering fails, the block waits for an event on the borrower (as
 /// after `record_stream`).

@@ -254,13 +254,13 @@ fn assert_handed_over_after_the_kernel(
     alloc.check_invariants().unwrap();
 }
 
-/// A segment taken over from another stream (here: over the soft limit, instead of releasing
-/// it and reserving a new one) is used by its new owner's work only after the work that stream
-/// queued on it is done: the new owner reads the kernel's whole output, and its own marker
-/// survives. The take-over itself does not wait on the host (reported: whether the kernel
-/// still ran when it returned).
+/// A whole cached segment lent by another stream (here: over the soft limit, instead of
+/// releasing it and reserving a new one) is used by the borrower's work only after the work
+/// its owner queued on it is done: the borrower reads the kernel's whole output, and its own
+/// marker survives. Lending does not wait on the host (reported: whether the kernel still ran
+/// when it returned).
 #[test]
-fn a_segment_taken_over_from_a_stream_with_a_running_kernel_waits_for_it() {
+fn a_segment_lent_by_a_stream_with_a_running_kernel_waits_for_it() {
     let _device = shared_device();
     let Some(b) = backend() else { return };
     let alloc = CachingAllocator::new(b.clone());
@@ -277,9 +277,9 @@ fn a_segment_taken_over_from_a_stream_with_a_running_kernel_waits_for_it() {
     let taken = alloc.alloc::<u32>(&s1, n as usize).unwrap();
     let took = asked.elapsed();
     let still = still_running(&cu2);
-    eprintln!("kernel running when stream 1 asked: {running}; after the take-over ({took:?}): {still}");
-    assert_eq!(taken.device_ptr(), addr, "stream 2's segment is taken over");
-    assert_eq!(alloc.stats().num_segment_adoptions, 1);
+    eprintln!("kernel running when stream 1 asked: {running}; after the loan ({took:?}): {still}");
+    assert_eq!(taken.device_ptr(), addr, "stream 2's segment is lent");
+    assert_eq!(alloc.stats().num_segment_adoptions, 0, "and stays stream 2's");
     assert_handed_over_after_the_kernel(&b, &alloc, &taken, (s1, s2), (n, iters, seed));
 }
 

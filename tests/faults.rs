@@ -212,12 +212,13 @@ fn no_segment_changes_stream_without_waiting_for_the_old_stream() {
     assert_eq!(alloc.memory_reserved(), 2 << 20, "stream 1's segment released, stream 2's reserved");
     assert_eq!(alloc.stats().num_device_free, 1);
     alloc.check_invariants().unwrap();
-    // Once waits work again, the next stream takes a cached segment over.
+    // Once waits work again, the next stream borrows stream 2's cached block (creating the
+    // stream merged the block freed last, so its segment is lent rather than handed on).
     faulty.set_wait_plan(FaultPlan::Never);
     drop(second);
     let s3 = alloc.new_stream().unwrap();
     drop(alloc.alloc::<u8>(s3, 512).unwrap());
-    assert_eq!(alloc.stats().num_segment_adoptions, 1);
+    assert_eq!(alloc.stats().num_segment_adoptions, 0);
     assert_eq!(alloc.memory_reserved(), 2 << 20, "no new segment");
     alloc.check_invariants().unwrap();
 }

@@ -44,6 +44,8 @@ struct Bins {
     chunks: Vec<Chunk>,
     /// Indexed blocks in these bins.
     len: u32,
+    /// Where these bins' stream is in `FreeIndex::occupied` of their pool.
+    pos: u32,
 }
 
 struct Chunk {
@@ -57,7 +59,7 @@ const _: () = assert!(WORDS < NO_CHUNK as usize);
 
 impl Bins {
     fn new() -> Box<Self> {
-        Box::new(Bins { summary: [0; SUMMARY], chunk_of: [NO_CHUNK; WORDS], chunks: Vec::new(), len: 0 })
+        Box::new(Bins { summary: [0; SUMMARY], chunk_of: [NO_CHUNK; WORDS], chunks: Vec::new(), len: 0, pos: 0 })
     }
 
     #[inline]
@@ -186,6 +188,9 @@ pub(crate) struct FreeIndex {
     entries: Vec<Entry>,
     len: usize,
     lists: [Vec<BlockId>; LISTS],
+    /// For each pool, the streams with free blocks in it (those whose bins exist), in no
+    /// particular order: lending looks at these only, not at every stream there ever was.
+    occupied: [Vec<u32>; 2],
 }
 
 impl std::fmt::Debug for FreeIndex {
@@ -203,7 +208,14 @@ fn swap_out(list: &mut Vec<BlockId>, pos: u32) -> Option<BlockId> {
 
 impl FreeIndex {
     pub(crate) fn new() -> Self {
-        FreeIndex { bins: Vec::new(), spare: Vec::new(), entries: Vec::new(), len: 0, lists: Default::default() }
+        FreeIndex {
+            bins: Vec::new(),
+            spare: Vec::new(),
+            entries: Vec::new(),
+            len: 0,
+            lists: Default::default(),
+            occupied: Default::default(),
+        }
     }
 
     pub(crate) fn contains(&self, block: BlockId) -> bool {
@@ -250,7 +262,11 @@ impl FreeIndex {
             self.bins.resize_with(bin + 1, || None);
         }
         if self.bins[bin].is_none() {
-            self.bins[bin] = Some(self.spare.pop().unwrap_or_else(Bins::new));
+            let mut bins = self.spare.pop().unwrap_or_else(Bins::new);
+            let occupied = &mut self.occupied[bin % 2];
+            bins.pos = occupied.len() as u32;
+            occupied.push((bin / 2) as u32);
+            self.bins[bin] = Some(bins);
         }
     }
 
@@ -261,6 +277,12 @@ impl FreeIndex {
         bins.len -= 1;
         if bins.len == 0 {
             let mut emptied = slot.take().expect("checked above");
+            let occupied = &mut self.occupied[bin % 2];
+            occupied.swap_remove(emptied.pos as usize);
+            if let Some(&moved) = occupied.get(emptied.pos as usize) {
+                let moved = self.bins[moved as usize * 2 + bin % 2].as_mut().expect("an occupied stream's bins exist");
+                moved.pos = emptied.pos;
+            }
             if self.spare.len() < SPARE_BINS {
                 // Every list is empty again; the chunks stay allocated for the next stream.
                 emptied.summary = [0; SUMMARY];
@@ -405,6 +427,11 @@ impl FreeIndex {
         self.entries.iter().enumerate().filter(|(_, e)| e.bin.is_some()).map(|(i, e)| (BlockId::new(i), e.size))
     }
 
+    /// The streams with free blocks in `pool` (0 or 1), in no particular order.
+    pub(crate) fn occupied(&self, pool: usize) -> &[u32] {
+        &self.occupied[pool]
+    }
+
     /// The indexed blocks that are a whole segment, in no particular order.
     pub(crate) fn whole(&self) -> &[BlockId] {
         &self.lists[0]
@@ -539,6 +566,32 @@ mod tests {
     }
 
     #[test]
+    fn the_streams_with_free_blocks_are_listed_per_pool() {
+        let mut ix = FreeIndex::new();
+        let sorted = |ix: &FreeIndex, pool| {
+            let mut v = ix.occupied(pool).to_vec();
+            v.sort();
+            v
+        };
+        for s in 0..6 {
+            ix.insert(id(s), (s % 2) as usize, s, 4096, u64::from(s) << 20, Flags::default());
+            ix.insert(id(10 + s), 0, s, 8192, (u64::from(s) << 20) + 8192, Flags::default());
+        }
+        assert_eq!((sorted(&ix, 0), sorted(&ix, 1)), (vec![0, 1, 2, 3, 4, 5], vec![1, 3, 5]));
+        // Stream 0 keeps a block in pool 0; stream 3 leaves pool 1, stream 4 pool 0.
+        for b in [0, 3, 4, 14] {
+            assert!(ix.remove(id(b)));
+        }
+        assert_eq!((sorted(&ix, 0), sorted(&ix, 1)), (vec![0, 1, 2, 3, 5], vec![1, 5]));
+        ix.rehome(id(10), 0, 4);
+        assert_eq!(sorted(&ix, 0), [1, 2, 3, 4, 5]);
+        for b in [1, 2, 5, 11, 12, 13, 15, 10] {
+            assert!(ix.remove(id(b)));
+        }
+        assert!(ix.occupied(0).is_empty() && ix.occupied(1).is_empty());
+    }
+
+    #[test]
     fn emptied_streams_give_their_bins_back() {
         let mut ix = FreeIndex::new();
         for s in 0..1000 {
@@ -548,6 +601,7 @@ mod tests {
         let held = ix.bins.iter().filter(|b| b.is_some()).count();
         assert_eq!((held, ix.len()), (0, 0));
         assert!(ix.spare.len() <= SPARE_BINS);
+        assert!(ix.occupied(0).is_empty());
         // A reused (spare) bin finds nothing left over from its last stream.
         ix.insert(id(7), 0, 5000, 4096, 0, Flags::default());
         assert_eq!(ix.find(0, 5000, 2 << 20), None);

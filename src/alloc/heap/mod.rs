@@ -3,9 +3,10 @@
 //!
 //! Where each rule lives:
 //!
-//! - here: serving a request (`alloc`: the block freed last, then best fit, then a new or
-//!   adopted segment, the block freed last handed on as it lies where its segment changes
-//!   stream) and freeing (`free`, merging with free neighbours);
+//! - here: serving a request (`alloc`: the block freed last, then best fit, then an idle
+//!   stream's segment, a block lent by another stream or a new segment, the block freed last
+//!   handed on as it lies where its segment changes stream) and freeing (`free`, merging with
+//!   free neighbours);
 //! - [`sizing`]: rounding, pools and segment sizes (PyTorch's rules), oversize blocks;
 //! - [`arena`]: the block and segment slots and the free index over free blocks;
 //! - [`streams`]: streams, and blocks waiting for other streams' events before reuse;
@@ -19,7 +20,7 @@ use super::config::AllocatorConfig;
 use super::free_index::{Flags, FreeIndex};
 use super::ids::{BlockId, SegmentId, Slots, StreamId};
 use super::park::{BlockClass, Logged, Trips};
-use pages::{Deferred, Offer};
+use pages::Deferred;
 
 mod arena;
 mod check;
@@ -330,7 +331,7 @@ impl Heap {
                 // The block freed last may be about to become a whole segment that this request
                 // takes over from its stream; see `Heap::deferred_hot`.
                 let deferred = self.deferred_hot(pool, stream, size);
-                if deferred.is_none() {
+                if deferred.is_none() || !self.defer_hot {
                     self.settle();
                 }
                 let found = match self.find_free(pool, stream, size) {
@@ -484,11 +485,11 @@ impl Heap {
         self.note_regrowth(size, seg_size);
         self.grows += 1;
         if self.grows.is_multiple_of(IDLE_GROWS) {
-            deferred = None;
+            // The block freed last merges here; a hand-off takes the merged segment over.
             self.settle();
             self.release_idle(backend);
         }
-        if let Some(b) = self.adopt(backend, Offer::Idle, pool, stream, size..=u64::MAX) {
+        if let Some(b) = self.adopt(backend, pool, stream, size) {
             self.settle();
             return Ok(Grown::Free(b));
         }
@@ -503,24 +504,21 @@ impl Heap {
         let need = growth.map_or(seg_size, |g| g.by);
         let limit = self.soft_limit(backend, size);
         if self.reserved() + need > limit {
-            // Over the limit, reclaiming would release other streams' whole cached segments to
-            // make room for a new one: take one of those over instead when it fits.
+            // Over the limit, where another stream's cache fits the request, use it rather than
+            // release cached segments to reserve a new one: the segment of a temporary that
+            // another stream freed just now is handed on (see `Heap::deferred_hot`), else the
+            // best fit among the other streams' free blocks is lent (`Heap::lendable`; unless
+            // waiting failed just now).
             let fits = seg_size.max(exact);
             let errors = self.stats.num_backend_errors;
             let taken = match deferred.filter(|d| d.segment_size <= fits) {
-                // Merged, the kept block's segment would be the last whole segment listed, the
-                // first that `adopt` looks at, and it fits: take it over as it lies (or, if its
-                // stream cannot be waited for, merge it and go on as `adopt` would).
-                Some(d) => self.take_over_deferred(backend, d, stream).map(Grown::Handed),
-                None => {
-                    self.settle();
-                    self.adopt(backend, Offer::Whole, pool, stream, size..=fits).map(Grown::Free)
-                }
+                Some(d) if self.hot == Some(d.hot) => self.take_over_deferred(backend, d, stream).map(Grown::Handed),
+                Some(d) => self.take_over_merged(backend, d, stream).map(Grown::Free),
+                None => None,
             };
-            // None to take over: lend a free block of another stream's segment, rather than
-            // release cached segments to reserve a new one (unless waiting failed just now).
             let taken = match taken {
                 None if self.stats.num_backend_errors == errors => {
+                    self.settle();
                     self.lendable(backend, pool, stream, size).map(Grown::Lent)
                 }
                 taken => taken,

@@ -12,33 +12,16 @@ use crate::error::BackendError;
 /// [`Heap::deferred_hot`]), and the free remainder of its segment.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Deferred {
-    hot: BlockId,
+    pub(super) hot: BlockId,
     rest: BlockId,
+    /// Their segment.
+    segment: SegmentId,
     /// Their sum: the whole segment.
     pub(super) segment_size: u64,
 }
 
-/// Where [`Heap::adopt`] looks for a segment to take over.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Offer {
-    /// The idle streams' segments offered by the last sweep.
-    Idle,
-    /// Any whole cached segment of another stream: over the soft limit, the reclaim would
-    /// release it anyway. The first of about the request's size (the range given) among the
-    /// last [`LOOK`] listed; where none is, the smallest at least the request's size among the
-    /// last [`LOOK_WIDE`], split, the rest staying with the new stream. Without that second
-    /// look the reclaim would release such a segment and reserve one of the request's size:
-    /// two backend calls for memory on every step where streams' requests differ in size
-    /// (dynamic shapes on several streams, which then never settle), where taking it over
-    /// costs none. One scan, one candidate: a stream that cannot be waited for is asked once.
-    Whole,
-}
-
-/// How many of the last candidates [`Offer::Idle`] and [`Offer::Whole`] look at first.
+/// How many of the idle streams' segments offered last [`Heap::adopt`] looks at.
 const LOOK: usize = 8;
-/// How many of the last listed whole segments [`Offer::Whole`] compares where none of the
-/// last [`LOOK`] is of about the request's size.
-const LOOK_WIDE: usize = 32;
 
 /// What ordering a stream after another is for, where a segment changes stream.
 const TAKE_OVER: &str = "to take over its cached segment";
@@ -202,92 +185,86 @@ impl Heap {
         self.adoptable = idle;
     }
 
-    /// Instead of reserving a new segment for `sizes.start()` bytes on `stream`, takes over a
-    /// whole cached segment (of a size in `sizes`) of another stream, with `stream`'s work
-    /// ordered after that stream's so that nothing it queued can still touch the memory when
-    /// the new owner's work runs (`Backend::order_after`). Looks at the last few
-    /// candidates of `offer` only, so that a request costs constant time.
+    /// Instead of reserving a new segment for `size` bytes on `stream`, takes over a whole
+    /// cached segment of at least that size that the last sweep offered: one of a stream idle
+    /// for [`IDLE_GROWS`](super::IDLE_GROWS) requests that found no cached block (a stream the
+    /// program is done with, as when it makes a stream per request). Looks at the last
+    /// [`LOOK`] offered only, so that a request costs constant time.
     pub(super) fn adopt(
         &mut self,
         backend: &dyn Backend,
-        offer: Offer,
         pool: super::Pool,
         stream: StreamId,
-        sizes: std::ops::RangeInclusive<u64>,
+        size: u64,
     ) -> Option<BlockId> {
-        let (len, look) = match offer {
-            Offer::Idle => (self.adoptable.len(), LOOK),
-            Offer::Whole => (self.free.whole().len(), LOOK_WIDE),
-        };
-        // The candidate taken: the first of a size in `sizes` among the last `LOOK`, else
-        // (`Whole`) the smallest of at least `sizes.start()` among the last `LOOK_WIDE`.
-        let mut first: Option<usize> = None;
-        let mut smallest: Option<(u64, usize)> = None;
+        let len = self.adoptable.len();
         let mut k = len;
-        while k > len.saturating_sub(look) {
+        while k > len.saturating_sub(LOOK) {
             k -= 1;
-            let b = self.offered(offer, k);
-            if offer == Offer::Idle && !self.idle_whole(b) {
+            let b = self.adoptable[k];
+            if !self.idle_whole(b) {
                 self.adoptable.swap_remove(k);
                 continue;
             }
             let blk = &self.blocks[b];
-            if blk.pool != pool || blk.size < *sizes.start() || blk.stream == stream {
+            if blk.pool != pool || blk.size < size || blk.stream == stream {
                 continue;
             }
-            if len - k <= LOOK && blk.size <= *sizes.end() {
-                first = Some(k);
-                break;
+            if !self.take_over(backend, b, stream) {
+                return None;
             }
-            if smallest.is_none_or(|(size, _)| blk.size < size) {
-                smallest = Some((blk.size, k));
-            }
+            self.adoptable.swap_remove(k);
+            return Some(b);
         }
-        let k = first.or(smallest.filter(|_| offer == Offer::Whole).map(|(_, k)| k))?;
-        let b = self.offered(offer, k);
+        None
+    }
+
+    /// Moves whole free segment `b` of another stream to `stream`, with `stream`'s work
+    /// ordered after the old stream's so that nothing it queued can still touch the memory
+    /// when the new owner's work runs (`Backend::order_after`); false if the backend could not
+    /// order them.
+    fn take_over(&mut self, backend: &dyn Backend, b: BlockId, stream: StreamId) -> bool {
         let old = self.blocks[b].stream;
         if !self.order_streams(backend, stream, old, TAKE_OVER) {
-            return None;
-        }
-        if offer == Offer::Idle {
-            self.adoptable.swap_remove(k);
+            return false;
         }
         let s = self.blocks[b].segment;
         let seg = &mut self.segments[s];
         seg.stream = stream;
-        let (addr, seg_size) = (seg.addr, seg.size);
+        let (addr, seg_size, pool) = (seg.addr, seg.size, seg.pool);
         self.blocks[b].stream = stream;
         self.note(Note::SegmentAdopted { addr, size: seg_size, pool, from: old, to: stream });
         // Moved between the streams' bins in one step: a whole segment stays free, whole
         // and unsplit, so its flags and counters do not change.
         self.free.rehome(b, pool as usize, stream.0);
-        Some(b)
+        true
     }
 
-    /// The `k`th candidate of `offer`: the idle streams' segments, or every whole one.
-    fn offered(&self, offer: Offer, k: usize) -> BlockId {
-        match offer {
-            Offer::Idle => self.adoptable[k],
-            Offer::Whole => self.free.whole()[k],
-        }
-    }
-
-    /// Whether the block kept aside by the last free (see [`Heap::settle`]) would, merged, be
-    /// a whole segment that a request of `size` bytes in `pool` on `stream` would take over as
-    /// it lies: a block of that size at the segment's start, on another stream, whose only
-    /// neighbour is a free remainder that `take` would split off again. The common case is a
-    /// temporary allocated and freed on each of many streams in turn.
+    /// The hand-off: whether the block kept aside by the last free (see [`Heap::settle`])
+    /// would, merged, be a whole segment that a request of `size` bytes in `pool` on another
+    /// stream takes over, over the soft limit: a block of exactly that size at the segment's
+    /// start whose only neighbour is a free remainder that `take` would split off again. The
+    /// case is a temporary allocated and freed on each of many streams in turn (a stream per
+    /// request): the segment follows the temporary from stream to stream, each new stream
+    /// ordered after the last, where lending it (see [`Heap::lendable`]) would order the first
+    /// stream after every later one at each free.
     ///
-    /// [`Heap::grow`] then defers the merge: if the request ends in [`Heap::adopt`] over the
-    /// soft limit, that merge (block and remainder into one whole segment, listed last among
-    /// the whole segments, so the first that `adopt` looks at) and the split that follows
-    /// would restore the very same two blocks, so they are skipped; any other outcome settles
-    /// first, before the step that could see the difference. The heap's state after the
-    /// request is the same either way (`tests::deferred_takeover_is_the_merge_and_split`).
+    /// No other whole segment changes stream over the limit (idle streams' aside, see
+    /// [`Heap::adopt`]): a stream that still works and gave its cached segment away needs
+    /// memory again later in its loop and takes another's, so segments wander between the
+    /// streams and the heap keeps calling the backend pass after pass; lent blocks go back to
+    /// their owner at their free, which settles (BENCHMARKS.md, "Lending instead of taking
+    /// over").
+    ///
+    /// [`Heap::grow`] takes the segment over without merging and splitting (which would
+    /// restore the very same two blocks); any other outcome settles first, before the step
+    /// that could see the difference. The heap's state after the request is the same as
+    /// merging first and taking over the merged segment, [`Heap::take_over_merged`]
+    /// (`tests::deferred_takeover_is_the_merge_and_split`).
     pub(super) fn deferred_hot(&self, pool: super::Pool, stream: StreamId, size: u64) -> Option<Deferred> {
         let hot = self.hot?;
         let h = &self.blocks[hot];
-        if !self.defer_hot || h.stream == stream || h.size != size || h.pool != pool || h.prev.is_some() {
+        if h.stream == stream || h.size != size || h.pool != pool || h.prev.is_some() {
             return None;
         }
         let rest = h.next?;
@@ -298,12 +275,13 @@ impl Heap {
         let segment_size = h.size + r.size;
         // `take` splits the merged segment at `size` again (its rules, with the remainder).
         let splits = self.splits(h.segment, r.size, segment_size);
-        splits.then_some(Deferred { hot, rest, segment_size })
+        splits.then_some(Deferred { hot, rest, segment: h.segment, segment_size })
     }
 
     /// Takes over the segment of the deferred block for `stream`, handing out the block as it
     /// lies (see [`Heap::deferred_hot`]). If the old stream cannot be waited for, merges the
-    /// block (as `adopt`, which would have failed the same way, found it) and returns `None`.
+    /// block (as [`Heap::take_over_merged`], which would have failed the same way) and
+    /// returns `None`.
     pub(super) fn take_over_deferred(
         &mut self,
         backend: &dyn Backend,
@@ -331,6 +309,16 @@ impl Heap {
         self.count_split(d.rest);
         self.free.rehome(d.rest, pool as usize, stream.0);
         Some(d.hot)
+    }
+
+    /// What [`Heap::take_over_deferred`] does, the slow way: with the block freed last already
+    /// merged (`settle`: at a sweep, and always in the heaps that test the hand-off, with
+    /// `defer_hot` off), takes over the whole segment `d` names, for `take` to split.
+    pub(super) fn take_over_merged(&mut self, backend: &dyn Backend, d: Deferred, stream: StreamId) -> Option<BlockId> {
+        debug_assert!(self.hot.is_none());
+        let b = self.segments[d.segment].head.expect("a live segment has a first block");
+        debug_assert!(self.free.whole().contains(&b), "the merged block is the whole segment");
+        self.take_over(backend, b, stream).then_some(b)
     }
 
     /// Releases everything cached: every fully free segment and, with `pages`, the pages under

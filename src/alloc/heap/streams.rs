@@ -92,12 +92,13 @@ impl Heap {
         }
     }
 
-    /// Over the soft limit, where no whole cached segment can be taken over: the best fit for
-    /// `size` bytes in `pool` among the free blocks of the other streams' segments, with
-    /// `stream`'s work ordered after the owner's (`Backend::order_after`, as for a segment
-    /// taken over) so that nothing the owner queued before freeing it can still touch the
-    /// memory. The block stays in its owner's segment; at its free, [`Heap::hand_back`] orders
-    /// the owner after `stream` (see [`Heap::lend`]). Without this, the reclaim releases cached
+    /// Over the soft limit, where the request's stream has no free block that fits: the best
+    /// fit for `size` bytes in `pool` among the free blocks of the other streams' segments
+    /// (those of the streams holding free blocks only), with `stream`'s work ordered after the
+    /// owner's (`Backend::order_after`, as for a segment taken over) so that nothing the owner
+    /// queued before freeing it can still touch the memory. The block stays in its owner's
+    /// segment; at its free, [`Heap::hand_back`] orders the owner after `stream` (see
+    /// [`Heap::lend`]). Without this, the reclaim releases cached
     /// segments and reserves a new one of the request's size while other streams cache free
     /// blocks that fit: with dynamic shapes on several streams, two backend calls on step after
     /// step. `None` if no other stream's free block fits or its owner could not be waited for.
@@ -108,14 +109,16 @@ impl Heap {
         stream: StreamId,
         size: u64,
     ) -> Option<BlockId> {
-        let mut best: Option<(u64, BlockId)> = None;
-        for s in 0..self.streams.len() as u32 {
+        let mut best: Option<((u64, u64), BlockId)> = None;
+        for &s in self.free.occupied(pool as usize) {
             if s == stream.0 {
                 continue;
             }
             if let Some(b) = self.find_free(pool, StreamId(s), size) {
-                let found = self.blocks[b].size;
-                if best.is_none_or(|(size, _)| found < size) {
+                // The smallest, and among equals the lowest address: the same whatever the
+                // order of the streams.
+                let found = (self.blocks[b].size, self.blocks[b].addr);
+                if best.is_none_or(|(at, _)| found < at) {
                     best = Some((found, b));
                 }
             }
