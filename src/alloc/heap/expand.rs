@@ -9,10 +9,9 @@
 //! end is used and the segments of a stream's working set become one, whose holes merge
 //! whatever size the next step's tensors are (dynamic shapes, growing caches).
 //!
-//! Only while one stream holds the large segments: memory moves between streams as whole
-//! segments (a stream takes over another's whole free segment, see `pages.rs`), and a grown
-//! segment is seldom wholly free, so with several streams growing would strand memory in
-//! one stream's segment that another needs (a two-stream pipeline needed 1.25x its peak of
+//! Only while one stream holds the large segments: with several streams, memory moves
+//! between them as lent blocks and idle streams' whole segments (`streams.rs`, `pages.rs`),
+//! and growing would strand memory in one stream's segment that another needs (a two-stream pipeline needed 1.25x its peak of
 //! allocated bytes growing, 1.14x not: `BENCHMARKS.md`).
 
 use super::observe::Note;

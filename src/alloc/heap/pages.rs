@@ -313,11 +313,18 @@ impl Heap {
 
     /// What [`Heap::take_over_deferred`] does, the slow way: with the block freed last already
     /// merged (`settle`: at a sweep, and always in the heaps that test the hand-off, with
-    /// `defer_hot` off), takes over the whole segment `d` names, for `take` to split.
+    /// `defer_hot` off), takes over the whole segment `d` names, for `take` to split; `None`
+    /// where the segment is no longer a whole free one of another stream (the sweep
+    /// that merged the block may have released or offered it).
     pub(super) fn take_over_merged(&mut self, backend: &dyn Backend, d: Deferred, stream: StreamId) -> Option<BlockId> {
         debug_assert!(self.hot.is_none());
-        let b = self.segments[d.segment].head.expect("a live segment has a first block");
-        debug_assert!(self.free.whole().contains(&b), "the merged block is the whole segment");
+        let seg = &self.segments[d.segment];
+        let b = seg.head.filter(|_| seg.live)?;
+        let blk = &self.blocks[b];
+        let whole = blk.state == super::BlockState::Free && blk.prev.is_none() && blk.next.is_none();
+        if !whole || blk.segment != d.segment || blk.stream == stream {
+            return None;
+        }
         self.take_over(backend, b, stream).then_some(b)
     }
 
