@@ -163,11 +163,23 @@ impl Heap {
     /// not allocated during the last [`IDLE_GROWS`](super::IDLE_GROWS) requests that found no
     /// cached block.
     fn idle_whole(&self, b: BlockId) -> bool {
+        self.whole_free(b) && self.streams[self.blocks[b].stream.index()].last_alloc + super::IDLE_GROWS <= self.grows
+    }
+
+    /// Whether block `b` is free and its segment's only block.
+    fn whole_free(&self, b: BlockId) -> bool {
         let blk = &self.blocks[b];
-        blk.state == super::BlockState::Free
-            && blk.prev.is_none()
-            && blk.next.is_none()
-            && self.streams[blk.stream.index()].last_alloc + super::IDLE_GROWS <= self.grows
+        blk.state == super::BlockState::Free && blk.prev.is_none() && blk.next.is_none()
+    }
+
+    /// Segment `s` moves from stream `from` to stream `to` (its blocks' streams set by the
+    /// caller, with `to`'s work already ordered after `from`'s); returns its pool.
+    fn move_segment(&mut self, s: SegmentId, from: StreamId, to: StreamId) -> super::Pool {
+        let seg = &mut self.segments[s];
+        seg.stream = to;
+        let (addr, size, pool) = (seg.addr, seg.size, seg.pool);
+        self.note(Note::SegmentAdopted { addr, size, pool, from, to });
+        pool
     }
 
     /// The sweep, every `IDLE_GROWS` requests that found no cached block: releases the idle
@@ -228,12 +240,8 @@ impl Heap {
         if !self.order_streams(backend, stream, old, TAKE_OVER) {
             return false;
         }
-        let s = self.blocks[b].segment;
-        let seg = &mut self.segments[s];
-        seg.stream = stream;
-        let (addr, seg_size, pool) = (seg.addr, seg.size, seg.pool);
         self.blocks[b].stream = stream;
-        self.note(Note::SegmentAdopted { addr, size: seg_size, pool, from: old, to: stream });
+        let pool = self.move_segment(self.blocks[b].segment, old, stream);
         // Moved between the streams' bins in one step: a whole segment stays free, whole
         // and unsplit, so its flags and counters do not change.
         self.free.rehome(b, pool as usize, stream.0);
@@ -295,13 +303,9 @@ impl Heap {
             return None;
         }
         self.hot = None;
-        let s = self.blocks[d.hot].segment;
-        let seg = &mut self.segments[s];
-        seg.stream = stream;
-        let (addr, seg_size, pool) = (seg.addr, seg.size, seg.pool);
         self.blocks[d.hot].stream = stream;
         self.blocks[d.rest].stream = stream;
-        self.note(Note::SegmentAdopted { addr, size: seg_size, pool, from: old, to: stream });
+        let pool = self.move_segment(d.segment, old, stream);
         // The remainder keeps its size and flags, as after a merge and a split; it left the
         // inactive-split counters at the merge and came back at the split, which the
         // cumulative totals count.
@@ -320,9 +324,7 @@ impl Heap {
         debug_assert!(self.hot.is_none());
         let seg = &self.segments[d.segment];
         let b = seg.head.filter(|_| seg.live)?;
-        let blk = &self.blocks[b];
-        let whole = blk.state == super::BlockState::Free && blk.prev.is_none() && blk.next.is_none();
-        if !whole || blk.segment != d.segment || blk.stream == stream {
+        if !self.whole_free(b) || self.blocks[b].segment != d.segment || self.blocks[b].stream == stream {
             return None;
         }
         self.take_over(backend, b, stream).then_some(b)
