@@ -134,6 +134,21 @@
 //! server's requests of random shapes kept reserving and freeing segments in every pass at
 //! 1.25; `BENCHMARKS.md`).
 //!
+//! What a reclaim gives back is in proportion to what the request lacks: while one stream holds
+//! every segment, no whole cached segment larger than 8 times the request's new segment is
+//! released for it; the request grows past the limit by that segment instead. Smallest first,
+//! the only whole free segment is often one of the loop's large ones, cached because the loop
+//! uses it: released to make room for 2 MiB of small tensors, it was reserved again when its
+//! own request came back later in the step, pass after pass (the churn rule above did not see
+//! it: the small request's raise had used up the record of the release). Growing by the 2 MiB
+//! overshoots the limit by memory the loop then reuses. On 240 single-stream random traces
+//! replayed as on CUDA with `cuMemAlloc` segments, 120 of them first looked at with the rule
+//! already fixed, rows still calling the driver after two warm passes fell from 22 to 10 and
+//! warm calls by a fifth, at the same or a lower mean peak; on an H200 the same as on the sim
+//! (24 held-out traces: 4 rows to 1). Any factor from 2 to 16 gives the same late calls. On several streams,
+//! where releasing a segment is also how memory passes between streams, the rule left more
+//! rows calling late and is not applied (`BENCHMARKS.md`, "Reclaim in proportion").
+//!
 //! Where the backend maps pages (CUDA's virtual-memory segments, the sim) and one stream holds
 //! the large segments, segments also *grow in place*, as PyTorch's expandable segments: a large
 //! segment reserves addresses for as much memory as the device has, and a request that no free

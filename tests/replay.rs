@@ -338,23 +338,35 @@ fn encoder_serving_like(seed: u64) -> Trace {
     b.trace("encoder_serving_like")
 }
 
+/// A serving loop of random shapes on one stream, `cuMemAlloc`-like segments on a costly sim,
+/// the limit held at its ceiling: the loop settles, because a request over the limit gives back
+/// no cached segment far larger than what it lacks (`RELEASE_SPAN`). Before that rule, this
+/// trace (the first of twelve seeds to do so) released a large cached segment to make room for
+/// a 2 MiB one and reserved it again later in the step, in every warm pass.
+#[test]
+fn a_serving_loop_on_one_stream_settles_under_a_fixed_ceiling() {
+    let trace = encoder_serving_like(10);
+    let r = run_costly(&trace, "release_pages:false,fragmentation_limit_max:1.25", 3);
+    assert_eq!(r.warm_device_calls, [0, 0, 0], "{r:?}");
+    assert!(r.fragmentation_limit.unwrap() <= 1.25, "{r:?}");
+    assert!(r.fragmentation < 1.15, "{r:?}");
+}
+
 /// Where holding to the limit's ceiling would make a loop's steps call the backend for ever,
 /// the automatic ceiling gives way: the same request churning twice at the ceiling raises the
-/// limit past it. Shown on a serving loop of random shapes (seed chosen as the first of twelve
-/// that churns at 1.25 in every warm pass; `cuMemAlloc`-like segments on a costly sim): with
-/// the ceiling fixed at 1.25 its third warm pass still reserves segments, with the automatic
-/// one it reserves none.
+/// limit past it. Shown on random shapes on four streams (`cuMemAlloc`-like segments on a
+/// costly sim; the seed, outside those of `random_shapes_on_several_streams_settle`, is one
+/// whose warm passes all call at a ceiling of 1.25): with the ceiling fixed at 1.25 its third
+/// warm pass still calls the backend, with the automatic one it calls none.
 #[test]
 fn the_automatic_ceiling_gives_way_to_churn_that_repeats() {
-    let trace = encoder_serving_like(10);
+    let trace = streams_of_random_shapes(80, 4);
     let third_warm_pass =
         |max: &str| run_costly(&trace, &format!("release_pages:false,fragmentation_limit_max:{max}"), 3);
     let fixed = third_warm_pass("1.25");
-    assert!(fixed.warm_device_allocs > 0, "{fixed:?}");
-    // Each churn releases what it reserves: every warm pass calls, the last as its counts say.
+    // Each churn releases what it reserves: every warm pass calls.
     assert_eq!(fixed.warm_device_calls.len(), 3);
     assert!(fixed.warm_device_calls.iter().all(|&c| c > 0), "{fixed:?}");
-    assert!(fixed.warm_device_calls[2] >= fixed.warm_device_allocs + fixed.warm_device_maps, "{fixed:?}");
     assert_eq!(fixed.fragmentation_limit, Some(1.25));
     let auto = third_warm_pass("auto");
     assert_eq!(auto.warm_device_allocs, 0, "{auto:?}");

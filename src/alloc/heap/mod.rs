@@ -526,7 +526,8 @@ impl Heap {
             if let Some(taken) = taken {
                 return Ok(taken);
             }
-            self.reclaim(backend, need, limit, growth.is_some());
+            let alone = self.holds_every_segment_of_both(stream);
+            self.reclaim(backend, need, limit, growth.is_some(), alone);
             if self.reserved() + seg_size > limit {
                 // Over-allocating for amortization must not set a new peak.
                 seg_size = exact;

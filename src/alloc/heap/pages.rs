@@ -29,6 +29,22 @@ const TAKE_OVER: &str = "to take over its cached segment";
 /// How many sizes [`Heap::churned_at_ceiling`] remembers.
 const CEILING_CHURNS: usize = 64;
 
+/// On a heap whose one stream holds every segment, a request that finds no cached block and
+/// is over the soft limit gives back no whole cached segment larger than this many times what
+/// it lacks; past that it grows over the limit by what it lacks.
+///
+/// Why: the smallest whole free segment is often much larger than what the request needs (a
+/// 2 MiB segment for a small tensor), and it is cached because the loop used it: releasing a
+/// 228 MiB segment to make room for 2 MiB saves 2 MiB for a moment and costs a reservation of
+/// that segment again when its request comes back in the same step, pass after pass, which the
+/// churn rule of [`Heap::note_regrowth`] does not always see (a raise for the small request
+/// consumes the record of the release). Growing by the 2 MiB instead overshoots the limit by at
+/// most the request's own segment, which the loop reuses. Any factor from 2 to 16 gave the
+/// same late calls on the random single-stream traces (BENCHMARKS.md, "Reclaim in proportion");
+/// on several streams, where releasing is also how memory passes between streams, the rule
+/// left more rows calling late and is not applied.
+const RELEASE_SPAN: u64 = 8;
+
 impl Heap {
     pub(crate) fn reserved(&self) -> u64 {
         self.stats.reserved_bytes.current()
@@ -117,9 +133,14 @@ impl Heap {
     /// `exact` (`need` is exactly the pages the request lacks: a growth in place or a block's
     /// unmapped pages, not a new segment's rounded size), what reserved would have had to
     /// reach to give nothing back is kept for [`Heap::note_regrowth`].
-    pub(super) fn reclaim(&mut self, backend: &dyn Backend, need: u64, limit: u64, exact: bool) {
+    ///
+    /// With `alone` (the request's stream holds every segment), no whole segment larger than
+    /// [`RELEASE_SPAN`] times `need` is released: the request then grows past the limit by
+    /// what it lacks instead (see [`RELEASE_SPAN`]).
+    pub(super) fn reclaim(&mut self, backend: &dyn Backend, need: u64, limit: u64, exact: bool, alone: bool) {
         let before = self.reserved();
-        self.give_back(backend, need, limit);
+        let largest = if alone { need.saturating_mul(RELEASE_SPAN) } else { u64::MAX };
+        self.give_back(backend, need, limit, largest);
         if exact && self.reserved() < before {
             let wanted = before + need;
             self.released_wanted = self.released_wanted.max(wanted);
@@ -127,14 +148,15 @@ impl Heap {
     }
 
     /// [`Heap::reclaim`]'s work.
-    fn give_back(&mut self, backend: &dyn Backend, need: u64, limit: u64) {
+    fn give_back(&mut self, backend: &dyn Backend, need: u64, limit: u64, largest: u64) {
         let mut whole: Vec<(u64, u64, BlockId)> = (self.free.whole().iter())
             .map(|&b| (self.segments[self.blocks[b].segment].mapped, self.blocks[b].addr, b))
             .collect();
         whole.sort_unstable();
-        for (_, _, b) in whole {
-            if self.reserved() + need <= limit {
-                return;
+        for (mapped, _, b) in whole {
+            if self.reserved() + need <= limit || mapped > largest {
+                // Sorted by size: every segment after one too large is too large.
+                break;
             }
             let size = self.blocks[b].size;
             if self.release_segment_of(backend, b) {
@@ -448,7 +470,8 @@ impl Heap {
         self.note_regrowth(len, missing);
         let limit = self.soft_limit(backend, len);
         if self.reserved() + missing > limit {
-            self.reclaim(backend, missing, limit, true);
+            let alone = self.holds_every_segment_of_both(self.blocks[b].stream);
+            self.reclaim(backend, missing, limit, true, alone);
         }
         for (start, stop) in self.page_runs(s, first, end, true) {
             // One mapping per granule: the unit that unmapping gives back.
@@ -514,5 +537,58 @@ impl Heap {
         }
         // The range's own address, as PyTorch records `segment_map` and `segment_unmap`.
         self.note(Note::Pages { addr, len, pool, stream, mapped: !unmapped });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::Pool;
+    use super::*;
+    use crate::alloc::heap::streams::StreamSlot;
+    use crate::backend::SimBackend;
+    use crate::config::AllocatorConfig;
+    use crate::record::RecordConfig;
+
+    const MIB: u64 = 1 << 20;
+
+    /// A heap held to a limit of exactly its peak, a 200 MiB segment cached whole on stream 0,
+    /// its 2 MiB small segment full (two 1 MiB blocks live).
+    fn over_the_limit() -> (Heap, SimBackend) {
+        let sim = SimBackend::new(1 << 40);
+        let config =
+            AllocatorConfig::parse("release_pages:false,fragmentation_limit:1.0,fragmentation_limit_max:off").unwrap();
+        let mut h = Heap::new(0, config, RecordConfig::off(), &sim);
+        let large = h.alloc(&sim, StreamId(0), 200 * MIB, None).unwrap();
+        for _ in 0..2 {
+            h.alloc(&sim, StreamId(0), MIB, None).unwrap();
+        }
+        h.free(&sim, large.block, None);
+        h.settle();
+        assert_eq!(h.reserved(), 202 * MIB);
+        (h, sim)
+    }
+
+    #[test]
+    fn a_small_request_alone_releases_no_segment_far_larger_than_it_lacks() {
+        let (mut h, sim) = over_the_limit();
+        // 2 MiB over the limit: releasing the 200 MiB segment would get under it, but that
+        // segment is over `RELEASE_SPAN` times the 2 MiB the request lacks.
+        h.alloc(&sim, StreamId(0), MIB, None).unwrap();
+        assert_eq!(h.stats.num_device_free, 0);
+        assert_eq!(h.reserved(), 204 * MIB);
+        assert_eq!(sim.used_memory(), 204 * MIB);
+        assert_eq!(h.stats.segment.pool_current(Pool::Large), 1, "still cached");
+    }
+
+    #[test]
+    fn on_several_streams_the_reclaim_still_releases_the_smallest_whole_segment() {
+        let (mut h, sim) = over_the_limit();
+        h.streams.push(StreamSlot::new(1));
+        // Stream 1 holds a segment (of the small pool): stream 0 no longer holds them all.
+        h.alloc(&sim, StreamId(1), 512, None).unwrap();
+        assert!(!h.holds_every_segment_of_both(StreamId(0)));
+        h.alloc(&sim, StreamId(0), MIB, None).unwrap();
+        assert_eq!(h.stats.num_device_free, 1, "the 200 MiB segment went back");
+        assert_eq!(h.stats.segment.pool_current(Pool::Large), 0);
     }
 }

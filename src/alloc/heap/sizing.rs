@@ -44,15 +44,15 @@ impl Heap {
     /// [`Heap::splits`]), so that they fill the slivers large blocks leave.
     pub(super) fn pool_for(&self, size: u64, stream: StreamId) -> Pool {
         match Self::pool_of(size) {
-            Pool::Small
-                if self.can_unmap
-                    && self.holds_every_segment(stream, Pool::Small)
-                    && self.holds_every_segment(stream, Pool::Large) =>
-            {
-                Pool::Large
-            }
+            Pool::Small if self.can_unmap && self.holds_every_segment_of_both(stream) => Pool::Large,
             pool => pool,
         }
+    }
+
+    /// Whether `stream` holds every live segment of both pools (none held: true): the heap is in
+    /// effect one stream's.
+    pub(super) fn holds_every_segment_of_both(&self, stream: StreamId) -> bool {
+        self.holds_every_segment(stream, Pool::Small) && self.holds_every_segment(stream, Pool::Large)
     }
 
     /// Whether `stream` holds every live segment of `pool` (none held: true): its own count,
