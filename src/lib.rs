@@ -309,12 +309,20 @@
 //! `VRAMSCOPE_LIBRARY` and `VRAMSCOPE_USER_CODE`, the command line's `--library` and
 //! `--user-code`): vendored crates, a helper every caller goes through.
 //!
+//! An empty list of leak candidates means "no leak" only where the history could show one:
+//! [`report::leak_limits`] says where it could not (no history: PyTorch's
+//! `enabled="state"`; no stacks: `context=None`; a history that starts mid-run: a full ring,
+//! PyTorch's `max_entries`), and [`report::LeakCandidate::render_with_limits`] prints that
+//! instead of "no leak candidates" (`fixtures/torch/variants`: one program recorded each way).
+//!
 //! ```
 //! use vramscope::{report, Snapshot};
 //! let snap = Snapshot::load(concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/torch/leaky_train.snapshot.pickle"))?;
 //! let leaks = report::leaks(&snap);
 //! assert_eq!(leaks[0].site, "scripts/train_loops.py:76 (leaky_train)");
-//! print!("{}", report::LeakCandidate::render(&leaks));
+//! let limits = report::leak_limits(&snap);
+//! assert_eq!(limits.frees_unseen, 0, "the history covers the whole run");
+//! print!("{}", report::LeakCandidate::render_with_limits(&leaks, &limits));
 //! # #[cfg(feature = "flamegraph")] {
 //! let svg = report::flamegraph(&report::folded(&snap, report::FoldedKind::Live), "live memory")?;
 //! # let _ = svg;

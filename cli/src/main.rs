@@ -332,7 +332,20 @@ fn run(cli: Cli) -> Result<(), Failure> {
         }
         Command::Leaks { file, json, out } => {
             let snap = Snapshot::load(file)?;
-            emit(&out, &per_device(&[&snap], json, |s| report::leaks(s[0]), |l| report::LeakCandidate::render(l))?)
+            if json {
+                // The JSON stays the list of candidates; what the history could not show goes to
+                // standard error, so that an empty list is not read as "no leak".
+                let notes = per_device(&[&snap], false, |s| report::leak_limits(s[0]), report::LeakLimits::render)?;
+                if !notes.trim().is_empty() {
+                    eprint!("{}", notes.trim_start());
+                }
+                return emit(&out, &per_device(&[&snap], true, |s| report::leaks(s[0]), |_| String::new())?);
+            }
+            let report = |s: &[&Snapshot]| (report::leaks(s[0]), report::leak_limits(s[0]));
+            let render = |(c, l): &(Vec<report::LeakCandidate>, report::LeakLimits)| {
+                report::LeakCandidate::render_with_limits(c, l)
+            };
+            emit(&out, &per_device(&[&snap], false, report, render)?)
         }
         Command::Diff { before, after, json, out } => {
             let (before, after) = (Snapshot::load(before)?, Snapshot::load(after)?);

@@ -280,3 +280,38 @@ fn user_code_and_library_patterns_move_the_site() {
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(err.contains("empty library pattern would match every frame"), "{err}");
 }
+
+/// One program recorded four ways (`fixtures/torch/variants`, ground truth in its README: lines
+/// 13 and 31 keep 12 blocks each, 1.5 MiB and 768 KiB at the end). Where the history cannot
+/// show a leak, `leaks` says so instead of "no leak candidates"; where it starts mid-run, the
+/// lines are still named with their true live bytes, and a note says what it missed.
+#[test]
+fn leaks_says_what_a_history_cannot_show() {
+    let leaks = |name: &str| {
+        let (code, out, err) = vramscope(&["leaks", &fixture(&format!("variants/{name}.snapshot.pickle"))]);
+        assert_eq!(code, 0, "{name}: {err}");
+        assert!(out.lines().all(|l| l.chars().count() <= 100), "{name}:\n{out}");
+        out
+    };
+    for name in ["default", "small_ring"] {
+        let out = leaks(name);
+        assert!(out.starts_with("2 leak candidates"), "{name}:\n{out}");
+        assert!(out.contains("probe.py:13 (forward)\n"), "{name}:\n{out}");
+        assert!(out.contains("1.50 MiB in 12 blocks live at the end"), "{name}:\n{out}");
+        assert!(out.contains("probe.py:31 (positional)\n"), "{name}:\n{out}");
+        assert!(out.contains("768.00 KiB in 12 blocks live at the end"), "{name}:\n{out}");
+        assert!(!out.contains("probe.py:26"), "freed with the model:\n{out}");
+        let starts_mid_run = out.contains("The history starts in the middle of the program's work");
+        assert_eq!(starts_mid_run, name == "small_ring", "{name}:\n{out}");
+    }
+    let out = leaks("state_only");
+    assert!(out.starts_with("The history holds no allocation, so nothing here says whether memory leaks"), "{out}");
+    assert!(!out.contains("no leak candidates"), "{out}");
+    let out = leaks("no_context");
+    assert!(out.starts_with("no line to name: no allocation in the history has a stack\n"), "{out}");
+    assert!(out.contains("have no stack (recorded without stacks: PyTorch's\ncontext=None)"), "{out}");
+    // JSON stays the list of candidates; the note goes to standard error.
+    let (code, out, err) = vramscope(&["leaks", &fixture("variants/state_only.snapshot.pickle"), "--json"]);
+    assert_eq!((code, out.trim()), (0, "[]"), "{err}");
+    assert!(err.starts_with("The history holds no allocation"), "{err}");
+}

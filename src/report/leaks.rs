@@ -1,7 +1,7 @@
 use super::labels::Labels;
 use super::{bytes, frames};
 use crate::record::{Action, Frame};
-use crate::snapshot::{ContextInfo, Snapshot};
+use crate::snapshot::{BlockState, ContextInfo, Snapshot};
 use serde::Serialize;
 use std::collections::HashMap;
 
@@ -92,10 +92,22 @@ const MAX_STEP_WINDOWS: u64 = 100;
 /// within 15% of the ground truth for 5 of its 9 leaking lines and 2% to 46% of it for the
 /// others (PyTorch's trace gives requested bytes, 4 for a scalar in a 512-byte block; and the
 /// estimate counts steps several times where a loop's lines allocate several tensors a step).
+///
+/// The bytes and blocks "live at the end" are the snapshot's own live blocks at the site where
+/// the snapshot holds segments (a history that kept only its last entries saw only some of
+/// them), else those the history leaves live. A snapshot whose history holds no allocation
+/// gives no candidate, and neither does memory allocated without a stack: [`leak_limits`]
+/// says when either is so.
 pub fn leaks(snapshot: &Snapshot) -> Vec<LeakCandidate> {
+    find(snapshot).0
+}
+
+/// The candidates, and the growth per step of the memory allocated without a stack where it
+/// passes the same rule (it has no line to be named by).
+fn find(snapshot: &Snapshot) -> (Vec<LeakCandidate>, Option<u64>) {
     let hist = &snapshot.history;
     if !hist.iter().any(|e| e.action == Action::Alloc) {
-        return Vec::new();
+        return (Vec::new(), None);
     }
     let step_of = |i: usize| hist[i].context.map_or(0, |c: ContextInfo| c.step);
     let allocs = || (0..hist.len()).filter(|&i| hist[i].action == Action::Alloc);
@@ -214,9 +226,20 @@ pub fn leaks(snapshot: &Snapshot) -> Vec<LeakCandidate> {
             counts.into_iter().max_by_key(|&(n, c)| (c, std::cmp::Reverse(n))).map_or(windows as u64, |(n, _)| n);
         (per_run as f64 / windows as f64).max(1.0 / windows as f64)
     };
+    // What is live at the end, per site: the snapshot's blocks where it has segments.
+    let end: Option<HashMap<u32, (u64, u64)>> = (!snapshot.segments.is_empty()).then(|| {
+        let mut end: HashMap<u32, (u64, u64)> = HashMap::new();
+        let live_blocks = snapshot.segments.iter().flat_map(|g| &g.blocks);
+        for b in live_blocks.filter(|b| b.state == BlockState::ActiveAllocated) {
+            let e = end.entry(labels.site(b.context.as_ref())).or_default();
+            e.0 += b.requested_size;
+            e.1 += 1;
+        }
+        end
+    });
     let mut out = Vec::new();
+    let mut unplaced = None;
     for (site, s) in &sites {
-        let Some(frame) = labels.site_frame(*site) else { continue };
         let mut prev = (0u64, 0u64);
         let (mut rises, mut first, mut last, mut fell) = (0u32, None, 0u32, false);
         let mut steps_up: Vec<(u64, u64)> = Vec::new();
@@ -259,6 +282,10 @@ pub fn leaks(snapshot: &Snapshot) -> Vec<LeakCandidate> {
         let steps_grown = (f64::from(span) * steps_per_window).max(1.0);
         let bytes_per_step = kept.iter().map(|r| r.0 as f64).sum::<f64>() / steps_grown;
         let blocks_per_step = kept.iter().map(|r| r.1 as f64).sum::<f64>() / steps_grown;
+        let Some(frame) = labels.site_frame(*site) else {
+            unplaced = Some(bytes_per_step.round() as u64);
+            continue;
+        };
         let Some((_, std::cmp::Reverse(example))) = s.example else { continue };
         let ctx = hist[example].context;
         let callers = ctx
@@ -276,8 +303,8 @@ pub fn leaks(snapshot: &Snapshot) -> Vec<LeakCandidate> {
             frame: frame.clone(),
             callers,
             scope,
-            blocks: s.blocks,
-            bytes: s.bytes,
+            blocks: end.as_ref().map_or(s.blocks, |end| end.get(site).map_or(0, |e| e.1)),
+            bytes: end.as_ref().map_or(s.bytes, |end| end.get(site).map_or(0, |e| e.0)),
             bytes_per_step: bytes_per_step.round() as u64,
             blocks_per_step: (blocks_per_step * 100.0).round() / 100.0,
             growing_steps: rises,
@@ -289,10 +316,180 @@ pub fn leaks(snapshot: &Snapshot) -> Vec<LeakCandidate> {
         });
     }
     out.sort_by(|a, b| b.bytes_per_step.cmp(&a.bytes_per_step).then_with(|| a.site.cmp(&b.site)));
+    (out, unplaced)
+}
+
+/// What a snapshot's history leaves the leak finder unable to see or to name, for a reader of
+/// its candidates: without it an empty list reads as "no leak" where the finder could not
+/// tell. See [`leak_limits`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct LeakLimits {
+    /// Allocations in the history. None: nothing can be judged (a PyTorch snapshot recorded
+    /// with `_record_memory_history(enabled="state")`, or a vramscope one with no history).
+    pub allocations: u64,
+    /// Of them, those with no stack (PyTorch's `context=None`): their memory has no line.
+    pub without_stack: u64,
+    /// Where the memory allocated without a stack, taken together, passes the leak rule: its
+    /// growth per step. `None` does not clear it: temporaries and memory freed at the end
+    /// count with it.
+    pub without_stack_growth: Option<u64>,
+    /// History entries recorded but dropped from vramscope's ring before the snapshot.
+    pub dropped: u64,
+    /// Frees in the history of blocks whose allocation it does not hold: it starts in the
+    /// middle of the program's work (a ring that kept only its last entries, such as
+    /// PyTorch's `max_entries`, or recording started mid-loop), and growth before its first
+    /// entry is not seen.
+    pub frees_unseen: u64,
+    /// Blocks live in the snapshot whose allocation the history does not hold (weights loaded
+    /// before recording started, or blocks whose allocation a ring dropped).
+    pub live_before_history: u64,
+    /// Their bytes (requested).
+    pub live_before_history_bytes: u64,
+}
+
+/// What [`leaks`] cannot see or name in `snapshot`: no history, allocations without stacks,
+/// a history that starts in the middle of the program's work.
+pub fn leak_limits(snapshot: &Snapshot) -> LeakLimits {
+    let mut limits = LeakLimits { dropped: snapshot.history_dropped, ..LeakLimits::default() };
+    let mut allocated = std::collections::HashSet::new();
+    for e in &snapshot.history {
+        match e.action {
+            Action::Alloc => {
+                allocated.insert(e.addr);
+                limits.allocations += 1;
+                limits.without_stack += u64::from(e.context.and_then(|c| c.stack).is_none());
+            }
+            Action::FreeRequested | Action::FreeCompleted if !allocated.contains(&e.addr) => {
+                // Counted once per block: its free_requested and free_completed both come here.
+                allocated.insert(e.addr);
+                limits.frees_unseen += 1;
+            }
+            _ => {}
+        }
+    }
+    for b in snapshot.segments.iter().flat_map(|g| &g.blocks) {
+        if b.state == BlockState::ActiveAllocated && !allocated.contains(&b.address) {
+            limits.live_before_history += 1;
+            limits.live_before_history_bytes += b.requested_size;
+        }
+    }
+    if limits.without_stack > 0 {
+        limits.without_stack_growth = find(snapshot).1;
+    }
+    limits
+}
+
+impl LeakLimits {
+    /// Notes for a reader of the candidates, each a paragraph filled to 90 columns; empty
+    /// where the history covers everything the finder needs.
+    pub fn render(&self) -> String {
+        let mut notes: Vec<String> = Vec::new();
+        if self.allocations == 0 {
+            notes.push(
+                "The history holds no allocation, so nothing here says whether memory leaks: the leak \
+                 finder reads the allocations and frees over time. PyTorch keeps them with \
+                 torch.cuda.memory._record_memory_history() (its default, enabled=\"all\"; not \
+                 enabled=\"state\"). `vramscope live` shows what is live; `vramscope diff` compares two \
+                 snapshots."
+                    .to_string(),
+            );
+        } else if self.without_stack == self.allocations || self.without_stack_growth.is_some() {
+            // Some allocations without a stack are normal (PyTorch's Python stacks: none on
+            // autograd's thread); a note where none has one, or where that memory grows.
+            let why = if self.without_stack == self.allocations {
+                "recorded without stacks: PyTorch's context=None"
+            } else {
+                "made where no stack was recorded, such as autograd's thread with Python stacks"
+            };
+            let mut note = format!(
+                "{} of {} allocations in the history have no stack ({why}), so their memory cannot be \
+                 put on a line",
+                self.without_stack, self.allocations
+            );
+            match self.without_stack_growth {
+                Some(g) => note.push_str(&format!(
+                    ". Taken together it grows, +{} per step, kept and never given back.",
+                    bytes(g)
+                )),
+                None => note.push_str(", and whether some of it leaks cannot be told from the rest."),
+            }
+            if self.without_stack == self.allocations {
+                note.push_str(" Record with stacks (context=\"all\", the default) to name the lines.");
+            }
+            notes.push(note);
+        }
+        if self.allocations > 0 && (self.frees_unseen > 0 || self.dropped > 0) {
+            let why = if self.dropped > 0 {
+                format!("its first {} entries were dropped when its ring was full", self.dropped)
+            } else {
+                format!(
+                    "it frees {} block{} it never saw allocated: a ring that kept only its last entries, \
+                     such as PyTorch's max_entries, or recording started mid-loop",
+                    self.frees_unseen,
+                    if self.frees_unseen == 1 { "" } else { "s" }
+                )
+            };
+            let mut note = format!(
+                "The history starts in the middle of the program's work ({why}). Growth before its \
+                 first entry is not seen, and figures per step count only what it holds"
+            );
+            if self.live_before_history > 0 {
+                note.push_str(&format!(
+                    "; {} block{} ({}) live at the end {} allocated before it",
+                    self.live_before_history,
+                    if self.live_before_history == 1 { "" } else { "s" },
+                    bytes(self.live_before_history_bytes),
+                    if self.live_before_history == 1 { "was" } else { "were" },
+                ));
+            }
+            note.push('.');
+            notes.push(note);
+        }
+        notes.iter().map(|n| format!("\n{}", fill(n, 90))).collect()
+    }
+}
+
+/// `text` in lines of at most `width` columns, broken between words (a word longer than
+/// `width` stands alone on its line), each ended by a newline.
+fn fill(text: &str, width: usize) -> String {
+    let mut out = String::new();
+    let mut line = 0;
+    for word in text.split_whitespace() {
+        let w = word.chars().count();
+        if line > 0 && line + 1 + w > width {
+            out.push('\n');
+            line = 0;
+        }
+        if line > 0 {
+            out.push(' ');
+            line += 1;
+        }
+        out.push_str(word);
+        line += w;
+    }
+    out.push('\n');
     out
 }
 
 impl LeakCandidate {
+    /// The report as text, with what the history left the finder unable to see or name
+    /// ([`LeakLimits::render`]): where the history holds no allocation, only that; where no
+    /// line leaks but memory without a stack grows, that instead of "no leak candidates".
+    pub fn render_with_limits(candidates: &[LeakCandidate], limits: &LeakLimits) -> String {
+        let notes = limits.render();
+        if limits.allocations == 0 {
+            return notes.trim_start().to_string();
+        }
+        if candidates.is_empty() && limits.without_stack == limits.allocations {
+            return format!("no line to name: no allocation in the history has a stack\n{notes}");
+        }
+        if candidates.is_empty() && limits.without_stack_growth.is_some() {
+            return format!("no line to name: the memory that keeps growing has no stack\n{notes}");
+        }
+        Self::render(candidates) + &notes
+    }
+
     /// The report as text.
     pub fn render(candidates: &[LeakCandidate]) -> String {
         if candidates.is_empty() {
@@ -342,5 +539,27 @@ impl LeakCandidate {
              a list, dict or cache that is never emptied, a hook or closure, a tensor with its graph.\n",
         );
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fill_breaks_between_words_within_the_width() {
+        assert_eq!(fill("a bb ccc dddd", 6), "a bb\nccc\ndddd\n");
+        assert_eq!(fill("a verylongword b", 4), "a\nverylongword\nb\n");
+        assert_eq!(fill("", 10), "\n");
+    }
+
+    #[test]
+    fn a_snapshot_without_history_is_not_called_leak_free() {
+        let snap = Snapshot::empty("sim");
+        let limits = leak_limits(&snap);
+        assert_eq!(limits.allocations, 0);
+        let text = LeakCandidate::render_with_limits(&leaks(&snap), &limits);
+        assert!(text.starts_with("The history holds no allocation"), "{text}");
+        assert!(!text.contains("no leak candidates"), "{text}");
     }
 }
