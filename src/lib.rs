@@ -136,18 +136,22 @@
 //!
 //! What a reclaim gives back is in proportion to what the request lacks: while one stream holds
 //! every segment, no whole cached segment larger than 8 times the request's new segment is
-//! released for it; the request grows past the limit by that segment instead. Smallest first,
+//! released for it, nor, for a request larger than a small segment, any of the small pool's
+//! 2 MiB segments; the request grows past the limit by its segment instead. Smallest first,
 //! the only whole free segment is often one of the loop's large ones, cached because the loop
 //! uses it: released to make room for 2 MiB of small tensors, it was reserved again when its
 //! own request came back later in the step, pass after pass (the churn rule above did not see
-//! it: the small request's raise had used up the record of the release). Growing by the 2 MiB
-//! overshoots the limit by memory the loop then reuses. On 240 single-stream random traces
-//! replayed as on CUDA with `cuMemAlloc` segments, 120 of them first looked at with the rule
-//! already fixed, rows still calling the driver after two warm passes fell from 22 to 10 and
-//! warm calls by a fifth, at the same or a lower mean peak; on an H200 the same as on the sim
-//! (24 held-out traces: 4 rows to 1). Any factor from 2 to 16 gives the same late calls. On several streams,
-//! where releasing a segment is also how memory passes between streams, the rule left more
-//! rows calling late and is not applied (`BENCHMARKS.md`, "Reclaim in proportion").
+//! it: the small request's raise had used up the record of the release); and a large request
+//! released the small pool's segments first, 2 MiB each against its hundreds, which the next
+//! step's small tensors reserved again. Growing instead overshoots the limit by memory the loop
+//! then reuses. On 120 single-stream random traces replayed as on CUDA (seeds 1000–1239, half of
+//! them first run with the first clause fixed), rows still calling the driver after two warm
+//! passes fell from 22 to 8 and warm calls from 1,589 to 625, at about the same mean peak; on
+//! an H200, 48 more (24 generated after both clauses were fixed), with `cuMemAlloc` segments:
+//! 8 rows to 3, warm calls 519 to 126, as the sim predicted for each. The first clause fixed
+//! most rows, the second most calls (it moves single rows both ways). On several streams, where
+//! releasing a segment is also how memory passes between streams, the first clause left more
+//! rows calling late, and neither applies there (`BENCHMARKS.md`, "Reclaim in proportion").
 //!
 //! Where the backend maps pages (CUDA's virtual-memory segments, the sim) and one stream holds
 //! the large segments, segments also *grow in place*, as PyTorch's expandable segments: a large

@@ -40,7 +40,8 @@ for (trace, kind, v) in sorted(rows):
     print(f"| {trace} | {kind} | {old['warm_device_calls']} | {new['warm_device_calls']} | "
           f"{old['fragmentation']:.3f} | {new['fragmentation']:.3f} | {pt:.3f} | {pool:.3f} | "
           f"{old['ns_per_op']:.0f} | {new['ns_per_op']:.0f} | {t.get('torch_warm_ns_op', float('nan')):.0f} |")
-    group = ("random" if trace.startswith("t") and trace[1:].isdigit() else "fixtures", kind)
+    # Random traces by the thousand of their seed (each set generated apart).
+    group = (f"seeds {trace[1]}xxx" if trace.startswith("t") and trace[1:].isdigit() else "fixtures", kind)
     s = summary.setdefault(group, {"n": 0, "old": [0, 0, 0.0, 0], "new": [0, 0, 0.0, 0]})
     s["n"] += 1
     best = min(pt, pool) * (1.01 if kind == "malloc" else 1.0)

@@ -43,7 +43,21 @@ const CEILING_CHURNS: usize = 64;
 /// same late calls on the random single-stream traces (BENCHMARKS.md, "Reclaim in proportion");
 /// on several streams, where releasing is also how memory passes between streams, the rule
 /// left more rows calling late and is not applied.
+///
+/// Likewise, smallest first, a large request released the small pool's 2 MiB segments before
+/// anything else: each gives back 2 MiB against the hundreds the request needs, and the small
+/// tensors of the next step reserve it again. Where one stream holds every segment, a request
+/// that needs more than a small segment releases none of the small pool's.
 const RELEASE_SPAN: u64 = 8;
+
+/// Which whole free segments a reclaim may release (see [`Heap::reclaim`]).
+#[derive(Debug, Clone, Copy)]
+struct Releasable {
+    /// The largest, mapped bytes.
+    largest: u64,
+    /// Whether those of the small pool.
+    small_pool: bool,
+}
 
 impl Heap {
     pub(crate) fn reserved(&self) -> u64 {
@@ -135,12 +149,17 @@ impl Heap {
     /// reach to give nothing back is kept for [`Heap::note_regrowth`].
     ///
     /// With `alone` (the request's stream holds every segment), no whole segment larger than
-    /// [`RELEASE_SPAN`] times `need` is released: the request then grows past the limit by
+    /// [`RELEASE_SPAN`] times `need` is released, nor, for a request that needs more than a
+    /// small segment, a segment of the small pool: the request then grows past the limit by
     /// what it lacks instead (see [`RELEASE_SPAN`]).
     pub(super) fn reclaim(&mut self, backend: &dyn Backend, need: u64, limit: u64, exact: bool, alone: bool) {
         let before = self.reserved();
-        let largest = if alone { need.saturating_mul(RELEASE_SPAN) } else { u64::MAX };
-        self.give_back(backend, need, limit, largest);
+        let releasable = if alone {
+            Releasable { largest: need.saturating_mul(RELEASE_SPAN), small_pool: need <= super::SMALL_SEGMENT }
+        } else {
+            Releasable { largest: u64::MAX, small_pool: true }
+        };
+        self.give_back(backend, need, limit, releasable);
         if exact && self.reserved() < before {
             let wanted = before + need;
             self.released_wanted = self.released_wanted.max(wanted);
@@ -148,15 +167,18 @@ impl Heap {
     }
 
     /// [`Heap::reclaim`]'s work.
-    fn give_back(&mut self, backend: &dyn Backend, need: u64, limit: u64, largest: u64) {
+    fn give_back(&mut self, backend: &dyn Backend, need: u64, limit: u64, releasable: Releasable) {
         let mut whole: Vec<(u64, u64, BlockId)> = (self.free.whole().iter())
             .map(|&b| (self.segments[self.blocks[b].segment].mapped, self.blocks[b].addr, b))
             .collect();
         whole.sort_unstable();
         for (mapped, _, b) in whole {
-            if self.reserved() + need <= limit || mapped > largest {
+            if self.reserved() + need <= limit || mapped > releasable.largest {
                 // Sorted by size: every segment after one too large is too large.
                 break;
+            }
+            if !releasable.small_pool && self.segments[self.blocks[b].segment].pool == super::Pool::Small {
+                continue;
             }
             let size = self.blocks[b].size;
             if self.release_segment_of(backend, b) {
@@ -578,6 +600,22 @@ mod tests {
         assert_eq!(h.reserved(), 204 * MIB);
         assert_eq!(sim.used_memory(), 204 * MIB);
         assert_eq!(h.stats.segment.pool_current(Pool::Large), 1, "still cached");
+    }
+
+    #[test]
+    fn a_large_request_alone_keeps_the_small_pools_segments() {
+        let sim = SimBackend::new(1 << 40);
+        let config = AllocatorConfig::parse("release_pages:false,fragmentation_limit:1.0,fragmentation_limit_max:off");
+        let mut h = Heap::new(0, config.unwrap(), RecordConfig::off(), &sim);
+        let small = h.alloc(&sim, StreamId(0), MIB, None).unwrap();
+        h.free(&sim, small.block, None);
+        h.settle();
+        // 100 MiB over a limit of 100 MiB: releasing the cached 2 MiB small segment would not
+        // get under it anyway, and the next small tensor would reserve it again.
+        h.alloc(&sim, StreamId(0), 100 * MIB, None).unwrap();
+        assert_eq!(h.stats.num_device_free, 0);
+        assert_eq!(h.stats.segment.pool_current(Pool::Small), 1, "still cached");
+        assert_eq!(h.reserved(), 102 * MIB);
     }
 
     #[test]
