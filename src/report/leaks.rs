@@ -89,9 +89,10 @@ const MAX_STEP_WINDOWS: u64 = 100;
 /// that allocate in every window (a loop body's sites allocate once per step), so that the
 /// figures are per step. The figures are rough where no steps were marked, while the lines
 /// named do not depend on them: on the corpus of `fixtures/torch/corpus`, bytes per step are
-/// within 15% of the ground truth for 5 of its 9 leaking lines and 2% to 46% of it for the
-/// others (PyTorch's trace gives requested bytes, 4 for a scalar in a 512-byte block; and the
-/// estimate counts steps several times where a loop's lines allocate several tensors a step).
+/// within 16% of the ground truth for 5 of its 9 leaking lines (2% to 15.1% off) and 0.8% to
+/// 46% of it for the others (PyTorch's trace gives requested bytes, 4 for a scalar in a
+/// 512-byte block, where the ground truth counts blocks; and the estimate counts steps several
+/// times where a loop's lines allocate several tensors a step).
 ///
 /// The bytes and blocks "live at the end" are the snapshot's own live blocks at the site where
 /// the snapshot holds segments (a history that kept only its last entries saw only some of
