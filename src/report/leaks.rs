@@ -338,21 +338,27 @@ pub struct LeakLimits {
     /// History entries recorded but dropped from vramscope's ring before the snapshot.
     pub dropped: u64,
     /// Frees in the history of blocks whose allocation it does not hold: it starts in the
-    /// middle of the program's work (a ring that kept only its last entries, such as
-    /// PyTorch's `max_entries`, or recording started mid-loop), and growth before its first
-    /// entry is not seen.
+    /// middle of the program's work (recording started after they were allocated, or a ring
+    /// that kept only its last entries, such as PyTorch's `max_entries`), and growth before
+    /// its first entry is not seen.
     pub frees_unseen: u64,
     /// Blocks live in the snapshot whose allocation the history does not hold (weights loaded
     /// before recording started, or blocks whose allocation a ring dropped).
     pub live_before_history: u64,
     /// Their bytes (requested).
     pub live_before_history_bytes: u64,
+    /// Whether the snapshot came from PyTorch's format: the notes then name PyTorch's settings.
+    pub from_pytorch: bool,
 }
 
 /// What [`leaks`] cannot see or name in `snapshot`: no history, allocations without stacks,
 /// a history that starts in the middle of the program's work.
 pub fn leak_limits(snapshot: &Snapshot) -> LeakLimits {
-    let mut limits = LeakLimits { dropped: snapshot.history_dropped, ..LeakLimits::default() };
+    let mut limits = LeakLimits {
+        dropped: snapshot.history_dropped,
+        from_pytorch: snapshot.backend == "pytorch",
+        ..LeakLimits::default()
+    };
     let mut allocated = std::collections::HashSet::new();
     for e in &snapshot.history {
         match e.action {
@@ -387,14 +393,18 @@ impl LeakLimits {
     pub fn render(&self) -> String {
         let mut notes: Vec<String> = Vec::new();
         if self.allocations == 0 {
-            notes.push(
+            let how = if self.from_pytorch {
+                "PyTorch keeps them with torch.cuda.memory._record_memory_history() (its default, \
+                 enabled=\"all\"; not enabled=\"state\")"
+            } else {
+                "vramscope keeps them where the allocator records a history (RecordConfig's default; \
+                 not RecordConfig::off())"
+            };
+            notes.push(format!(
                 "The history holds no allocation, so nothing here says whether memory leaks: the leak \
-                 finder reads the allocations and frees over time. PyTorch keeps them with \
-                 torch.cuda.memory._record_memory_history() (its default, enabled=\"all\"; not \
-                 enabled=\"state\"). `vramscope live` shows what is live; `vramscope diff` compares two \
-                 snapshots."
-                    .to_string(),
-            );
+                 finder reads the allocations and frees over time. {how}. `vramscope live` shows what \
+                 is live; `vramscope diff` compares two snapshots."
+            ));
         } else if self.without_stack == self.allocations || self.without_stack_growth.is_some() {
             // Some allocations without a stack are normal (PyTorch's Python stacks: none on
             // autograd's thread); a note where none has one, or where that memory grows.
@@ -425,10 +435,15 @@ impl LeakLimits {
                 format!("its first {} entries were dropped when its ring was full", self.dropped)
             } else {
                 format!(
-                    "it frees {} block{} it never saw allocated: a ring that kept only its last entries, \
-                     such as PyTorch's max_entries, or recording started mid-loop",
+                    "it frees {} block{} it never saw allocated: recording started after they were \
+                     allocated{}",
                     self.frees_unseen,
-                    if self.frees_unseen == 1 { "" } else { "s" }
+                    if self.frees_unseen == 1 { "" } else { "s" },
+                    if self.from_pytorch {
+                        ", or PyTorch's ring (max_entries) dropped their allocation"
+                    } else {
+                        ", or the snapshot keeps part of the history only, such as one scope's"
+                    }
                 )
             };
             let mut note = format!(
