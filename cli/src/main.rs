@@ -335,17 +335,23 @@ fn run(cli: Cli) -> Result<(), Failure> {
             if json {
                 // The JSON stays the list of candidates; what the history could not show goes to
                 // standard error, so that an empty list is not read as "no leak".
-                let notes = per_device(&[&snap], false, |s| report::leak_limits(s[0]), report::LeakLimits::render)?;
+                let notes = std::cell::RefCell::new(String::new());
+                let report = |s: &[&Snapshot]| {
+                    let (candidates, limits) = report::leaks_with_limits(s[0]);
+                    notes.borrow_mut().push_str(&limits.render());
+                    candidates
+                };
+                let text = per_device(&[&snap], true, report, |_| String::new())?;
+                let notes = notes.into_inner();
                 if !notes.trim().is_empty() {
                     eprint!("{}", notes.trim_start());
                 }
-                return emit(&out, &per_device(&[&snap], true, |s| report::leaks(s[0]), |_| String::new())?);
+                return emit(&out, &text);
             }
-            let report = |s: &[&Snapshot]| (report::leaks(s[0]), report::leak_limits(s[0]));
             let render = |(c, l): &(Vec<report::LeakCandidate>, report::LeakLimits)| {
                 report::LeakCandidate::render_with_limits(c, l)
             };
-            emit(&out, &per_device(&[&snap], false, report, render)?)
+            emit(&out, &per_device(&[&snap], false, |s| report::leaks_with_limits(s[0]), render)?)
         }
         Command::Diff { before, after, json, out } => {
             let (before, after) = (Snapshot::load(before)?, Snapshot::load(after)?);

@@ -352,11 +352,24 @@ pub struct LeakLimits {
 }
 
 /// What [`leaks`] cannot see or name in `snapshot`: no history, allocations without stacks,
-/// a history that starts in the middle of the program's work.
+/// a history that starts in the middle of the program's work. Where both are wanted,
+/// [`leaks_with_limits`] replays the history once instead of twice.
 pub fn leak_limits(snapshot: &Snapshot) -> LeakLimits {
+    limits(snapshot, || find(snapshot).1)
+}
+
+/// [`leaks`] and [`leak_limits`] of `snapshot`, from one replay of its history.
+pub fn leaks_with_limits(snapshot: &Snapshot) -> (Vec<LeakCandidate>, LeakLimits) {
+    let (candidates, unplaced) = find(snapshot);
+    (candidates, limits(snapshot, || unplaced))
+}
+
+/// [`leak_limits`]'s work; `unplaced` gives [`find`]'s growth of the memory without a stack,
+/// asked for only where some allocation has none.
+fn limits(snapshot: &Snapshot, unplaced: impl FnOnce() -> Option<u64>) -> LeakLimits {
     let mut limits = LeakLimits {
         dropped: snapshot.history_dropped,
-        from_pytorch: snapshot.backend == "pytorch",
+        from_pytorch: snapshot.is_from_pytorch(),
         ..LeakLimits::default()
     };
     let mut allocated = std::collections::HashSet::new();
@@ -382,7 +395,7 @@ pub fn leak_limits(snapshot: &Snapshot) -> LeakLimits {
         }
     }
     if limits.without_stack > 0 {
-        limits.without_stack_growth = find(snapshot).1;
+        limits.without_stack_growth = unplaced();
     }
     limits
 }

@@ -20,7 +20,7 @@ pub(crate) use flame::render_with as flamegraph_with_subtitle;
 #[cfg(feature = "flamegraph")]
 pub use flame::{differential_flamegraph, flamegraph};
 pub use flame::{folded, FoldedKind};
-pub use leaks::{leak_limits, leaks, LeakCandidate, LeakLimits, LeakUnit};
+pub use leaks::{leak_limits, leaks, leaks_with_limits, LeakCandidate, LeakLimits, LeakUnit};
 pub use live::{live, LiveGroup};
 pub use segments::segments;
 

@@ -372,7 +372,15 @@ pub struct HistoryEntry {
     pub user_metadata: Option<serde_json::Value>,
 }
 
+/// The `backend` of a snapshot read from PyTorch's pickle format.
+pub(crate) const PYTORCH_BACKEND: &str = "pytorch";
+
 impl Snapshot {
+    /// Whether the snapshot was read from PyTorch's pickle format (not recorded by vramscope).
+    pub(crate) fn is_from_pytorch(&self) -> bool {
+        self.backend == PYTORCH_BACKEND
+    }
+
     /// A snapshot with nothing in it.
     pub(crate) fn empty(backend: &str) -> Snapshot {
         Snapshot {

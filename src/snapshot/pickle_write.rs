@@ -326,7 +326,7 @@ impl Snapshot {
         &'a self,
         trace: impl Iterator<Item = &'a HistoryEntry> + 'a,
     ) -> impl Iterator<Item = (Action, &'a HistoryEntry, Option<ContextInfo>)> + 'a {
-        let own = self.backend != "pytorch";
+        let own = !self.is_from_pytorch();
         let mut allocated: HashMap<u64, ContextInfo> = HashMap::new();
         let mut requested = std::collections::HashSet::new();
         trace.flat_map(move |e| {

@@ -473,7 +473,7 @@ impl Snapshot {
         Ok(Snapshot {
             version: SNAPSHOT_VERSION,
             device,
-            backend: "pytorch".into(),
+            backend: super::model::PYTORCH_BACKEND.into(),
             segments,
             history,
             history_dropped: 0,
