@@ -317,7 +317,8 @@
 //! [`report::leak_limits`] says where it could not (no history: PyTorch's
 //! `enabled="state"`; no stacks: `context=None`; a history that starts mid-run: a full ring,
 //! PyTorch's `max_entries`), and [`report::LeakCandidate::render_with_limits`] prints that
-//! instead of "no leak candidates" (`fixtures/torch/variants`: one program recorded each way).
+//! instead of "no leak candidates" (`fixtures/torch/variants`: one program recorded each way);
+//! [`report::leaks_with_limits`] gives both from one replay of the history.
 //!
 //! ```
 //! use vramscope::{report, Snapshot};
