@@ -14,6 +14,8 @@
 #   OUT=.gpu/traces python3 tests/gpu/random_streams.py 2000 2048   # then keep the one-stream ones
 #   cp ../shared/tools/torch_replay.py tests/gpu/reclaim.sh .gpu/
 # then with the `device` tool (carry [".gpu"]): bash .gpu/reclaim.sh > $OUT/reclaim.txt 2>&1.
+# SEGS=virtual (or malloc) replays with one segment kind only, for a change that cannot touch
+# the other (the CUDA tests still run with both).
 set -u
 cd "$(dirname "$0")"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
@@ -23,7 +25,7 @@ for seg in malloc virtual; do
   VRAMSCOPE_CUDA_SEGMENTS=$seg timeout 120 ./cuda_tests 2>&1 | grep -E "test result|FAILED|panicked"
 done
 for f in traces/*.trace.json; do
-  for seg in malloc virtual; do
+  for seg in ${SEGS:-malloc virtual}; do
     for v in old new; do
       echo "== replay $(basename "$f" .trace.json) $seg $v"
       VRAMSCOPE_CUDA_SEGMENTS=$seg timeout 60 "./vramscope-$v" replay "$f" --backend cuda --warm "$WARM" \

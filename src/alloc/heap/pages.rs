@@ -57,6 +57,8 @@ struct Releasable {
     largest: u64,
     /// Whether those of the small pool.
     small_pool: bool,
+    /// Whether every page under a hole, or only what the request lacks under the limit.
+    whole_holes: bool,
 }
 
 impl Heap {
@@ -151,13 +153,21 @@ impl Heap {
     /// With `alone` (the request's stream holds every segment), no whole segment larger than
     /// [`RELEASE_SPAN`] times `need` is released, nor, for a request that needs more than a
     /// small segment, a segment of the small pool: the request then grows past the limit by
-    /// what it lacks instead (see [`RELEASE_SPAN`]).
+    /// what it lacks instead (see [`RELEASE_SPAN`]); and of a hole only the granules that
+    /// reserved exceeds the limit by are unmapped, from the hole's end, not every one: in a
+    /// range that grows in place the largest hole is often most of the range, which the same
+    /// step maps again. On several streams holes are unmapped whole: that is how their pages
+    /// pass to another stream.
     pub(super) fn reclaim(&mut self, backend: &dyn Backend, need: u64, limit: u64, exact: bool, alone: bool) {
         let before = self.reserved();
         let releasable = if alone {
-            Releasable { largest: need.saturating_mul(RELEASE_SPAN), small_pool: need <= super::SMALL_SEGMENT }
+            Releasable {
+                largest: need.saturating_mul(RELEASE_SPAN),
+                small_pool: need <= super::SMALL_SEGMENT,
+                whole_holes: false,
+            }
         } else {
-            Releasable { largest: u64::MAX, small_pool: true }
+            Releasable { largest: u64::MAX, small_pool: true, whole_holes: true }
         };
         self.give_back(backend, need, limit, releasable);
         if exact && self.reserved() < before {
@@ -196,7 +206,9 @@ impl Heap {
                     return;
                 }
                 let size = self.blocks[b].size;
-                if self.unmap_block(backend, b) {
+                let want =
+                    if releasable.whole_holes { u64::MAX } else { (self.reserved() + need).saturating_sub(limit) };
+                if self.unmap_block(backend, b, want) {
                     self.released_since_peak = self.released_since_peak.max(size);
                 }
             }
@@ -385,7 +397,7 @@ impl Heap {
         if pages && self.can_unmap {
             let holes = self.free.with_mapped_pages().to_vec();
             for b in holes {
-                self.unmap_block(backend, b);
+                self.unmap_block(backend, b, u64::MAX);
             }
         }
     }
@@ -440,8 +452,9 @@ impl Heap {
         true
     }
 
-    /// Unmaps the whole granules inside free block `b`; true if any was unmapped.
-    fn unmap_block(&mut self, backend: &dyn Backend, b: BlockId) -> bool {
+    /// Unmaps whole granules inside free block `b`, from its end, until at least `want` bytes
+    /// were unmapped or none is left mapped; true if any was unmapped.
+    fn unmap_block(&mut self, backend: &dyn Backend, b: BlockId, want: u64) -> bool {
         let blk = &self.blocks[b];
         let s = blk.segment;
         let seg = &self.segments[s];
@@ -451,7 +464,18 @@ impl Heap {
             return false;
         }
         let mut any = false;
-        for (start, stop) in self.page_runs(s, inside.start, inside.end, false) {
+        let mut left = want;
+        for (start, stop) in self.page_runs(s, inside.start, inside.end, false).into_iter().rev() {
+            if left == 0 {
+                break;
+            }
+            // The run's last granules, as many as `left` asks for.
+            let mut first = stop;
+            while first > start && left > 0 {
+                first -= 1;
+                left = left.saturating_sub(self.segments[s].granule_span(first, first + 1).1);
+            }
+            let start = first;
             let (addr, len) = self.segments[s].granule_span(start, stop);
             // SAFETY: whole granules inside free block `b` of a live segment, mapped (the runs
             // asked for), so no buffer holds any of their bytes; work queued on the segment's
@@ -573,13 +597,16 @@ mod tests {
 
     const MIB: u64 = 1 << 20;
 
+    /// A heap of `config` on a sim of 1 TiB, recording nothing.
+    fn heap(config: &str) -> (Heap, SimBackend) {
+        let sim = SimBackend::new(1 << 40);
+        (Heap::new(0, AllocatorConfig::parse(config).unwrap(), RecordConfig::off(), &sim), sim)
+    }
+
     /// A heap held to a limit of exactly its peak, a 200 MiB segment cached whole on stream 0,
     /// its 2 MiB small segment full (two 1 MiB blocks live).
     fn over_the_limit() -> (Heap, SimBackend) {
-        let sim = SimBackend::new(1 << 40);
-        let config =
-            AllocatorConfig::parse("release_pages:false,fragmentation_limit:1.0,fragmentation_limit_max:off").unwrap();
-        let mut h = Heap::new(0, config, RecordConfig::off(), &sim);
+        let (mut h, sim) = heap("release_pages:false,fragmentation_limit:1.0,fragmentation_limit_max:off");
         let large = h.alloc(&sim, StreamId(0), 200 * MIB, None).unwrap();
         for _ in 0..2 {
             h.alloc(&sim, StreamId(0), MIB, None).unwrap();
@@ -604,9 +631,7 @@ mod tests {
 
     #[test]
     fn a_large_request_alone_keeps_the_small_pools_segments() {
-        let sim = SimBackend::new(1 << 40);
-        let config = AllocatorConfig::parse("release_pages:false,fragmentation_limit:1.0,fragmentation_limit_max:off");
-        let mut h = Heap::new(0, config.unwrap(), RecordConfig::off(), &sim);
+        let (mut h, sim) = heap("release_pages:false,fragmentation_limit:1.0,fragmentation_limit_max:off");
         let small = h.alloc(&sim, StreamId(0), MIB, None).unwrap();
         h.free(&sim, small.block, None);
         h.settle();
@@ -618,15 +643,55 @@ mod tests {
         assert_eq!(h.reserved(), 102 * MIB);
     }
 
+    /// Stream 1 allocates 512 bytes: it holds a segment (of the small pool), and stream 0 no
+    /// longer holds them all.
+    fn another_stream_holds_a_segment(h: &mut Heap, sim: &SimBackend) {
+        h.streams.push(StreamSlot::new(1));
+        h.alloc(sim, StreamId(1), 512, None).unwrap();
+        assert!(!h.holds_every_segment_of_both(StreamId(0)));
+    }
+
     #[test]
     fn on_several_streams_the_reclaim_still_releases_the_smallest_whole_segment() {
         let (mut h, sim) = over_the_limit();
-        h.streams.push(StreamSlot::new(1));
-        // Stream 1 holds a segment (of the small pool): stream 0 no longer holds them all.
-        h.alloc(&sim, StreamId(1), 512, None).unwrap();
-        assert!(!h.holds_every_segment_of_both(StreamId(0)));
+        another_stream_holds_a_segment(&mut h, &sim);
         h.alloc(&sim, StreamId(0), MIB, None).unwrap();
         assert_eq!(h.stats.num_device_free, 1, "the 200 MiB segment went back");
         assert_eq!(h.stats.segment.pool_current(Pool::Large), 0);
+    }
+
+    /// A growing range holding two 100 MiB blocks, the first freed: a 100 MiB mapped hole
+    /// before a live block, under a limit of 1.2 times the peak.
+    fn a_mapped_hole() -> (Heap, SimBackend) {
+        let (mut h, sim) = heap("release_pages:true,fragmentation_limit:1.2,fragmentation_limit_max:off");
+        let a = h.alloc(&sim, StreamId(0), 100 * MIB, None).unwrap();
+        h.alloc(&sim, StreamId(0), 100 * MIB, None).unwrap();
+        h.free(&sim, a.block, None);
+        h.settle();
+        assert_eq!((h.reserved(), h.stats.num_device_alloc), (200 * MIB, 1));
+        (h, sim)
+    }
+
+    #[test]
+    fn a_request_alone_unmaps_only_what_it_lacks_from_a_hole() {
+        let (mut h, sim) = a_mapped_hole();
+        // 150 MiB fits no hole: the range grows by 150 MiB, 50 MiB over the limit (1.2 times
+        // the 250 MiB allocated then).
+        h.alloc(&sim, StreamId(0), 150 * MIB, None).unwrap();
+        assert_eq!(h.reserved(), 300 * MIB, "50 MiB of the hole unmapped, not all 100");
+        assert_eq!(sim.used_memory(), 300 * MIB);
+        // The hole's first 50 MiB stayed mapped: the next request of that size maps nothing.
+        let maps = h.stats.num_device_map;
+        h.alloc(&sim, StreamId(0), 50 * MIB, None).unwrap();
+        assert_eq!(h.stats.num_device_map, maps);
+        assert_eq!(h.reserved(), 300 * MIB);
+    }
+
+    #[test]
+    fn on_several_streams_a_hole_is_unmapped_whole() {
+        let (mut h, sim) = a_mapped_hole();
+        another_stream_holds_a_segment(&mut h, &sim);
+        h.alloc(&sim, StreamId(0), 150 * MIB, None).unwrap();
+        assert_eq!(h.reserved(), 252 * MIB, "the whole 100 MiB hole unmapped (and 2 MiB of stream 1)");
     }
 }
