@@ -134,37 +134,32 @@
 //! server's requests of random shapes kept reserving and freeing segments in every pass at
 //! 1.25; `BENCHMARKS.md`).
 //!
-//! What a reclaim gives back is in proportion to what the request lacks: while one stream holds
-//! every segment, no whole cached segment larger than 8 times the request's new segment is
-//! released for it, nor, for a request larger than a small segment, any of the small pool's
-//! 2 MiB segments; the request grows past the limit by its segment instead. Smallest first,
-//! the only whole free segment is often one of the loop's large ones, cached because the loop
-//! uses it: released to make room for 2 MiB of small tensors, it was reserved again when its
-//! own request came back later in the step, pass after pass (the churn rule above did not see
-//! it: the small request's raise had used up the record of the release); and a large request
-//! released the small pool's segments first, 2 MiB each against its hundreds, which the next
-//! step's small tensors reserved again. Growing instead overshoots the limit by memory the loop
-//! then reuses. On 120 single-stream random traces replayed as on CUDA (seeds 1000–1239, half of
-//! them first run with the first clause fixed), rows still calling the driver after two warm
-//! passes fell from 22 to 8 and warm calls from 1,589 to 625, at about the same mean peak; on
-//! an H200, 48 more (24 generated after both clauses were fixed), with `cuMemAlloc` segments:
-//! 8 rows to 3, warm calls 519 to 126, as the sim predicted for each. The first clause fixed
-//! most rows, the second most calls (it moves single rows both ways). On several streams, where
-//! releasing a segment is also how memory passes between streams, the first clause left more
-//! rows calling late, and neither applies there (`BENCHMARKS.md`, "Reclaim in proportion").
-//!
-//! The same holds for pages: while one stream holds every segment, a reclaim that unmaps the
-//! pages under a free hole (largest hole first) unmaps only as many as the request lacks under
-//! the limit, from the hole's end, and leaves the rest mapped. In a range that grows in place
-//! the largest hole is often most of the range (a step's memory, free between steps): unmapped
-//! whole for a request a few hundred megabytes over the limit, it was mapped again by the same
-//! step's next requests, pass after pass. On an H200 with virtual segments (the default), 108
-//! single-stream random traces (60 of them generated after the rule was fixed) made 606 driver
-//! calls in their warm passes before and 193 after, at the same peaks, and the one row that
-//! still called in its third warm pass (1,411 ns an operation there, PyTorch 626) settled by
-//! the first (170 ns), each row as the sim predicted (`BENCHMARKS.md`, "Unmapping what a
-//! request lacks"). On several streams, where unmapping a hole is how its pages pass to another
-//! stream, holes are unmapped whole as before (partial unmapping there left rows calling later).
+//! What a reclaim gives back is in proportion to what the request lacks. A request larger
+//! than a small segment releases none of the small pool's 2 MiB segments (2 MiB each against
+//! its hundreds, which the next step's small tensors reserve again); of a free hole, only as
+//! many pages as the request lacks under the limit are unmapped, from the hole's end, the rest
+//! staying mapped for the step's next requests; and while one stream holds every segment, no
+//! whole cached segment larger than 8 times the request's new segment is released for it: the
+//! request grows past the limit by its segment instead. Smallest first, the only whole free
+//! segment is often one of the loop's large ones, cached because the loop uses it: released to
+//! make room for 2 MiB of small tensors, it was reserved again when its own request came back
+//! later in the step, pass after pass (the churn rule above did not see it: the small
+//! request's raise had used up the record of the release). Likewise the largest hole of a range
+//! that grows in place is often most of the range (a step's memory, free between steps):
+//! unmapped whole for a request a few hundred megabytes over the limit, it was mapped again by
+//! the same step. Growing instead overshoots the limit by memory the loop then reuses. On an
+//! H200, with `cuMemAlloc` segments, 48 single-stream random traces (24 generated after the
+//! segment clauses were fixed) went from 8 rows calling the driver after two warm passes to 3
+//! and from 519 warm calls to 126; with virtual segments (the default) 108 single-stream traces
+//! (60 generated after the page clause was fixed) from 606 warm calls to 193 at the same
+//! peaks, the one row still calling in its third warm pass (1,411 ns an operation there,
+//! PyTorch 626) settling in the first (170 ns); on 60 traces of random shapes on two to four
+//! streams, generated after the clauses were extended to several streams, rows calling late
+//! fell from 13 to 5 (`cuMemAlloc`) and 14 to 12 (virtual), warm calls by 50–65% and peaks by
+//! 1–2%; every single-stream row as the sim predicted, and 111 of the 122 multi-stream ones
+//! (on the others, events complete in another order on the device). The clause on whole segments is kept to one stream: on several,
+//! releasing a segment is how memory passes between streams, and it left more rows calling
+//! late there (`BENCHMARKS.md`, "Reclaim in proportion" and "Unmapping what a request lacks").
 //!
 //! Where the backend maps pages (CUDA's virtual-memory segments, the sim) and one stream holds
 //! the large segments, segments also *grow in place*, as PyTorch's expandable segments: a large

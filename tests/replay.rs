@@ -357,10 +357,14 @@ fn a_serving_loop_on_one_stream_settles_under_a_fixed_ceiling() {
 /// limit past it. Shown on random shapes on four streams (`cuMemAlloc`-like segments on a
 /// costly sim; the seed, outside those of `random_shapes_on_several_streams_settle`, is one
 /// whose warm passes all call at a ceiling of 1.25): with the ceiling fixed at 1.25 its third
-/// warm pass still calls the backend, with the automatic one it calls none.
+/// warm pass still calls the backend, with the automatic one it calls none. Seed 80, used until
+/// 2026-11-27, settles at 1.25 since a large request keeps the small pool's segments on several
+/// streams too; of the seeds from 36 on whose three warm passes all call at 1.25 (four streams),
+/// 142 is the first that the automatic ceiling settles within three warm passes: on the five
+/// before it (52, 100, 102, 117, 125) no size had churned twice at the ceiling yet.
 #[test]
 fn the_automatic_ceiling_gives_way_to_churn_that_repeats() {
-    let trace = streams_of_random_shapes(80, 4);
+    let trace = streams_of_random_shapes(142, 4);
     let third_warm_pass =
         |max: &str| run_costly(&trace, &format!("release_pages:false,fragmentation_limit_max:{max}"), 3);
     let fixed = third_warm_pass("1.25");
@@ -416,8 +420,10 @@ fn streams_of_random_shapes(seed: u64, streams: u64) -> Trace {
 /// warm pass, below what the same allocator caching as PyTorch reserves. Taking whole segments
 /// over instead, as until 2026-11-26, left 38 rows calling after the second warm pass and the
 /// last until the tenth (BENCHMARKS.md, "Lending instead of taking over"). Issue 22 asks for
-/// no call after the second warm pass: still missed on 25 of the 72 rows, 13 of them after the
-/// third. Prints the figures (`--nocapture`).
+/// no call after the second warm pass: still missed on 19 of the 72 rows, 5 of them after the
+/// third (25 and 13 before a large request kept the small pool's segments and a hole gave up
+/// only what the request lacked on several streams too, 2026-11-27). Prints the figures
+/// (`--nocapture`).
 #[test]
 fn random_shapes_on_several_streams_settle() {
     const PASSES: usize = 12;
@@ -442,7 +448,8 @@ fn random_shapes_on_several_streams_settle() {
         }
     }
     eprintln!("{rows} rows: {late} call after the second warm pass, {later} after the third");
-    assert!(late <= rows / 2 && later <= rows / 4, "{late} and {later} of {rows} rows call late");
+    // 19 and 5 of 72 now (25 and 13 before 2026-11-27).
+    assert!(late <= 20 && later <= 6, "{late} and {later} of {rows} rows call late");
 }
 
 /// On workloads nobody tuned for, vramscope never reserves more at peak than the same
