@@ -156,10 +156,11 @@
 //! PyTorch 626) settling in the first (170 ns); on 60 traces of random shapes on two to four
 //! streams, generated after the clauses were extended to several streams, rows calling late
 //! fell from 13 to 5 (`cuMemAlloc`) and 14 to 12 (virtual), warm calls by 50–65% and peaks by
-//! 1–2%; every single-stream row as the sim predicted, and 111 of the 122 multi-stream ones
-//! (on the others, events complete in another order on the device). The clause on whole segments is kept to one stream: on several,
-//! releasing a segment is how memory passes between streams, and it left more rows calling
-//! late there (`BENCHMARKS.md`, "Reclaim in proportion" and "Unmapping what a request lacks").
+//! 1–2%; every single-stream random row as the sim predicted, and 111 of the 122 multi-stream
+//! ones (on the others, events complete in another order on the device). The clause on whole
+//! segments is kept to one stream: on several, releasing a segment is how memory passes
+//! between streams, and it left more rows calling late there (`BENCHMARKS.md`, "Reclaim in
+//! proportion" and "Unmapping what a request lacks").
 //!
 //! Where the backend maps pages (CUDA's virtual-memory segments, the sim) and one stream holds
 //! the large segments, segments also *grow in place*, as PyTorch's expandable segments: a large

@@ -47,10 +47,11 @@ const CEILING_CHURNS: usize = 64;
 /// Likewise, smallest first, a large request released the small pool's 2 MiB segments before
 /// anything else: each gives back 2 MiB against the hundreds the request needs, and the small
 /// tensors of the next step reserve it again. A request that needs more than a small segment
-/// releases none of the small pool's, on any number of streams (on several, first only where
-/// one stream held them all: releasing them there too, with holes unmapped only as far as the
-/// request lacks, halved the warm calls of random shapes on several streams and lowered the
-/// rows still calling after two warm passes; BENCHMARKS.md, "Unmapping what a request lacks").
+/// releases none of the small pool's, on any number of streams. (Until 2026-11-27 that too held
+/// only where one stream held every segment; on several streams as well, with holes unmapped
+/// only as far as the request lacks, it halved the warm calls of random shapes on several
+/// streams and left fewer rows calling after two warm passes: BENCHMARKS.md, "Unmapping what a
+/// request lacks".)
 const RELEASE_SPAN: u64 = 8;
 
 /// Which whole free segments a reclaim may release (see [`Heap::reclaim`]).
