@@ -199,7 +199,12 @@
 //! backend cannot order them, once an event recorded on the borrower at free time has
 //! completed, as after `record_stream`). The cudaMallocAsync pool shares freed memory between
 //! streams much the same way; PyTorch's allocator does not, and on the same streams reserves
-//! more (`BENCHMARKS.md`, "Several streams, like for like").
+//! more (`BENCHMARKS.md`, "Several streams, like for like"). A stream that holds no small
+//! segment borrows a small block once; needing to borrow again, it reserves a 2 MiB segment of
+//! its own: a stream that keeps allocating, lent every block, would order two streams under
+//! the lock at each allocation and free, and threads each allocating on a stream of their own
+//! made 1 M pairs a second at 16 threads instead of 34 M (`BENCHMARKS.md`, "Threads on their
+//! own streams again"). A stream made for one request still borrows.
 //!
 //! Lent, not given: a stream that still works and gave a cached segment away needs memory
 //! again later in its loop and takes another stream's, so segments taken over wander from

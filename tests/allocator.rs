@@ -796,6 +796,37 @@ fn a_free_block_of_another_streams_segment_is_lent_and_given_back_in_stream_orde
     }
 }
 
+/// Over the soft limit, a stream that holds no small segment borrows a small block once; when it
+/// must borrow again it reserves a segment of its own: lent every block it ever asks for, each
+/// allocation and free would order two streams under the lock. Many threads each allocating on
+/// their own stream made 1.1 M pairs a second at 16 threads against 40 M on one stream (H200
+/// host, 2026-11-27, BENCHMARKS.md "Threads on their own streams again"). A stream made for one
+/// request still borrows (`streams_created_without_end_hold_a_bounded_cache`), and a stream
+/// that holds a small segment borrows where its own have no free block that fits.
+#[test]
+fn a_stream_that_keeps_borrowing_small_blocks_reserves_its_own_segment() {
+    let (backend, alloc, s1, s2) = two_streams_without_pages(SimBackend::new(1 << 30));
+    // Stream 1's small segment, mostly free: 512 B live of 2 MiB. Reserved is far over 1.05
+    // times the 512 B allocated.
+    let kept = alloc.alloc::<u8>(&s1, 512).unwrap();
+    let (first, ordered) = backend.orderings(|| alloc.alloc::<u8>(&s2, 512).unwrap());
+    assert_eq!(ordered, [(s2.raw(), s1.raw())], "stream 2's first request borrows");
+    drop(first);
+    for _ in 0..3 {
+        let (b, ordered) = backend.orderings(|| alloc.alloc::<u8>(&s2, 512).unwrap());
+        assert!(ordered.is_empty(), "stream 2 borrowed again: {ordered:?}");
+        assert_eq!(alloc.stats().num_device_alloc, 2, "stream 2's own small segment, once");
+        drop(b);
+    }
+    // Stream 2 now holds a small segment: a request that its free blocks cannot serve borrows.
+    let full = [(); 2].map(|()| alloc.alloc::<u8>(&s2, MIB as usize).unwrap());
+    let (lent, ordered) = backend.orderings(|| alloc.alloc::<u8>(&s2, 512).unwrap());
+    assert_eq!(ordered, [(s2.raw(), s1.raw())], "stream 2 borrowed from stream 1's segment");
+    assert_eq!(alloc.stats().num_device_alloc, 2);
+    drop((lent, full, kept));
+    alloc.check_invariants().unwrap();
+}
+
 /// The papercuts of a small inference engine: a shaped allocation in one call, streams by
 /// value or reference, a buffer that gives back its allocator (to grow a KV cache), and
 /// half-precision element types (feature `half`).
