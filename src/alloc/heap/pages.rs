@@ -634,8 +634,7 @@ mod tests {
             let limit = h.limit_factor.take();
             if streams == 2 {
                 // Stream 1's own small segment, in use.
-                h.streams.push(StreamSlot::new(1));
-                h.alloc(&sim, StreamId(1), 512, None).unwrap();
+                another_stream_holds_a_segment(&mut h, &sim);
             }
             let small = h.alloc(&sim, StreamId(0), MIB, None).unwrap();
             h.free(&sim, small.block, None);
