@@ -132,7 +132,11 @@
 //! already churned once at the ceiling raises the limit past it ([`LimitMax::Auto`]). One churn
 //! at the ceiling may be a warm-up; the same size churning again is a loop's steady state (a
 //! server's requests of random shapes kept reserving and freeing segments in every pass at
-//! 1.25; `BENCHMARKS.md`).
+//! 1.25; `BENCHMARKS.md`). Where several streams share the heap, mapping again pages that a
+//! reclaim unmapped counts as churn whatever the size of the request: the hole they lay in
+//! has often merged since with freed neighbours into a block larger than anything given back
+//! (on 120 held-out traces of random shapes on two to four streams, on an H200, rows calling
+//! the driver after two warm passes went from 24 to 20, at the same peak).
 //!
 //! What a reclaim gives back is in proportion to what the request lacks. A request larger
 //! than a small segment releases none of the small pool's 2 MiB segments (2 MiB each against
