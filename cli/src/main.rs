@@ -272,22 +272,58 @@ fn per_device<T: serde::Serialize>(
     make: impl Fn(&[&Snapshot]) -> T,
     render: impl Fn(&T) -> String,
 ) -> Result<String, Failure> {
-    let mut devices: Vec<usize> = snaps.iter().flat_map(|s| s.devices()).collect();
-    devices.sort_unstable();
-    devices.dedup();
-    if devices.len() <= 1 {
-        let report = make(snaps);
-        return if json { to_json(&report) } else { Ok(render(&report)) };
-    }
-    // Each snapshot split by device once, then one report per device.
-    let parts: Vec<Vec<Snapshot>> = snaps.iter().map(|s| s.by_devices(&devices)).collect();
-    let reports: Vec<(usize, T)> =
-        devices.iter().enumerate().map(|(i, &d)| (d, make(&parts.iter().map(|p| &p[i]).collect::<Vec<_>>()))).collect();
+    let reports = PerDevice::new(snaps, make);
     if json {
-        let map: std::collections::BTreeMap<String, &T> = reports.iter().map(|(d, r)| (d.to_string(), r)).collect();
-        return to_json(&map);
+        reports.json()
+    } else {
+        Ok(reports.text(render))
     }
-    Ok(reports.iter().map(|(d, r)| format!("device {d}:\n{}", render(r))).collect::<Vec<_>>().join("\n"))
+}
+
+/// The reports of [`per_device`], before they are written: one without a device for a
+/// snapshot of one device, else one per device in order.
+struct PerDevice<T>(Vec<(Option<usize>, T)>);
+
+impl<T> PerDevice<T> {
+    fn new(snaps: &[&Snapshot], make: impl Fn(&[&Snapshot]) -> T) -> Self {
+        let mut devices: Vec<usize> = snaps.iter().flat_map(|s| s.devices()).collect();
+        devices.sort_unstable();
+        devices.dedup();
+        if devices.len() <= 1 {
+            return PerDevice(vec![(None, make(snaps))]);
+        }
+        // Each snapshot split by device once, then one report per device.
+        let parts: Vec<Vec<Snapshot>> = snaps.iter().map(|s| s.by_devices(&devices)).collect();
+        let reports = devices.iter().enumerate();
+        PerDevice(reports.map(|(i, &d)| (Some(d), make(&parts.iter().map(|p| &p[i]).collect::<Vec<_>>()))).collect())
+    }
+
+    /// Each report replaced by a part of it.
+    fn map<U>(self, f: impl Fn(T) -> U) -> PerDevice<U> {
+        PerDevice(self.0.into_iter().map(|(d, r)| (d, f(r))).collect())
+    }
+
+    fn text(&self, render: impl Fn(&T) -> String) -> String {
+        let texts = self.0.iter().map(|(d, r)| match d {
+            Some(d) => format!("device {d}:\n{}", render(r)),
+            None => render(r),
+        });
+        texts.collect::<Vec<_>>().join("\n")
+    }
+
+    fn json(&self) -> Result<String, Failure>
+    where
+        T: serde::Serialize,
+    {
+        match self.0.as_slice() {
+            [(None, report)] => to_json(report),
+            reports => {
+                let map: std::collections::BTreeMap<String, &T> =
+                    reports.iter().filter_map(|(d, r)| Some((d.as_ref()?.to_string(), r))).collect();
+                to_json(&map)
+            }
+        }
+    }
 }
 
 /// Folded stacks of every device: for a snapshot of several, each device's stacks under a root
@@ -335,14 +371,9 @@ fn run(cli: Cli) -> Result<(), Failure> {
             if json {
                 // The JSON stays the list of candidates; what the history could not show goes to
                 // standard error, so that an empty list is not read as "no leak".
-                let notes = std::cell::RefCell::new(String::new());
-                let report = |s: &[&Snapshot]| {
-                    let (candidates, limits) = report::leaks_with_limits(s[0]);
-                    notes.borrow_mut().push_str(&limits.render());
-                    candidates
-                };
-                let text = per_device(&[&snap], true, report, |_| String::new())?;
-                let notes = notes.into_inner();
+                let reports = PerDevice::new(&[&snap], |s| report::leaks_with_limits(s[0]));
+                let notes: String = reports.0.iter().map(|(_, (_, limits))| limits.render()).collect();
+                let text = reports.map(|(candidates, _)| candidates).json()?;
                 if !notes.trim().is_empty() {
                     eprint!("{}", notes.trim_start());
                 }

@@ -273,6 +273,16 @@ fn convert_keeps_64_bit_values_and_shares_frames() {
     let (zero, one) = summary.split_once("device 1:").unwrap();
     assert!(zero.contains("device 0:") && zero.contains("1024 KiB") && !zero.contains("3072 KiB"), "{summary}");
     assert!(one.contains("3072 KiB") && !one.contains("1024 KiB"), "{summary}");
+    // In JSON, an object keyed by device; `leaks` keeps each device's list of candidates.
+    for sub in ["summary", "live", "leaks", "segments"] {
+        let out = vramscope(&[sub.as_ref(), &two, "--json".as_ref()]);
+        let json: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let keys: Vec<_> = json.as_object().unwrap_or_else(|| panic!("{sub}: {out}")).keys().collect();
+        assert_eq!(keys, ["0", "1"], "{sub}");
+        if sub == "leaks" {
+            assert!(json["0"].is_array() && json["1"].is_array(), "{out}");
+        }
+    }
 
     let shared = dir().join("shared_stack.json");
     convert(shared.as_os_str(), "shared.pickle");

@@ -517,10 +517,7 @@ impl Heap {
                 None => None,
             };
             let taken = match taken {
-                None if self.stats.num_backend_errors == errors && self.may_borrow(stream, pool) => {
-                    self.settle();
-                    self.lendable(backend, pool, stream, size).map(Grown::Lent)
-                }
+                None if self.stats.num_backend_errors == errors => self.borrow(backend, pool, stream, size),
                 taken => taken,
             };
             if let Some(taken) = taken {

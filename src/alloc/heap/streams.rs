@@ -139,12 +139,26 @@ impl Heap {
     /// stream of their own did (1 M pairs a second at 16 threads against 40 M on one stream);
     /// it reserves a 2 MiB segment of its own instead. A stream made for one request (a stream
     /// per request) still borrows rather than reserve a segment each.
-    pub(super) fn may_borrow(&mut self, stream: StreamId, pool: Pool) -> bool {
+    ///
+    /// A small request's first try counts whether or not a block is then lent: where none is,
+    /// the stream reserves a small segment of its own right after, and holding one it may
+    /// borrow again.
+    fn may_borrow(&mut self, stream: StreamId, pool: Pool) -> bool {
         let slot = &mut self.streams[stream.index()];
         if pool == Pool::Large || slot.segments[Pool::Small as usize] > 0 {
             return true;
         }
         !std::mem::replace(&mut slot.borrowed_small, true)
+    }
+
+    /// Over the limit, a free block of another stream lent to a request of `size` bytes in
+    /// `pool` on `stream` ([`Heap::lendable`]), where [`Heap::may_borrow`] lets it borrow.
+    pub(super) fn borrow(&mut self, backend: &dyn Backend, pool: Pool, stream: StreamId, size: u64) -> Option<Grown> {
+        if !self.may_borrow(stream, pool) {
+            return None;
+        }
+        self.settle();
+        self.lendable(backend, pool, stream, size).map(Grown::Lent)
     }
 
     /// Block `i`, of another stream's segment, is handed out to `stream`: `stream` counts as a
