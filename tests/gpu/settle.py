@@ -3,8 +3,8 @@
 both segment kinds (`release_pages:true`: virtual, `false`: `cuMemAlloc`), and prints how they
 settle: rows, backend calls for memory in all warm passes, those in warm passes 3 and later
 ("late"), rows with a late call, the last warm pass with a call, and the geometric mean of peak
-reserved over peak live. With V=1 in the environment, one line per row too. Runs two replays at
-a time.
+reserved over peak live; then the same per segment kind and one stream or several. With V=1 in
+the environment, one line per row too. Runs two replays at a time.
 
     python3 tests/gpu/settle.py target/release/vramscope WARM TRACE... [-- CONFIG...]
     e.g. OUT=/tmp/gen python3 tests/gpu/random_streams.py 1000 1240 &&
@@ -50,3 +50,16 @@ for trace, pages, r in rows:
               f"peak {r['fragmentation']:.3f} calls {c}")
 print(f"rows {len(rows)} warm_calls {calls} late {late} rows_late {late_rows} last_pass {last} "
       f"peak {math.exp(log_peak / max(len(rows), 1)):.4f}")
+# The same per segment kind and one stream or several: the rules differ between them.
+groups = {}
+for trace, pages, r in rows:
+    kind = ("virtual" if pages == "true" else "cuMemAlloc", "one stream" if r["streams"] == 1 else "several")
+    g = groups.setdefault(kind, [0, 0, 0, 0, 0.0])
+    c = r["warm_device_calls"]
+    g[0] += 1
+    g[1] += sum(c)
+    g[2] += sum(c[2:])
+    g[3] += int(sum(c[2:]) > 0)
+    g[4] += math.log(r["fragmentation"])
+for (seg, streams), (n, c, lt, lr, lp) in sorted(groups.items()):
+    print(f"  {seg}, {streams}: rows {n} warm_calls {c} late {lt} rows_late {lr} peak {math.exp(lp / n):.4f}")
