@@ -92,9 +92,10 @@ POLICIES = [("first", False), ("best", False), ("best-high", False), ("first", T
 log, traces = sys.argv[1], sys.argv[2:]
 pool = {}
 for line in open(log):
-    if line.startswith('{"trace": '):
+    if line.startswith('{"trace": ') and '"async_peak_reserved"' in line:
+        # torch_replay.py's lines (a run.sh log holds vramscope's replays too).
         r = json.loads(line)
-        pool[r["trace"]] = r["async_peak_reserved"] / r["peak_live"]
+        pool[os.path.basename(r["trace"])] = r["async_peak_reserved"] / r["peak_live"]
 names = [f"{p}{' +small apart' if a else ''}" for p, a in POLICIES]
 logs = {n: 0.0 for n in names}
 met = {n: 0 for n in names}
