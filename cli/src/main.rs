@@ -329,18 +329,12 @@ impl<T> PerDevice<T> {
 /// Folded stacks of every device: for a snapshot of several, each device's stacks under a root
 /// frame `device N`.
 fn folded_per_device(snap: &Snapshot, kind: FoldedKind) -> String {
-    let devices = snap.devices();
-    if devices.len() <= 1 {
-        return report::folded(snap, kind);
-    }
-    devices
-        .iter()
-        .zip(snap.by_devices(&devices))
-        .flat_map(|(&d, part)| {
-            let folded = report::folded(&part, kind);
-            folded.lines().map(|l| format!("device {d};{l}\n")).collect::<Vec<_>>()
-        })
-        .collect()
+    let reports = PerDevice::new(&[snap], |s| report::folded(s[0], kind));
+    let folded = reports.0.into_iter().map(|(d, folded)| match d {
+        None => folded,
+        Some(d) => folded.lines().map(|l| format!("device {d};{l}\n")).collect(),
+    });
+    folded.collect()
 }
 
 fn run(cli: Cli) -> Result<(), Failure> {

@@ -36,30 +36,35 @@ def replay(job):
 
 with ThreadPoolExecutor(2) as pool:
     rows = list(pool.map(replay, [(t, p) for t in traces for p in ("true", "false")]))
-calls = late = late_rows = last = 0
-log_peak = 0.0
-for trace, pages, r in rows:
-    c = r["warm_device_calls"]
-    calls += sum(c)
-    late += sum(c[2:])
-    late_rows += int(sum(c[2:]) > 0)
-    last = max([last] + [k + 1 for k, v in enumerate(c) if v])
-    log_peak += math.log(r["fragmentation"])
-    if os.environ.get("V"):
+
+
+def totals(rows):
+    """Rows, warm calls, late calls, rows with a late call, last warm pass with a call, and
+    the geometric mean of peak over live, of `rows`."""
+    calls = late = late_rows = last = 0
+    log_peak = 0.0
+    for _, _, r in rows:
+        c = r["warm_device_calls"]
+        calls += sum(c)
+        late += sum(c[2:])
+        late_rows += int(sum(c[2:]) > 0)
+        last = max([last] + [k + 1 for k, v in enumerate(c) if v])
+        log_peak += math.log(r["fragmentation"])
+    return len(rows), calls, late, late_rows, last, math.exp(log_peak / max(len(rows), 1))
+
+
+if os.environ.get("V"):
+    for trace, pages, r in rows:
         print(f"{os.path.basename(trace)} release_pages:{pages} streams {r['streams']} "
-              f"peak {r['fragmentation']:.3f} calls {c}")
-print(f"rows {len(rows)} warm_calls {calls} late {late} rows_late {late_rows} last_pass {last} "
-      f"peak {math.exp(log_peak / max(len(rows), 1)):.4f}")
+              f"peak {r['fragmentation']:.3f} calls {r['warm_device_calls']}")
+n, calls, late, late_rows, last, peak = totals(rows)
+print(f"rows {n} warm_calls {calls} late {late} rows_late {late_rows} last_pass {last} peak {peak:.4f}")
 # The same per segment kind and one stream or several: the rules differ between them.
 groups = {}
-for trace, pages, r in rows:
+for row in rows:
+    _, pages, r = row
     kind = ("virtual" if pages == "true" else "cuMemAlloc", "one stream" if r["streams"] == 1 else "several")
-    g = groups.setdefault(kind, [0, 0, 0, 0, 0.0])
-    c = r["warm_device_calls"]
-    g[0] += 1
-    g[1] += sum(c)
-    g[2] += sum(c[2:])
-    g[3] += int(sum(c[2:]) > 0)
-    g[4] += math.log(r["fragmentation"])
-for (seg, streams), (n, c, lt, lr, lp) in sorted(groups.items()):
-    print(f"  {seg}, {streams}: rows {n} warm_calls {c} late {lt} rows_late {lr} peak {math.exp(lp / n):.4f}")
+    groups.setdefault(kind, []).append(row)
+for (seg, streams), group in sorted(groups.items()):
+    n, calls, late, late_rows, _, peak = totals(group)
+    print(f"  {seg}, {streams}: rows {n} warm_calls {calls} late {late} rows_late {late_rows} peak {peak:.4f}")
