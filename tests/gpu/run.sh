@@ -26,6 +26,7 @@ set -u
 cd "$(dirname "$0")"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 for seg in malloc virtual default; do
+  [ -x cuda_tests ] || break
   echo "== cuda tests, $seg segments"
   if [ $seg = default ]; then
     (unset VRAMSCOPE_CUDA_SEGMENTS; timeout 120 ./cuda_tests 2>&1 | grep -E "^test |test result|panicked" | head -30)
@@ -33,7 +34,8 @@ for seg in malloc virtual default; do
     VRAMSCOPE_CUDA_SEGMENTS=$seg timeout 120 ./cuda_tests 2>&1 | grep -E "^test |test result|panicked" | head -30
   fi
 done
-mkdir -p traces && cp ../fixtures/torch/*.trace.json traces/
+# TRACES=DIR (relative to this script's folder) replays the traces there instead of the fixtures'.
+mkdir -p traces && cp "${TRACES:-../fixtures/torch}"/*.trace.json traces/
 # Rounds, each every vramscope replay then torch_replay.py: the host's speed changes from one
 # second to the next (up to 2x, BENCHMARKS.md), so each side is run in every round and
 # table.py compares medians of rounds.
