@@ -113,7 +113,14 @@
 //! Memory comes from a [`Backend`] in *segments*; the allocator splits them into *blocks*,
 //! rounds requests to 512 bytes, keeps requests of at most 1 MiB in a small pool of 2 MiB
 //! segments and larger ones in a large pool, reuses the best-fitting free block, and merges free
-//! neighbours, as PyTorch's caching allocator does. It differs where that lowers peak memory:
+//! neighbours, as PyTorch's caching allocator does. Among free blocks of one size it takes the
+//! one in the segment reserved first, then at the lowest offset, where PyTorch takes the lowest
+//! address: no decision depends on where the driver put a segment. `cuMemAlloc` reuses freed
+//! addresses and the sim backend does not, and address order had made the same trace's peak
+//! differ between them by up to 5%; in reservation order, the sim replays every trace as an
+//! H200 did, byte for byte and driver call for call (38 of 38 fixture rows and 240 of 240
+//! rows of random shapes on two to four streams; `BENCHMARKS.md`, "Decisions no address
+//! makes"). It differs where that lowers peak memory:
 //! reserved memory grows freely only while it stays within
 //! [`AllocatorConfig::fragmentation_limit`] (1.05 by default) times the peak of allocated bytes;
 //! beyond that it first gives cached segments back (and, on backends that can unmap pages, the
@@ -161,7 +168,9 @@
 //! streams, generated after the clauses were extended to several streams, rows calling late
 //! fell from 13 to 5 (`cuMemAlloc`) and 14 to 12 (virtual), warm calls by 50–65% and peaks by
 //! 1–2%; every single-stream random row as the sim predicted, and 111 of the 122 multi-stream
-//! ones (on the others, events complete in another order on the device). The clause on whole
+//! ones (ties between free blocks then went by address, which the device and the sim hand
+//! out differently; since they no longer do, every row of a later set matches: see above). The
+//! clause on whole
 //! segments is kept to one stream: on several, releasing a segment is how memory passes
 //! between streams, and it left more rows calling late there (`BENCHMARKS.md`, "Reclaim in
 //! proportion" and "Unmapping what a request lacks").

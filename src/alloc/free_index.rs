@@ -5,7 +5,9 @@
 //! linked list (links stored here, by block index), and a two-level bitmap finds the next
 //! non-empty bin. Insertion and removal are O(1); a lookup takes the head of an exact bin, or
 //! scans one or two log-spaced bins for the smallest block that fits, so the result is the
-//! same best fit a sorted set would give (ties broken by lowest address).
+//! same best fit a sorted set would give (ties broken by the lowest order key: the heap's
+//! `Heap::order_key`, the segment's place in reservation order then the block's offset, so
+//! that no address the backend chose decides).
 
 use super::ids::BlockId;
 
@@ -142,14 +144,15 @@ struct Entry {
     prev: Option<BlockId>,
     next: Option<BlockId>,
     size: u64,
-    addr: u64,
+    /// Among blocks of one size, the lowest key is taken first.
+    key: u64,
     /// `stream * 2 + pool`; `None` when the block is not in the index.
     bin: Option<u32>,
     /// Position in each of `FreeIndex::lists`; `None` when the block is not on it.
     listed: [Option<u32>; LISTS],
 }
 
-const EMPTY: Entry = Entry { prev: None, next: None, size: 0, addr: 0, bin: None, listed: [None; LISTS] };
+const EMPTY: Entry = Entry { prev: None, next: None, size: 0, key: 0, bin: None, listed: [None; LISTS] };
 
 /// What the heap says about a free block when it indexes or changes it; each flag puts the block
 /// on one of the index's dense lists.
@@ -222,8 +225,9 @@ impl FreeIndex {
         self.entries.get(block.index()).is_some_and(|e| e.bin.is_some())
     }
 
-    /// Adds free block `block` of `size` bytes at `addr` for `stream` in `pool` (0 or 1).
-    pub(crate) fn insert(&mut self, block: BlockId, pool: usize, stream: u32, size: u64, addr: u64, flags: Flags) {
+    /// Adds free block `block` of `size` bytes, of order `key` among equal sizes, for `stream`
+    /// in `pool` (0 or 1).
+    pub(crate) fn insert(&mut self, block: BlockId, pool: usize, stream: u32, size: u64, key: u64, flags: Flags) {
         let bin = stream as usize * 2 + pool;
         self.ensure_bins(bin);
         let i = block.index();
@@ -234,7 +238,7 @@ impl FreeIndex {
         let head = self.push_front(bin, class_of(size), block);
         self.bins[bin].as_mut().expect("the bins exist").len += 1;
         self.len += 1;
-        self.entries[i] = Entry { prev: None, next: head, size, addr, bin: Some(bin as u32), listed: [None; LISTS] };
+        self.entries[i] = Entry { prev: None, next: head, size, key, bin: Some(bin as u32), listed: [None; LISTS] };
         self.set_flags(block, flags);
     }
 
@@ -369,9 +373,9 @@ impl FreeIndex {
         }
     }
 
-    /// Changes the size, address and flags of indexed `block`, in place when its class stays
+    /// Changes the size, order key and flags of indexed `block`, in place when its class stays
     /// the same, else by moving it from one list to the other within its bins.
-    pub(crate) fn update(&mut self, block: BlockId, size: u64, addr: u64, flags: Flags) {
+    pub(crate) fn update(&mut self, block: BlockId, size: u64, key: u64, flags: Flags) {
         let e = self.entries[block.index()];
         let bin = e.bin.expect("update of a block that is not indexed");
         let new = class_of(size);
@@ -384,12 +388,12 @@ impl FreeIndex {
         }
         let e = &mut self.entries[block.index()];
         e.size = size;
-        e.addr = addr;
+        e.key = key;
         self.set_flags(block, flags);
     }
 
     /// The best-fitting free block of at least `size` bytes for `stream` in `pool`: the
-    /// smallest, and among equals the lowest address (exact classes take the most recently
+    /// smallest, and among equals the lowest key (exact classes take the most recently
     /// freed). Returns the block and its size.
     #[inline]
     pub(crate) fn find(&self, pool: usize, stream: u32, size: u64) -> Option<(BlockId, u64)> {
@@ -413,8 +417,8 @@ impl FreeIndex {
         let mut best: Option<(u64, u64, BlockId)> = None;
         while let Some(i) = next {
             let e = &self.entries[i.index()];
-            if e.size >= size && best.is_none_or(|(s, a, _)| (e.size, e.addr) < (s, a)) {
-                best = Some((e.size, e.addr, i));
+            if e.size >= size && best.is_none_or(|(s, k, _)| (e.size, e.key) < (s, k)) {
+                best = Some((e.size, e.key, i));
             }
             next = e.next;
         }
@@ -469,7 +473,7 @@ impl FreeIndex {
         }
         let _ = writeln!(out, "lists {:?}", self.lists);
         for (i, e) in self.entries.iter().enumerate().filter(|(_, e)| e.bin.is_some()) {
-            let _ = writeln!(out, "{i}: {:?} {:?} {} {:#x} {:?} {:?}", e.prev, e.next, e.size, e.addr, e.bin, e.listed);
+            let _ = writeln!(out, "{i}: {:?} {:?} {} {:#x} {:?} {:?}", e.prev, e.next, e.size, e.key, e.bin, e.listed);
         }
         out
     }
@@ -499,7 +503,7 @@ mod tests {
     }
 
     #[test]
-    fn best_fit_with_lowest_address() {
+    fn best_fit_with_lowest_key() {
         let mut ix = FreeIndex::new();
         ix.insert(id(0), 1, 0, 3 << 20, 3000, Flags::default());
         ix.insert(id(1), 1, 0, (2 << 20) + 512, 2000, Flags::default());

@@ -41,6 +41,9 @@ pub struct SimBackend {
     next_stream: AtomicU64,
     mode: EventMode,
     costly: bool,
+    /// Hand out the lowest free range that fits instead of new addresses (see
+    /// `reusing_addresses`).
+    reuse: bool,
     events: Mutex<Events>,
     /// The reserved segments and their mappings.
     segments: Mutex<Segments>,
@@ -91,6 +94,7 @@ impl SimBackend {
             next_stream: AtomicU64::new(1),
             mode,
             costly: false,
+            reuse: false,
             events: Mutex::new(Events::default()),
             segments: Mutex::new(Segments::default()),
         }
@@ -108,6 +112,15 @@ impl SimBackend {
     /// ```
     pub fn with_costly_segments(mut self, costly: bool) -> Self {
         self.costly = costly;
+        self
+    }
+
+    /// Hands out the lowest free range of addresses that fits a segment, as `cuMemAlloc`
+    /// reuses freed ones, instead of addresses never used before: for the tests that the
+    /// allocator decides the same wherever its segments lie.
+    #[cfg(test)]
+    pub(crate) fn reusing_addresses(mut self) -> Self {
+        self.reuse = true;
         self
     }
 
@@ -217,8 +230,21 @@ unsafe impl Backend for SimBackend {
             message: "size exceeds the simulated address space".into(),
         })?;
         self.take(size)?;
-        let addr = self.next_addr.fetch_add(gap, Ordering::Relaxed);
         let mut segs = self.segments.lock();
+        let addr = if self.reuse {
+            // The lowest range of `gap` bytes that no segment (with its gap) overlaps.
+            let mut at = SIM_BASE;
+            for (&base, seg) in &segs.by_base {
+                if base >= at + gap {
+                    break;
+                }
+                at = at.max(base + seg.span + self.page);
+            }
+            self.next_addr.fetch_max(at + gap, Ordering::Relaxed);
+            at
+        } else {
+            self.next_addr.fetch_add(gap, Ordering::Relaxed)
+        };
         segs.by_base.insert(addr, SimSegment { span, size, mapped: size });
         // Mapped in granules, as the CUDA backend maps a segment it reserves.
         for (offset, len) in super::granule_pieces(size, self.page) {

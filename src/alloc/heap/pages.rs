@@ -188,7 +188,7 @@ impl Heap {
     /// [`Heap::reclaim`]'s work.
     fn give_back(&mut self, backend: &dyn Backend, need: u64, limit: u64, releasable: Releasable) {
         let mut whole: Vec<(u64, u64, BlockId)> = (self.free.whole().iter())
-            .map(|&b| (self.segments[self.blocks[b].segment].mapped, self.blocks[b].addr, b))
+            .map(|&b| (self.segments[self.blocks[b].segment].mapped, self.order_key(b), b))
             .collect();
         whole.sort_unstable();
         for (mapped, _, b) in whole {
@@ -206,9 +206,8 @@ impl Heap {
         }
         if self.can_unmap && self.reserved() + need > limit {
             // Largest holes first: they give back the most pages per call.
-            let mut holes: Vec<(u64, u64, BlockId)> = (self.free.with_mapped_pages().iter())
-                .map(|&b| (self.blocks[b].size, self.blocks[b].addr, b))
-                .collect();
+            let mut holes: Vec<(u64, u64, BlockId)> =
+                (self.free.with_mapped_pages().iter()).map(|&b| (self.blocks[b].size, self.order_key(b), b)).collect();
             holes.sort_unstable_by(|x, y| y.cmp(x));
             for (_, _, b) in holes {
                 if self.reserved() + need <= limit {

@@ -118,9 +118,9 @@ impl Heap {
                 continue;
             }
             if let Some(b) = self.find_free(pool, StreamId(s), size) {
-                // The smallest, and among equals the lowest address: the same whatever the
-                // order of the streams.
-                let found = (self.blocks[b].size, self.blocks[b].addr);
+                // The smallest, and among equals the lowest order key: the same whatever the
+                // order of the streams, and wherever the backend put the segments.
+                let found = (self.blocks[b].size, self.order_key(b));
                 if best.is_none_or(|(at, _)| found < at) {
                     best = Some((found, b));
                 }
