@@ -117,10 +117,10 @@
 //! one in the segment reserved first, then at the lowest offset, where PyTorch takes the lowest
 //! address: no decision depends on where the driver put a segment. `cuMemAlloc` reuses freed
 //! addresses and the sim backend does not, and address order had made the same trace's peak
-//! differ between them by up to 5%; in reservation order, the sim replays every trace as an
-//! H200 did, byte for byte and driver call for call (38 of 38 fixture rows and 240 of 240
-//! rows of random shapes on two to four streams; `BENCHMARKS.md`, "Decisions no address
-//! makes"). It differs where that lowers peak memory:
+//! differ between them by up to 5%; in reservation order, the sim replayed every trace
+//! measured as an H200 did, byte for byte and driver call for call (38 of 38 fixture rows and
+//! 240 of 240 rows of random shapes on two to four streams; `BENCHMARKS.md`, "Decisions no
+//! address makes"). Beyond that it differs from PyTorch's where that lowers peak memory:
 //! reserved memory grows freely only while it stays within
 //! [`AllocatorConfig::fragmentation_limit`] (1.05 by default) times the peak of allocated bytes;
 //! beyond that it first gives cached segments back (and, on backends that can unmap pages, the

@@ -145,9 +145,10 @@ pub(crate) struct Segment {
 /// its fully free cached segments are released before the next segment is reserved.
 pub(crate) const IDLE_GROWS: u64 = 64;
 
-/// Where a segment's place in reservation order starts in [`Heap::order_key`]: offsets in a
-/// segment stay below 16 TiB, and after 2^20 segments the count starts again (ties then
-/// follow another order, still one that no address decides).
+/// Where a segment's place in reservation order starts in [`Heap::order_key`]: room for
+/// offsets up to 16 TiB (a segment's addresses, room included, span at most the device's
+/// memory); after 2^20 segments the count starts again. Either wrapping only reorders ties,
+/// still in an order that no address decides.
 const ORDER_SHIFT: u32 = 44;
 
 /// The whole mutable state of one allocator.
