@@ -146,14 +146,14 @@ fn later_traces_settle_by_the_third_warm_pass() {
 /// Six traces of workloads nobody here had seen (recorded on 2026-11-27 and replayed once on an
 /// H200 with the code that preceded them; all six held out of tuning, fixtures/torch/README.md):
 /// with both segment kinds on a backend whose segment calls are costly, none calls the backend
-/// in its third warm pass (on the GPU, with that code, none called after its first). Segments that grow in place
-/// reserve at most PyTorch's peak on each (`torch_replay.py` in the same command, peak reserved
-/// over peak live: `fixtures/torch/runs/2026-11-27-h200-unseen.log`), and at most the pool's but
-/// on `lstm_packed`, where the pool maps memory in every warm pass (its warm passes' allocations
-/// lie in 1.47 times the pages it holds, same log), and on `prefetch_side_stream` (1.108
-/// against the pool's 1.097 on its streams; the GPU's 1.090 in that log came from ties broken
-/// by address, which no longer decide: since then it gives the sim's 1.108, BENCHMARKS.md,
-/// "Decisions no address makes").
+/// in its third warm pass (on the GPU, with that code, none called after its first). Segments
+/// that grow in place reserve at most PyTorch's peak on each (`torch_replay.py` in the same
+/// command, peak reserved over peak live: `fixtures/torch/runs/2026-11-27-h200-unseen.log`),
+/// and at most the pool's but on `lstm_packed`, where the pool maps memory in every warm pass
+/// (its warm passes' allocations lie in 1.47 times the pages it holds, same log), and on
+/// `prefetch_side_stream` (1.108 against the pool's 1.097 on its streams; the GPU's 1.090 in
+/// that log came from ties broken by address, which no longer decide: since then it gives the
+/// sim's 1.108, BENCHMARKS.md, "Decisions no address makes").
 #[test]
 fn unseen_traces_settle_by_the_third_warm_pass() {
     for (name, pytorch, pool) in [
