@@ -16,6 +16,8 @@
 #   cp tests/gpu/user-crate.sh .gpu/
 # then with the `device` tool (carry [".gpu"]): bash .gpu/user-crate.sh, and here
 #   python3 fixtures/user-crate/check.py --output user-crate-*.txt
+# PROFILES=release runs only the release binaries (pack only those where the debug ones would
+# not fit the 64 MiB the working tree may carry).
 # The binaries find the crate (insta's snapshots, the sources their reports name) at the path
 # they were built in, /work/main/fixtures/user-crate: the script links /work/main to this
 # checkout when it is elsewhere.
@@ -26,7 +28,7 @@ here="$(cd "$(dirname "$0")/.." && pwd)"
 cd /work/main/fixtures/user-crate
 out="${OUT:-/tmp}"
 export VRAMSCOPE_BACKEND="${VRAMSCOPE_BACKEND:-cuda}" RUST_TEST_THREADS=8 RUST_BACKTRACE=0 INSTA_UPDATE=no
-for profile in debug release; do
+for profile in ${PROFILES:-debug release}; do
   for n in $(seq "${RUNS:-3}"); do
     log="$out/user-crate-${TAG:-default}-$profile-$n.txt"
     : > "$log"
