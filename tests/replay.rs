@@ -116,22 +116,11 @@ fn every_new_trace_settles_within_one_warm_pass_where_segments_are_costly() {
     }
 }
 
-/// The five traces recorded later on 2026-11-24 (`gpt2_generate`, `gan_train` and
-/// `encoder_serving` held out of tuning), with both segment kinds on a backend whose segment
-/// calls are costly: none calls the backend in its third warm pass. Segments that grow in
-/// place reserve at most PyTorch's caching allocator's peak on each (`torch_replay.py` on an
-/// H100, peak reserved over peak live, in the same command as the recording:
-/// `fixtures/torch/runs/2026-11-24-h100-workloads-later.log`), and at most the pool's (same
-/// log) but on `gnn_random_graphs` and `encoder_serving`, where they miss it (BENCHMARKS.md).
-#[test]
-fn later_traces_settle_by_the_third_warm_pass() {
-    for (name, pytorch, pool) in [
-        ("gpt2_train", 1.105f64, 1.021),
-        ("gnn_random_graphs", 1.873, f64::INFINITY),
-        ("gpt2_generate", 1.258, 1.057),
-        ("gan_train", 1.322, 1.743),
-        ("encoder_serving", 2.302, f64::INFINITY),
-    ] {
+/// Replays each fixture trace `(name, PyTorch's peak, the pool's peak)` with both segment kinds
+/// on a costly sim, three warm passes: the third calls the backend for no memory, and with
+/// segments that grow in place the peak is at most the better of PyTorch's and the pool's.
+fn settle_by_the_third_warm_pass(traces: &[(&str, f64, f64)]) {
+    for &(name, pytorch, pool) in traces {
         let trace = Trace::from_file(fixture(&format!("{name}.trace.json"))).unwrap();
         for pages in [false, true] {
             let r = run_costly(&trace, &format!("release_pages:{pages}"), 3);
@@ -141,6 +130,24 @@ fn later_traces_settle_by_the_third_warm_pass() {
             }
         }
     }
+}
+
+/// The five traces recorded later on 2026-11-24 (`gpt2_generate`, `gan_train` and
+/// `encoder_serving` held out of tuning), with both segment kinds on a backend whose segment
+/// calls are costly: none calls the backend in its third warm pass. Segments that grow in
+/// place reserve at most PyTorch's caching allocator's peak on each (`torch_replay.py` on an
+/// H100, peak reserved over peak live, in the same command as the recording:
+/// `fixtures/torch/runs/2026-11-24-h100-workloads-later.log`), and at most the pool's (same
+/// log) but on `gnn_random_graphs` and `encoder_serving`, where they miss it (BENCHMARKS.md).
+#[test]
+fn later_traces_settle_by_the_third_warm_pass() {
+    settle_by_the_third_warm_pass(&[
+        ("gpt2_train", 1.105, 1.021),
+        ("gnn_random_graphs", 1.873, f64::INFINITY),
+        ("gpt2_generate", 1.258, 1.057),
+        ("gan_train", 1.322, 1.743),
+        ("encoder_serving", 2.302, f64::INFINITY),
+    ]);
 }
 
 /// Six traces of workloads nobody here had seen (recorded on 2026-11-27 and replayed once on an
@@ -156,23 +163,14 @@ fn later_traces_settle_by_the_third_warm_pass() {
 /// sim's 1.108, BENCHMARKS.md, "Decisions no address makes").
 #[test]
 fn unseen_traces_settle_by_the_third_warm_pass() {
-    for (name, pytorch, pool) in [
-        ("moe_train", 1.127f64, 1.081),
+    settle_by_the_third_warm_pass(&[
+        ("moe_train", 1.127, 1.081),
         ("beam_search", 1.167, 1.031),
         ("multiscale_train", 1.914, 1.101),
         ("lstm_packed", 2.320, f64::INFINITY),
         ("speculative_decode", 1.073, 1.006),
         ("prefetch_side_stream", 1.928, f64::INFINITY),
-    ] {
-        let trace = Trace::from_file(fixture(&format!("{name}.trace.json"))).unwrap();
-        for pages in [false, true] {
-            let r = run_costly(&trace, &format!("release_pages:{pages}"), 3);
-            assert_eq!((r.warm_device_allocs, r.warm_device_maps), (0, 0), "{name}, pages {pages}: {r:?}");
-            if pages {
-                assert!(r.fragmentation <= pytorch.min(pool), "{name}, growing: {:.3}", r.fragmentation);
-            }
-        }
-    }
+    ]);
 }
 
 #[test]
