@@ -108,9 +108,9 @@ fn a_single_stream_grows_its_segment_in_place_where_the_backend_maps_pages() {
 }
 
 /// Random requests on one stream (so segments grow in place), with and without PyTorch's
-/// split rules (an oversize block is handed out whole, unmapped granules past the request
-/// included: they must be mapped first), freeing and emptying the cache at random: every
-/// invariant holds after every step.
+/// `max_split_size` (which does not apply in a range that grows: its blocks are split, mapped
+/// where they are not), freeing and emptying the cache at random: every invariant holds after
+/// every step.
 #[test]
 fn one_stream_growing_in_place_keeps_every_invariant() {
     for seed in 1..3000u64 {
@@ -341,7 +341,8 @@ fn merging_restores_whole_segments() {
 
 #[test]
 fn max_split_size_keeps_oversize_blocks_whole() {
-    let config = AllocatorConfig::parse("max_split_size_mb:32,fragmentation_limit:off").unwrap();
+    // Segments that do not grow, no soft limit: PyTorch's rules hold throughout.
+    let config = AllocatorConfig::parse("max_split_size_mb:32,fragmentation_limit:off,release_pages:false").unwrap();
     let alloc = CachingAllocator::with_config(SimBackend::new(1 << 30), config).unwrap();
     let s = alloc.default_stream();
     drop(alloc.alloc::<u8>(&s, 64 * MIB as usize).unwrap());
@@ -353,6 +354,49 @@ fn max_split_size_keeps_oversize_blocks_whole() {
     let big = alloc.alloc::<u8>(&s, 60 * MIB as usize).unwrap();
     assert_eq!(alloc.stats().oversize_allocations.current, 1);
     drop(big);
+    alloc.check_invariants().unwrap();
+}
+
+#[test]
+fn max_split_size_gives_way_over_the_soft_limit() {
+    // Segments that do not grow; the default limit (1.05 times the peak of allocated bytes),
+    // then one with room for a new segment.
+    for (limit, segments) in [("1.05", 1), ("2", 3)] {
+        let conf = format!("max_split_size_mb:32,release_pages:false,fragmentation_limit:{limit}");
+        let alloc =
+            CachingAllocator::with_config(SimBackend::new(1 << 30), AllocatorConfig::parse(&conf).unwrap()).unwrap();
+        let s = alloc.default_stream();
+        drop(alloc.alloc::<u8>(&s, 64 * MIB as usize).unwrap());
+        // PyTorch's rules keep the cached 64 MiB block from a 2 MiB request and from a 40 MiB
+        // one (20 MiB or more smaller than it). Under the limit they hold: each reserves a
+        // segment of its own. Where that would pass the limit, the block is split instead.
+        let small = alloc.alloc::<u8>(&s, 2 * MIB as usize).unwrap();
+        let big = alloc.alloc::<u8>(&s, 40 * MIB as usize).unwrap();
+        let st = alloc.stats();
+        assert_eq!(st.num_device_alloc, segments, "limit {limit}: {st:#?}");
+        if segments == 1 {
+            assert_eq!(alloc.memory_reserved(), 64 * MIB);
+            assert_eq!(big.device_ptr(), small.device_ptr() + 2 * MIB);
+        }
+        drop((small, big));
+        alloc.check_invariants().unwrap();
+    }
+}
+
+#[test]
+fn max_split_size_does_not_apply_where_segments_grow() {
+    // One stream on a backend that maps pages: its large segment grows in place.
+    let config = AllocatorConfig::parse("max_split_size_mb:32").unwrap();
+    let alloc = CachingAllocator::with_config(SimBackend::new(1 << 30), config).unwrap();
+    let s = alloc.default_stream();
+    drop(alloc.alloc::<u8>(&s, 64 * MIB as usize).unwrap());
+    // The range's free 64 MiB serves a small request and then a large one, split as PyTorch's
+    // expandable segments split: no new segment, no page mapped.
+    let small = alloc.alloc::<u8>(&s, 2 * MIB as usize).unwrap();
+    let big = alloc.alloc::<u8>(&s, 40 * MIB as usize).unwrap();
+    let st = alloc.stats();
+    assert_eq!((st.num_device_alloc, st.num_device_map, alloc.memory_reserved()), (1, 0, 64 * MIB), "{st:#?}");
+    drop((small, big));
     alloc.check_invariants().unwrap();
 }
 

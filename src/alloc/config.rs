@@ -49,8 +49,14 @@ pub const MAX_FRAGMENTATION_LIMIT: f64 = 16.0;
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct AllocatorConfig {
-    /// Blocks larger than this are never split, and requests smaller than it never take them
-    /// (PyTorch's `max_split_size_mb`). Default: `None`, no limit.
+    /// PyTorch's `max_split_size_mb`: requests smaller than this take no free block of at least
+    /// this size, and larger ones take none 20 MiB or more larger than themselves (which they
+    /// then keep whole), so that large blocks stay whole for requests of about their size.
+    /// Two exceptions, where holding to the rules made the allocator reserve many times what
+    /// it used (up to 158 times on an H200, `BENCHMARKS.md`): they do not apply in a segment
+    /// that grows in place (whose free end is split as PyTorch's expandable segments split
+    /// it), and over [`fragmentation_limit`](Self::fragmentation_limit) they give way to the
+    /// best fit instead of reserving more. Default: `None`, no such rules.
     pub max_split_size: Option<u64>,
     /// Round request sizes up to one of this many divisions between powers of two, per size
     /// interval as PyTorch keeps them (`roundup_power2_divisions`): entry `i` applies to requests

@@ -346,7 +346,7 @@ impl Heap {
                 if deferred.is_none() || !self.defer_hot {
                     self.settle();
                 }
-                let found = match self.find_free(pool, stream, size) {
+                let found = match self.find_free(pool, stream, size, true) {
                     Some(i) => {
                         // Merging the block freed last changes only its own stream's blocks.
                         self.settle();
@@ -388,18 +388,12 @@ impl Heap {
         Ok(Grant { block, addr, class, lent: b_stream != stream })
     }
 
-    /// Best fit among the free blocks of `pool` on `stream`.
-    fn find_free(&self, pool: Pool, stream: StreamId, size: u64) -> Option<BlockId> {
+    /// Best fit among the free blocks of `pool` on `stream`; with `keep_oversize`, none that
+    /// PyTorch's `max_split_size` rules keep from this request ([`Heap::keeps_oversize`]).
+    pub(super) fn find_free(&self, pool: Pool, stream: StreamId, size: u64, keep_oversize: bool) -> Option<BlockId> {
         let (block, found) = self.free.find(pool as usize, stream.0, size)?;
-        if let Some(max) = self.config.max_split_size {
-            // Do not hand an oversize block to a small request, nor a much larger one to a
-            // large request (PyTorch's rules).
-            if size < max && found >= max {
-                return None;
-            }
-            if size >= max && found >= size + LARGE_SEGMENT {
-                return None;
-            }
+        if keep_oversize && self.keeps_oversize(block, found, size) {
+            return None;
         }
         Some(block)
     }
@@ -528,6 +522,15 @@ impl Heap {
                 Some(d) if self.hot == Some(d.hot) => self.take_over_deferred(backend, d, stream).map(Grown::Handed),
                 Some(d) => self.take_over_merged(backend, d, stream).map(Grown::Free),
                 None => None,
+            };
+            let taken = match taken {
+                // PyTorch's `max_split_size` rules give way rather than the limit: the best fit
+                // on the request's stream, whatever its size (see `Heap::keeps_oversize`).
+                None if self.config.max_split_size.is_some() => {
+                    self.settle();
+                    self.find_free(pool, stream, size, false).map(Grown::Free)
+                }
+                taken => taken,
             };
             let taken = match taken {
                 None if self.stats.num_backend_errors == errors => self.borrow(backend, pool, stream, size),

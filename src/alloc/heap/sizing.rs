@@ -2,6 +2,7 @@
 //! is reserved for them (PyTorch's rules), and which blocks count as oversize.
 
 use super::*;
+use crate::alloc::ids::BlockId;
 
 impl Heap {
     /// Rounds a request to a block size (PyTorch's `round_size`).
@@ -64,17 +65,51 @@ impl Heap {
     /// Whether a free block of `block` bytes in segment `seg` is split to hand out all but
     /// `remaining` bytes of it. PyTorch's rules: in the small pool down to 512 bytes; in the
     /// large pool only when more than 1 MiB remains (a smaller remainder fits no large
-    /// request, and stays with the block), and never an oversize block. In a segment that
-    /// grows in place, which serves requests of every size ([`Heap::pool_for`]), down to 512
-    /// bytes: the remainder is a block that small requests use, or that merges with its
-    /// neighbour when that is freed.
+    /// request, and stays with the block), and not for a request of at least `max_split_size`
+    /// (which takes a block less than 20 MiB larger than itself whole), unless at least 20 MiB
+    /// would remain (a block taken over the soft limit, see [`Heap::keeps_oversize`]). In a
+    /// segment that grows in place, which serves requests of every size ([`Heap::pool_for`]),
+    /// down to 512 bytes, as in PyTorch's expandable segments: the remainder is a block that
+    /// small requests use, or that merges with its neighbour when that is freed.
     pub(super) fn splits(&self, seg: SegmentId, remaining: u64, block: u64) -> bool {
         let seg = &self.segments[seg];
         match seg.pool {
             Pool::Small => remaining >= MIN_BLOCK,
-            Pool::Large if seg.room > 0 => remaining >= MIN_BLOCK && !self.is_oversize(block),
-            Pool::Large => remaining > SMALL_SIZE && !self.is_oversize(block),
+            Pool::Large if seg.room > 0 => remaining >= MIN_BLOCK,
+            Pool::Large => {
+                remaining > SMALL_SIZE && (!self.is_oversize(block - remaining) || remaining >= LARGE_SEGMENT)
+            }
         }
+    }
+
+    /// Whether PyTorch's `max_split_size` rules keep free block `block` (of `found` bytes) from
+    /// a request of `size`: a request under `max_split_size` takes no block of at least it, and
+    /// one of at least it no block 20 MiB or more larger than itself, so that oversize blocks
+    /// stay whole (and their segments free to release) for requests of about their size.
+    ///
+    /// Two places where the rules give way, because holding to them made the allocator reserve
+    /// many times what it used (a program's requests seldom come back at exactly the sizes of
+    /// the blocks it freed). Measured with `max_split_size_mb:128` on the sim deciding as on
+    /// CUDA (`BENCHMARKS.md`, "PyTorch's `max_split_size`"):
+    ///
+    /// - In a segment that grows in place the rules do not apply: its free end, which grows to
+    ///   whatever the step needs, would be an oversize block that small requests may not
+    ///   touch, so each of them grew the range further. PyTorch's expandable segments split
+    ///   such blocks too. Single-stream fixture traces reserved up to 132 times their peak of
+    ///   allocated bytes; now what they reserve without the setting.
+    /// - Over the soft limit ([`Heap::grow`], lending): a request takes the best fit whatever
+    ///   its size instead of releasing cached memory to reserve more. Kept, the rules made
+    ///   every warm pass of most traces release and reserve segments, or raised the limit
+    ///   ([`crate::config::LimitMax::Auto`]) to several times the peak. This is where PyTorch
+    ///   frees oversize blocks: when the device is out of memory, not at a soft limit.
+    pub(super) fn keeps_oversize(&self, block: BlockId, found: u64, size: u64) -> bool {
+        let Some(max) = self.config.max_split_size else {
+            return false;
+        };
+        if self.segments[self.blocks[block].segment].room > 0 {
+            return false;
+        }
+        (size < max && found >= max) || (size >= max && found >= size + LARGE_SEGMENT)
     }
 
     /// The segment size PyTorch would choose for a block of `size`.

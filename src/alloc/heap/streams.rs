@@ -117,7 +117,8 @@ impl Heap {
             if s == stream.0 {
                 continue;
             }
-            if let Some(b) = self.find_free(pool, StreamId(s), size) {
+            // Only over the soft limit: PyTorch's oversize rules give way (`Heap::keeps_oversize`).
+            if let Some(b) = self.find_free(pool, StreamId(s), size, false) {
                 // The smallest, and among equals the lowest order key: the same whatever the
                 // order of the streams, and wherever the backend put the segments.
                 let found = (self.blocks[b].size, self.order_key(b));
