@@ -358,6 +358,28 @@ fn max_split_size_keeps_oversize_blocks_whole() {
 }
 
 #[test]
+fn max_non_split_rounding_lets_oversize_requests_take_larger_blocks_whole() {
+    // PyTorch's rules throughout (no soft limit, segments that do not grow), with the default
+    // 20 MiB of rounding and with 64 MiB.
+    for (rounding, segments) in [("", 2), (",max_non_split_rounding_mb:64", 1)] {
+        let conf = format!("max_split_size_mb:32,fragmentation_limit:off,release_pages:false{rounding}");
+        let alloc =
+            CachingAllocator::with_config(SimBackend::new(1 << 30), AllocatorConfig::parse(&conf).unwrap()).unwrap();
+        let s = alloc.default_stream();
+        drop(alloc.alloc::<u8>(&s, 128 * MIB as usize).unwrap());
+        // 80 MiB is 48 MiB smaller than the cached block: beyond 20 MiB, within 64.
+        let b = alloc.alloc::<u8>(&s, 80 * MIB as usize).unwrap();
+        let st = alloc.stats();
+        assert_eq!(st.num_device_alloc, segments, "{conf}");
+        if segments == 1 {
+            assert_eq!(st.allocated_bytes.all.current, 128 * MIB, "taken whole, not split");
+        }
+        drop(b);
+        alloc.check_invariants().unwrap();
+    }
+}
+
+#[test]
 fn max_split_size_gives_way_over_the_soft_limit() {
     // Segments that do not grow; the default limit (1.05 times the peak of allocated bytes),
     // then one with room for a new segment.

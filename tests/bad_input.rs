@@ -111,9 +111,11 @@ proptest! {
     #[test]
     fn config_strings_never_panic(s in "\\PC{0,60}", key in prop::sample::select(vec![
         "max_split_size_mb", "roundup_power2_divisions", "garbage_collection_threshold", "fragmentation_limit", "release_pages",
+        "max_non_split_rounding_mb",
     ]), value in "\\PC{0,12}") {
         let _ = AllocatorConfig::parse(&s);
         let _ = AllocatorConfig::parse(&format!("{key}:{value}"));
+        let _ = AllocatorConfig::parse(&format!("max_split_size_mb:64,{key}:{value}"));
     }
 }
 

@@ -7,14 +7,14 @@ use crate::error::{Error, Result};
 pub const ALLOC_CONF_ENV: &str = "VRAMSCOPE_ALLOC_CONF";
 
 /// Keys accepted in a configuration string, for error messages.
-const KEYS: &str = "max_split_size_mb, roundup_power2_divisions, garbage_collection_threshold, \
-                    fragmentation_limit, fragmentation_limit_max, release_pages, expandable_segments, backend";
+const KEYS: &str = "max_split_size_mb, max_non_split_rounding_mb, roundup_power2_divisions, \
+                    garbage_collection_threshold, fragmentation_limit, fragmentation_limit_max, release_pages, \
+                    expandable_segments, backend";
 
 /// Keys of `PYTORCH_CUDA_ALLOC_CONF` that vramscope does not implement. A configuration
 /// naming one is refused, as an unknown key is: a setting vramscope would silently ignore
 /// would make the configuration say what the allocator does not do.
-const PYTORCH_ONLY_KEYS: [&str; 8] = [
-    "max_non_split_rounding_mb",
+const PYTORCH_ONLY_KEYS: [&str; 7] = [
     "release_lock_on_cudamalloc",
     "pinned_use_cuda_host_register",
     "pinned_num_register_threads",
@@ -58,6 +58,11 @@ pub struct AllocatorConfig {
     /// it), and over [`fragmentation_limit`](Self::fragmentation_limit) they give way to the
     /// best fit instead of reserving more. Default: `None`, no such rules.
     pub max_split_size: Option<u64>,
+    /// How much larger than a request of at least [`max_split_size`](Self::max_split_size) a
+    /// free block it takes whole may be (PyTorch's `max_non_split_rounding_mb`): larger values
+    /// reuse large cached blocks for smaller large requests, at the cost of the difference.
+    /// Only with `max_split_size`, as in PyTorch. Default: `None`, 20 MiB.
+    pub max_non_split_rounding: Option<u64>,
     /// Round request sizes up to one of this many divisions between powers of two, per size
     /// interval as PyTorch keeps them (`roundup_power2_divisions`): entry `i` applies to requests
     /// of `2^i` MiB up to `2^(i+1)` MiB, entry 0 also to smaller ones and entry 15 to larger
@@ -99,6 +104,7 @@ impl Default for AllocatorConfig {
     fn default() -> Self {
         AllocatorConfig {
             max_split_size: None,
+            max_non_split_rounding: None,
             roundup_power2_divisions: [0; ROUNDUP_INTERVALS],
             garbage_collection_threshold: None,
             fragmentation_limit: Some(1.05),
@@ -159,10 +165,22 @@ fn parse_bool(key: &str, v: &str) -> Result<bool> {
     }
 }
 
+/// A whole number of MiB, more than 20 (PyTorch's `max_split_size_mb` and
+/// `max_non_split_rounding_mb`), in bytes.
+fn parse_mib(key: &str, value: &str) -> Result<u64> {
+    let mb: u64 =
+        value.parse().map_err(|_| bad(key, format!("`{value}` is not a whole number of MiB (e.g. {key}:256)")))?;
+    if mb <= 20 {
+        return Err(bad(key, format!("{mb} MiB is too small; it must be more than 20")));
+    }
+    mb.checked_mul(1 << 20).ok_or_else(|| bad(key, format!("{mb} MiB does not fit in 64 bits")))
+}
+
 impl AllocatorConfig {
     /// Parses `key:value` pairs separated by commas, as in `PYTORCH_CUDA_ALLOC_CONF`.
     ///
-    /// Keys: `max_split_size_mb` (an integer number of MiB, more than 20),
+    /// Keys: `max_split_size_mb` and `max_non_split_rounding_mb` (whole numbers of MiB, more
+    /// than 20; the second only with the first, alone it changes nothing in PyTorch either),
     /// `roundup_power2_divisions` (0 or a power of two, at most 64, or PyTorch's list
     /// `[256:1,512:2,>:8]`), `garbage_collection_threshold` (a number strictly between 0 and 1),
     /// `fragmentation_limit` and `fragmentation_limit_max` (numbers from 1 to
@@ -170,7 +188,7 @@ impl AllocatorConfig {
     /// PyTorch-named alias `expandable_segments` (`True` or `False`), and `backend:native`
     /// (vramscope is PyTorch's native allocator; `cudaMallocAsync` is refused). Each key at most
     /// once. Unknown keys, PyTorch's keys that vramscope does not implement
-    /// (`max_non_split_rounding_mb`, the `pinned_*` keys, ...) and malformed values are errors
+    /// (`release_lock_on_cudamalloc`, the `pinned_*` keys, ...) and malformed values are errors
     /// naming the key and the accepted form: vramscope refuses a setting it would ignore. An
     /// empty string is the default configuration.
     pub fn parse(s: &str) -> Result<Self> {
@@ -186,17 +204,8 @@ impl AllocatorConfig {
             }
             seen.push(key);
             match key {
-                "max_split_size_mb" => {
-                    let mb: u64 = value.parse().map_err(|_| {
-                        bad(key, format!("`{value}` is not a whole number of MiB (e.g. max_split_size_mb:256)"))
-                    })?;
-                    if mb <= 20 {
-                        return Err(bad(key, format!("{mb} MiB is too small; it must be more than 20")));
-                    }
-                    let bytes =
-                        mb.checked_mul(1 << 20).ok_or_else(|| bad(key, format!("{mb} MiB does not fit in 64 bits")))?;
-                    c.max_split_size = Some(bytes);
-                }
+                "max_split_size_mb" => c.max_split_size = Some(parse_mib(key, value)?),
+                "max_non_split_rounding_mb" => c.max_non_split_rounding = Some(parse_mib(key, value)?),
                 "roundup_power2_divisions" => c.roundup_power2_divisions = parse_divisions(value)?,
                 // PyTorch's choice of allocator: vramscope is the caching one (`native`).
                 "backend" if value == "native" => {}
@@ -301,6 +310,19 @@ impl AllocatorConfig {
         if let Some(t) = self.garbage_collection_threshold {
             if !(t > 0.0 && t < 1.0) {
                 return Err(bad("garbage_collection_threshold", format!("{t} must be strictly between 0 and 1")));
+            }
+        }
+        if let Some(r) = self.max_non_split_rounding {
+            let key = "max_non_split_rounding_mb";
+            if self.max_split_size.is_none() {
+                return Err(bad(
+                    key,
+                    "applies only to blocks of at least max_split_size_mb, which is not set (alone it \
+                     changes nothing in PyTorch either): set max_split_size_mb too, or remove it",
+                ));
+            }
+            if r <= 20 << 20 {
+                return Err(bad(key, format!("{r} bytes is too small; it must be more than 20 MiB")));
             }
         }
         for &d in &self.roundup_power2_divisions {
@@ -456,7 +478,10 @@ mod tests {
             ("fragmentation_limit:17", "fragmentation_limit", "at most 16"),
             ("fragmentation_limit_max:inf", "fragmentation_limit_max", "at most 16"),
             ("backend:cudaMallocAsync", "backend", "VRAMSCOPE_BACKEND"),
-            ("max_non_split_rounding_mb:64", "max_non_split_rounding_mb", "does not implement"),
+            ("pinned_use_background_threads:True", "pinned_use_background_threads", "does not implement"),
+            ("max_non_split_rounding_mb:20", "max_non_split_rounding_mb", "more than 20"),
+            ("max_non_split_rounding_mb:1.5", "max_non_split_rounding_mb", "whole number"),
+            ("expandable_segments:True,max_non_split_rounding_mb:256", "max_non_split_rounding_mb", "set max_split"),
             ("fragmentation_limit:1.1,fragmentation_limit:1.2", "fragmentation_limit", "twice"),
             ("garbage_collection_threshold:1.5", "garbage_collection_threshold", "between 0 and 1"),
             ("fragmentation_limit:0.5", "fragmentation_limit", "at least 1"),

@@ -1090,10 +1090,11 @@ mod tests {
         #[test]
         fn placement_does_not_depend_on_segment_addresses(
             ops in ops(),
-            config in 0..4usize,
+            config in 0..5usize,
         ) {
             use crate::backend::{EventMode, FaultPlan, FaultyBackend};
-            let conf = ["", "release_pages:false", "max_split_size_mb:40", "fragmentation_limit:1.0"][config];
+            let conf = ["", "release_pages:false", "max_split_size_mb:40", "fragmentation_limit:1.0",
+                "max_split_size_mb:40,max_non_split_rounding_mb:100,release_pages:false"][config];
             let make = |reuse: bool| {
                 let sim = SimBackend::with_events(1 << 40, EventMode::Manual).with_costly_segments(true);
                 let sim = FaultyBackend::new(if reuse { sim.reusing_addresses() } else { sim }, FaultPlan::Never);

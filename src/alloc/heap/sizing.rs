@@ -66,26 +66,29 @@ impl Heap {
     /// `remaining` bytes of it. PyTorch's rules: in the small pool down to 512 bytes; in the
     /// large pool only when more than 1 MiB remains (a smaller remainder fits no large
     /// request, and stays with the block), and not for a request of at least `max_split_size`
-    /// (which takes a block less than 20 MiB larger than itself whole), unless at least 20 MiB
-    /// would remain (a block taken over the soft limit, see [`Heap::keeps_oversize`]). In a
-    /// segment that grows in place, which serves requests of every size ([`Heap::pool_for`]),
-    /// down to 512 bytes, as in PyTorch's expandable segments: the remainder is a block that
-    /// small requests use, or that merges with its neighbour when that is freed.
+    /// (which takes a block less than 20 MiB, or `max_non_split_rounding`, larger than itself
+    /// whole), unless that much would remain (a block taken over the soft limit, see
+    /// [`Heap::keeps_oversize`]). In a segment that grows in place, which serves requests of
+    /// every size ([`Heap::pool_for`]), down to 512 bytes, as in PyTorch's expandable
+    /// segments: the remainder is a block that small requests use, or that merges with its
+    /// neighbour when that is freed.
     pub(super) fn splits(&self, seg: SegmentId, remaining: u64, block: u64) -> bool {
         let seg = &self.segments[seg];
         match seg.pool {
             Pool::Small => remaining >= MIN_BLOCK,
             Pool::Large if seg.room > 0 => remaining >= MIN_BLOCK,
             Pool::Large => {
-                remaining > SMALL_SIZE && (!self.is_oversize(block - remaining) || remaining >= LARGE_SEGMENT)
+                remaining > SMALL_SIZE
+                    && (!self.is_oversize(block - remaining) || remaining >= self.non_split_rounding())
             }
         }
     }
 
     /// Whether PyTorch's `max_split_size` rules keep free block `block` (of `found` bytes) from
     /// a request of `size`: a request under `max_split_size` takes no block of at least it, and
-    /// one of at least it no block 20 MiB or more larger than itself, so that oversize blocks
-    /// stay whole (and their segments free to release) for requests of about their size.
+    /// one of at least it no block 20 MiB (`max_non_split_rounding`) or more larger than
+    /// itself, so that oversize blocks stay whole (and their segments free to release) for
+    /// requests of about their size.
     ///
     /// Two places where the rules give way, because holding to them made the allocator reserve
     /// many times what it used (a program's requests seldom come back at exactly the sizes of
@@ -109,7 +112,13 @@ impl Heap {
         if self.segments[self.blocks[block].segment].room > 0 {
             return false;
         }
-        (size < max && found >= max) || (size >= max && found >= size + LARGE_SEGMENT)
+        (size < max && found >= max) || (size >= max && found >= size + self.non_split_rounding())
+    }
+
+    /// How much larger than an oversize request a block it takes whole may be
+    /// (`max_non_split_rounding_mb`; PyTorch's 20 MiB by default).
+    fn non_split_rounding(&self) -> u64 {
+        self.config.max_non_split_rounding.unwrap_or(LARGE_SEGMENT)
     }
 
     /// The segment size PyTorch would choose for a block of `size`.
