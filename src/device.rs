@@ -9,7 +9,9 @@ use std::sync::{Arc, OnceLock};
 
 /// Environment variable choosing the default backend: `host`, `sim` or `cuda`.
 pub const BACKEND_ENV: &str = "VRAMSCOPE_BACKEND";
-/// Environment variable setting the capacity of the default host or sim device, e.g. `8GiB`.
+/// Environment variable setting the capacity of the default device, e.g. `8GiB`: of the host
+/// or sim backend, and on CUDA the most the allocator may reserve (a smaller GPU, seen from a
+/// larger one: [`AllocatorConfig::limit_to_capacity`]).
 pub const CAPACITY_ENV: &str = "VRAMSCOPE_CAPACITY";
 /// Capacity of the default host device when [`CAPACITY_ENV`] is unset.
 pub const DEFAULT_HOST_CAPACITY: u64 = 16 << 30;
@@ -37,9 +39,11 @@ pub(crate) fn env_text(key: &str) -> Result<Option<String>> {
     }
 }
 
-/// Builds the backend [`device`] would use, from the environment.
-fn default_backend(index: usize) -> Result<Arc<dyn Backend>> {
-    let _ = index;
+/// Builds the backend [`device`] would use, from the environment, and the configuration: on
+/// CUDA, `VRAMSCOPE_CAPACITY` limits what the allocator may reserve (the host and sim backends
+/// take it as their capacity).
+fn default_backend(index: usize, config: &mut AllocatorConfig) -> Result<Arc<dyn Backend>> {
+    let _ = (index, &config);
     let kind = env_text(BACKEND_ENV)?.unwrap_or_default();
     let capacity = match env_text(CAPACITY_ENV)? {
         Some(s) => {
@@ -47,13 +51,23 @@ fn default_backend(index: usize) -> Result<Arc<dyn Backend>> {
         }
         None => None,
     };
+    #[cfg(feature = "cuda-backend")]
+    let cuda = |b: crate::backend::CudaBackend, config: &mut AllocatorConfig| -> Result<Arc<dyn Backend>> {
+        if let Some(c) = capacity {
+            config.limit_to_capacity(c, b.total_memory()).map_err(|e| match e {
+                Error::Config { message, .. } => Error::Config { key: CAPACITY_ENV.into(), message },
+                e => e,
+            })?;
+        }
+        Ok(Arc::new(b))
+    };
     match kind.trim().to_ascii_lowercase().as_str() {
         #[cfg(feature = "cuda-backend")]
-        "cuda" => Ok(Arc::new(crate::backend::CudaBackend::new(index)?)),
+        "cuda" => cuda(crate::backend::CudaBackend::new(index)?, config),
         // Without a choice: the CUDA device where the feature is on and one is present.
         #[cfg(feature = "cuda-backend")]
         "" => match crate::backend::CudaBackend::new(index) {
-            Ok(b) => Ok(Arc::new(b)),
+            Ok(b) => cuda(b, config),
             Err(_) => Ok(Arc::new(HostBackend::new(capacity.unwrap_or(DEFAULT_HOST_CAPACITY)))),
         },
         #[cfg(not(feature = "cuda-backend"))]
@@ -71,7 +85,8 @@ fn default_backend(index: usize) -> Result<Arc<dyn Backend>> {
 ///
 /// The backend is the one named by `VRAMSCOPE_BACKEND` (`host`, `sim`, `cuda`); unset, it is
 /// the CUDA device `index` where the `cuda` feature is on and a device is present, else the host
-/// backend (16 GiB unless `VRAMSCOPE_CAPACITY` says otherwise). The configuration comes from
+/// backend (16 GiB unless `VRAMSCOPE_CAPACITY` says otherwise; on CUDA, `VRAMSCOPE_CAPACITY`
+/// is the most the allocator may reserve). The configuration comes from
 /// `VRAMSCOPE_ALLOC_CONF`. Every call for the same index returns a handle to the same allocator.
 ///
 /// Errors when the environment holds a malformed setting.
@@ -81,7 +96,9 @@ pub fn try_device(index: usize) -> Result<CachingAllocator> {
     if let Some(a) = map.get(&index) {
         return Ok(a.clone());
     }
-    let alloc = CachingAllocator::for_device(default_backend(index)?, index, AllocatorConfig::from_env()?)?;
+    let mut config = AllocatorConfig::from_env()?;
+    let backend = default_backend(index, &mut config)?;
+    let alloc = CachingAllocator::for_device(backend, index, config)?;
     map.insert(index, alloc.clone());
     Ok(alloc)
 }

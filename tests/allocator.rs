@@ -423,6 +423,36 @@ fn max_split_size_does_not_apply_where_segments_grow() {
 }
 
 #[test]
+fn per_process_memory_fraction_caps_what_the_allocator_reserves() {
+    for pages in [false, true] {
+        let conf = format!("per_process_memory_fraction:0.25,release_pages:{pages}");
+        let sim = Arc::new(SimBackend::new(1 << 30));
+        let alloc = CachingAllocator::with_config(sim.clone(), AllocatorConfig::parse(&conf).unwrap()).unwrap();
+        let s = alloc.default_stream();
+        let a = alloc.alloc::<u8>(&s, 200 * MIB as usize).unwrap();
+        // 300 MiB would fit the device's 1 GiB, not the 256 MiB allowed.
+        let err = alloc.alloc::<u8>(&s, 100 * MIB as usize).unwrap_err();
+        let Error::OutOfMemory(report) = &err else { panic!("{conf}: {err}") };
+        assert_eq!((report.allowed, report.capacity), (Some(256 * MIB), 1 << 30), "{conf}");
+        assert!(err.to_string().contains("may reserve 256.00 MiB of it;"), "{err}");
+        assert_eq!(alloc.memory_allocated(), 200 * MIB, "{conf}: nothing recorded is lost");
+        // Cached memory that does not fit a request is given back for it.
+        drop(a);
+        let b = alloc.alloc::<u8>(&s, 240 * MIB as usize).unwrap();
+        assert!(alloc.memory_reserved() <= 256 * MIB && sim.used_memory() <= 256 * MIB, "{conf}");
+        // Small requests beside it fill the rest, not more.
+        let mut small = Vec::new();
+        while let Ok(x) = alloc.alloc::<u8>(&s, MIB as usize) {
+            small.push(x);
+        }
+        assert!(alloc.memory_reserved() <= 256 * MIB, "{conf}: {}", alloc.memory_reserved());
+        assert!(small.len() >= 12, "{conf}: {} MiB beside 240", small.len());
+        drop((b, small));
+        alloc.check_invariants().unwrap();
+    }
+}
+
+#[test]
 fn blocks_are_reused_only_on_their_stream() {
     let alloc = pytorch_like(1 << 30);
     let s1 = alloc.default_stream();

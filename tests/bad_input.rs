@@ -111,7 +111,7 @@ proptest! {
     #[test]
     fn config_strings_never_panic(s in "\\PC{0,60}", key in prop::sample::select(vec![
         "max_split_size_mb", "roundup_power2_divisions", "garbage_collection_threshold", "fragmentation_limit", "release_pages",
-        "max_non_split_rounding_mb",
+        "max_non_split_rounding_mb", "per_process_memory_fraction",
     ]), value in "\\PC{0,12}") {
         let _ = AllocatorConfig::parse(&s);
         let _ = AllocatorConfig::parse(&format!("{key}:{value}"));

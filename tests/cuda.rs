@@ -360,6 +360,27 @@ fn device_out_of_memory_is_an_error_and_the_allocator_recovers() {
 }
 
 #[test]
+fn a_capacity_limits_what_the_allocator_reserves_on_the_gpu() {
+    let _device = shared_device();
+    let Some(b) = backend() else { return };
+    let mut config = vramscope::config::AllocatorConfig::default();
+    config.limit_to_capacity(256 << 20, b.total_memory()).unwrap();
+    let alloc = CachingAllocator::with_config(b, config).unwrap();
+    let s = alloc.default_stream();
+    let a = alloc.alloc::<u8>(&s, 200 << 20).unwrap();
+    let err = alloc.alloc::<u8>(&s, 100 << 20).unwrap_err();
+    let Error::OutOfMemory(report) = &err else { panic!("{err}") };
+    assert_eq!(report.allowed, Some(256 << 20), "{err}");
+    assert!(err.to_string().contains("may reserve 256.00 MiB"), "{err}");
+    // The cached 200 MiB is given back for a request that does not fit it.
+    drop(a);
+    let b = alloc.alloc::<u8>(&s, 240 << 20).unwrap();
+    assert!(alloc.memory_reserved() <= 256 << 20, "{}", alloc.memory_reserved());
+    drop(b);
+    alloc.check_invariants().unwrap();
+}
+
+#[test]
 fn statistics_agree_with_the_driver() {
     let _device = whole_device();
     let Some(b) = backend() else { return };

@@ -145,7 +145,8 @@ enum Command {
         /// (default: the `VRAMSCOPE_ALLOC_CONF` environment variable).
         #[arg(long)]
         config: Option<String>,
-        /// Device capacity, e.g. `80GiB` (default: 80 GiB for sim, 4x the trace's peak for host).
+        /// Device capacity, e.g. `80GiB` (default: 80 GiB for sim, 4x the trace's peak for host);
+        /// on CUDA, the most the allocator may reserve (default: the whole device).
         #[arg(long)]
         capacity: Option<String>,
         /// What the allocator records during the replay: nothing, scopes and history, or also
@@ -439,7 +440,8 @@ fn run(cli: Cli) -> Result<(), Failure> {
         }
         Command::Replay { file, backend, json, warm, config, capacity, record } => {
             let trace = Trace::from_file(&file)?;
-            let config = match config {
+            #[cfg_attr(not(feature = "cuda"), allow(unused_mut))]
+            let mut config = match config {
                 Some(c) => AllocatorConfig::parse(&c)?,
                 None => AllocatorConfig::from_env()?,
             };
@@ -453,7 +455,14 @@ fn run(cli: Cli) -> Result<(), Failure> {
                     std::sync::Arc::new(SimBackend::new(capacity.unwrap_or(80 << 30)).with_costly_segments(true))
                 }
                 #[cfg(feature = "cuda")]
-                BackendKind::Cuda => std::sync::Arc::new(vramscope::backend::CudaBackend::new(0)?),
+                BackendKind::Cuda => {
+                    let cuda = vramscope::backend::CudaBackend::new(0)?;
+                    if let Some(c) = capacity {
+                        // The most the allocator may reserve: a smaller GPU, seen from this one.
+                        config.limit_to_capacity(c, cuda.total_memory())?;
+                    }
+                    std::sync::Arc::new(cuda)
+                }
                 #[cfg(not(feature = "cuda"))]
                 BackendKind::Cuda => {
                     return Err(Failure(2, "--backend cuda needs vramscope built with the `cuda` feature".into()))

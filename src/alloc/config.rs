@@ -8,13 +8,15 @@ pub const ALLOC_CONF_ENV: &str = "VRAMSCOPE_ALLOC_CONF";
 
 /// Keys accepted in a configuration string, for error messages.
 const KEYS: &str = "max_split_size_mb, max_non_split_rounding_mb, roundup_power2_divisions, \
-                    garbage_collection_threshold, fragmentation_limit, fragmentation_limit_max, release_pages, \
-                    expandable_segments, backend";
+                    garbage_collection_threshold, per_process_memory_fraction, fragmentation_limit, \
+                    fragmentation_limit_max, release_pages, expandable_segments, backend";
 
 /// Keys of `PYTORCH_CUDA_ALLOC_CONF` that vramscope does not implement. A configuration
 /// naming one is refused, as an unknown key is: a setting vramscope would silently ignore
 /// would make the configuration say what the allocator does not do.
-const PYTORCH_ONLY_KEYS: [&str; 7] = [
+const PYTORCH_ONLY_KEYS: [&str; 9] = [
+    "throw_on_cudamalloc_oom",
+    "pinned_free_catch_all",
     "release_lock_on_cudamalloc",
     "pinned_use_cuda_host_register",
     "pinned_num_register_threads",
@@ -72,9 +74,21 @@ pub struct AllocatorConfig {
     /// interval starting at that size, the first pair also every smaller one, and `>` every
     /// interval from the last pair's on (that one included). Default: all `0`.
     pub roundup_power2_divisions: [u32; ROUNDUP_INTERVALS],
-    /// When reserved memory would exceed this fraction of the device's capacity, release cached
+    /// When reserved memory would exceed this fraction of the memory the allocator may use
+    /// (the device's capacity, or less under
+    /// [`per_process_memory_fraction`](Self::per_process_memory_fraction)), release cached
     /// segments before growing (PyTorch's `garbage_collection_threshold`). Default: `None`.
     pub garbage_collection_threshold: Option<f64>,
+    /// The most the allocator may reserve, as a fraction of the device's capacity (PyTorch's
+    /// `per_process_memory_fraction` and `torch.cuda.set_per_process_memory_fraction`): a
+    /// request that would reserve more first has the cache given back, as when the device
+    /// itself runs out, then fails with [`Error::OutOfMemory`](crate::Error::OutOfMemory) saying
+    /// what was allowed. With it
+    /// a test on a large GPU shows whether a program fits a smaller one; the soft limit
+    /// ([`fragmentation_limit`](Self::fragmentation_limit)) stays under it. Only the
+    /// allocator's own memory counts. On the default device, `VRAMSCOPE_CAPACITY` sets it on
+    /// CUDA (see [`crate::device`]). Default: `None`, the whole device.
+    pub per_process_memory_fraction: Option<f64>,
     /// The allocator grows reserved memory freely while it stays within this multiple of the
     /// peak of allocated bytes; beyond it, it first gives cached memory back to the backend
     /// (whole free segments, then the pages under free holes where the backend can unmap), and
@@ -107,6 +121,7 @@ impl Default for AllocatorConfig {
             max_non_split_rounding: None,
             roundup_power2_divisions: [0; ROUNDUP_INTERVALS],
             garbage_collection_threshold: None,
+            per_process_memory_fraction: None,
             fragmentation_limit: Some(1.05),
             fragmentation_limit_max: LimitMax::Auto,
             release_pages: true,
@@ -183,6 +198,7 @@ impl AllocatorConfig {
     /// than 20; the second only with the first, alone it changes nothing in PyTorch either),
     /// `roundup_power2_divisions` (0 or a power of two, at most 64, or PyTorch's list
     /// `[256:1,512:2,>:8]`), `garbage_collection_threshold` (a number strictly between 0 and 1),
+    /// `per_process_memory_fraction` (a number above 0 and at most 1),
     /// `fragmentation_limit` and `fragmentation_limit_max` (numbers from 1 to
     /// [`MAX_FRAGMENTATION_LIMIT`], or `off`; the second also `auto`), `release_pages` and its
     /// PyTorch-named alias `expandable_segments` (`True` or `False`), and `backend:native`
@@ -232,6 +248,12 @@ impl AllocatorConfig {
                         bad(key, format!("`{value}` is not a number (e.g. garbage_collection_threshold:0.8)"))
                     })?;
                     c.garbage_collection_threshold = Some(t);
+                }
+                "per_process_memory_fraction" => {
+                    let f: f64 = value.parse().map_err(|_| {
+                        bad(key, format!("`{value}` is not a number (e.g. per_process_memory_fraction:0.3)"))
+                    })?;
+                    c.per_process_memory_fraction = Some(f);
                 }
                 "fragmentation_limit" => {
                     if is_off(value) {
@@ -312,6 +334,11 @@ impl AllocatorConfig {
                 return Err(bad("garbage_collection_threshold", format!("{t} must be strictly between 0 and 1")));
             }
         }
+        if let Some(f) = self.per_process_memory_fraction {
+            if !(f > 0.0 && f <= 1.0) {
+                return Err(bad("per_process_memory_fraction", format!("{f} must be above 0 and at most 1")));
+            }
+        }
         if let Some(r) = self.max_non_split_rounding {
             let key = "max_non_split_rounding_mb";
             if self.max_split_size.is_none() {
@@ -331,6 +358,36 @@ impl AllocatorConfig {
             }
         }
         Ok(())
+    }
+
+    /// Lets the allocator of a device of `total` bytes reserve at most `capacity` of them (and
+    /// of those at most its [`per_process_memory_fraction`](Self::per_process_memory_fraction),
+    /// if set): a smaller device, seen from a larger one. `VRAMSCOPE_CAPACITY` and the command
+    /// line's `--capacity` do this on CUDA.
+    ///
+    /// ```
+    /// # use vramscope::config::AllocatorConfig;
+    /// let mut c = AllocatorConfig::default();
+    /// c.limit_to_capacity(24 << 30, 80 << 30).unwrap();
+    /// assert_eq!(c.per_process_memory_fraction, Some(0.3));
+    /// assert!(c.limit_to_capacity(100 << 30, 80 << 30).is_err());
+    /// ```
+    ///
+    /// Errors when `capacity` is 0 or more than `total`.
+    pub fn limit_to_capacity(&mut self, capacity: u64, total: u64) -> Result<()> {
+        if capacity == 0 || capacity > total {
+            return Err(bad(
+                "capacity",
+                format!(
+                    "{} is not a capacity a device of {} can stand for: it must be above 0 and at most that",
+                    crate::report::format_bytes(capacity),
+                    crate::report::format_bytes(total)
+                ),
+            ));
+        }
+        let f = self.per_process_memory_fraction.unwrap_or(1.0) * (capacity as f64 / total as f64);
+        self.per_process_memory_fraction = Some(f);
+        self.validate()
     }
 
     /// The divisions that apply to a request of `size` bytes (PyTorch's
@@ -479,6 +536,10 @@ mod tests {
             ("fragmentation_limit_max:inf", "fragmentation_limit_max", "at most 16"),
             ("backend:cudaMallocAsync", "backend", "VRAMSCOPE_BACKEND"),
             ("pinned_use_background_threads:True", "pinned_use_background_threads", "does not implement"),
+            ("per_process_memory_fraction:0", "per_process_memory_fraction", "above 0 and at most 1"),
+            ("per_process_memory_fraction:1.5", "per_process_memory_fraction", "above 0 and at most 1"),
+            ("per_process_memory_fraction:most", "per_process_memory_fraction", "not a number"),
+            ("throw_on_cudamalloc_oom:True", "throw_on_cudamalloc_oom", "does not implement"),
             ("max_non_split_rounding_mb:20", "max_non_split_rounding_mb", "more than 20"),
             ("max_non_split_rounding_mb:1.5", "max_non_split_rounding_mb", "whole number"),
             ("expandable_segments:True,max_non_split_rounding_mb:256", "max_non_split_rounding_mb", "set max_split"),

@@ -104,6 +104,9 @@ pub struct OomReport {
     pub reserved: u64,
     /// The largest free block in the cache.
     pub largest_free_block: u64,
+    /// The most the allocator may reserve, where less than the device
+    /// ([`AllocatorConfig::per_process_memory_fraction`](crate::config::AllocatorConfig::per_process_memory_fraction)).
+    pub allowed: Option<u64>,
     /// What the backend said.
     pub backend_message: String,
     /// Where a snapshot was written (see `VRAMSCOPE_OOM_SNAPSHOT`), if one was.
@@ -124,13 +127,20 @@ impl fmt::Display for OomReport {
         write!(
             f,
             "out of memory on device {}: tried to allocate {} ({} after rounding); the device has a \
-             capacity of {} of which {} is free; {} is allocated to live buffers, {} is reserved \
-             but unused by the allocator, and the largest free cached block is {} ({})",
+             capacity of {} of which {} is free",
             self.device,
             fmt_bytes(self.requested),
             fmt_bytes(self.rounded),
             fmt_bytes(self.capacity),
             fmt_bytes(self.free),
+        )?;
+        if let Some(allowed) = self.allowed {
+            write!(f, ", and the allocator may reserve {} of it", fmt_bytes(allowed))?;
+        }
+        write!(
+            f,
+            "; {} is allocated to live buffers, {} is reserved but unused by the allocator, and the \
+             largest free cached block is {} ({})",
             fmt_bytes(self.allocated),
             fmt_bytes(self.reserved_unused()),
             fmt_bytes(self.largest_free_block),
@@ -257,14 +267,23 @@ mod tests {
             allocated: 6 << 30,
             reserved: 7 << 30,
             largest_free_block: 2 << 20,
+            allowed: Some(7 << 30),
             backend_message: "host capacity reached".into(),
             snapshot_path: Some("/tmp/oom.json".into()),
             snapshot_error: None,
         };
         let m = Error::OutOfMemory(Box::new(r)).to_string();
-        for part in
-            ["3.00 MiB", "4.00 MiB", "8.00 GiB", "1.00 MiB", "6.00 GiB", "1.00 GiB", "2.00 MiB", "/tmp/oom.json"]
-        {
+        for part in [
+            "3.00 MiB",
+            "4.00 MiB",
+            "8.00 GiB",
+            "1.00 MiB",
+            "6.00 GiB",
+            "1.00 GiB",
+            "2.00 MiB",
+            "/tmp/oom.json",
+            "may reserve 7.00 GiB",
+        ] {
             assert!(m.contains(part), "{part} missing from {m}");
         }
     }

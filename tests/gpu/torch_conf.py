@@ -8,6 +8,12 @@ on the current stream; only the caching allocator, so that several settings fit 
 Needs `pool_pages.py` beside it (the traces' encoding).
 
     python3 torch_conf.py TRACE_DIR "" "max_split_size_mb:128" "expandable_segments:True"
+
+With FIT=1 in the environment, instead: the smallest memory each trace fits in under each
+setting, the allocator capped with `torch.cuda.set_per_process_memory_fraction` (what PyTorch
+may reserve), found by bisection to 0.1% of the trace's peak live bytes (a cold pass and a
+warm one at each cap): `fits` is the smallest cap tried that ran, `fails` the largest that
+ran out of memory.
 """
 import glob
 import json
@@ -58,6 +64,47 @@ ext = load_inline("torch_conf_ext", cpp_sources=SRC, functions=["replay"], with_
                   extra_cflags=["-O2"], verbose=False)
 torch.cuda.init()
 
+
+def runs(op, slot, size, n, cap, total):
+    """Whether a cold and a warm pass run with PyTorch allowed `cap` bytes of `total`."""
+    torch.cuda.empty_cache()
+    torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), 0)
+    try:
+        ext.replay(op, slot, size, n)
+        ext.replay(op, slot, size, n)
+        return True
+    except RuntimeError:
+        return False
+    finally:
+        torch.cuda.empty_cache()
+
+
+if os.environ.get("FIT"):
+    total = torch.cuda.mem_get_info()[1]
+    for f in sorted(glob.glob(os.path.join(sys.argv[1], "*.trace.json"))):
+        op, slot, size, n, peak = encode(json.load(open(f))["events"])
+        torch.cuda.reset_peak_memory_stats()
+        runs(op, slot, size, n, total, total)
+        free_run = torch.cuda.memory_stats()["reserved_bytes.all.peak"]
+        lo, hi = peak - 1, free_run + (2 << 20)
+        # Capped, PyTorch may need more than it reserved uncapped (expandable segments map the
+        # large pool in 20 MiB pieces): up in steps of 5% until a run.
+        while not runs(op, slot, size, n, hi, total):
+            lo, hi = hi, int(hi * 1.05)
+            if hi > total:
+                break
+        if hi > total:
+            print(json.dumps(dict(trace=os.path.basename(f), error="no run on the whole device")), flush=True)
+            continue
+        while hi - lo > max(peak // 1000, 1 << 20):
+            mid = (lo + hi) // 2
+            if runs(op, slot, size, n, mid, total):
+                hi = mid
+            else:
+                lo = mid
+        print(json.dumps(dict(trace=os.path.basename(f), peak_live=peak, fits=hi, fails=lo,
+                              unconstrained=free_run, device_total=total)), flush=True)
+    sys.exit(0)
 
 for f in sorted(glob.glob(os.path.join(sys.argv[1], "*.trace.json"))):
     op, slot, size, n, peak = encode(json.load(open(f))["events"])

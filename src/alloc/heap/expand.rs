@@ -48,6 +48,7 @@ impl Heap {
         stream: StreamId,
         size: u64,
     ) -> Result<(u64, u64), BackendError> {
+        self.within_cap(size)?;
         if self.may_grow_in_place(pool, stream) {
             let span = backend.total_memory().next_multiple_of(self.page).max(size);
             match backend.reserve_growable(size, span) {
@@ -96,6 +97,7 @@ impl Heap {
     pub(super) fn grow_in_place(&mut self, backend: &dyn Backend, g: Growth) -> Result<BlockId, BackendError> {
         let seg = &self.segments[g.seg];
         let (start, old_size, pool, stream) = (seg.addr + seg.size, seg.size, seg.pool, seg.stream);
+        self.within_cap(g.by)?;
         let mut done = 0;
         for (offset, len) in granule_pieces(g.by, self.page) {
             if let Err(e) = backend.map(start + offset, len) {

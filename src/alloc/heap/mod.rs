@@ -180,6 +180,9 @@ pub(crate) struct Heap {
     limit_factor: Option<f64>,
     /// How far `limit_factor` may rise; `None`: it stays.
     limit_max: Option<f64>,
+    /// The most the heap may reserve (`per_process_memory_fraction` of the device), if less
+    /// than the device: see [`Heap::within_cap`].
+    cap: Option<u64>,
     /// The sizes (in pages) of requests that churned with the limit at its ceiling.
     ceiling_churns: Vec<u64>,
     /// The block freed last, if it is kept aside unmerged for the next request of its exact
@@ -284,6 +287,7 @@ impl Heap {
             limit_peak: 0,
             limit_factor: config.fragmentation_limit,
             limit_max: config.fragmentation_limit_max.resolve(backend.costly_segments()),
+            cap: config.per_process_memory_fraction.map(|f| (backend.total_memory() as f64 * f).round() as u64),
             ceiling_churns: Vec::new(),
             released_since_peak: 0,
             raises_since_peak: 0,
@@ -619,6 +623,7 @@ impl Heap {
             allocated: self.stats.allocated_bytes.current(),
             reserved: self.reserved(),
             largest_free_block: largest,
+            allowed: self.cap,
             backend_message: cause.to_string(),
             snapshot_path: None,
             snapshot_error: None,

@@ -68,16 +68,39 @@ impl Heap {
         self.stats.reserved_bytes.current()
     }
 
-    /// Reserved bytes above which the allocator reclaims before growing.
+    /// Reserved bytes above which the allocator reclaims before growing: never above its cap,
+    /// so that reclaiming gives back what the cap would refuse before the cap refuses it.
     pub(super) fn soft_limit(&self, backend: &dyn Backend, size: u64) -> u64 {
-        let mut limit = u64::MAX;
+        let allowed = self.cap.unwrap_or_else(|| backend.total_memory());
+        let mut limit = self.cap.unwrap_or(u64::MAX);
         if let Some(f) = self.limit_factor {
-            limit = self.factor_limit(f, size);
+            limit = limit.min(self.factor_limit(f, size));
         }
         if let Some(t) = self.config.garbage_collection_threshold {
-            limit = limit.min((backend.total_memory() as f64 * t) as u64);
+            limit = limit.min((allowed as f64 * t) as u64);
         }
         limit
+    }
+
+    /// Refuses, as the backend refuses a request when the device is full, `more` bytes that
+    /// would take reserved past the cap (`per_process_memory_fraction`). Every request for
+    /// memory from the backend goes through here first (a new segment, a growth in place, the
+    /// pages of a cached block), so that a refusal takes the same road as the device's own:
+    /// the cache is given back and the request retried, then out of memory.
+    pub(super) fn within_cap(&self, more: u64) -> Result<(), BackendError> {
+        match self.cap {
+            Some(cap) if self.reserved().saturating_add(more) > cap => Err(BackendError::OutOfMemory {
+                requested: more,
+                message: format!(
+                    "{} more would pass what the allocator may reserve, {} (per_process_memory_fraction, \
+                     or the capacity set on CUDA), with {} reserved",
+                    crate::report::format_bytes(more),
+                    crate::report::format_bytes(cap),
+                    crate::report::format_bytes(self.reserved()),
+                ),
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// What a fragmentation limit of `f` lets reserved reach for a request of `size` bytes: `f`
@@ -529,13 +552,15 @@ impl Heap {
             self.reclaim(backend, missing, limit, true, alone);
         }
         for (start, stop) in self.page_runs(s, first, end, true) {
-            // One mapping per granule: the unit that unmapping gives back.
+            // One mapping per granule: the unit that unmapping gives back. The run's granules
+            // count in reserved only once the run is mapped.
+            let mut run = 0;
             for p in start..stop {
                 let (a, l) = self.segments[s].granule_span(p, p + 1);
-                if let Err(e) = backend.map(a, l) {
+                if let Err(e) = self.within_cap(run + l).and_then(|()| backend.map(a, l)) {
                     self.note(Note::Retry);
                     self.release_cache(backend, true);
-                    if backend.map(a, l).is_err() {
+                    if self.within_cap(run + l).and_then(|()| backend.map(a, l)).is_err() {
                         // The run's granules mapped so far are mapped: count them.
                         if p > start {
                             self.set_pages(s, start..p, false);
@@ -543,6 +568,7 @@ impl Heap {
                         return Err(e);
                     }
                 }
+                run += l;
             }
             self.set_pages(s, start..stop, false);
         }
