@@ -83,11 +83,10 @@ pub struct AllocatorConfig {
     /// `per_process_memory_fraction` and `torch.cuda.set_per_process_memory_fraction`): a
     /// request that would reserve more first has the cache given back, as when the device
     /// itself runs out, then fails with [`Error::OutOfMemory`](crate::Error::OutOfMemory) saying
-    /// what was allowed. With it
-    /// a test on a large GPU shows whether a program fits a smaller one; the soft limit
-    /// ([`fragmentation_limit`](Self::fragmentation_limit)) stays under it. Only the
-    /// allocator's own memory counts. On the default device, `VRAMSCOPE_CAPACITY` sets it on
-    /// CUDA (see [`crate::device`]). Default: `None`, the whole device.
+    /// what was allowed. With it a test on a large GPU shows whether a program fits a smaller
+    /// one; the soft limit ([`fragmentation_limit`](Self::fragmentation_limit)) stays under it.
+    /// Only the allocator's own memory counts. On the default device, `VRAMSCOPE_CAPACITY` sets
+    /// it on CUDA (see [`crate::device`]). Default: `None`, the whole device.
     pub per_process_memory_fraction: Option<f64>,
     /// The allocator grows reserved memory freely while it stays within this multiple of the
     /// peak of allocated bytes; beyond it, it first gives cached memory back to the backend
