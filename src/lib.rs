@@ -434,7 +434,8 @@
 //!
 //! [`replay`] replays a PyTorch snapshot's or a compact trace's allocations through the
 //! allocator and measures time per operation and peak memory; the `vramscope replay` command
-//! does the same from the command line.
+//! does the same from the command line. [`replay::smallest_cap`] (and `vramscope fit`) finds
+//! the smallest memory they fit in.
 //!
 //! ## Where things are
 //!

@@ -222,6 +222,22 @@ fn max_split_size_settles_and_reserves_at_most_pytorchs_with_it() {
 }
 
 #[test]
+fn smallest_cap_lies_between_the_live_peak_and_the_device() {
+    let trace = Trace::from_file(fixture("leaky_train.trace.json")).unwrap();
+    let opts = ReplayOptions::default();
+    for pages in [false, true] {
+        let config = AllocatorConfig::parse(&format!("release_pages:{pages}")).unwrap();
+        let fit = vramscope::replay::smallest_cap(&trace, &config, 1 << 30, &opts).unwrap();
+        assert!(fit.peak_live_bytes <= fit.fits && fit.fits <= fit.unconstrained_reserved_bytes, "{fit:?}");
+        assert!(fit.fails < fit.fits && fit.ratio() < 1.1, "{fit:?}");
+        assert_eq!(fit.warm_device_calls.len(), opts.warm_passes);
+        // A device smaller than the trace's live peak: the replay's own error, not a panic.
+        let e = vramscope::replay::smallest_cap(&trace, &config, 64 << 20, &opts).unwrap_err();
+        assert!(e.to_string().contains("out of memory"), "{e}");
+    }
+}
+
+#[test]
 fn replay_on_the_host_backend() {
     let trace = Trace::from_file(fixture("leaky_train.trace.json")).unwrap();
     let alloc = CachingAllocator::new(HostBackend::new(1 << 30));

@@ -154,6 +154,28 @@ enum Command {
         #[arg(long, value_enum, default_value_t = RecordLevel::Off)]
         record: RecordLevel,
     },
+    /// The smallest memory a PyTorch snapshot pickle's or a JSON trace's allocations fit in
+    /// with vramscope's allocator, with virtual and with `cuMemAlloc` segments: bisection on
+    /// the most the allocator may reserve, replaying on the sim deciding as on CUDA (as the
+    /// GPU did on every fixture trace measured).
+    Fit {
+        /// A PyTorch snapshot pickle (`device_traces` is replayed) or a `*.trace.json` file.
+        file: PathBuf,
+        /// The GPU's memory, e.g. `80GiB` (what the allocator reserves addresses for).
+        #[arg(long, default_value = "80GiB")]
+        device_memory: String,
+        /// Allocator configuration in `VRAMSCOPE_ALLOC_CONF` form (default: the
+        /// `VRAMSCOPE_ALLOC_CONF` environment variable); its `release_pages` is set for each
+        /// segment kind in turn.
+        #[arg(long)]
+        config: Option<String>,
+        /// Warm passes after the cold one at each cap tried.
+        #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(0..=100))]
+        warm: u32,
+        /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -536,6 +558,67 @@ fn run(cli: Cli) -> Result<(), Failure> {
                     Some(f) => writeln!(text, "limit in force   {f:.2}x peak allocated"),
                     None => writeln!(text, "limit in force   none"),
                 };
+            }
+            print(&text)
+        }
+        Command::Fit { file, device_memory, config, warm, json } => {
+            let trace = Trace::from_file(&file)?;
+            let config = match config {
+                Some(c) => AllocatorConfig::parse(&c)?,
+                None => AllocatorConfig::from_env()?,
+            };
+            let device = vramscope::config::parse_bytes(&device_memory).map_err(|e| Failure(2, e.to_string()))?;
+            let mut options = ReplayOptions::default();
+            options.warm_passes = warm as usize;
+            let mut fits = Vec::new();
+            for pages in [true, false] {
+                let mut c = config.clone();
+                c.release_pages = pages;
+                fits.push((pages, vramscope::replay::smallest_cap(&trace, &c, device, &options)?));
+            }
+            if json {
+                let kinds: serde_json::Map<String, serde_json::Value> = fits
+                    .iter()
+                    .map(|(pages, f)| {
+                        let key = if *pages { "virtual" } else { "cumemalloc" };
+                        (key.to_string(), serde_json::to_value(f).unwrap_or_default())
+                    })
+                    .collect();
+                let v = serde_json::json!({ "trace": file.display().to_string(), "device_memory": device, "segments": kinds });
+                return print(&(v.to_string() + "\n"));
+            }
+            use std::fmt::Write;
+            let mut text = String::new();
+            let live = fits[0].1.peak_live_bytes;
+            let _ = writeln!(text, "trace            {}", file.display());
+            let _ = writeln!(text, "peak live        {} B ({})", live, report::format_bytes(live));
+            for (pages, f) in &fits {
+                let kind = if *pages { "virtual segments (the default)" } else { "cuMemAlloc segments" };
+                let _ = writeln!(text, "{kind}");
+                let _ = writeln!(
+                    text,
+                    "  fits in        {} B ({}, {:.3}x live); out of memory at {} B",
+                    f.fits,
+                    report::format_bytes(f.fits),
+                    f.ratio(),
+                    f.fails
+                );
+                let calls = f.warm_device_calls.iter().skip(1).max().copied().unwrap_or(0);
+                let _ = writeln!(
+                    text,
+                    "  at that cap    {}",
+                    if calls == 0 {
+                        "no backend call for memory after the first warm pass".to_string()
+                    } else {
+                        format!("up to {calls} backend calls for memory in each later warm pass")
+                    }
+                );
+                let _ = writeln!(
+                    text,
+                    "  uncapped       reserves {} ({:.3}x live)",
+                    report::format_bytes(f.unconstrained_reserved_bytes),
+                    f.unconstrained_reserved_bytes as f64 / live.max(1) as f64
+                );
             }
             print(&text)
         }

@@ -29,6 +29,46 @@ fn replay_json_has_the_promised_keys() {
 }
 
 #[test]
+fn fit_finds_a_cap_for_each_segment_kind() {
+    let (code, out, err) = vramscope(&["fit", &fixture("resnet_train.trace.json"), "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    for kind in ["virtual", "cumemalloc"] {
+        let f = &v["segments"][kind];
+        let (live, fits, fails) =
+            (f["peak_live_bytes"].as_u64().unwrap(), f["fits"].as_u64().unwrap(), f["fails"].as_u64().unwrap());
+        assert!(fails < fits && fits >= live, "{kind}: {f}");
+        assert!(fits - fails <= (live / 1000).max(1 << 20), "bisected to 0.1%: {f}");
+        // Replayed under each cap: it runs at `fits` and runs out of memory at `fails`.
+        let pages = kind == "virtual";
+        for (cap, runs) in [(fits, true), (fails, false)] {
+            let conf =
+                format!("release_pages:{pages},per_process_memory_fraction:{:?}", cap as f64 / (80u64 << 30) as f64);
+            let (code, _, err) = vramscope(&[
+                "replay",
+                &fixture("resnet_train.trace.json"),
+                "--backend",
+                "sim-cuda",
+                "--warm",
+                "2",
+                "--capacity",
+                "80GiB",
+                "--config",
+                &conf,
+            ]);
+            assert_eq!(code == 0, runs, "{kind} under {cap}: {err}");
+            if !runs {
+                assert!(err.contains("out of memory") && err.contains("may reserve"), "{err}");
+            }
+        }
+    }
+    let (code, out, err) = vramscope(&["fit", &fixture("resnet_train.trace.json")]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("virtual segments (the default)") && out.contains("cuMemAlloc segments"), "{out}");
+    assert!(out.contains("  fits in        ") && out.contains("x live); out of memory at"), "{out}");
+}
+
+#[test]
 fn replay_text_on_the_host_backend() {
     let (code, out, err) = vramscope(&["replay", &fixture("leaky_train.trace.json"), "--backend", "host"]);
     assert_eq!(code, 0, "{err}");

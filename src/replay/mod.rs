@@ -17,8 +17,10 @@
 //! # Ok::<(), vramscope::Error>(())
 //! ```
 
+mod fit;
 mod trace;
 
+pub use fit::{smallest_cap, Fit};
 pub use trace::{Trace, TraceEvent, TraceOp};
 
 use crate::alloc::{Buffer, CachingAllocator, MemoryStats, Stream};
