@@ -234,6 +234,10 @@ fn smallest_cap_lies_between_the_live_peak_and_the_device() {
         // A device smaller than the trace's live peak: the replay's own error, not a panic.
         let e = vramscope::replay::smallest_cap(&trace, &config, 64 << 20, &opts).unwrap_err();
         assert!(e.to_string().contains("out of memory"), "{e}");
+        // A trace that reserves nothing fits in nothing.
+        let empty = Trace::from_bytes(br#"{"events":[]}"#, "empty").unwrap();
+        let fit = vramscope::replay::smallest_cap(&empty, &config, 1 << 30, &opts).unwrap();
+        assert_eq!((fit.fits, fit.fails, fit.unconstrained_reserved_bytes), (0, 0, 0));
     }
 }
 

@@ -595,6 +595,10 @@ fn run(cli: Cli) -> Result<(), Failure> {
             for (pages, f) in &fits {
                 let kind = if *pages { "virtual segments (the default)" } else { "cuMemAlloc segments" };
                 let _ = writeln!(text, "{kind}");
+                if f.fits == 0 {
+                    let _ = writeln!(text, "  fits in        0 B: the trace reserves no memory");
+                    continue;
+                }
                 let _ = writeln!(
                     text,
                     "  fits in        {} B ({}, {:.3}x live); out of memory at {} B",

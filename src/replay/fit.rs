@@ -23,7 +23,7 @@ pub struct Fit {
     /// The smallest cap tried under which every pass ran.
     pub fits: u64,
     /// The largest cap tried under which a pass ran out of memory (the peak of live bytes
-    /// less one where none below `fits` was tried).
+    /// less one where none below `fits` was tried; 0 for a trace that reserves nothing).
     pub fails: u64,
     /// Backend calls for memory in each warm pass under `fits`: the price of fitting that
     /// tight (pages mapped and unmapped, segments reserved and released, pass after pass).
@@ -78,6 +78,17 @@ pub fn smallest_cap(
     };
     let free = attempt(None)?;
     let live = free.peak_live_bytes;
+    if free.peak_reserved_bytes == 0 {
+        // Nothing to fit (no allocation, or only empty ones).
+        let calls = free.warm_device_calls.clone();
+        return Ok(Fit {
+            peak_live_bytes: live,
+            unconstrained_reserved_bytes: 0,
+            fits: 0,
+            fails: 0,
+            warm_device_calls: calls,
+        });
+    }
     let step = (live / 1000).max(1 << 20);
     let (mut lo, mut hi) = (live.saturating_sub(1), free.peak_reserved_bytes);
     // Capped, the allocator may need more than it reserved uncapped (the soft limit cannot
