@@ -8,6 +8,11 @@ use vramscope::{
 
 const MIB: u64 = 1 << 20;
 
+/// An allocator configured by `conf` (`VRAMSCOPE_ALLOC_CONF` form) on a 1 GiB sim.
+fn on_sim(conf: &str) -> CachingAllocator {
+    CachingAllocator::with_config(SimBackend::new(1 << 30), AllocatorConfig::parse(conf).unwrap()).unwrap()
+}
+
 /// An allocator that caches exactly like PyTorch's (no fragmentation limit).
 fn pytorch_like(capacity: u64) -> CachingAllocator {
     let config = AllocatorConfig::parse("fragmentation_limit:off,expandable_segments:False").unwrap();
@@ -48,8 +53,7 @@ fn requests_round_to_512_and_pools_split_at_1_mib() {
 #[test]
 fn the_fragmentation_limit_gives_cache_back_before_growing() {
     // Segments that cannot grow in place (as `cuMemAlloc`'s): see the next test for those that can.
-    let config = AllocatorConfig::parse("release_pages:false").unwrap();
-    let alloc = CachingAllocator::with_config(SimBackend::new(1 << 30), config).unwrap();
+    let alloc = on_sim("release_pages:false");
     let s = alloc.default_stream();
     // A new peak is reserved exactly: no 20 MiB segment for a 3 MiB request.
     let a = alloc.alloc::<u8>(&s, 3 * MIB as usize).unwrap();
@@ -313,8 +317,7 @@ fn large_requests_get_their_own_segment_size() {
 
 #[test]
 fn roundup_power2_divisions_rounds_like_pytorch() {
-    let config = AllocatorConfig::parse("roundup_power2_divisions:4,fragmentation_limit:off").unwrap();
-    let alloc = CachingAllocator::with_config(SimBackend::new(1 << 30), config).unwrap();
+    let alloc = on_sim("roundup_power2_divisions:4,fragmentation_limit:off");
     let s = alloc.default_stream();
     // 1200 KiB lies between 1 MiB and 2 MiB: divisions of 256 KiB, so 1280 KiB.
     let a = alloc.alloc::<u8>(&s, 1200 << 10).unwrap();
@@ -342,8 +345,7 @@ fn merging_restores_whole_segments() {
 #[test]
 fn max_split_size_keeps_oversize_blocks_whole() {
     // Segments that do not grow, no soft limit: PyTorch's rules hold throughout.
-    let config = AllocatorConfig::parse("max_split_size_mb:32,fragmentation_limit:off,release_pages:false").unwrap();
-    let alloc = CachingAllocator::with_config(SimBackend::new(1 << 30), config).unwrap();
+    let alloc = on_sim("max_split_size_mb:32,fragmentation_limit:off,release_pages:false");
     let s = alloc.default_stream();
     drop(alloc.alloc::<u8>(&s, 64 * MIB as usize).unwrap());
     // A small request must not take the cached 64 MiB block.
@@ -363,8 +365,7 @@ fn max_non_split_rounding_lets_oversize_requests_take_larger_blocks_whole() {
     // 20 MiB of rounding and with 64 MiB.
     for (rounding, segments) in [("", 2), (",max_non_split_rounding_mb:64", 1)] {
         let conf = format!("max_split_size_mb:32,fragmentation_limit:off,release_pages:false{rounding}");
-        let alloc =
-            CachingAllocator::with_config(SimBackend::new(1 << 30), AllocatorConfig::parse(&conf).unwrap()).unwrap();
+        let alloc = on_sim(&conf);
         let s = alloc.default_stream();
         drop(alloc.alloc::<u8>(&s, 128 * MIB as usize).unwrap());
         // 80 MiB is 48 MiB smaller than the cached block: beyond 20 MiB, within 64.
@@ -385,8 +386,7 @@ fn max_split_size_gives_way_over_the_soft_limit() {
     // then one with room for a new segment.
     for (limit, segments) in [("1.05", 1), ("2", 3)] {
         let conf = format!("max_split_size_mb:32,release_pages:false,fragmentation_limit:{limit}");
-        let alloc =
-            CachingAllocator::with_config(SimBackend::new(1 << 30), AllocatorConfig::parse(&conf).unwrap()).unwrap();
+        let alloc = on_sim(&conf);
         let s = alloc.default_stream();
         drop(alloc.alloc::<u8>(&s, 64 * MIB as usize).unwrap());
         // PyTorch's rules keep the cached 64 MiB block from a 2 MiB request and from a 40 MiB
@@ -408,8 +408,7 @@ fn max_split_size_gives_way_over_the_soft_limit() {
 #[test]
 fn max_split_size_does_not_apply_where_segments_grow() {
     // One stream on a backend that maps pages: its large segment grows in place.
-    let config = AllocatorConfig::parse("max_split_size_mb:32").unwrap();
-    let alloc = CachingAllocator::with_config(SimBackend::new(1 << 30), config).unwrap();
+    let alloc = on_sim("max_split_size_mb:32");
     let s = alloc.default_stream();
     drop(alloc.alloc::<u8>(&s, 64 * MIB as usize).unwrap());
     // The range's free 64 MiB serves a small request and then a large one, split as PyTorch's

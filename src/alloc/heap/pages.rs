@@ -71,12 +71,12 @@ impl Heap {
     /// Reserved bytes above which the allocator reclaims before growing: never above its cap,
     /// so that reclaiming gives back what the cap would refuse before the cap refuses it.
     pub(super) fn soft_limit(&self, backend: &dyn Backend, size: u64) -> u64 {
-        let allowed = self.cap.unwrap_or_else(|| backend.total_memory());
         let mut limit = self.cap.unwrap_or(u64::MAX);
         if let Some(f) = self.limit_factor {
             limit = limit.min(self.factor_limit(f, size));
         }
         if let Some(t) = self.config.garbage_collection_threshold {
+            let allowed = self.cap.unwrap_or_else(|| backend.total_memory());
             limit = limit.min((allowed as f64 * t) as u64);
         }
         limit
