@@ -424,7 +424,9 @@ impl Heap {
             self.unindex_free(i);
             if unmapped {
                 if let Err(e) = self.ensure_mapped(backend, i, addr, len) {
-                    self.index_free(i);
+                    // Back among the free blocks, merged: a refusal releases the cache first,
+                    // which completes pending frees, and a neighbour may be free now.
+                    self.merge_free(i);
                     return Err(e);
                 }
             }
