@@ -184,7 +184,9 @@ fn unseen_traces_settle_by_the_third_warm_pass() {
 /// more (issue 22's target for the kind that is not the default) and segments that grow in
 /// place at most as much, but on two traces, which the GPU measured missing it and which are
 /// held here to no more than it measured: `activation_offload` (1.0225 against PyTorch's
-/// 1.0162) and `grad_buckets_streams` (1.0720 against PyTorch's 1.0606 on its streams).
+/// 1.0162) and `grad_buckets_streams` (1.0720 against PyTorch's 1.0606 on its streams; 1.0658
+/// since no hole is unmapped on several streams, measured on the H200 too:
+/// `...-h200-no-hole-streams.log`).
 #[test]
 fn fresh_traces_settle_by_the_third_warm_pass() {
     // (name, better of PyTorch's and the pool's peak, what virtual segments reserved where they
@@ -192,7 +194,7 @@ fn fresh_traces_settle_by_the_third_warm_pass() {
     for (name, best, missed) in [
         ("activation_offload", 1.0162, Some(1.0225)),
         ("clip_contrastive", 1.1662, None),
-        ("grad_buckets_streams", 1.0606, Some(1.0720)),
+        ("grad_buckets_streams", 1.0606, Some(1.0658)),
         ("lora_finetune", 1.1496, None),
         ("paged_kv_serving", 1.1662, None),
         ("recsys_sparse", 1.0244, None),

@@ -495,7 +495,7 @@ impl Heap {
             .segment_size(size)
             .ok_or_else(|| Error::from(InvalidRequest::RoundingOverflow { requested, to: Rounding::Segment }))?;
         let exact = size.next_multiple_of(self.page);
-        self.note_regrowth(size, size, seg_size);
+        self.note_regrowth(size, seg_size);
         self.grows += 1;
         if self.grows.is_multiple_of(IDLE_GROWS) {
             // The block freed last merges here; a hand-off takes the merged segment over.
