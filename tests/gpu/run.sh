@@ -57,7 +57,7 @@ for round in $(seq "${ROUNDS:-3}"); do
     done; done
   done
   echo "== torch_replay.py $round"
-  timeout 300 python3 torch_replay.py traces 2>&1 | grep -v Warning | tail -20
+  timeout 300 python3 torch_replay.py traces 2>&1 | grep -v Warning | tail -n 200
   # The traces on several streams, through PyTorch and the pool on those streams.
   [ -f torch_streams.py ] && timeout 120 python3 torch_streams.py traces 2>&1 | grep -v Warning
 done
