@@ -127,13 +127,12 @@ impl Heap {
     /// last peak: a loop that churns again after a raise needs more headroom than the raise
     /// gave, and geometric steps reach it in few churns), up to `fragmentation_limit_max`.
     ///
-    /// Compared by the request's size. From 2026-11-27 to the rule that no hole is unmapped on
-    /// several streams ([`Heap::reclaim`]), a request of a stream that shared the heap was
-    /// compared by the pages it lacked: a hole a reclaim had unmapped often merged with
-    /// neighbours freed since, and the request that mapped those pages again was larger than
-    /// any piece given back (BENCHMARKS.md, "Churn in a hole that merged"). With no hole
-    /// unmapped there, that comparison made no decision differ on 986 replays of fixture and
-    /// random traces, and went.
+    /// The request is compared by its size. Until no hole was unmapped on several streams
+    /// ([`Heap::reclaim`]), a request of a stream that shared the heap was compared by the
+    /// pages it lacked: a hole a reclaim had unmapped often merged with neighbours freed since,
+    /// and the request that mapped those pages again was larger than any piece given back
+    /// (BENCHMARKS.md, "Churn in a hole that merged"). With no hole unmapped there, that
+    /// comparison changed no decision in 986 replays of fixture and random traces, and went.
     pub(super) fn note_regrowth(&mut self, size: u64, need: u64) {
         if size > self.released_since_peak || self.stats.allocated_bytes.current() + size > self.limit_peak {
             return;
@@ -183,10 +182,9 @@ impl Heap {
 
     /// Gives cached memory back until `reserved + need <= limit` or nothing is left to give:
     /// whole free segments first (smallest first), then, with `alone`, the pages under free
-    /// holes. With
-    /// `exact` (`need` is exactly the pages the request lacks: a growth in place or a block's
-    /// unmapped pages, not a new segment's rounded size), what reserved would have had to
-    /// reach to give nothing back is kept for [`Heap::note_regrowth`].
+    /// holes. With `exact` (`need` is exactly the pages the request lacks: a growth in place or
+    /// a block's unmapped pages, not a new segment's rounded size), what reserved would have
+    /// had to reach to give nothing back is kept for [`Heap::note_regrowth`].
     ///
     /// In proportion to the request: for a request that needs more than a small segment, no
     /// segment of the small pool is released; with `alone` (the request's stream holds every
