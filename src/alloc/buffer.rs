@@ -93,6 +93,11 @@ impl<T: Pod> Buffer<T> {
     /// # Safety
     ///
     /// The buffer must have been counted in its allocator's live buffers (see `Locked`).
+    ///
+    /// `lent`: the block lies in another stream's segment (the heap lent it): its free must
+    /// order the owner after this buffer's stream, which the heap sees to, so it is never
+    /// parked (`USED_ELSEWHERE`). Passed here rather than set on the built buffer, which kept
+    /// the buffer on the stack and copied it out, a store-forwarding stall on every allocation.
     pub(crate) unsafe fn new(
         shared: NonNull<Shared>,
         block: BlockId,
@@ -100,6 +105,7 @@ impl<T: Pod> Buffer<T> {
         len: usize,
         stream: Stream,
         class: BlockClass,
+        lent: bool,
     ) -> Self {
         Buffer {
             shared,
@@ -112,7 +118,8 @@ impl<T: Pod> Buffer<T> {
                 if class.size / MIN_UNIT > u64::from(u32::MAX) { UNPARKABLE } else { 0 }
                     | if class.pool == super::Pool::Large { LARGE } else { 0 }
                     | if class.oversize { OVERSIZE } else { 0 }
-                    | if class.reusable { REUSABLE } else { 0 },
+                    | if class.reusable { REUSABLE } else { 0 }
+                    | if lent { USED_ELSEWHERE } else { 0 },
             ),
             #[cfg(feature = "cuda-backend")]
             cuda_stream: std::sync::OnceLock::new(),
@@ -317,12 +324,6 @@ impl<T> Buffer<T> {
         if stream != self.stream.id {
             self.flags.fetch_or(USED_ELSEWHERE, Ordering::Relaxed);
         }
-    }
-
-    /// The block lies in another stream's segment (the heap lent it): its free must order the
-    /// owner after this buffer's stream, which the heap sees to, so it is never parked.
-    pub(crate) fn lent(&self) {
-        self.flags.fetch_or(USED_ELSEWHERE, Ordering::Relaxed);
     }
 
     /// What parking its block needs, unless the heap must see its free.

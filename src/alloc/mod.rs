@@ -488,7 +488,7 @@ impl CachingAllocator {
                     Arc::increment_strong_count(Arc::as_ptr(&self.shared))
                 };
                 // SAFETY: the parked block was counted in `buffers` when its buffer was made.
-                return Ok(unsafe { Buffer::new(shared, p.block, p.addr, len, *stream, p.class) });
+                return Ok(unsafe { Buffer::new(shared, p.block, p.addr, len, *stream, p.class, false) });
             }
         }
         let wants_slot = self.shared.wants_slot(may_park);
@@ -548,11 +548,7 @@ impl CachingAllocator {
         Ok(match grant {
             Some(g) => {
                 // SAFETY: the buffer was counted in `buffers` above, with `keepalive` set.
-                let buf = unsafe { Buffer::new(shared, g.block, g.addr, len, *stream, g.class) };
-                if g.lent {
-                    buf.lent();
-                }
-                buf
+                unsafe { Buffer::new(shared, g.block, g.addr, len, *stream, g.class, g.lent) }
             }
             // SAFETY: as above.
             None => unsafe { Buffer::empty(shared, *stream) },
