@@ -80,13 +80,12 @@ pub fn smallest_cap(
     let live = free.peak_live_bytes;
     if free.peak_reserved_bytes == 0 {
         // Nothing to fit (no allocation, or only empty ones).
-        let calls = free.warm_device_calls.clone();
         return Ok(Fit {
             peak_live_bytes: live,
             unconstrained_reserved_bytes: 0,
             fits: 0,
             fails: 0,
-            warm_device_calls: calls,
+            warm_device_calls: free.warm_device_calls,
         });
     }
     let step = (live / 1000).max(1 << 20);
