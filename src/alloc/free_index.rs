@@ -413,11 +413,38 @@ impl FreeIndex {
         }
     }
 
-    fn best_in(&self, mut next: Option<BlockId>, size: u64) -> Option<(BlockId, u64)> {
+    /// What [`FreeIndex::find`] would return with block `except` out of the index: the
+    /// heap's second choice when its best fit is the free end of a segment that grows in
+    /// place (see `Heap::find_free`).
+    pub(crate) fn find_except(&self, pool: usize, stream: u32, size: u64, except: BlockId) -> Option<(BlockId, u64)> {
+        let bins = self.bins.get(stream as usize * 2 + pool)?.as_ref()?;
+        let mut c = class_of(size);
+        loop {
+            c = bins.next_nonempty(c)?;
+            let head = bins.head(c).expect("a non-empty class has a head");
+            if c < EXACT_CLASSES {
+                let first = if head == except { self.entries[head.index()].next } else { Some(head) };
+                if let Some(b) = first {
+                    return Some((b, self.entries[b.index()].size));
+                }
+            } else if let Some(best) = self.best_in_except(Some(head), size, Some(except)) {
+                return Some(best);
+            }
+            c += 1;
+        }
+    }
+
+    fn best_in(&self, next: Option<BlockId>, size: u64) -> Option<(BlockId, u64)> {
+        self.best_in_except(next, size, None)
+    }
+
+    /// The smallest block of at least `size` bytes in the class list starting at `next`, the
+    /// lowest key among equals, other than `except`.
+    fn best_in_except(&self, mut next: Option<BlockId>, size: u64, except: Option<BlockId>) -> Option<(BlockId, u64)> {
         let mut best: Option<(u64, u64, BlockId)> = None;
         while let Some(i) = next {
             let e = &self.entries[i.index()];
-            if e.size >= size && best.is_none_or(|(s, k, _)| (e.size, e.key) < (s, k)) {
+            if e.size >= size && Some(i) != except && best.is_none_or(|(s, k, _)| (e.size, e.key) < (s, k)) {
                 best = Some((e.size, e.key, i));
             }
             next = e.next;
@@ -593,6 +620,29 @@ mod tests {
             assert!(ix.remove(id(b)));
         }
         assert!(ix.occupied(0).is_empty() && ix.occupied(1).is_empty());
+    }
+
+    proptest::proptest! {
+        /// `find_except(.., b)` answers as `find` does once `b` is out of the index, in exact
+        /// and log-spaced classes alike.
+        #[test]
+        fn find_except_is_find_without_the_block(
+            sizes in proptest::collection::vec((1u64..5000, 0u64..4), 1..40),
+            want in 1u64..5000,
+            except in 0usize..40,
+        ) {
+            let mut ix = FreeIndex::new();
+            // Units of 512 bytes, some scaled past the exact classes (1 MiB).
+            let size = |(u, scale): (u64, u64)| (u << 9) << (scale * 3);
+            for (i, &s) in sizes.iter().enumerate() {
+                ix.insert(id(i as u32), 1, 0, size(s), (i as u64 * 7919) % 101, Flags::default());
+            }
+            let except = id((except % sizes.len()) as u32);
+            let want = want << 9;
+            let got = ix.find_except(1, 0, want, except);
+            assert!(ix.remove(except));
+            proptest::prop_assert_eq!(got, ix.find(1, 0, want));
+        }
     }
 
     #[test]

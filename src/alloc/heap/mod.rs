@@ -392,10 +392,16 @@ impl Heap {
         Ok(Grant { block, addr, class, lent: b_stream != stream })
     }
 
-    /// Best fit among the free blocks of `pool` on `stream`; with `keep_oversize`, none that
-    /// PyTorch's `max_split_size` rules keep from this request ([`Heap::keeps_oversize`]).
+    /// Best fit among the free blocks of `pool` on `stream`, the free end of a segment that
+    /// grows in place last ([`Heap::is_wilderness`]); with `keep_oversize`, none that PyTorch's
+    /// `max_split_size` rules keep from this request ([`Heap::keeps_oversize`]).
     pub(super) fn find_free(&self, pool: Pool, stream: StreamId, size: u64, keep_oversize: bool) -> Option<BlockId> {
-        let (block, found) = self.free.find(pool as usize, stream.0, size)?;
+        let (mut block, mut found) = self.free.find(pool as usize, stream.0, size)?;
+        if self.is_wilderness(block, stream) {
+            if let Some(hole) = self.free.find_except(pool as usize, stream.0, size, block) {
+                (block, found) = hole;
+            }
+        }
         if keep_oversize && self.keeps_oversize(block, found, size) {
             return None;
         }
@@ -1241,6 +1247,40 @@ mod tests {
         assert_ne!(h.blocks[other.block].segment, seg);
         let g = h.alloc(&sim, s, 512, None).unwrap();
         assert_eq!(h.segments[h.blocks[g.block].segment].pool, Pool::Small);
+        crate::alloc::heap::check_heap(&h).unwrap();
+    }
+
+    #[test]
+    fn the_free_end_of_a_growing_range_is_taken_last() {
+        let (mut h, sim) = heap("fragmentation_limit:off");
+        let s = StreamId(0);
+        // A 12 MiB hole at the start of the range, then 1.5 MiB in use, then a free end of
+        // 0.5 MiB (the range grew by a whole page for the 1.5 MiB).
+        let a = h.alloc(&sim, s, 12 << 20, None).unwrap();
+        let b = h.alloc(&sim, s, 3 << 19, None).unwrap();
+        h.free(&sim, a.block, None);
+        h.settle();
+        let end = h.blocks[b.block].next.expect("a free end");
+        assert_eq!((h.blocks[end].state, h.blocks[end].size), (BlockState::Free, 1 << 19));
+        assert!(h.is_wilderness(end, s));
+        // 256 KiB fit the free end best, but the hole serves it: the end stays whole.
+        let c = h.alloc(&sim, s, 1 << 18, None).unwrap();
+        assert_eq!(c.addr, a.addr, "the hole, not the free end");
+        assert_eq!(h.blocks[end].size, 1 << 19);
+        // With nothing else that fits, the free end serves.
+        let d = h.alloc(&sim, s, 13 << 20, None).unwrap();
+        assert_eq!(d.addr, b.addr + (3 << 19), "the free end, grown by what it lacked");
+        crate::alloc::heap::check_heap(&h).unwrap();
+        // Once another stream holds a large segment nothing grows: best fit takes the end (for
+        // a large request; small ones go to the small pool then).
+        let s1 = h.add_stream(sim.create_stream().unwrap()).unwrap();
+        let _other = h.alloc(&sim, s1, 3 << 20, None).unwrap();
+        let end = h.blocks[d.block].next.expect("a free end");
+        assert!(!h.is_wilderness(end, s));
+        let hole = h.blocks[c.block].next.expect("the hole's rest");
+        assert!(h.blocks[hole].size > h.blocks[end].size, "the hole is larger");
+        let e = h.alloc(&sim, s, 5 << 18, None).unwrap();
+        assert_eq!(e.addr, d.addr + (13 << 20), "best fit: the free end");
         crate::alloc::heap::check_heap(&h).unwrap();
     }
 
