@@ -177,19 +177,28 @@ fn a_growth_the_backend_refuses_becomes_a_new_segment() {
     drop(c);
 }
 
+/// One range grows at a time: another stream's large segment, reserved without room, does not
+/// stop the first stream's range from growing in place, and that stream's own requests get
+/// segments of their own.
 #[test]
-fn streams_that_share_large_memory_do_not_grow_segments() {
+fn one_range_grows_while_other_streams_hold_segments() {
     let alloc = CachingAllocator::new(SimBackend::new(1 << 30));
     let (s, t) = (alloc.default_stream(), alloc.new_stream().unwrap());
     let a = alloc.alloc::<u8>(&s, 3 * MIB as usize).unwrap();
     let other = alloc.alloc::<u8>(&t, 3 * MIB as usize).unwrap();
-    drop(a);
-    // Another stream holds a large segment: a new segment, as without growth.
+    assert_eq!(alloc.stats().num_device_alloc, 2);
+    // The range of `s` grows by what its free end lacks: a map, no new segment.
     let b = alloc.alloc::<u8>(&s, 6 * MIB as usize).unwrap();
     let st = alloc.stats();
-    assert_eq!((st.num_device_alloc, st.num_device_map), (3, 0), "{st:#?}");
+    assert_eq!((st.num_device_alloc, st.num_device_map), (2, 1), "{st:#?}");
+    assert_eq!(b.device_ptr(), a.device_ptr() + 3 * MIB, "in the range, after `a`");
+    // `t` does not grow its segment: a new one.
+    let more = alloc.alloc::<u8>(&t, 30 * MIB as usize).unwrap();
+    let st = alloc.stats();
+    assert_eq!((st.num_device_alloc, st.num_device_map), (3, 1), "{st:#?}");
     alloc.check_invariants().unwrap();
-    drop((b, other));
+    drop((a, b, other, more));
+    alloc.check_invariants().unwrap();
 }
 
 #[test]

@@ -108,7 +108,7 @@ pub struct AllocatorConfig {
     pub fragmentation_limit_max: LimitMax,
     /// Where the backend can map and unmap pages (CUDA's virtual-memory segments, the sim),
     /// give back the pages under free holes inside segments when reclaiming, and let a large
-    /// segment grow in place while one stream holds the large segments, as PyTorch's
+    /// segment grow in place (one stream's at a time), as PyTorch's
     /// expandable segments do (see the crate docs, "How the allocator works"). Default: `true`.
     pub release_pages: bool,
 }

@@ -270,6 +270,7 @@ mod tests {
             grown_at_page: Vec::new(),
             page_shift: page.trailing_zeros(),
             room: 1 << 40,
+            growable: true,
             unmapped_pages: Vec::new(),
             mapped: size,
             live: true,

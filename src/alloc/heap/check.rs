@@ -70,6 +70,18 @@ pub(crate) fn check_heap(heap: &Heap) -> std::result::Result<(), String> {
             "segments per stream and pool {kept:?} (in the statistics {counted:?}), recounted {held:?}"
         ));
     }
+    // And those that say which stream's range may grow beside other streams' segments.
+    let mut growable = vec![0u32; heap.streams.len()];
+    for (_, seg) in heap.segments.iter().filter(|(_, s)| s.live && s.growable) {
+        growable[seg.stream.index()] += 1;
+    }
+    let kept: Vec<u32> = heap.streams.iter().map(|s| s.growable).collect();
+    if growable != kept || growable.iter().sum::<u32>() != heap.growable {
+        return Err(format!(
+            "segments reserved to grow per stream {kept:?} (in all {}), recounted {growable:?}",
+            heap.growable
+        ));
+    }
     ranges.sort_unstable();
     for w in ranges.windows(2) {
         if w[0].1 > w[1].0 {

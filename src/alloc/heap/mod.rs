@@ -135,6 +135,9 @@ pub(crate) struct Segment {
     pub(crate) page_shift: u32,
     /// Addresses reserved after the segment's end that it may grow into (0: none).
     pub(crate) room: u64,
+    /// Whether the segment was reserved with room to grow in place (counted in
+    /// [`StreamSlot::growable`] while live; see [`Heap::may_grow_in_place`]).
+    pub(crate) growable: bool,
     /// One bit per granule: set when unmapped.
     pub(crate) unmapped_pages: Vec<u64>,
     pub(crate) mapped: u64,
@@ -168,6 +171,9 @@ pub(crate) struct Heap {
     /// Requests that found no cached block (segments reserved or adopted): the clock that
     /// tells idle streams.
     grows: u64,
+    /// Live segments reserved with room to grow in place, of every stream
+    /// ([`StreamSlot::growable`] summed; kept by [`Heap::note`]).
+    growable: u32,
     /// The next segment's place in reservation order ([`Segment::order`]).
     next_order: u64,
     /// Whole free segments of streams found idle at the last sweep, for other streams to adopt
@@ -281,6 +287,7 @@ impl Heap {
             pending: Vec::new(),
             streams: vec![StreamSlot::new(0)],
             grows: 0,
+            growable: 0,
             next_order: 0,
             adoptable: Vec::new(),
             stats,
@@ -606,6 +613,7 @@ impl Heap {
             grown_at_page: Vec::new(),
             page_shift: self.page.trailing_zeros(),
             room,
+            growable: room > 0,
             unmapped_pages: vec![0; size.div_ceil(granule).div_ceil(64) as usize],
             mapped: size,
             live: true,
@@ -613,7 +621,7 @@ impl Heap {
         let s = self.new_segment(seg);
         let b = self.new_block(Block::fresh(addr, size, s, pool, stream, None));
         self.segments[s].head = Some(b);
-        self.note(Note::SegmentReserved { addr, size, pool, stream });
+        self.note(Note::SegmentReserved { addr, size, pool, stream, growable: room > 0 });
         // Indexed so that `take` can unindex it like any cached block.
         self.index_free(b);
         b
@@ -1271,16 +1279,21 @@ mod tests {
         let d = h.alloc(&sim, s, 13 << 20, None).unwrap();
         assert_eq!(d.addr, b.addr + (3 << 19), "the free end, grown by what it lacked");
         crate::alloc::heap::check_heap(&h).unwrap();
-        // Once another stream holds a large segment nothing grows: best fit takes the end (for
-        // a large request; small ones go to the small pool then).
+        // Another stream's large segment is reserved without room, and the range still grows:
+        // its free end is still taken last (for a large request; small ones go to the small
+        // pool once another stream holds a segment).
         let s1 = h.add_stream(sim.create_stream().unwrap()).unwrap();
-        let _other = h.alloc(&sim, s1, 3 << 20, None).unwrap();
+        let other = h.alloc(&sim, s1, 3 << 20, None).unwrap();
+        assert_eq!(h.segments[h.blocks[other.block].segment].room, 0);
         let end = h.blocks[d.block].next.expect("a free end");
-        assert!(!h.is_wilderness(end, s));
+        assert!(h.is_wilderness(end, s) && h.may_grow_in_place(Pool::Large, s));
+        assert!(!h.may_grow_in_place(Pool::Large, s1), "one range grows at a time");
+        let other_end = h.blocks[other.block].next.expect("the rest of its segment");
+        assert!(!h.is_wilderness(other_end, s1), "a segment without room has no wilderness");
         let hole = h.blocks[c.block].next.expect("the hole's rest");
         assert!(h.blocks[hole].size > h.blocks[end].size, "the hole is larger");
         let e = h.alloc(&sim, s, 5 << 18, None).unwrap();
-        assert_eq!(e.addr, d.addr + (13 << 20), "best fit: the free end");
+        assert_eq!(e.addr, c.addr + (1 << 18), "the hole, not the free end");
         crate::alloc::heap::check_heap(&h).unwrap();
     }
 

@@ -22,13 +22,13 @@ pub(super) enum Note {
     /// A free block that shares its segment with others starts (`true`) or stops being one:
     /// the inactive-split counters.
     SplitFree { size: u64, pool: Pool, counted: bool },
-    /// A segment was reserved from the backend.
-    SegmentReserved { addr: u64, size: u64, pool: Pool, stream: StreamId },
+    /// A segment was reserved from the backend (`growable`: with room to grow in place).
+    SegmentReserved { addr: u64, size: u64, pool: Pool, stream: StreamId, growable: bool },
     /// A segment was given back to the backend, `mapped` bytes of it still mapped.
-    SegmentReleased { addr: u64, size: u64, mapped: u64, pool: Pool, stream: StreamId },
+    SegmentReleased { addr: u64, size: u64, mapped: u64, pool: Pool, stream: StreamId, growable: bool },
     /// A cached segment moved from stream `from` to stream `to` (no backend call): it leaves
     /// one stream and joins the other in the history, as a replay of the trace would see it.
-    SegmentAdopted { addr: u64, size: u64, pool: Pool, from: StreamId, to: StreamId },
+    SegmentAdopted { addr: u64, size: u64, pool: Pool, from: StreamId, to: StreamId, growable: bool },
     /// Pages `[addr, addr + len)` of a segment were mapped (`true`) or unmapped.
     Pages { addr: u64, len: u64, pool: Pool, stream: StreamId, mapped: bool },
     /// A request failed for lack of memory, the device having `device_free` bytes free.
@@ -102,8 +102,10 @@ impl Heap {
                 st.inactive_split.dec(pool, 1);
                 st.inactive_split_bytes.dec(pool, size);
             }
-            Note::SegmentReserved { addr, size, pool, stream } => {
+            Note::SegmentReserved { addr, size, pool, stream, growable } => {
                 self.streams[stream.index()].segments[pool as usize] += 1;
+                self.streams[stream.index()].growable += u32::from(growable);
+                self.growable += u32::from(growable);
                 self.recorder.event(Action::SegmentAlloc, addr, size, stream.0, self.request_ctx);
                 st.num_device_alloc += 1;
                 st.segment.inc(pool, 1);
@@ -112,8 +114,10 @@ impl Heap {
                     self.stats.oversize_segments.inc(1);
                 }
             }
-            Note::SegmentReleased { addr, size, mapped, pool, stream } => {
+            Note::SegmentReleased { addr, size, mapped, pool, stream, growable } => {
                 self.streams[stream.index()].segments[pool as usize] -= 1;
+                self.streams[stream.index()].growable -= u32::from(growable);
+                self.growable -= u32::from(growable);
                 self.recorder.event(Action::SegmentFree, addr, size, stream.0, None);
                 st.num_device_free += 1;
                 st.segment.dec(pool, 1);
@@ -122,9 +126,11 @@ impl Heap {
                     self.stats.oversize_segments.dec(1);
                 }
             }
-            Note::SegmentAdopted { addr, size, pool, from, to } => {
+            Note::SegmentAdopted { addr, size, pool, from, to, growable } => {
                 self.streams[from.index()].segments[pool as usize] -= 1;
                 self.streams[to.index()].segments[pool as usize] += 1;
+                self.streams[from.index()].growable -= u32::from(growable);
+                self.streams[to.index()].growable += u32::from(growable);
                 self.recorder.event(Action::SegmentFree, addr, size, from.0, None);
                 self.recorder.event(Action::SegmentAlloc, addr, size, to.0, self.request_ctx);
                 st.num_segment_adoptions += 1;

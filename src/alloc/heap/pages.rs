@@ -277,8 +277,8 @@ impl Heap {
     fn move_segment(&mut self, s: SegmentId, from: StreamId, to: StreamId) -> super::Pool {
         let seg = &mut self.segments[s];
         seg.stream = to;
-        let (addr, size, pool) = (seg.addr, seg.size, seg.pool);
-        self.note(Note::SegmentAdopted { addr, size, pool, from, to });
+        let (addr, size, pool, growable) = (seg.addr, seg.size, seg.pool, seg.growable);
+        self.note(Note::SegmentAdopted { addr, size, pool, from, to, growable });
         pool
     }
 
@@ -474,9 +474,9 @@ impl Heap {
     /// refused.
     pub(super) fn release_segment_of(&mut self, backend: &dyn Backend, b: BlockId) -> bool {
         let s = self.blocks[b].segment;
-        let (addr, size, pool, mapped) = {
+        let (addr, size, pool, mapped, growable) = {
             let seg = &self.segments[s];
-            (seg.addr, seg.size, seg.pool, seg.mapped)
+            (seg.addr, seg.size, seg.pool, seg.mapped, seg.growable)
         };
         // SAFETY: `b` is free and indexed, so no buffer holds any of the segment (its only
         // block), and the segment is live, reserved from this backend with this size.
@@ -488,7 +488,7 @@ impl Heap {
         self.unindex_free(b);
         let stream = self.blocks[b].stream;
         self.drop_block(b);
-        self.note(Note::SegmentReleased { addr, size, mapped, pool, stream });
+        self.note(Note::SegmentReleased { addr, size, mapped, pool, stream, growable });
         let seg = &mut self.segments[s];
         seg.live = false;
         seg.unmapped_pages = Vec::new();

@@ -18,6 +18,9 @@ pub(crate) struct StreamSlot {
     pub(crate) last_alloc: u64,
     /// Live segments the stream holds, small pool and large (kept by [`Heap::note`]).
     pub(crate) segments: [u32; 2],
+    /// Of those, the ones reserved with room to grow in place ([`Segment::growable`], kept
+    /// by [`Heap::note`]).
+    pub(crate) growable: u32,
     /// Whether the stream borrowed a small block while it held no small segment (see
     /// [`Heap::may_borrow`]).
     pub(crate) borrowed_small: bool,
@@ -25,7 +28,7 @@ pub(crate) struct StreamSlot {
 
 impl StreamSlot {
     pub(crate) fn new(raw: RawStream) -> Self {
-        StreamSlot { raw, last_alloc: 0, segments: [0; 2], borrowed_small: false }
+        StreamSlot { raw, last_alloc: 0, segments: [0; 2], growable: 0, borrowed_small: false }
     }
 }
 
