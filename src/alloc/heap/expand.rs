@@ -79,8 +79,8 @@ impl Heap {
 
     /// Whether free block `block` is *wilderness* for a request on `stream`: the free end of a
     /// segment that `stream` may grow in place now. Best fit takes it only where no other free
-    /// block fits ([`Heap::find_free`]; Korn and Vo's "wilderness preservation", which Wilson
-    /// et al.'s survey of allocators found to help best fit).
+    /// block fits ([`Heap::find_free`]): the "wilderness preservation" that Korn and Vo named,
+    /// and the way dlmalloc treats its top chunk (as larger than any other free chunk).
     ///
     /// Why: the free end is the one block that serves any request, growing by what it lacks;
     /// a hole serves only the requests that fit it. A request that a hole would fit but that
