@@ -597,6 +597,7 @@ impl Heap {
     }
 
     fn add_segment(&mut self, pool: Pool, stream: StreamId, addr: u64, size: u64, room: u64) -> BlockId {
+        let growable = room > 0;
         let granule = if self.can_unmap { crate::backend::map_granule(size, self.page) } else { self.page };
         let order = self.next_order << ORDER_SHIFT;
         self.next_order = (self.next_order + 1) % (1 << (64 - ORDER_SHIFT));
@@ -613,7 +614,7 @@ impl Heap {
             grown_at_page: Vec::new(),
             page_shift: self.page.trailing_zeros(),
             room,
-            growable: room > 0,
+            growable,
             unmapped_pages: vec![0; size.div_ceil(granule).div_ceil(64) as usize],
             mapped: size,
             live: true,
@@ -621,7 +622,7 @@ impl Heap {
         let s = self.new_segment(seg);
         let b = self.new_block(Block::fresh(addr, size, s, pool, stream, None));
         self.segments[s].head = Some(b);
-        self.note(Note::SegmentReserved { addr, size, pool, stream, growable: room > 0 });
+        self.note(Note::SegmentReserved { addr, size, pool, stream, growable });
         // Indexed so that `take` can unindex it like any cached block.
         self.index_free(b);
         b
