@@ -93,7 +93,7 @@ fn snapshot_100k_history(bencher: Bencher) {
 /// trace); `vramscope replay` prints ns/op directly.
 #[divan::bench(args = ["resnet_train", "leaky_train"], sample_count = 30)]
 fn warm_replay_pass(bencher: Bencher, name: &str) {
-    let path = format!("{}/fixtures/torch/{name}.trace.json", env!("CARGO_MANIFEST_DIR"));
+    let path = format!("{}/fixtures/torch/{name}.trace.json.gz", env!("CARGO_MANIFEST_DIR"));
     let trace = Trace::from_file(path).unwrap();
     let alloc = allocator(RecordConfig::off());
     let mut opts = ReplayOptions::default();

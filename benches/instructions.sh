@@ -10,8 +10,8 @@ set -eu
 cd "$(dirname "$0")/.."
 BIN=${BIN:-target/release/vramscope}
 for t in "$@"; do
-  f=fixtures/torch/$t.trace.json
-  ops=$(python3 -c "import json,sys; print(len(json.load(open(sys.argv[1]))['events']))" "$f")
+  f=fixtures/torch/$t.trace.json.gz
+  ops=$(python3 -c "import gzip,json,sys; print(len(json.load(gzip.open(sys.argv[1]))['events']))" "$f")
   r=()
   for w in 4 12; do
     r+=("$(valgrind --tool=callgrind --callgrind-out-file=/dev/null --toggle-collect='*run_pass*' \

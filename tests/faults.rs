@@ -9,7 +9,7 @@ use vramscope::{
 };
 
 fn fixture(name: &str) -> Trace {
-    Trace::from_file(format!("{}/fixtures/torch/{name}.trace.json", env!("CARGO_MANIFEST_DIR"))).unwrap()
+    Trace::from_file(format!("{}/fixtures/torch/{name}.trace.json.gz", env!("CARGO_MANIFEST_DIR"))).unwrap()
 }
 
 /// Replays `trace` failing the requests `plan` names; checks the outcome and returns whether an

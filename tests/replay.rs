@@ -35,7 +35,7 @@ fn run_costly(trace: &Trace, config: &str, warm_passes: usize) -> vramscope::rep
 #[test]
 fn fixture_traces_meet_the_fragmentation_targets() {
     for (name, target) in [("resnet_train", 1.12), ("leaky_train", 1.08)] {
-        let json = Trace::from_file(fixture(&format!("{name}.trace.json"))).unwrap();
+        let json = Trace::from_file(fixture(&format!("{name}.trace.json.gz"))).unwrap();
         let pickle = Trace::from_file(fixture(&format!("{name}.snapshot.pickle"))).unwrap();
         assert_eq!(json.events, pickle.events, "{name}: the pickle's device_traces and the JSON trace agree");
         let r = run(&json, "");
@@ -50,9 +50,9 @@ fn fixture_traces_meet_the_fragmentation_targets() {
 #[test]
 fn pytorch_like_configuration_reproduces_pytorch_peaks() {
     let pytorch = "fragmentation_limit:off,expandable_segments:False";
-    let r = run(&Trace::from_file(fixture("resnet_train.trace.json")).unwrap(), pytorch);
+    let r = run(&Trace::from_file(fixture("resnet_train.trace.json.gz")).unwrap(), pytorch);
     assert_eq!(r.peak_reserved_bytes, 3_617_587_200);
-    let r = run(&Trace::from_file(fixture("leaky_train.trace.json")).unwrap(), pytorch);
+    let r = run(&Trace::from_file(fixture("leaky_train.trace.json.gz")).unwrap(), pytorch);
     assert_eq!(r.peak_reserved_bytes, 150_994_944);
     assert_eq!(r.warm_device_allocs, 0, "a PyTorch-like cache needs no new segment when warm");
 }
@@ -70,7 +70,7 @@ fn pytorch_like_configuration_reproduces_pytorch_peaks() {
 #[test]
 fn costly_segments_settle_without_warm_backend_calls() {
     for (name, pytorch, pool) in [("resnet_train", 1.209, 1.121), ("leaky_train", 1.082, 1.684)] {
-        let trace = Trace::from_file(fixture(&format!("{name}.trace.json"))).unwrap();
+        let trace = Trace::from_file(fixture(&format!("{name}.trace.json.gz"))).unwrap();
         for pages in [false, true] {
             let r = run_costly(&trace, &format!("release_pages:{pages}"), ReplayOptions::default().warm_passes);
             let limit = r.fragmentation_limit.unwrap();
@@ -108,7 +108,7 @@ fn every_new_trace_settles_within_one_warm_pass_where_segments_are_costly() {
         ("pipeline_streams", f64::INFINITY, f64::INFINITY),
         ("unet_diffusion", 1.226, 1.248),
     ] {
-        let trace = Trace::from_file(fixture(&format!("{name}.trace.json"))).unwrap();
+        let trace = Trace::from_file(fixture(&format!("{name}.trace.json.gz"))).unwrap();
         for pages in [false, true] {
             let r = run_costly(&trace, &format!("release_pages:{pages}"), 2);
             assert_eq!((r.warm_device_allocs, r.warm_device_maps), (0, 0), "{name}, pages {pages}: {r:?}");
@@ -125,7 +125,7 @@ fn every_new_trace_settles_within_one_warm_pass_where_segments_are_costly() {
 /// segments that grow in place the peak is at most the better of PyTorch's and the pool's.
 fn settle_by_the_third_warm_pass(traces: &[(&str, f64, f64)]) {
     for &(name, pytorch, pool) in traces {
-        let trace = Trace::from_file(fixture(&format!("{name}.trace.json"))).unwrap();
+        let trace = Trace::from_file(fixture(&format!("{name}.trace.json.gz"))).unwrap();
         for pages in [false, true] {
             let r = run_costly(&trace, &format!("release_pages:{pages}"), 3);
             assert_eq!((r.warm_device_allocs, r.warm_device_maps), (0, 0), "{name}, pages {pages}: {r:?}");
@@ -214,7 +214,7 @@ fn fresh_traces_settle_by_the_third_warm_pass() {
 /// issue 22's target for the kind that is not the default).
 fn settle_against_the_better_peak(traces: &[(&str, f64, Option<f64>, Option<f64>)]) {
     for &(name, best, grown, malloc) in traces {
-        let trace = Trace::from_file(fixture(&format!("{name}.trace.json"))).unwrap();
+        let trace = Trace::from_file(fixture(&format!("{name}.trace.json.gz"))).unwrap();
         for pages in [false, true] {
             let r = run_costly(&trace, &format!("release_pages:{pages}"), 3);
             assert_eq!(r.warm_device_calls[2], 0, "{name}, pages {pages}: {r:?}");
@@ -284,7 +284,7 @@ fn max_split_size_settles_and_reserves_at_most_pytorchs_with_it() {
         ("transformer_varlen", 3.0030),
         ("unet_diffusion", 1.4816),
     ] {
-        let trace = Trace::from_file(fixture(&format!("{name}.trace.json"))).unwrap();
+        let trace = Trace::from_file(fixture(&format!("{name}.trace.json.gz"))).unwrap();
         for pages in [false, true] {
             let r = run_costly(&trace, &format!("release_pages:{pages},{setting}"), 3);
             assert_eq!(r.warm_device_calls[2], 0, "{name}, pages {pages}: {r:?}");
@@ -301,7 +301,7 @@ fn max_split_size_settles_and_reserves_at_most_pytorchs_with_it() {
 
 #[test]
 fn smallest_cap_lies_between_the_live_peak_and_the_device() {
-    let trace = Trace::from_file(fixture("leaky_train.trace.json")).unwrap();
+    let trace = Trace::from_file(fixture("leaky_train.trace.json.gz")).unwrap();
     let opts = ReplayOptions::default();
     for pages in [false, true] {
         let config = AllocatorConfig::parse(&format!("release_pages:{pages}")).unwrap();
@@ -321,7 +321,7 @@ fn smallest_cap_lies_between_the_live_peak_and_the_device() {
 
 #[test]
 fn replay_on_the_host_backend() {
-    let trace = Trace::from_file(fixture("leaky_train.trace.json")).unwrap();
+    let trace = Trace::from_file(fixture("leaky_train.trace.json.gz")).unwrap();
     let alloc = CachingAllocator::new(HostBackend::new(1 << 30));
     let r = replay(&alloc, &trace, &ReplayOptions::default()).unwrap();
     assert_eq!(r.backend, "host");
@@ -331,7 +331,7 @@ fn replay_on_the_host_backend() {
 
 #[test]
 fn replay_too_large_for_the_device_is_an_oom_error() {
-    let trace = Trace::from_file(fixture("resnet_train.trace.json")).unwrap();
+    let trace = Trace::from_file(fixture("resnet_train.trace.json.gz")).unwrap();
     let alloc = CachingAllocator::new(SimBackend::new(1 << 30));
     let e = replay(&alloc, &trace, &ReplayOptions::default()).unwrap_err();
     assert!(e.to_string().contains("out of memory"), "{e}");
@@ -665,10 +665,11 @@ fn every_fixture_trace_replays_with_its_true_peak() {
     let mut seen = 0;
     for entry in std::fs::read_dir(fixture("")).unwrap() {
         let path = entry.unwrap().path();
-        let Some(name) = path.file_name().and_then(|n| n.to_str()).filter(|n| n.ends_with(".trace.json")) else {
+        let Some(name) = path.file_name().and_then(|n| n.to_str()).filter(|n| n.ends_with(".trace.json.gz")) else {
             continue;
         };
-        let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        let json: serde_json::Value =
+            serde_json::from_reader(flate2::read::GzDecoder::new(std::fs::File::open(&path).unwrap())).unwrap();
         let (mut live, mut now, mut peak) = (std::collections::HashMap::new(), 0u64, 0u64);
         for e in json["events"].as_array().unwrap() {
             let (op, addr, size) = (e[0].as_str().unwrap(), e[1].as_u64().unwrap(), e[2].as_u64().unwrap());
@@ -699,7 +700,7 @@ fn parking_changes_no_decision_of_the_heap() {
     let mut seen = 0;
     for entry in std::fs::read_dir(fixture("")).unwrap() {
         let path = entry.unwrap().path();
-        if !path.to_str().unwrap().ends_with(".trace.json") {
+        if !path.to_str().unwrap().ends_with(".trace.json.gz") {
             continue;
         }
         let trace = Trace::from_file(&path).unwrap();

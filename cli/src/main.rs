@@ -130,7 +130,8 @@ enum Command {
     /// Replay the allocations of a PyTorch snapshot pickle or a JSON trace through vramscope's
     /// allocator: once cold, then warm; print time per operation and peak memory.
     Replay {
-        /// A PyTorch snapshot pickle (`device_traces` is replayed) or a `*.trace.json` file.
+        /// A PyTorch snapshot pickle (`device_traces` is replayed) or a `*.trace.json` file, either
+        /// of them gzipped or not.
         file: PathBuf,
         /// Where memory comes from.
         #[arg(long, value_enum, default_value_t = BackendKind::Sim)]
@@ -159,7 +160,8 @@ enum Command {
     /// the most the allocator may reserve, replaying on the sim deciding as on CUDA (as the
     /// GPU did on every fixture trace measured).
     Fit {
-        /// A PyTorch snapshot pickle (`device_traces` is replayed) or a `*.trace.json` file.
+        /// A PyTorch snapshot pickle (`device_traces` is replayed) or a `*.trace.json` file, either
+        /// of them gzipped or not.
         file: PathBuf,
         /// The GPU's memory, e.g. `80GiB` (what the allocator reserves addresses for).
         #[arg(long, default_value = "80GiB")]

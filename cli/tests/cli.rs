@@ -30,7 +30,7 @@ fn replay_json_has_the_promised_keys() {
 
 #[test]
 fn fit_finds_a_cap_for_each_segment_kind() {
-    let (code, out, err) = vramscope(&["fit", &fixture("resnet_train.trace.json"), "--json"]);
+    let (code, out, err) = vramscope(&["fit", &fixture("resnet_train.trace.json.gz"), "--json"]);
     assert_eq!(code, 0, "{err}");
     let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
     for kind in ["virtual", "cumemalloc"] {
@@ -46,7 +46,7 @@ fn fit_finds_a_cap_for_each_segment_kind() {
                 format!("release_pages:{pages},per_process_memory_fraction:{:?}", cap as f64 / (80u64 << 30) as f64);
             let (code, _, err) = vramscope(&[
                 "replay",
-                &fixture("resnet_train.trace.json"),
+                &fixture("resnet_train.trace.json.gz"),
                 "--backend",
                 "sim-cuda",
                 "--warm",
@@ -62,7 +62,7 @@ fn fit_finds_a_cap_for_each_segment_kind() {
             }
         }
     }
-    let (code, out, err) = vramscope(&["fit", &fixture("resnet_train.trace.json")]);
+    let (code, out, err) = vramscope(&["fit", &fixture("resnet_train.trace.json.gz")]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("virtual segments (the default)") && out.contains("cuMemAlloc segments"), "{out}");
     assert!(out.contains("  fits in        ") && out.contains("x live); out of memory at"), "{out}");
@@ -70,12 +70,12 @@ fn fit_finds_a_cap_for_each_segment_kind() {
 
 #[test]
 fn replay_text_on_the_host_backend() {
-    let (code, out, err) = vramscope(&["replay", &fixture("leaky_train.trace.json"), "--backend", "host"]);
+    let (code, out, err) = vramscope(&["replay", &fixture("leaky_train.trace.json.gz"), "--backend", "host"]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("ns/op (warm)") && out.contains("peak reserved") && out.contains("host"), "{out}");
     assert!(out.contains("warm passes      "), "{out}");
     // Deciding as on CUDA (segment calls costly), a training loop settles in its cold pass.
-    let (code, out, err) = vramscope(&["replay", &fixture("leaky_train.trace.json"), "--backend", "sim-cuda"]);
+    let (code, out, err) = vramscope(&["replay", &fixture("leaky_train.trace.json.gz"), "--backend", "sim-cuda"]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("warm passes      3 without a backend call for memory"), "{out}");
 }
@@ -102,7 +102,7 @@ fn unreadable_input_is_one_clear_line_and_exit_code_2() {
     let (code, _, err) = vramscope(&["replay", dir.join("missing.json").to_str().unwrap()]);
     assert_eq!(code, 2);
     assert!(err.contains("missing.json"), "{err}");
-    let (code, _, err) = vramscope(&["replay", &fixture("leaky_train.trace.json"), "--config", "colour:blue"]);
+    let (code, _, err) = vramscope(&["replay", &fixture("leaky_train.trace.json.gz"), "--config", "colour:blue"]);
     assert_eq!(code, 2);
     assert!(err.contains("accepted keys"), "{err}");
     std::fs::remove_dir_all(&dir).ok();
@@ -196,7 +196,7 @@ fn reports_refuse_bad_snapshots_with_one_line_and_exit_code_2() {
 }
 
 /// Special files are refused up front (a FIFO without a writer would block forever, `/dev/zero`
-/// never ends), `-o` paths that cannot be written are the user's to fix (exit 2, one line), and
+/// never ends), a gzip file cut short is named as such, `-o` paths that cannot be written are the user's to fix (exit 2, one line), and
 /// out-of-range numbers are refused by the argument parser.
 #[cfg(unix)]
 #[test]
@@ -209,10 +209,14 @@ fn special_files_outputs_and_numbers_are_exit_code_2() {
     assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
     let snapshot = fixture("leaky_train.snapshot.pickle");
     let missing_dir = dir.join("missing/out.txt");
+    // A gzipped trace cut short (a download that stopped): the gzip layer says so, by name.
+    let cut = dir.join("cut.trace.json.gz");
+    std::fs::write(&cut, &std::fs::read(fixture("leaky_train.trace.json.gz")).unwrap()[..300]).unwrap();
     let cases: Vec<(Vec<&str>, &str)> = vec![
         (vec!["summary", fifo.to_str().unwrap()], "not a regular file"),
         (vec!["summary", "/dev/zero"], "not a regular file"),
         (vec!["replay", fifo.to_str().unwrap()], "not a regular file"),
+        (vec!["replay", cut.to_str().unwrap()], "cut.trace.json.gz: a gzip file that does not decompress"),
         (vec!["live", &snapshot, "-o", missing_dir.to_str().unwrap()], "cannot write"),
         (vec!["live", &snapshot, "-o", dir.to_str().unwrap()], "cannot write"),
         (vec!["replay", &snapshot, "--warm", "18446744073709551615"], "--warm"),

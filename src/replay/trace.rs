@@ -1,5 +1,5 @@
 //! Allocation traces: what a replay replays, read from a PyTorch snapshot pickle or from the
-//! compact `*.trace.json` form.
+//! compact `*.trace.json` form, either of them gzipped or not.
 
 use crate::error::{Error, Result};
 use crate::record::Action;
@@ -44,7 +44,7 @@ fn format_err(source: &str, message: impl Into<String>) -> Error {
 
 impl Trace {
     /// Reads a trace from a file: a PyTorch snapshot pickle (its `device_traces`) or a JSON trace
-    /// `{"events": [["a"|"f", addr, size, stream], ...]}`.
+    /// `{"events": [["a"|"f", addr, size, stream], ...]}`, either of them gzipped or not.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Trace> {
         let path = path.as_ref();
         let data = crate::snapshot::read_input(path, "a JSON trace")?;

@@ -290,7 +290,8 @@ fn to_json(
 }
 
 impl Snapshot {
-    /// Reads a snapshot from a file: vramscope's JSON or a PyTorch snapshot pickle.
+    /// Reads a snapshot from a file: vramscope's JSON or a PyTorch snapshot pickle, either of
+    /// them gzipped or not (told by the file's first bytes, not its name).
     pub fn load(path: impl AsRef<std::path::Path>) -> Result<Snapshot> {
         let path = path.as_ref();
         let data = super::read_input(path, "a vramscope JSON snapshot")?;

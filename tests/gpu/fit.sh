@@ -7,7 +7,7 @@
 # FIT=1). Here, first:
 #   cargo build --release --features cuda -p vramscope-cli
 #   TOTAL=<the GPU's bytes> python3 tests/gpu/fit_sim.py target/release/vramscope \
-#     fixtures/torch/*.trace.json > fit-sim.jsonl
+#     fixtures/torch/*.trace.json.gz > fit-sim.jsonl
 #   mkdir -p .gpu && cp target/release/vramscope fit-sim.jsonl tests/gpu/fit.sh \
 #     tests/gpu/torch_conf.py tests/gpu/pool_pages.py .gpu/ && strip --strip-debug .gpu/vramscope
 # then with the `device` tool (carry [".gpu"]): bash .gpu/fit.sh > $OUT/log.txt 2>&1, and
@@ -15,7 +15,9 @@
 set -u
 cd "$(dirname "$0")"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-mkdir -p traces && cp "${TRACES:-../fixtures/torch}"/*.trace.json traces/
+mkdir -p traces && for f in "${TRACES:-../fixtures/torch}"/*.trace.json*; do  # gzipped in the tree
+  case $f in *.gz) gunzip -c "$f" > "traces/$(basename "$f" .gz)" ;; *) cp "$f" traces/ ;; esac
+done
 short='import json,sys
 t=sys.stdin.read()
 try:

@@ -10,6 +10,7 @@ reserves with that policy. With a `torch_replay.py` log, prints the pool's peak 
     e.g. python3 tests/gpu/fit_model.py fixtures/torch/runs/2026-11-27-h200-reclaim-2.log /tmp/gen/t2*.trace.json
 """
 import bisect
+import gzip
 import json
 import math
 import os
@@ -20,7 +21,7 @@ PAGE = 2 << 20
 
 
 def load(path):
-    return [(e[0], e[1], (e[2] + 511) // 512 * 512) for e in json.load(open(path))["events"]]
+    return [(e[0], e[1], (e[2] + 511) // 512 * 512) for e in json.load(gzip.open(path) if path.endswith(".gz") else open(path))["events"]]
 
 
 class Range:

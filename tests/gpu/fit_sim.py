@@ -6,7 +6,7 @@ trace and segment kind for `fit.sh`: `fits`, the smallest cap tried that ran, `f
 largest that ran out of memory. `fit.sh` checks both on the GPU.
 
     TOTAL=150109880320 python3 tests/gpu/fit_sim.py target/release/vramscope \\
-      fixtures/torch/*.trace.json > fit-sim.jsonl     (TOTAL: the GPU's, from nvidia-smi or a log)
+      fixtures/torch/*.trace.json.gz > fit-sim.jsonl     (TOTAL: the GPU's, from nvidia-smi or a log)
 """
 import json
 import os
@@ -27,7 +27,7 @@ def fit(trace):
 
 with ThreadPoolExecutor(2) as pool:
     for trace, r in pool.map(fit, traces):
-        name = trace.split("/")[-1].removesuffix(".trace.json")
+        name = trace.split("/")[-1].removesuffix(".gz").removesuffix(".trace.json")
         for kind, pages in (("cumemalloc", False), ("virtual", True)):
             f = r["segments"][kind]
             print(json.dumps(dict(trace=name, pages=pages, live=f["peak_live_bytes"], fits=f["fits"],

@@ -17,7 +17,9 @@ cd "$(dirname "$0")"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 CONF=${CONF:-max_split_size_mb:128}
 BEFORE=${BEFORE:-amp_grad_scaler encoder_serving gpt2_train lstm_packed}
-mkdir -p traces && cp "${TRACES:-../fixtures/torch}"/*.trace.json traces/
+mkdir -p traces && for f in "${TRACES:-../fixtures/torch}"/*.trace.json*; do  # gzipped in the tree
+  case $f in *.gz) gunzip -c "$f" > "traces/$(basename "$f" .gz)" ;; *) cp "$f" traces/ ;; esac
+done
 compact='import json,sys
 t=sys.stdin.read()
 try:

@@ -5,7 +5,7 @@
 set -u
 cd "$(dirname "$0")"
 nproc; lscpu | grep -iE "model name|numa|socket|thread|MHz" ; cat /proc/loadavg
-mkdir -p traces && cp ../fixtures/torch/*.trace.json traces/
+mkdir -p traces && for f in ../fixtures/torch/*.trace.json.gz; do gunzip -c "$f" > "traces/$(basename "$f" .gz)"; done
 run() { local t=$1 tag=$2; shift 2
   r=$(VRAMSCOPE_CUDA_SEGMENTS=virtual timeout 60 "$@" ./vramscope replay traces/$t.trace.json --backend cuda --warm 9 --record off --json)
   python3 -c "import json,sys; r=json.loads(sys.argv[1]); print('%-22s %-10s med %6.1f cold %8.1f passes %s'%(sys.argv[2],sys.argv[3],r['ns_per_op'],r['cold_ns_per_op'],' '.join('%.0f'%x for x in r['warm_ns_per_op'])))" "$r" $t "$tag"

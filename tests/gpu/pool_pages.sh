@@ -5,7 +5,7 @@
 # prints the comparison. Used for "Where the pool's peak comes from" in BENCHMARKS.md. Here:
 #   cargo build --release --features cuda -p vramscope-cli
 #   mkdir -p .gpu/pp/traces && cp target/release/vramscope .gpu/pp/ && strip --strip-debug .gpu/pp/vramscope
-#   cp fixtures/torch/*.trace.json .gpu/pp/traces/
+#   for f in fixtures/torch/*.trace.json.gz; do gunzip -c $f > .gpu/pp/traces/$(basename $f .gz); done
 #   OUT=.gpu/pp/traces python3 tests/gpu/random_streams.py 2000 2048   # and any other seeds
 #   cp tests/gpu/pool_pages.py tests/gpu/pool_pages.sh .gpu/pp/
 # then with the `device` tool (carry [".gpu"]): bash .gpu/pp/pool_pages.sh > $OUT/pool-pages.log 2>&1

@@ -10,7 +10,7 @@
 #   mkdir -p .gpu/traces
 #   cp target/release/vramscope .gpu/vramscope-new && cp /tmp/old/release/vramscope .gpu/vramscope-old
 #   cp target/release/deps/cuda-<hash> .gpu/cuda_tests && strip --strip-debug .gpu/vramscope-* .gpu/cuda_tests
-#   cp fixtures/torch/*.trace.json .gpu/traces/
+#   for f in fixtures/torch/*.trace.json.gz; do gunzip -c $f > .gpu/traces/$(basename $f .gz); done
 #   OUT=.gpu/traces python3 tests/gpu/random_streams.py 2000 2048   # then keep the one-stream ones
 #   cp ../shared/tools/torch_replay.py tests/gpu/reclaim.sh .gpu/
 # then with the `device` tool (carry [".gpu"]): bash .gpu/reclaim.sh > $OUT/reclaim.txt 2>&1.

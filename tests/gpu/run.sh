@@ -35,7 +35,9 @@ for seg in malloc virtual default; do
   fi
 done
 # TRACES=DIR (relative to this script's folder) replays the traces there instead of the fixtures'.
-mkdir -p traces && cp "${TRACES:-../fixtures/torch}"/*.trace.json traces/
+mkdir -p traces && for f in "${TRACES:-../fixtures/torch}"/*.trace.json*; do  # gzipped in the tree
+  case $f in *.gz) gunzip -c "$f" > "traces/$(basename "$f" .gz)" ;; *) cp "$f" traces/ ;; esac
+done
 # Rounds, each every vramscope replay then torch_replay.py: the host's speed changes from one
 # second to the next (up to 2x, BENCHMARKS.md), so each side is run in every round and
 # table.py compares medians of rounds.

@@ -10,7 +10,7 @@ for round in 1 2 3; do
   for t in llm_generate_kv speculative_decode lstm_packed resnet_train; do
     for b in sim-cuda cuda; do for seg in virtual malloc; do
       if [ $b = sim-cuda ]; then cfg="--config release_pages:$([ $seg = virtual ] && echo true || echo false)"; else cfg=""; fi
-      r=$(VRAMSCOPE_CUDA_SEGMENTS=$seg timeout 60 ./vramscope replay ../fixtures/torch/$t.trace.json --backend $b --warm 20 --record off --json $cfg | python3 -c 'import json,sys; r=json.load(sys.stdin); w=sorted(r["warm_ns_per_op"]); print(round(w[len(w)//2],1), round(w[0],1))')
+      r=$(VRAMSCOPE_CUDA_SEGMENTS=$seg timeout 60 ./vramscope replay ../fixtures/torch/$t.trace.json.gz --backend $b --warm 20 --record off --json $cfg | python3 -c 'import json,sys; r=json.load(sys.stdin); w=sorted(r["warm_ns_per_op"]); print(round(w[len(w)//2],1), round(w[0],1))')
       echo "$round $t $b $seg $r"
     done; done
   done

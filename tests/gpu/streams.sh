@@ -6,7 +6,7 @@
 #   cargo build --release --features cuda -p vramscope-cli
 #   mkdir -p .gpu/traces && cp target/release/vramscope tests/gpu/torch_streams.py \
 #     tests/gpu/streams.sh .gpu/ && strip --strip-debug .gpu/vramscope
-#   cp fixtures/torch/pipeline_streams.trace.json .gpu/traces/
+#   gunzip -c fixtures/torch/pipeline_streams.trace.json.gz > .gpu/traces/pipeline_streams.trace.json
 #   OUT=.gpu/traces python3 tests/gpu/random_streams.py 0 24   # 12 of them on 2 to 4 streams
 # then with the `device` tool (carry [".gpu"]): bash .gpu/streams.sh > $OUT/streams.txt 2>&1.
 set -u

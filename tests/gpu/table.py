@@ -149,7 +149,7 @@ def main(path):
             key = None
         elif line.startswith('{"trace":') or line.startswith('{"trace": '):
             d = json.loads(line)
-            name = d["trace"].replace(".trace.json", "")
+            name = d["trace"].replace(".gz", "").replace(".trace.json", "")
             if "sum_of_stream_peaks" in d:
                 # torch_streams.py: the same streams as the trace.
                 same.setdefault(name, []).append(d)
