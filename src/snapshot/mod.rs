@@ -138,6 +138,16 @@ mod tests {
         assert!(e.contains("neither a PyTorch snapshot pickle"), "{e}");
     }
 
+    /// A PyTorch pickle gzipped loads as the same snapshot as the pickle itself.
+    #[test]
+    fn a_gzipped_pytorch_pickle_loads_as_the_pickle() {
+        let pickle = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/torch/leaky_train.snapshot.pickle");
+        let gz = file("leaky_train.snapshot.pickle.gz", &gzip(&std::fs::read(pickle).unwrap()));
+        let (plain, zipped) = (Snapshot::load(pickle).unwrap(), Snapshot::load(&gz).unwrap());
+        assert_eq!(plain, zipped);
+        assert!(!plain.history.is_empty() && !plain.segments.is_empty());
+    }
+
     #[test]
     fn bad_gzip_says_what_is_wrong_and_where() {
         let whole = gzip(&[b'{'; 100_000]);
