@@ -376,10 +376,10 @@
 //! ## Reports
 //!
 //! [`report`] turns a [`Snapshot`] (from [`CachingAllocator::snapshot`], from JSON, or from a
-//! PyTorch pickle with [`Snapshot::load`]) into what a person reads: [`report::live`],
-//! [`report::leaks`], [`report::diff`], [`report::segments`], [`report::summary`], and
-//! [`report::folded`] stacks for `report::flamegraph` SVGs drawn by `inferno` (cargo feature
-//! `flamegraph`, off by default: a test suite does not need it).
+//! PyTorch pickle, either of them gzipped or not, with [`Snapshot::load`]) into what a person
+//! reads: [`report::live`], [`report::leaks`], [`report::diff`], [`report::segments`],
+//! [`report::summary`], and [`report::folded`] stacks for `report::flamegraph` SVGs drawn by
+//! `inferno` (cargo feature `flamegraph`, off by default: a test suite does not need it).
 //! [`Snapshot::to_pytorch_pickle`] writes PyTorch's format for its own viewers. A report reads
 //! one device: [`report::summary`] makes a table per device of a snapshot of several, and for
 //! the others [`Snapshot::by_devices`] splits it (the command line does so for every report).
