@@ -64,9 +64,11 @@ fn read_input_within(path: &std::path::Path, what: &str, gunzipped_max: u64) -> 
     } else {
         Box::new(std::io::Cursor::new(magic).chain(file))
     };
-    // A corrupt or cut-off gzip stream says so, not only what the I/O layer calls it.
+    // A corrupt or cut-off gzip stream says so, not only what the I/O layer calls it (flate2
+    // reports both as one of these kinds; a failing disk stays an I/O error).
     let read_error = |error: std::io::Error| {
-        if gzipped && error.kind() != std::io::ErrorKind::PermissionDenied {
+        use std::io::ErrorKind::{InvalidData, InvalidInput, UnexpectedEof};
+        if gzipped && matches!(error.kind(), InvalidData | InvalidInput | UnexpectedEof) {
             format(format!("a gzip file that does not decompress ({error}): is it whole?"))
         } else {
             io(error)
@@ -114,12 +116,32 @@ mod tests {
         e.finish().unwrap()
     }
 
-    fn file(name: &str, data: &[u8]) -> std::path::PathBuf {
-        let dir = std::env::temp_dir().join(format!("vramscope-read-input-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join(name);
+    /// A file named `name` holding `data`, removed when dropped.
+    struct TempFile(std::path::PathBuf);
+
+    impl Drop for TempFile {
+        fn drop(&mut self) {
+            std::fs::remove_file(&self.0).ok();
+        }
+    }
+
+    impl AsRef<std::path::Path> for TempFile {
+        fn as_ref(&self) -> &std::path::Path {
+            &self.0
+        }
+    }
+
+    impl std::ops::Deref for TempFile {
+        type Target = std::path::Path;
+        fn deref(&self) -> &std::path::Path {
+            &self.0
+        }
+    }
+
+    fn file(name: &str, data: &[u8]) -> TempFile {
+        let path = std::env::temp_dir().join(format!("vramscope-read-input-{}-{name}", std::process::id()));
         std::fs::write(&path, data).unwrap();
-        path
+        TempFile(path)
     }
 
     #[test]
@@ -133,7 +155,7 @@ mod tests {
         let mut two = gzip(&json[..10]);
         two.extend(gzip(&json[10..]));
         assert_eq!(read_input(&file("two.gz", &two), "a JSON trace").unwrap(), json);
-        // A file of one byte, and a plain file that starts with the first magic byte only.
+        // A file of one byte, the first of gzip's two: read as a plain file, and refused as one.
         let e = read_input(&file("one", &[0x1f]), "a JSON trace").unwrap_err().to_string();
         assert!(e.contains("neither a PyTorch snapshot pickle"), "{e}");
     }
