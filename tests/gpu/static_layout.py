@@ -12,7 +12,7 @@ for its whole lifetime; the layout's size is its highest address, in 2 MiB pages
 live bytes. These are heuristics (the optimum is NP-hard to find), so a figure is what a
 layout *can* reach, not a bound below which none can go. Streams are ignored (a real layout
 also has to wait for a block freed on another stream), so on several streams the figure is
-optimistic. Quadratic in the blocks: 10,000 events take seconds, 150,000 over five minutes.
+optimistic. Quadratic in the blocks: 10,000 events take seconds, 150,000 about 20 minutes.
 
     python3 tests/gpu/static_layout.py fixtures/torch/gnn_random_graphs.trace.json.gz ...
 """
