@@ -196,8 +196,9 @@ fn reports_refuse_bad_snapshots_with_one_line_and_exit_code_2() {
 }
 
 /// Special files are refused up front (a FIFO without a writer would block forever, `/dev/zero`
-/// never ends), a gzip file cut short is named as such, `-o` paths that cannot be written are the user's to fix (exit 2, one line), and
-/// out-of-range numbers are refused by the argument parser.
+/// never ends), a gzip file cut short is named as such, `-o` paths that cannot be written are
+/// the user's to fix (exit 2, one line), and out-of-range numbers are refused by the argument
+/// parser.
 #[cfg(unix)]
 #[test]
 fn special_files_outputs_and_numbers_are_exit_code_2() {

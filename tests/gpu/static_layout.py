@@ -8,8 +8,9 @@ placement (a better layout exists) from those that need remapping in every pass 
 Each request is rounded to 512 bytes and lives from its allocation to its free (blocks never
 freed, to the end of the pass); blocks are placed one by one, in three orders (largest
 first, largest size x lifetime first, longest lived first), each at the lowest address free
-for its whole lifetime; the layout's size is its highest address, in 2 MiB pages, over peak
-live bytes. These are heuristics (the optimum is NP-hard to find), so a figure is what a
+for its whole lifetime; the layout's size is its highest address, in 2 MiB pages, over the
+peak of live bytes counted as placed (rounded to 512 bytes: within 0.05% of the trace's own
+peak of live bytes on every fixture). These are heuristics (the optimum is NP-hard to find), so a figure is what a
 layout *can* reach, not a bound below which none can go. Streams are ignored (a real layout
 also has to wait for a block freed on another stream), so on several streams the figure is
 optimistic. Quadratic in the blocks: 10,000 events take seconds, 150,000 about 20 minutes.
