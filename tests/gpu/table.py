@@ -80,13 +80,18 @@ def median(xs):
     return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
 
 
-def targets(names, runs, torch, same):
+def targets(names, runs, torch, same, paired):
     """Issue 22's targets per trace and segment kind: no driver call in the last warm pass;
     peak reserved at most the better of PyTorch's and the pool's (exactly for the default
-    kind, virtual; within 1% for the other); warm ns/op, medians of the rounds, recording off
-    at most half of PyTorch's and default recording at most PyTorch's (single-stream traces:
-    torch_replay.py replays every trace on one stream)."""
-    print("\n| trace | segments | warm calls 0 | peak / better of PyTorch and pool | off: median / half PyTorch's | default: median / PyTorch's |")
+    kind, virtual; within 1% for the other); warm ns/op recording off at most half of
+    PyTorch's and default recording at most PyTorch's (single-stream traces: torch_replay.py
+    replays every trace on one stream). Time: in a paired log (paired.py: each trace's two
+    sides seconds apart), the median over rounds of each round's ratio, vramscope's ns/op over
+    PyTorch's; otherwise the medians of the rounds, each side's own."""
+    if paired:
+        print("\n| trace | segments | warm calls 0 | peak / better of PyTorch and pool | off: ns/op over PyTorch's, median of rounds (at most 0.5) | default: the same (at most 1) |")
+    else:
+        print("\n| trace | segments | warm calls 0 | peak / better of PyTorch and pool | off: median / half PyTorch's | default: median / PyTorch's |")
     print("|---|---|---|---|---|---|")
     met = {}
     for name in names:
@@ -111,6 +116,13 @@ def targets(names, runs, torch, same):
             ok.append(good)
             if off[0].get("streams", 1) > 1:
                 cells += ["(streams: peak only)"] * 2
+            elif paired and len(off) == len(fast) == len(ts):
+                for rs, bound in ((off, 0.5), (fast, 1.0)):
+                    ratios = [r["ns_per_op"] / t["torch_warm_ns_op"] for r, t in zip(rs, ts)]
+                    m = median(ratios)
+                    good = m <= bound
+                    cells.append(f"{m:.2f} ({', '.join(f'{x:.2f}' for x in ratios)})" + ("" if good else " **missed**"))
+                    ok.append(good)
             else:
                 torch_ns = median([t["torch_warm_ns_op"] for t in ts])
                 for rs, bound in ((off, torch_ns / 2), (fast, torch_ns)):
@@ -128,10 +140,13 @@ def main(path):
     runs, torch, same = {}, {}, {}
     key = None
     section, pair_lines, threads, torch_threads = None, [], [], []
+    paired = False
     for line in open(path):
         line = line.rstrip("\n")
         if line.startswith("== "):
             section = line[3:]
+            key = None  # a replay that printed no JSON leaves nothing for the next section's line
+            paired = paired or section == "paired"
         if section == "pair bench":
             pair_lines.append(line)
         line = line.strip()
@@ -184,7 +199,7 @@ def main(path):
             peak = lambda k: ", ".join(sorted({f"{t[k] / live:.3f}" for t in ss if k in t}))
             print(f"| {name} | PyTorch, the trace's streams | | {calls} (segments) | {peak('torch_peak_reserved')} |")
             print(f"| {name} | cudaMallocAsync, the trace's streams | | | {peak('pool_peak_reserved')} |")
-    targets(names, runs, torch, same)
+    targets(names, runs, torch, same, paired)
     pair_table(divan_medians(pair_lines), threads, torch_threads)
     thread_table(threads, torch_threads)
 

@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""On the device machine: each trace through vramscope and through PyTorch back to back, so
+that the two sides of a time ratio are measured seconds apart, not minutes.
+
+    python3 paired.py DIR [ROUNDS]    # every DIR/*.trace.json, plain JSON; ROUNDS default 3
+
+The host's speed changes from one minute to the next (up to 2x on the H100 hosts: BENCHMARKS.md,
+"The whole table on an H100, traces gzipped"); run.sh used to replay every trace through
+vramscope and then every trace through torch_replay.py, so a trace's two sides could fall in
+different phases and the ratio of their medians said more about the host than the allocators.
+Here, per round and per trace: vramscope's four replays (`cuMemAlloc` and virtual segments,
+recording off and default; `vramscope replay --backend cuda`, as run.sh ran them), and
+PyTorch's caching allocator, the cudaMallocAsync pool and cudaMalloc with the very code of
+../shared/tools/torch_replay.py (its C++ source and its `encode` are read from that file, not
+copied, and it is timed as that script times it: the median of 3 warm replays). Odd rounds run
+vramscope first, even rounds PyTorch first. It prints what run.sh printed (`== replay ...` then
+vramscope's JSON; torch_replay.py's JSON line per trace) and a first line `== paired`, so that
+table.py compares each round's pair and reports the median of the rounds' ratios.
+
+Expects `vramscope` and `torch_replay.py` beside it (run.sh's folder)."""
+import ast
+import json
+import os
+import subprocess
+import sys
+
+import torch
+from torch.utils.cpp_extension import load_inline
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def torch_replay_parts():
+    """torch_replay.py's C++ source and `encode`, taken from the file itself."""
+    path = os.path.join(HERE, "torch_replay.py")
+    tree = ast.parse(open(path).read(), path)
+    keep = [n for n in tree.body
+            if (isinstance(n, ast.Assign) and any(getattr(t, "id", "") == "src" for t in n.targets))
+            or (isinstance(n, ast.FunctionDef) and n.name == "encode")]
+    if len(keep) != 2:
+        sys.exit(f"{path}: expected its `src` and `encode`, found {len(keep)} of them")
+    scope = {}
+    exec(compile(ast.Module(body=keep, type_ignores=[]), path, "exec"), scope)
+    return scope["src"], scope["encode"]
+
+
+def torch_side(ext, encode, path):
+    """torch_replay.py's loop body for one trace: the same calls, the same JSON."""
+    ev = json.load(open(path))["events"]
+    op, slot, size, n, peak = encode(ev)
+    res = dict(trace=os.path.basename(path), ops=len(op), peak_live=peak)
+    torch.cuda.empty_cache(); torch.cuda.reset_peak_memory_stats()
+    cold = ext.replay_torch(op, slot, size, n)
+    warm = [ext.replay_torch(op, slot, size, n) for _ in range(3)]
+    st = torch.cuda.memory_stats()
+    res.update(torch_cold_ns_op=round(cold / len(op), 1), torch_warm_ns_op=round(sorted(warm)[1] / len(op), 1),
+               torch_peak_reserved=st["reserved_bytes.all.peak"], torch_peak_alloc=st["allocated_bytes.all.peak"])
+    torch.cuda.empty_cache()
+    a = ext.replay_async(op, slot, size, n, 4)
+    res.update(async_cold_ns_op=round(a[0] / len(op), 1), async_warm_ns_op=round(sorted(a[1:4])[1] / len(op), 1),
+               async_peak_reserved=int(a[4]))
+    m = min(len(op), 20000)
+    t = ext.replay_malloc(op[:m], slot[:m], size[:m], n)
+    res.update(cudaMalloc_ns_op_first20k=round(t / m, 1))
+    torch.cuda.empty_cache()  # nothing of PyTorch's cache stays reserved while vramscope runs
+    print(json.dumps(res), flush=True)
+
+
+def vramscope_side(path, round_):
+    """run.sh's replays: at least 5 warm passes and about 300,000 operations in all."""
+    n = len(json.load(open(path))["events"])
+    warm = max(5, min(1000, 300000 // max(n, 1)))
+    name = os.path.basename(path)[: -len(".trace.json")]
+    for seg in ("malloc", "virtual"):
+        for rec in ("off", "fast"):
+            print(f"== replay {name} {seg} {rec} {round_}", flush=True)
+            env = dict(os.environ, VRAMSCOPE_CUDA_SEGMENTS=seg)
+            cmd = [os.path.join(HERE, "vramscope"), "replay", path, "--backend", "cuda", "--warm", str(warm),
+                   "--record", rec, "--json"]
+            try:
+                p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+                out = p.stdout + p.stderr
+            except subprocess.TimeoutExpired:
+                out = "timed out after 60 s"
+            try:
+                r = json.loads(out)
+                r["warm_ns_per_op"] = [round(x, 1) for x in r["warm_ns_per_op"]]
+                print(json.dumps(r), flush=True)
+            except ValueError:
+                print(out.strip(), flush=True)
+
+
+def main():
+    folder = sys.argv[1]
+    rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 3
+    src, encode = torch_replay_parts()
+    ext = load_inline("replay_ext", cpp_sources=src, functions=["replay_torch", "replay_async", "replay_malloc", "pair_bench"],
+                      with_cuda=True, extra_cflags=["-O2"], verbose=False)
+    torch.cuda.init()
+    traces = sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".trace.json"))
+    print("== paired", flush=True)
+    for round_ in range(1, rounds + 1):
+        for path in traces:
+            if round_ % 2:
+                vramscope_side(path, round_)
+                print(f"== torch {os.path.basename(path)} {round_}", flush=True)
+                torch_side(ext, encode, path)
+            else:
+                print(f"== torch {os.path.basename(path)} {round_}", flush=True)
+                torch_side(ext, encode, path)
+                vramscope_side(path, round_)
+
+
+if __name__ == "__main__":
+    main()
