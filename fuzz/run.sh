@@ -39,8 +39,12 @@ for target in snapshot replay config; do
     >"logs/$target.log" 2>&1 || status=$?
   grep -E "^(#[0-9]+ +DONE|stat::number_of_executed_units|stat::peak_rss_mb)" "logs/$target.log" || true
   if [ "$status" != 0 ]; then
-    tail -40 "logs/$target.log"
-    echo "fuzz: $target failed (exit $status); the input is in fuzz/artifacts/$target/"
+    tail -40 "logs/$target.log" | cut -c1-300
+    # What failed, last: CI shows only a log's last lines, and a failed assertion's message can
+    # run to megabytes.
+    grep -m1 -A1 "panicked at" "logs/$target.log" | cut -c1-300 || true
+    echo "fuzz: $target failed (exit $status); the input is in fuzz/artifacts/$target/:"
+    ls -l "artifacts/$target/" 2>/dev/null | tail -n +2 | cut -c1-200 || true
     exit 1
   fi
 done
