@@ -11,11 +11,12 @@ different phases and the ratio of their medians said more about the host than th
 Here, per round and per trace: vramscope's four replays (`cuMemAlloc` and virtual segments,
 recording off and default; `vramscope replay --backend cuda`, as run.sh ran them), and
 PyTorch's caching allocator, the cudaMallocAsync pool and cudaMalloc with the very code of
-../shared/tools/torch_replay.py (its C++ source and its `encode` are read from that file, not
-copied, and it is timed as that script times it: the median of 3 warm replays). Odd rounds run
-vramscope first, even rounds PyTorch first. It prints what run.sh printed (`== replay ...` then
-vramscope's JSON; torch_replay.py's JSON line per trace) and a first line `== paired`, so that
-table.py compares each round's pair and reports the median of the rounds' ratios.
+../shared/tools/torch_replay.py (its C++ source, its `encode` and its per-trace loop body are
+read from that file, not copied, so it is timed as that script times it: the median of 3 warm
+replays). Odd rounds run vramscope first, even rounds PyTorch first. It prints what run.sh
+printed (`== replay ...` then vramscope's JSON; torch_replay.py's JSON line per trace) and a
+first line `== paired`, so that table.py compares each round's pair and reports the median of
+the rounds' ratios.
 
 Expects `vramscope` and `torch_replay.py` beside it (run.sh's folder)."""
 import ast
@@ -31,45 +32,36 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def torch_replay_parts():
-    """torch_replay.py's C++ source and `encode`, taken from the file itself."""
+    """torch_replay.py's C++ source, its `encode` and its per-trace loop body (compiled), taken
+    from the file itself: the loop body replays the trace named `f` and prints its JSON line."""
     path = os.path.join(HERE, "torch_replay.py")
     tree = ast.parse(open(path).read(), path)
     keep = [n for n in tree.body
             if (isinstance(n, ast.Assign) and any(getattr(t, "id", "") == "src" for t in n.targets))
             or (isinstance(n, ast.FunctionDef) and n.name == "encode")]
-    if len(keep) != 2:
-        sys.exit(f"{path}: expected its `src` and `encode`, found {len(keep)} of them")
+    loops = [n for n in tree.body if isinstance(n, ast.For) and getattr(n.target, "id", "") == "f"]
+    if len(keep) != 2 or len(loops) != 1:
+        sys.exit(f"{path}: expected its `src`, `encode` and one loop over traces `f`; the file has changed")
     scope = {}
     exec(compile(ast.Module(body=keep, type_ignores=[]), path, "exec"), scope)
-    return scope["src"], scope["encode"]
+    body = compile(ast.Module(body=loops[0].body, type_ignores=[]), path, "exec")
+    return scope["src"], scope["encode"], body
 
 
-def torch_side(ext, encode, path):
-    """torch_replay.py's loop body for one trace: the same calls, the same JSON."""
-    ev = json.load(open(path))["events"]
-    op, slot, size, n, peak = encode(ev)
-    res = dict(trace=os.path.basename(path), ops=len(op), peak_live=peak)
-    torch.cuda.empty_cache(); torch.cuda.reset_peak_memory_stats()
-    cold = ext.replay_torch(op, slot, size, n)
-    warm = [ext.replay_torch(op, slot, size, n) for _ in range(3)]
-    st = torch.cuda.memory_stats()
-    res.update(torch_cold_ns_op=round(cold / len(op), 1), torch_warm_ns_op=round(sorted(warm)[1] / len(op), 1),
-               torch_peak_reserved=st["reserved_bytes.all.peak"], torch_peak_alloc=st["allocated_bytes.all.peak"])
-    torch.cuda.empty_cache()
-    a = ext.replay_async(op, slot, size, n, 4)
-    res.update(async_cold_ns_op=round(a[0] / len(op), 1), async_warm_ns_op=round(sorted(a[1:4])[1] / len(op), 1),
-               async_peak_reserved=int(a[4]))
-    m = min(len(op), 20000)
-    t = ext.replay_malloc(op[:m], slot[:m], size[:m], n)
-    res.update(cudaMalloc_ns_op_first20k=round(t / m, 1))
+def torch_side(ext, encode, body, path):
+    """torch_replay.py's loop body for one trace: its calls, its timing, its JSON line."""
+    exec(body, {"f": path, "ext": ext, "encode": encode, "torch": torch, "json": json, "os": os})
     torch.cuda.empty_cache()  # nothing of PyTorch's cache stays reserved while vramscope runs
-    print(json.dumps(res), flush=True)
 
 
-def vramscope_side(path, round_):
-    """run.sh's replays: at least 5 warm passes and about 300,000 operations in all."""
+def warm_passes(path):
+    """vramscope's warm passes for a trace: at least 5, and about 300,000 operations in all."""
     n = len(json.load(open(path))["events"])
-    warm = max(5, min(1000, 300000 // max(n, 1)))
+    return max(5, min(1000, 300000 // max(n, 1)))
+
+
+def vramscope_side(path, warm, round_):
+    """run.sh's replays, `warm` warm passes each."""
     name = os.path.basename(path)[: -len(".trace.json")]
     for seg in ("malloc", "virtual"):
         for rec in ("off", "fast"):
@@ -93,22 +85,23 @@ def vramscope_side(path, round_):
 def main():
     folder = sys.argv[1]
     rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 3
-    src, encode = torch_replay_parts()
+    src, encode, body = torch_replay_parts()
     ext = load_inline("replay_ext", cpp_sources=src, functions=["replay_torch", "replay_async", "replay_malloc", "pair_bench"],
                       with_cuda=True, extra_cflags=["-O2"], verbose=False)
     torch.cuda.init()
     traces = sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".trace.json"))
+    warm = {path: warm_passes(path) for path in traces}
     print("== paired", flush=True)
     for round_ in range(1, rounds + 1):
         for path in traces:
             if round_ % 2:
-                vramscope_side(path, round_)
+                vramscope_side(path, warm[path], round_)
                 print(f"== torch {os.path.basename(path)} {round_}", flush=True)
-                torch_side(ext, encode, path)
+                torch_side(ext, encode, body, path)
             else:
                 print(f"== torch {os.path.basename(path)} {round_}", flush=True)
-                torch_side(ext, encode, path)
-                vramscope_side(path, round_)
+                torch_side(ext, encode, body, path)
+                vramscope_side(path, warm[path], round_)
 
 
 if __name__ == "__main__":
