@@ -145,7 +145,16 @@ fn a_block_used_on_another_stream_waits_for_that_work() {
         if others.len() == 8 {
             alloc.synchronize(s2).unwrap();
         }
-        assert!(others.len() < 16, "the block never came back after stream 2 was synchronized");
+        assert!(
+            others.len() < 16,
+            "the block never came back after stream 2 was synchronized: reserved {}, allocated {}, \
+             largest free block {}, last error {:?}, {:?}",
+            alloc.memory_reserved(),
+            alloc.memory_allocated(),
+            alloc.largest_free_block(),
+            alloc.last_error(),
+            alloc.stats()
+        );
     };
     // SAFETY: `reused` owns the block; the marker is written on its own stream.
     unsafe { result::memset_d8_async(reused.device_ptr(), 0xAB, bytes, cu1) }.unwrap();
@@ -281,6 +290,51 @@ fn a_segment_lent_by_a_stream_with_a_running_kernel_waits_for_it() {
     assert_eq!(taken.device_ptr(), addr, "stream 2's segment is lent");
     assert_eq!(alloc.stats().num_segment_adoptions, 0, "and stays stream 2's");
     assert_handed_over_after_the_kernel(&b, &alloc, &taken, (s1, s2), (n, iters, seed));
+}
+
+/// A large request of stream 2 while stream 1, which holds the range of virtual memory, is
+/// idle is served from that range (`Heap::serve_from_range`). Freed while a kernel on stream 2 still
+/// writes it, the block goes back to stream 1 only after the kernel: stream 1, asking for the
+/// same size again and again, gets it back holding the kernel's whole output, and its marker
+/// survives. Stream 1 is never made to wait for stream 2 (it would have the block at once).
+/// With `cuMemAlloc` segments there is no range: reported and skipped.
+#[test]
+fn a_block_lent_from_the_range_and_freed_while_its_kernel_runs_waits_for_it() {
+    let _device = shared_device();
+    let Some(b) = backend() else { return };
+    let alloc = CachingAllocator::new(b.clone());
+    let (s1, s2) = (alloc.default_stream(), alloc.new_stream().unwrap());
+    let (n, iters, seed) = (1u32 << 24, 1u32 << 18, 0x1e47);
+    let first = alloc.alloc::<u32>(&s1, n as usize).unwrap();
+    let addr = first.device_ptr();
+    drop(first);
+    let reserved = alloc.memory_reserved();
+    let mut lent = alloc.alloc::<u32>(&s2, n as usize).unwrap();
+    if lent.device_ptr() != addr {
+        eprintln!("skipped: no range to lend from ({:?} segments)", b.segments());
+        return;
+    }
+    assert_eq!(alloc.memory_reserved(), reserved, "lent, nothing reserved");
+    let started = Instant::now();
+    let (cu2, _module) = spin_on(&b, s2, &mut lent, (n, iters, seed));
+    drop(lent);
+    let running = still_running(&cu2);
+    let mut others = Vec::new();
+    let reused = loop {
+        let x = alloc.alloc::<u32>(&s1, n as usize).unwrap();
+        if x.device_ptr() == addr {
+            break x;
+        }
+        others.push(x);
+        assert!(started.elapsed() < Duration::from_secs(60), "the block never came back");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    eprintln!(
+        "kernel running after the free: {running}; block back after {:?}, {} other blocks meanwhile",
+        started.elapsed(),
+        others.len()
+    );
+    assert_handed_over_after_the_kernel(&b, &alloc, &reused, (s1, s2), (n, iters, seed));
 }
 
 /// `to_vec` is ordered on the buffer's stream (here a non-blocking one, which the driver's

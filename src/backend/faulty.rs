@@ -229,6 +229,9 @@ unsafe impl<B: Backend> Backend for FaultyBackend<B> {
     fn destroy_event(&self, event: RawEvent) {
         self.inner.destroy_event(event)
     }
+    fn stream_idle(&self, stream: RawStream) -> Result<bool, BackendError> {
+        self.inner.stream_idle(stream)
+    }
     fn synchronize(&self, stream: RawStream) -> Result<(), BackendError> {
         self.check_wait()?;
         self.inner.synchronize(stream)

@@ -234,6 +234,15 @@ pub unsafe trait Backend: Send + Sync + fmt::Debug + 'static {
     /// Blocks until all work queued on `stream` is done.
     fn synchronize(&self, stream: RawStream) -> Result<(), BackendError>;
 
+    /// Whether all work queued so far on `stream` is done. Must not block. The default records
+    /// an event and queries it.
+    fn stream_idle(&self, stream: RawStream) -> Result<bool, BackendError> {
+        let event = self.record_event(stream)?;
+        let done = self.event_completed(event);
+        self.destroy_event(event);
+        done
+    }
+
     /// Orders the work queued on stream `waiting` from now on after the work queued so far on
     /// stream `on`, without blocking the host where the backend can (CUDA: `waiting` waits
     /// for an event recorded on `on`). The allocator calls it before a cached segment of `on`

@@ -314,6 +314,12 @@ unsafe impl Backend for SimBackend {
         }
     }
 
+    /// Immediate events: every stream is idle. Manual ones: a stream is idle while no event
+    /// recorded on it is pending (the sim runs no work but what its events stand for).
+    fn stream_idle(&self, stream: RawStream) -> Result<bool, BackendError> {
+        Ok(self.mode == EventMode::Immediate || !self.events.lock().pending.values().any(|&s| s == stream))
+    }
+
     fn synchronize(&self, stream: RawStream) -> Result<(), BackendError> {
         if self.mode == EventMode::Manual {
             self.events.lock().pending.retain(|_, s| *s != stream);

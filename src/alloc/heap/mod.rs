@@ -104,6 +104,10 @@ pub(crate) struct Extra {
     /// The stream a block of another stream's segment was lent to (see [`Heap::lend`]): the
     /// stream its allocation and free are recorded on.
     pub(crate) lent_to: Option<StreamId>,
+    /// Whether it was lent from another stream's range while that stream was idle
+    /// ([`Heap::serve_from_range`]): its free, while the borrower's work still runs, waits for an
+    /// event on the borrower instead of ordering the owner after it ([`Heap::hand_back`]).
+    pub(crate) from_range: bool,
     pub(crate) meta: Option<TensorMeta>,
 }
 
@@ -357,24 +361,34 @@ impl Heap {
                 if deferred.is_none() || !self.defer_hot {
                     self.settle();
                 }
+                // Whether the block comes from another stream's range (`Heap::serve_from_range`).
+                let mut ranged = false;
                 let found = match self.find_free(pool, stream, size, true) {
                     Some(i) => {
                         // Merging the block freed last changes only its own stream's blocks.
                         self.settle();
                         Grown::Free(i)
                     }
-                    None => self.grow(backend, pool, stream, requested, size, deferred)?,
+                    None => match self.serve_from_range(backend, pool, stream, requested, size)? {
+                        Some(found) => {
+                            ranged = true;
+                            found
+                        }
+                        None => self.grow(backend, pool, stream, requested, size, deferred)?,
+                    },
                 };
-                match found {
+                let lent = ranged || matches!(found, Grown::Lent(_));
+                let b = match found {
                     // A failure here is mapping pages for a cached block, even after a retry.
-                    Grown::Free(i) => self.take(backend, i, size).map_err(|e| self.oom(backend, requested, size, e))?,
-                    Grown::Handed(i) => i,
-                    Grown::Lent(i) => {
-                        let b = self.take(backend, i, size).map_err(|e| self.oom(backend, requested, size, e))?;
-                        self.lend(b, stream);
-                        b
+                    Grown::Free(i) | Grown::Lent(i) => {
+                        self.take(backend, i, size).map_err(|e| self.oom(backend, requested, size, e))?
                     }
+                    Grown::Handed(i) => i,
+                };
+                if lent && self.blocks[b].stream != stream {
+                    self.lend(b, stream, ranged);
                 }
+                b
             }
         };
         let b = &mut self.blocks[block];
@@ -679,11 +693,13 @@ impl Heap {
         let (pool, size, requested, uses, lent_to) = {
             let b = &mut self.blocks[i];
             debug_assert_eq!(b.state, BlockState::Allocated);
-            let (uses, lent_to) = b.extra.take().map(|e| (e.uses, e.lent_to)).unwrap_or_default();
+            let (uses, lent_to) =
+                b.extra.take().map(|e| (e.uses, e.lent_to.map(|to| (to, e.from_range)))).unwrap_or_default();
             b.ctx = None;
             (b.pool, b.size, std::mem::take(&mut b.requested), uses, lent_to)
         };
         let (uses, handed_back) = self.hand_back(backend, i, uses, lent_to);
+        let lent_to = lent_to.map(|(to, _)| to);
         let mut waiting = 0;
         for s in uses {
             let raw = self.streams[s.index()].raw;
@@ -864,11 +880,21 @@ impl Heap {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::SimBackend;
+    use crate::backend::{EventMode, SimBackend};
 
     fn heap(config: &str) -> (Heap, SimBackend) {
-        let sim = SimBackend::new(1 << 40);
+        heap_with(config, SimBackend::new(1 << 40))
+    }
+
+    fn heap_with(config: &str, sim: SimBackend) -> (Heap, SimBackend) {
         (Heap::new(0, AllocatorConfig::parse(config).unwrap(), RecordConfig::off(), &sim), sim)
+    }
+
+    /// Queues "work" on `stream` (an event the manual sim keeps pending), so that the stream is
+    /// busy until `sim.synchronize` of it.
+    fn make_busy(h: &Heap, sim: &SimBackend, stream: StreamId) {
+        sim.record_event(h.streams[stream.index()].raw).unwrap();
+        assert!(!sim.stream_idle(h.streams[stream.index()].raw).unwrap());
     }
 
     #[test]
@@ -1068,7 +1094,7 @@ mod tests {
             mapped_pages in proptest::bool::ANY,
             failing_waits in 0..4u64,
         ) {
-            use crate::backend::{EventMode, FaultPlan, FaultyBackend};
+            use crate::backend::{FaultPlan, FaultyBackend};
             let conf = ["", "fragmentation_limit:off", "max_split_size_mb:40,roundup_power2_divisions:4",
                 "fragmentation_limit:1.0,release_pages:false", ""][config];
             let costly = config == 4;
@@ -1114,7 +1140,7 @@ mod tests {
             ops in ops(),
             config in 0..5usize,
         ) {
-            use crate::backend::{EventMode, FaultPlan, FaultyBackend};
+            use crate::backend::{FaultPlan, FaultyBackend};
             let conf = ["", "release_pages:false", "max_split_size_mb:40", "fragmentation_limit:1.0",
                 "max_split_size_mb:40,max_non_split_rounding_mb:100,release_pages:false"][config];
             let make = |reuse: bool| {
@@ -1153,7 +1179,7 @@ mod tests {
             ops in ops(),
             config in 0..4usize,
         ) {
-            use crate::backend::{EventMode, FaultPlan, FaultyBackend};
+            use crate::backend::{FaultPlan, FaultyBackend};
             let fraction = (40u64 << 20) as f64 / (1u64 << 40) as f64;
             let conf = ["", "release_pages:false", "max_split_size_mb:40", "fragmentation_limit:off"][config];
             let conf = format!("{conf},per_process_memory_fraction:{fraction:?}");
@@ -1231,7 +1257,7 @@ mod tests {
 
     #[test]
     fn one_stream_that_grows_serves_small_and_large_requests_from_one_range() {
-        let (mut h, sim) = heap("");
+        let (mut h, sim) = heap_with("", SimBackend::with_events(1 << 40, EventMode::Manual));
         let s = StreamId(0);
         // Small requests, 3 MiB of them, then all freed: their pages serve a large request.
         let small: Vec<Grant> = (0..6).map(|_| h.alloc(&sim, s, 512 << 10, None).unwrap()).collect();
@@ -1250,8 +1276,10 @@ mod tests {
         let tail = h.blocks[big.block].next.expect("the rest of the range is a block of its own");
         assert_eq!((h.blocks[tail].state, h.blocks[tail].size), (BlockState::Free, 1 << 20));
         crate::alloc::heap::check_heap(&h).unwrap();
-        // Once another stream holds a large segment, small requests go to the small pool.
+        // Once another stream holds a large segment (asked for while the range's stream was
+        // busy: see `Heap::serve_from_range`), small requests go to the small pool.
         let s1 = h.add_stream(sim.create_stream().unwrap()).unwrap();
+        make_busy(&h, &sim, s);
         let other = h.alloc(&sim, s1, 3 << 20, None).unwrap();
         assert_ne!(h.blocks[other.block].segment, seg);
         let g = h.alloc(&sim, s, 512, None).unwrap();
@@ -1260,8 +1288,62 @@ mod tests {
     }
 
     #[test]
+    fn another_streams_large_requests_are_served_from_the_range_while_its_stream_is_idle() {
+        let (mut h, sim) = heap_with("fragmentation_limit:off", SimBackend::with_events(1 << 40, EventMode::Manual));
+        let s = StreamId(0);
+        let a = h.alloc(&sim, s, 12 << 20, None).unwrap();
+        let seg = h.blocks[a.block].segment;
+        assert!(h.segments[seg].room > 0, "stream 0 holds the range");
+        h.free(&sim, a.block, None);
+        h.settle();
+        let reserved = h.reserved();
+        // Stream 0 is idle: stream 1's large request takes the range's free block, lent.
+        let s1 = h.add_stream(sim.create_stream().unwrap()).unwrap();
+        let b = h.alloc(&sim, s1, 8 << 20, None).unwrap();
+        assert_eq!((b.addr, b.lent, h.reserved()), (a.addr, true, reserved), "the range's hole, lent");
+        assert_eq!(h.streams[s1.index()].segments, [0, 0], "stream 1 reserved nothing");
+        // Beyond what the range holds free, the range grows for it, as for its owner.
+        let c = h.alloc(&sim, s1, 16 << 20, None).unwrap();
+        assert_eq!((h.blocks[c.block].segment, c.lent), (seg, true));
+        assert_eq!(h.reserved(), reserved + (12 << 20), "grown by what its free end lacked");
+        // Small requests keep a small segment of the stream's own (no loan: see `park`).
+        let small = h.alloc(&sim, s1, 512, None).unwrap();
+        assert!(!small.lent);
+        assert_eq!(h.segments[h.blocks[small.block].segment].pool, Pool::Small);
+        crate::alloc::heap::check_heap(&h).unwrap();
+        // Freed while stream 1 is idle, a loan is back in the range at once.
+        h.free(&sim, b.block, None);
+        assert_eq!(h.blocks[b.block].state, BlockState::Free);
+        assert!(!h.has_pending());
+        // Freed while stream 1's work runs, it waits for an event on stream 1; the owner's
+        // own stream is not ordered after stream 1.
+        make_busy(&h, &sim, s1);
+        h.free(&sim, c.block, None);
+        assert_eq!(h.blocks[c.block].state, BlockState::PendingFree);
+        let d = h.alloc(&sim, s, 16 << 20, None).unwrap();
+        assert_ne!(d.addr, c.addr, "still stream 1's");
+        sim.synchronize(h.streams[s1.index()].raw).unwrap();
+        h.free(&sim, d.block, None);
+        let e = h.alloc(&sim, s, 1 << 20, None).unwrap();
+        assert!(!h.has_pending(), "the wait is over");
+        h.settle();
+        crate::alloc::heap::check_heap(&h).unwrap();
+        // While stream 0 has work queued, stream 1 goes its own way: a segment of its own.
+        make_busy(&h, &sim, s);
+        let f = h.alloc(&sim, s1, 8 << 20, None).unwrap();
+        assert!(!f.lent);
+        assert_ne!(h.blocks[f.block].segment, seg);
+        assert_eq!(h.streams[s1.index()].segments[Pool::Large as usize], 1);
+        for g in [e, f, small] {
+            h.free(&sim, g.block, None);
+        }
+        h.settle();
+        crate::alloc::heap::check_heap(&h).unwrap();
+    }
+
+    #[test]
     fn the_free_end_of_a_growing_range_is_taken_last() {
-        let (mut h, sim) = heap("fragmentation_limit:off");
+        let (mut h, sim) = heap_with("fragmentation_limit:off", SimBackend::with_events(1 << 40, EventMode::Manual));
         let s = StreamId(0);
         // A 12 MiB hole at the start of the range, then 1.5 MiB in use, then a free end of
         // 0.5 MiB (the range grew by a whole page for the 1.5 MiB).
@@ -1282,8 +1364,10 @@ mod tests {
         crate::alloc::heap::check_heap(&h).unwrap();
         // Another stream's large segment is reserved without room, and the range still grows:
         // its free end is still taken last (for a large request; small ones go to the small
-        // pool once another stream holds a segment).
+        // pool once another stream holds a segment). The range's stream is busy when the
+        // other asks, or the range would serve it (`Heap::serve_from_range`).
         let s1 = h.add_stream(sim.create_stream().unwrap()).unwrap();
+        make_busy(&h, &sim, s);
         let other = h.alloc(&sim, s1, 3 << 20, None).unwrap();
         assert_eq!(h.segments[h.blocks[other.block].segment].room, 0);
         let end = h.blocks[d.block].next.expect("a free end");

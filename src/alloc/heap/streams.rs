@@ -165,13 +165,97 @@ impl Heap {
         self.lendable(backend, pool, stream, size).map(Grown::Lent)
     }
 
-    /// Block `i`, of another stream's segment, is handed out to `stream`: `stream` counts as a
-    /// stream the block is used on (as after `record_stream`), so that its free orders the
-    /// owner after `stream` ([`Heap::hand_back`]) or else waits for an event on `stream`; its
-    /// allocation and free are recorded on `stream`.
-    pub(super) fn lend(&mut self, i: BlockId, stream: StreamId) {
+    /// Block `i`, of another stream's segment, is handed out to `stream` (`from_range`: by
+    /// [`Heap::serve_from_range`]): `stream` counts as a stream the block is used on (as after
+    /// `record_stream`), so that its free goes back to the owner at once where `stream` is
+    /// idle, else orders the owner after `stream` or waits for an event on `stream`
+    /// ([`Heap::hand_back`]); its allocation and free are recorded on `stream`.
+    pub(super) fn lend(&mut self, i: BlockId, stream: StreamId, from_range: bool) {
         self.record_stream(i, stream);
-        self.blocks[i].extra.get_or_insert_with(Box::default).lent_to = Some(stream);
+        let extra = self.blocks[i].extra.get_or_insert_with(Box::default);
+        extra.lent_to = Some(stream);
+        extra.from_range = from_range;
+    }
+
+    /// The stream holding the segments reserved to grow in place (one at a time: see
+    /// [`Heap::may_grow_in_place`]), if any.
+    fn range_owner(&self) -> Option<StreamId> {
+        if self.growable == 0 {
+            return None;
+        }
+        self.streams.iter().position(|s| s.growable > 0).map(|i| StreamId(i as u32))
+    }
+
+    /// Whether all work queued so far on `stream` is done (`Backend::stream_idle`; an error
+    /// counts as busy, and is noted).
+    pub(super) fn idle(&mut self, backend: &dyn Backend, stream: StreamId) -> bool {
+        match backend.stream_idle(self.streams[stream.index()].raw) {
+            Ok(idle) => idle,
+            Err(e) => {
+                self.note(Note::BackendError);
+                self.last_error = Some(format!("querying whether stream {stream} is idle: {e}"));
+                false
+            }
+        }
+    }
+
+    /// A large request on `stream` that none of its own free blocks fits, served as a request
+    /// of the stream that holds the range growing in place, while that stream is idle: its
+    /// best fit among the owner's free blocks, else whatever the owner's own request would
+    /// get ([`Heap::grow`]: its range grown, over the limit a reclaim first). The block is
+    /// then lent to `stream` ([`Heap::lend`]). `None` (the request goes its own way, as
+    /// before) where segments cannot map pages, the request is small, no stream holds a
+    /// range, `stream` holds it, or its owner has work queued.
+    ///
+    /// Why: with one range per heap, the other streams reserved segments of their own for
+    /// their large tensors, and memory that one stream freed served another only as a lent
+    /// block over the soft limit. Memory then lay in pieces that did not merge, and replayed
+    /// on several streams the heap reserved 1.18–1.20 times its peak of allocated bytes where
+    /// the same events on one stream needed 1.01–1.07 and the `cudaMallocAsync` pool on the
+    /// streams 1.04–1.16. Served from the range, every stream's large blocks lie in one range
+    /// whose holes merge, as on one stream. On 240 traces of random shapes on two to four
+    /// streams that no rule had been tried on (seeds 1000–1239 and 7000–7239, replayed as on
+    /// CUDA, 4 warm passes), the geometric mean of peak over live fell from 1.179 and 1.200 to
+    /// 1.046 and 1.054, lower on all 240 and higher on none; warm driver calls fell from 861
+    /// to 75, and no replay called the driver after its second warm pass (15 did)
+    /// (`BENCHMARKS.md`, "Several streams in one range").
+    ///
+    /// Why only while the owner is idle: a free block of the owner's may still be used by
+    /// the work it queued before freeing it. An idle owner has none; a busy one would have
+    /// to make `stream` wait for all its work (`Backend::order_after`), a dependency between
+    /// streams that the program never asked for. The `cudaMallocAsync` pool's opportunistic
+    /// reuse takes another stream's memory on the same condition (its free complete). Why
+    /// only large requests: small ones keep their stream's small segments, whose blocks a
+    /// thread's parking slot reuses without the lock (see `park`); lent blocks always go
+    /// through it. Lending small blocks too lowered the peaks no further on the sets the rule
+    /// was chosen on (1.054 against 1.056 and 1.047 against 1.048) and made more warm
+    /// driver calls (175 against 46).
+    pub(super) fn serve_from_range(
+        &mut self,
+        backend: &dyn Backend,
+        pool: Pool,
+        stream: StreamId,
+        requested: u64,
+        size: u64,
+    ) -> Result<Option<Grown>> {
+        if !self.can_unmap || pool != Pool::Large || Self::pool_of(size) != Pool::Large {
+            return Ok(None);
+        }
+        let Some(owner) = self.range_owner() else { return Ok(None) };
+        if owner == stream || !self.idle(backend, owner) {
+            return Ok(None);
+        }
+        self.streams[owner.index()].last_alloc = self.grows;
+        self.settle();
+        if let Some(b) = self.find_free(Pool::Large, owner, size, true) {
+            return Ok(Some(Grown::Free(b)));
+        }
+        let found = self.grow(backend, Pool::Large, owner, requested, size, None)?;
+        // The owner's request may take memory of a third stream, ordering the owner after it
+        // (a segment taken over, a block lent): ordered after the owner, `stream` waits for
+        // that stream too. The idle owner itself holds `stream` up for nothing.
+        self.order_streams(backend, stream, owner, "to use memory its range took");
+        Ok(Some(found))
     }
 
     /// At the free of block `i` (used on `uses` besides its segment's stream), lent to
@@ -187,9 +271,19 @@ impl Heap {
         backend: &dyn Backend,
         i: BlockId,
         mut uses: Vec<StreamId>,
-        lent_to: Option<StreamId>,
+        lent_to: Option<(StreamId, bool)>,
     ) -> (Vec<StreamId>, bool) {
-        let Some(borrower) = lent_to else { return (uses, false) };
+        let Some((borrower, from_range)) = lent_to else { return (uses, false) };
+        if self.idle(backend, borrower) {
+            // Nothing the borrower queued can still touch the block.
+            uses.retain(|&s| s != borrower);
+            return (uses, true);
+        }
+        if from_range {
+            // As after `record_stream`: reused once an event on the borrower completes, so
+            // that the owner's work never waits for the borrower's.
+            return (uses, false);
+        }
         let owner = self.blocks[i].stream;
         if !self.order_streams(backend, owner, borrower, "to take back a block it lent") {
             return (uses, false);

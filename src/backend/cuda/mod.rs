@@ -397,6 +397,17 @@ unsafe impl Backend for CudaBackend {
         self.events.lock().1.remove(&event);
     }
 
+    fn stream_idle(&self, stream: RawStream) -> Result<bool, BackendError> {
+        let s = self.stream_or_err(stream)?;
+        // SAFETY: `s` is a live stream of this context, kept alive by the `Arc` for the call;
+        // `cuStreamQuery` only reads its state and does not block.
+        match unsafe { sys::cuStreamQuery(s.cu_stream()) }.result() {
+            Ok(()) => Ok(true),
+            Err(DriverError(sys::cudaError_enum::CUDA_ERROR_NOT_READY)) => Ok(false),
+            Err(e) => Err(driver("cuStreamQuery", e)),
+        }
+    }
+
     fn synchronize(&self, stream: RawStream) -> Result<(), BackendError> {
         self.stream_or_err(stream)?.synchronize().map_err(|e| driver("cuStreamSynchronize", e))
     }
