@@ -282,7 +282,8 @@
 //! segments included), the request's stream ordered after the owner's (on CUDA the borrower
 //! waits for an event recorded on the owner; the host does not block; copies run on their
 //! buffer's stream): the block stays in its owner's segment, and at its free goes back to the
-//! owner's free blocks at once, the owner's stream ordered after the borrower's (or, where the
+//! owner's free blocks at once: with nothing to order where the borrower has no work queued
+//! (since 2026-11-28), else the owner's stream ordered after the borrower's (or, where the
 //! backend cannot order them, once an event recorded on the borrower at free time has
 //! completed, as after `record_stream`). The cudaMallocAsync pool shares freed memory between
 //! streams much the same way; PyTorch's allocator does not, and on the same streams reserves

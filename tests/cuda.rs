@@ -147,8 +147,9 @@ fn a_block_used_on_another_stream_waits_for_that_work() {
         }
         assert!(
             others.len() < 16,
-            "the block never came back after stream 2 was synchronized: reserved {}, allocated {}, \
-             largest free block {}, last error {:?}, {:?}",
+            "the block never came back after stream 2 was synchronized: stream 2 idle now: {:?}, \
+             reserved {}, allocated {}, largest free block {}, last error {:?}, {:?}",
+            b.stream_idle(s2.raw()),
             alloc.memory_reserved(),
             alloc.memory_allocated(),
             alloc.largest_free_block(),

@@ -103,11 +103,11 @@ impl Heap {
     /// (those of the streams holding free blocks only), with `stream`'s work ordered after the
     /// owner's (`Backend::order_after`, as for a segment taken over) so that nothing the owner
     /// queued before freeing it can still touch the memory. The block stays in its owner's
-    /// segment; at its free, [`Heap::hand_back`] orders the owner after `stream` (see
-    /// [`Heap::lend`]). Without this, the reclaim releases cached
-    /// segments and reserves a new one of the request's size while other streams cache free
-    /// blocks that fit: with dynamic shapes on several streams, two backend calls on step after
-    /// step. `None` if no other stream's free block fits or its owner could not be waited for.
+    /// segment; at its free, [`Heap::hand_back`] gives it back (ordering the owner after
+    /// `stream` where `stream` has work queued; see [`Heap::lend`]). Without this, the reclaim
+    /// releases cached segments and reserves a new one of the request's size while other
+    /// streams cache free blocks that fit: with dynamic shapes on several streams, two backend
+    /// calls on step after step. `None` if no other stream's free block fits or its owner could not be waited for.
     pub(super) fn lendable(
         &mut self,
         backend: &dyn Backend,
@@ -258,14 +258,18 @@ impl Heap {
         Ok(Some(found))
     }
 
-    /// At the free of block `i` (used on `uses` besides its segment's stream), lent to
-    /// `lent_to`: orders the owner's stream after the borrower's work queued so far
+    /// At the free of block `i` (used on `uses` besides its segment's stream), lent to the
+    /// stream in `lent_to` (with whether [`Heap::serve_from_range`] lent it): where the borrower
+    /// has no work queued, the block goes back to its owner at once with nothing to order.
+    /// Else, for a block lent from the range, the free waits for an event on the borrower (so
+    /// that the range's stream never waits for another's work); for a block lent over the
+    /// limit, orders the owner's stream after the borrower's work queued so far
     /// (`Backend::order_after`: on CUDA the owner waits for an event, the host does not block),
     /// so that the block goes back to its owner at once instead of waiting for an event on the
     /// borrower to complete (until the device has passed it the block is out of everyone's
     /// reach, and the owner may reserve memory anew meanwhile). Returns the streams still to
-    /// wait for and whether the borrower was ordered so; if the backend could not, the free
-    /// waits for the borrower's event as after `record_stream`.
+    /// wait for and whether the block went back to its owner; if the backend could not order
+    /// the streams, the free waits for the borrower's event as after `record_stream`.
     pub(super) fn hand_back(
         &mut self,
         backend: &dyn Backend,
