@@ -107,7 +107,8 @@ impl Heap {
     /// `stream` where `stream` has work queued; see [`Heap::lend`]). Without this, the reclaim
     /// releases cached segments and reserves a new one of the request's size while other
     /// streams cache free blocks that fit: with dynamic shapes on several streams, two backend
-    /// calls on step after step. `None` if no other stream's free block fits or its owner could not be waited for.
+    /// calls on step after step. `None` if no other stream's free block fits or its owner
+    /// could not be waited for.
     pub(super) fn lendable(
         &mut self,
         backend: &dyn Backend,
@@ -227,9 +228,9 @@ impl Heap {
     /// reuse takes another stream's memory on the same condition (its free complete). Why
     /// only large requests: small ones keep their stream's small segments, whose blocks a
     /// thread's parking slot reuses without the lock (see `park`); lent blocks always go
-    /// through it. Lending small blocks too lowered the peaks by under 0.2% on the sets the rule
-    /// was chosen on (1.0539 against 1.0558, 1.0474 against 1.0479) and made almost four times
-    /// the warm driver calls (175 against 46).
+    /// through it. Lending small blocks too lowered the peaks by under 0.2% on the sets the
+    /// rule was chosen on (1.0539 against 1.0558, 1.0474 against 1.0479) and made almost four
+    /// times the warm driver calls (175 against 46).
     pub(super) fn serve_from_range(
         &mut self,
         backend: &dyn Backend,
