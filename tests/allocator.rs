@@ -15,7 +15,8 @@ fn on_sim(conf: &str) -> CachingAllocator {
 
 /// An allocator that caches exactly like PyTorch's (no fragmentation limit).
 fn pytorch_like(capacity: u64) -> CachingAllocator {
-    let config = AllocatorConfig::parse("fragmentation_limit:off,expandable_segments:False").unwrap();
+    let config =
+        AllocatorConfig::parse("fragmentation_limit:off,expandable_segments:False,share_idle_streams:False").unwrap();
     CachingAllocator::with_config(SimBackend::new(capacity), config).unwrap()
 }
 
@@ -471,18 +472,50 @@ fn per_process_memory_fraction_caps_what_the_allocator_reserves() {
     }
 }
 
+/// With `share_idle_streams:false`, as in PyTorch's allocator, a block cached for one stream
+/// is never handed to another (but for loans over the fragmentation limit, off here).
 #[test]
-fn blocks_are_reused_only_on_their_stream() {
+fn blocks_are_reused_only_on_their_stream_where_streams_share_nothing() {
     let alloc = pytorch_like(1 << 30);
     let s1 = alloc.default_stream();
     let s2 = alloc.new_stream().unwrap();
     let a = alloc.alloc::<u8>(&s1, 4 * MIB as usize).unwrap();
     let addr = a.device_ptr();
     drop(a);
+    let b = alloc.alloc::<u8>(&s2, 18 * MIB as usize).unwrap();
+    assert_ne!(b.device_ptr(), addr, "a block cached for stream 1 is not handed to stream 2");
+    let c = alloc.alloc::<u8>(&s1, 4 * MIB as usize).unwrap();
+    assert_eq!(c.device_ptr(), addr);
+}
+
+/// A block cached for one stream serves another stream only while the first has no work
+/// queued (`Heap::serve_from_range`: with `cuMemAlloc`-like segments, the stream holding the
+/// most large segments is the one whose cache serves the others).
+#[test]
+fn blocks_are_reused_on_another_stream_only_while_their_stream_is_idle() {
+    let sim = Arc::new(SimBackend::with_events(1 << 30, EventMode::Manual));
+    let config = AllocatorConfig::parse("fragmentation_limit:off,expandable_segments:False").unwrap();
+    let alloc = CachingAllocator::with_config(sim.clone(), config).unwrap();
+    let s1 = alloc.default_stream();
+    let s2 = alloc.new_stream().unwrap();
+    let a = alloc.alloc::<u8>(&s1, 4 * MIB as usize).unwrap();
+    let addr = a.device_ptr();
+    drop(a);
+    // Work queued on stream 1 (an event the manual sim keeps pending).
+    vramscope::backend::Backend::record_event(&*sim, s1.raw()).unwrap();
     let b = alloc.alloc::<u8>(&s2, 4 * MIB as usize).unwrap();
     assert_ne!(b.device_ptr(), addr, "a block cached for stream 1 is not handed to stream 2");
     let c = alloc.alloc::<u8>(&s1, 4 * MIB as usize).unwrap();
     assert_eq!(c.device_ptr(), addr);
+    drop(c);
+    // Stream 1 idle: a request that stream 2's own cache (16 MiB free) cannot serve gets stream
+    // 1's cached segment, lent.
+    vramscope::backend::Backend::synchronize(&*sim, s1.raw()).unwrap();
+    let d = alloc.alloc::<u8>(&s2, 18 * MIB as usize).unwrap();
+    assert_eq!(d.device_ptr(), addr, "stream 1's cache serves stream 2");
+    assert_eq!(alloc.stats().num_device_alloc, 2, "nothing reserved for it");
+    drop((b, d));
+    alloc.check_invariants().unwrap();
 }
 
 #[test]
@@ -777,6 +810,9 @@ unsafe impl vramscope::backend::Backend for SyncLog {
     fn synchronize(&self, stream: RawStream) -> Result<(), vramscope::error::BackendError> {
         self.sim.synchronize(stream)
     }
+    fn stream_idle(&self, stream: RawStream) -> Result<bool, vramscope::error::BackendError> {
+        self.sim.stream_idle(stream)
+    }
     fn order_after(&self, waiting: RawStream, on: RawStream) -> Result<(), vramscope::error::BackendError> {
         if self.fail_order.load(std::sync::atomic::Ordering::Relaxed) {
             return Err(vramscope::error::BackendError::Other("injected: order_after".into()));
@@ -824,10 +860,15 @@ fn a_temporary_freed_on_another_stream_is_handed_on_with_its_segment() {
 /// taking over").
 #[test]
 fn a_whole_segment_of_another_stream_is_lent_and_stays_its_owners() {
-    let (backend, alloc, s1, s2) = two_streams_without_pages(SimBackend::new(1 << 30));
+    let (backend, alloc, s1, s2) =
+        two_streams_without_pages(SimBackend::with_events(1 << 30, vramscope::backend::EventMode::Manual));
     let a = alloc.alloc::<u8>(&s2, 8 * MIB as usize).unwrap();
     let addr = a.device_ptr();
     drop(a);
+    // Stream 2 has work queued: its cache does not serve stream 1 as its own (see
+    // `blocks_are_reused_on_another_stream_only_while_their_stream_is_idle`); over the limit
+    // it lends.
+    vramscope::backend::Backend::record_event(&*backend, s2.raw()).unwrap();
     let (b, ordered) = backend.orderings(|| alloc.alloc::<u8>(&s1, 8 * MIB as usize).unwrap());
     assert_eq!(b.device_ptr(), addr, "stream 2's cached segment is lent");
     assert_eq!(ordered, [(s1.raw(), s2.raw())], "stream 1 ordered after stream 2");
@@ -852,12 +893,15 @@ fn a_whole_segment_of_another_stream_is_lent_and_stays_its_owners() {
 /// synthetic traces of `BENCHMARKS.md`).
 #[test]
 fn the_best_fitting_block_of_another_stream_is_lent_rather_than_released() {
-    let (backend, alloc, s1, s2) = two_streams_without_pages(SimBackend::new(1 << 30));
+    let (backend, alloc, s1, s2) =
+        two_streams_without_pages(SimBackend::with_events(1 << 30, vramscope::backend::EventMode::Manual));
     let bigger = alloc.alloc::<u8>(&s2, 140 * MIB as usize).unwrap();
     let big = alloc.alloc::<u8>(&s2, 100 * MIB as usize).unwrap();
     let kept = alloc.alloc::<u8>(&s1, 40 * MIB as usize).unwrap();
     let addr = big.device_ptr();
     drop((big, bigger));
+    // Stream 2 has work queued: no serving as its own; over the limit it lends.
+    vramscope::backend::Backend::record_event(&*backend, s2.raw()).unwrap();
     // Peak allocated 280 MiB, reserved 280 MiB: 60 MiB more is over the 1.05 limit, and no
     // cached segment is of about 60 MiB.
     let (b, ordered) = backend.orderings(|| alloc.alloc::<u8>(&s1, 60 * MIB as usize).unwrap());
@@ -880,6 +924,10 @@ fn a_free_block_of_another_streams_segment_is_lent_and_given_back_in_stream_orde
         let (backend, alloc, s1, s2) =
             two_streams_without_pages(SimBackend::with_events(1 << 30, vramscope::backend::EventMode::Manual));
         let kept = alloc.alloc::<u8>(&s1, 100 * MIB as usize).unwrap();
+        // Stream 1 has work queued (an event the manual sim keeps pending until stream 1 is
+        // synchronized): stream 2 reserves a segment of its own instead of being served from
+        // stream 1's memory, and stream 1's free below orders stream 2 after it.
+        vramscope::backend::Backend::record_event(&*backend, s1.raw()).unwrap();
         let whole = alloc.alloc::<u8>(&s2, 100 * MIB as usize).unwrap();
         let base = whole.device_ptr();
         drop(whole);

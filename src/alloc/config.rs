@@ -9,7 +9,8 @@ pub const ALLOC_CONF_ENV: &str = "VRAMSCOPE_ALLOC_CONF";
 /// Keys accepted in a configuration string, for error messages.
 const KEYS: &str = "max_split_size_mb, max_non_split_rounding_mb, roundup_power2_divisions, \
                     garbage_collection_threshold, per_process_memory_fraction, fragmentation_limit, \
-                    fragmentation_limit_max, release_pages, expandable_segments, backend";
+                    fragmentation_limit_max, release_pages, expandable_segments, share_idle_streams, \
+                    backend";
 
 /// Keys of `PYTORCH_CUDA_ALLOC_CONF` that vramscope does not implement. A configuration
 /// naming one is refused, as an unknown key is: a setting vramscope would silently ignore
@@ -111,6 +112,14 @@ pub struct AllocatorConfig {
     /// segment grow in place (one stream's at a time), as PyTorch's
     /// expandable segments do (see the crate docs, "How the allocator works"). Default: `true`.
     pub release_pages: bool,
+    /// Where a stream's large request (over 1 MiB) finds none of its own free blocks that
+    /// fits, serve it from the memory of the stream that holds the most (the range that grows
+    /// in place; with segments that do not grow, the stream holding the most large segments)
+    /// while that stream has no work queued, the block lent. Memory then moves between streams
+    /// as in the `cudaMallocAsync` pool, and never makes one stream wait for another's work.
+    /// `false` keeps each stream's memory to itself but for loans over the fragmentation
+    /// limit, as PyTorch's allocator does (`share_idle_streams:false`). Default: `true`.
+    pub share_idle_streams: bool,
 }
 
 impl Default for AllocatorConfig {
@@ -124,6 +133,7 @@ impl Default for AllocatorConfig {
             fragmentation_limit: Some(1.05),
             fragmentation_limit_max: LimitMax::Auto,
             release_pages: true,
+            share_idle_streams: true,
         }
     }
 }
@@ -200,7 +210,8 @@ impl AllocatorConfig {
     /// `per_process_memory_fraction` (a number above 0 and at most 1),
     /// `fragmentation_limit` and `fragmentation_limit_max` (numbers from 1 to
     /// [`MAX_FRAGMENTATION_LIMIT`], or `off`; the second also `auto`), `release_pages` and its
-    /// PyTorch-named alias `expandable_segments` (`True` or `False`), and `backend:native`
+    /// PyTorch-named alias `expandable_segments` (`True` or `False`), `share_idle_streams`
+    /// (`True` or `False`; vramscope's own), and `backend:native`
     /// (vramscope is PyTorch's native allocator; `cudaMallocAsync` is refused). Each key at most
     /// once. Unknown keys, PyTorch's keys that vramscope does not implement
     /// (`release_lock_on_cudamalloc`, the `pinned_*` keys, ...) and malformed values are errors
@@ -281,6 +292,7 @@ impl AllocatorConfig {
                     }
                 }
                 "release_pages" | "expandable_segments" => c.release_pages = parse_bool(key, value)?,
+                "share_idle_streams" => c.share_idle_streams = parse_bool(key, value)?,
                 _ => return Err(bad(key, format!("unknown key; accepted keys: {KEYS}"))),
             }
         }
@@ -494,6 +506,8 @@ mod tests {
             LimitMax::Auto
         );
         assert!(!c.release_pages);
+        assert!(c.share_idle_streams, "shared by default");
+        assert!(!AllocatorConfig::parse("share_idle_streams:False").unwrap().share_idle_streams);
         assert_eq!(AllocatorConfig::parse("").unwrap(), AllocatorConfig::default());
         assert_eq!(AllocatorConfig::parse("fragmentation_limit:off").unwrap().fragmentation_limit, None);
     }
@@ -549,6 +563,7 @@ mod tests {
             ("fragmentation_limit_max:0.9", "fragmentation_limit_max", "at least 1"),
             ("fragmentation_limit_max:x", "fragmentation_limit_max", "not a number"),
             ("release_pages:maybe", "release_pages", "True or False"),
+            ("share_idle_streams:sometimes", "share_idle_streams", "True or False"),
             ("colour:blue", "colour", "accepted keys"),
             ("max_split_size_mb", "max_split_size_mb", "key:value"),
         ] {

@@ -175,6 +175,9 @@ pub(crate) struct Heap {
     /// Requests that found no cached block (segments reserved or adopted): the clock that
     /// tells idle streams.
     grows: u64,
+    /// The stream whose memory serves other streams' large requests while it is idle (see
+    /// [`Heap::serve_from_range`]; kept by [`Heap::track_home`]).
+    home: Option<StreamId>,
     /// Live segments reserved with room to grow in place, of every stream
     /// ([`StreamSlot::growable`] summed; kept by [`Heap::note`]).
     growable: u32,
@@ -292,6 +295,7 @@ impl Heap {
             streams: vec![StreamSlot::new(0)],
             grows: 0,
             growable: 0,
+            home: None,
             next_order: 0,
             adoptable: Vec::new(),
             stats,

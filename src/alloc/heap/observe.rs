@@ -156,5 +156,13 @@ impl Heap {
             Note::BackendError => st.num_backend_errors += 1,
             Note::LimitRaised => st.num_limit_raises += 1,
         }
+        match n {
+            Note::SegmentReserved { stream, .. } | Note::SegmentReleased { stream, .. } => self.track_home(stream),
+            Note::SegmentAdopted { from, to, .. } => {
+                self.track_home(from);
+                self.track_home(to);
+            }
+            _ => {}
+        }
     }
 }

@@ -178,13 +178,31 @@ impl Heap {
         extra.from_range = from_range;
     }
 
-    /// The stream holding the segments reserved to grow in place (one at a time: see
-    /// [`Heap::may_grow_in_place`]), if any.
-    fn range_owner(&self) -> Option<StreamId> {
-        if self.growable == 0 {
-            return None;
+    /// Keeps [`Heap::home`] after stream `s`'s count of large segments, or of segments
+    /// reserved to grow, changed (called by [`Heap::note`]). Where segments grow in place the
+    /// home is the stream holding the range (one stream holds such segments at a time: see
+    /// [`Heap::may_grow_in_place`]). Elsewhere it is the stream holding the most large
+    /// segments, among equals the one that held that many first; only when it gives up its
+    /// last one are the streams counted again. In constant time but for that.
+    pub(super) fn track_home(&mut self, s: StreamId) {
+        if self.can_unmap {
+            if self.streams[s.index()].growable > 0 {
+                self.home = Some(s);
+            } else if self.home == Some(s) {
+                self.home = None;
+            }
+            return;
         }
-        self.streams.iter().position(|s| s.growable > 0).map(|i| StreamId(i as u32))
+        let large = |h: &Heap, x: StreamId| h.streams[x.index()].segments[Pool::Large as usize];
+        self.home = match self.home {
+            Some(h) if h == s && large(self, s) == 0 => (0..self.streams.len())
+                .map(|i| StreamId(i as u32))
+                .filter(|&x| large(self, x) > 0)
+                .max_by_key(|&x| (large(self, x), std::cmp::Reverse(x.0))),
+            Some(h) if large(self, s) > large(self, h) => Some(s),
+            None if large(self, s) > 0 => Some(s),
+            home => home,
+        };
     }
 
     /// Whether all work queued so far on `stream` is done (`Backend::stream_idle`; an error
@@ -201,12 +219,14 @@ impl Heap {
     }
 
     /// A large request on `stream` that none of its own free blocks fits, served as a request
-    /// of the stream that holds the range growing in place, while that stream is idle: its
-    /// best fit among the owner's free blocks, else whatever the owner's own request would
-    /// get ([`Heap::grow`]: its range grown, over the limit a reclaim first). The block is
-    /// then lent to `stream` ([`Heap::lend`]). `None` (the request goes its own way, as
-    /// before) where segments cannot map pages, the request is small, no stream holds a
-    /// range, `stream` holds it, or its owner has work queued.
+    /// of the *home* stream ([`Heap::track_home`]: the one holding the range that grows in
+    /// place, or with segments that do not grow the one holding the most large segments),
+    /// while that stream is idle: its best fit among the home stream's free blocks, else
+    /// whatever the home stream's own request would get ([`Heap::grow`]: its range grown or a
+    /// segment reserved for it, over the limit a reclaim first). The block is then lent to
+    /// `stream` ([`Heap::lend`]). `None` (the request goes its own way, as before) with
+    /// `share_idle_streams:false`, where the request is small, no stream is home, `stream` is,
+    /// or the home stream has work queued.
     ///
     /// Why: with one range per heap, the other streams reserved segments of their own for
     /// their large tensors, and memory that one stream freed served another only as a lent
@@ -219,7 +239,9 @@ impl Heap {
     /// CUDA, 4 warm passes), the geometric mean of peak over live fell from 1.179 and 1.200 to
     /// 1.046 and 1.054, lower on all 240 and higher on none; warm driver calls fell from 861
     /// to 75, and no replay called the driver after its second warm pass (15 did)
-    /// (`BENCHMARKS.md`, "Several streams in one range").
+    /// (`BENCHMARKS.md`, "Several streams in one range"). With segments that do not grow, the
+    /// same sets: 1.206 and 1.210 to 1.127 and 1.137, lower on 223 of 240 and higher on 16,
+    /// warm calls 1,125 to 574, replays calling after the second warm pass 19 to 19 (8 and 11).
     ///
     /// Why only while the owner is idle: a free block of the owner's may still be used by
     /// the work it queued before freeing it. An idle owner has none; a busy one would have
@@ -239,10 +261,10 @@ impl Heap {
         requested: u64,
         size: u64,
     ) -> Result<Option<Grown>> {
-        if !self.can_unmap || pool != Pool::Large || Self::pool_of(size) != Pool::Large {
+        if !self.config.share_idle_streams || pool != Pool::Large || Self::pool_of(size) != Pool::Large {
             return Ok(None);
         }
-        let Some(owner) = self.range_owner() else { return Ok(None) };
+        let Some(owner) = self.home else { return Ok(None) };
         if owner == stream || !self.idle(backend, owner) {
             return Ok(None);
         }
