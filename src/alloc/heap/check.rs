@@ -82,6 +82,13 @@ pub(crate) fn check_heap(heap: &Heap) -> std::result::Result<(), String> {
             heap.growable
         ));
     }
+    // The home stream (`Heap::track_home`): one that holds the range, or with segments that do
+    // not grow one that holds a large segment; none only where no stream does.
+    let holds = |i: usize| if heap.can_unmap { growable[i] > 0 } else { held[i][Pool::Large as usize] > 0 };
+    let any = (0..heap.streams.len()).any(holds);
+    if heap.home.is_some_and(|h| !holds(h.index())) || heap.home.is_none() == any {
+        return Err(format!("home stream {:?}, but segments per stream {held:?}, growable {growable:?}", heap.home));
+    }
     ranges.sort_unstable();
     for w in ranges.windows(2) {
         if w[0].1 > w[1].0 {
