@@ -325,7 +325,7 @@
 //! now, of exactly the request's size: a stream per request, where the segment follows the
 //! temporary from stream to stream (lending it would order the first stream after every later
 //! one). Each stream with a live small block holds a small segment of its own (2 MiB), as in
-//! PyTorch; its large blocks may lie in another stream's range, lent.
+//! PyTorch; its large blocks may lie in another stream's memory, lent.
 //!
 //! Threads: one lock guards an allocator's heap. Once threads have contended for it, a
 //! dropped buffer's block is *parked* in its thread's own slot instead (up to 4 per thread),
