@@ -181,9 +181,11 @@ impl Heap {
     /// Keeps [`Heap::home`] after stream `s`'s count of large segments, or of segments
     /// reserved to grow, changed (called by [`Heap::note`]). Where segments grow in place the
     /// home is the stream holding the range (one stream holds such segments at a time: see
-    /// [`Heap::may_grow_in_place`]). Elsewhere it is the stream holding the most large
-    /// segments, among equals the one that held that many first; only when it gives up its
-    /// last one are the streams counted again. In constant time but for that.
+    /// [`Heap::may_grow_in_place`]). Elsewhere a stream that comes to hold more large segments
+    /// than the home becomes the home; the home keeps its place while it holds any (segments
+    /// reserved for the requests it serves are its own, so it seldom loses them), and when it
+    /// holds none the streams are counted again (the most large segments, the lowest id among
+    /// equals). In constant time but for that count.
     pub(super) fn track_home(&mut self, s: StreamId) {
         if self.can_unmap {
             if self.streams[s.index()].growable > 0 {
