@@ -600,8 +600,8 @@ fn streams_of_random_shapes(seed: u64, streams: u64) -> Trace {
 /// over instead, as until 2026-11-26, left 38 rows calling after the second warm pass and the
 /// last until the tenth (BENCHMARKS.md, "Lending instead of taking over"). Issue 22 asks for
 /// no call after the second warm pass: missed on 1 of the 72 rows since streams share an idle
-/// stream's memory (2026-11-28, `share_idle_streams`; none after the third), on 12 before, 4 of
-/// them after the third (16 and 4 before no hole was unmapped on several streams, twenty-first session; 25
+/// stream's memory (2026-11-28, `share_idle_streams`, both segment kinds; none after the
+/// third), on 12 before, 4 of them after the third (16 and 4 before no hole was unmapped on several streams, twenty-first session; 25
 /// and 13 before a large request kept the small pool's segments and a hole gave up only what
 /// the request lacked on several streams too, 2026-11-27; 18 and 5 before mapping again the
 /// pages of a hole that merged counted as churn). Prints the figures (`--nocapture`).
