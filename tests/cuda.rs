@@ -192,6 +192,23 @@ fn a_block_written_by_a_running_kernel_on_another_stream_waits_for_it() {
     let running = still_running(&cu2);
     // While the kernel runs, requests of the same size get other memory; keep them, so that
     // the only way back to `addr` is the allocator deciding stream 2 has passed the kernel.
+    let reused = wait_for_the_block(&alloc, s1, n, addr, started, running);
+    assert_handed_over_after_the_kernel(&b, &alloc, &reused, (s1, s2), (n, iters, seed));
+}
+
+/// Asks for `n` elements on `s1` again and again until the allocator hands out the block at
+/// `addr` (freed while a kernel on another stream still wrote it), keeping every other block
+/// it gets meanwhile, so that the only way back to `addr` is the allocator deciding the other
+/// stream has passed the kernel. Reports whether the kernel still ran at the free and how long
+/// the block took to come back; fails after 60 s.
+fn wait_for_the_block(
+    alloc: &CachingAllocator,
+    s1: vramscope::Stream,
+    n: u32,
+    addr: u64,
+    started: Instant,
+    running: bool,
+) -> vramscope::Buffer<u32> {
     let mut others = Vec::new();
     let reused = loop {
         let x = alloc.alloc::<u32>(&s1, n as usize).unwrap();
@@ -203,11 +220,11 @@ fn a_block_written_by_a_running_kernel_on_another_stream_waits_for_it() {
         std::thread::sleep(Duration::from_millis(5));
     };
     eprintln!(
-        "kernel running after the free: {running}; block reused after {:?}, {} other blocks meanwhile",
+        "kernel running after the free: {running}; block back after {:?}, {} other blocks meanwhile",
         started.elapsed(),
         others.len()
     );
-    assert_handed_over_after_the_kernel(&b, &alloc, &reused, (s1, s2), (n, iters, seed));
+    reused
 }
 
 /// Whether the work queued on `cu` so far is still running (reported by the tests whose proof
@@ -320,21 +337,7 @@ fn a_block_lent_from_the_range_and_freed_while_its_kernel_runs_waits_for_it() {
     let (cu2, _module) = spin_on(&b, s2, &mut lent, (n, iters, seed));
     drop(lent);
     let running = still_running(&cu2);
-    let mut others = Vec::new();
-    let reused = loop {
-        let x = alloc.alloc::<u32>(&s1, n as usize).unwrap();
-        if x.device_ptr() == addr {
-            break x;
-        }
-        others.push(x);
-        assert!(started.elapsed() < Duration::from_secs(60), "the block never came back");
-        std::thread::sleep(Duration::from_millis(5));
-    };
-    eprintln!(
-        "kernel running after the free: {running}; block back after {:?}, {} other blocks meanwhile",
-        started.elapsed(),
-        others.len()
-    );
+    let reused = wait_for_the_block(&alloc, s1, n, addr, started, running);
     assert_handed_over_after_the_kernel(&b, &alloc, &reused, (s1, s2), (n, iters, seed));
 }
 

@@ -373,7 +373,7 @@ impl Heap {
                         self.settle();
                         Grown::Free(i)
                     }
-                    None => match self.serve_from_range(backend, pool, stream, requested, size)? {
+                    None => match self.serve_from_range(backend, stream, requested, size)? {
                         Some(found) => {
                             ranged = true;
                             found

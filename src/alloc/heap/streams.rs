@@ -258,12 +258,12 @@ impl Heap {
     pub(super) fn serve_from_range(
         &mut self,
         backend: &dyn Backend,
-        pool: Pool,
         stream: StreamId,
         requested: u64,
         size: u64,
     ) -> Result<Option<Grown>> {
-        if !self.config.share_idle_streams || pool != Pool::Large || Self::pool_of(size) != Pool::Large {
+        // A large size is in the large pool whatever the stream holds (`Heap::pool_for`).
+        if !self.config.share_idle_streams || Self::pool_of(size) != Pool::Large {
             return Ok(None);
         }
         let Some(owner) = self.home else { return Ok(None) };
