@@ -12,10 +12,12 @@ pub(crate) fn check_heap(heap: &Heap) -> std::result::Result<(), String> {
     let mut nalloc = [0u64; 2];
     let mut nseg = [0u64; 2];
     let mut split_free = [0u64; 2];
+    let (mut oversize_segments, mut oversize_allocations) = (0u64, 0u64);
     let mut ranges: Vec<(u64, u64)> = Vec::new();
     for (_, seg) in heap.segments.iter().filter(|(_, s)| s.live) {
         let p = seg.pool as usize;
         nseg[p] += 1;
+        oversize_segments += u64::from(heap.is_oversize(seg.size));
         reserved[p] += seg.mapped;
         let mut unmapped = 0;
         if seg.granule % heap.page != 0 || !seg.granule.is_power_of_two() {
@@ -135,6 +137,7 @@ pub(crate) fn check_heap(heap: &Heap) -> std::result::Result<(), String> {
                 active[p] += b.size;
                 requested[p] += b.requested;
                 nalloc[p] += 1;
+                oversize_allocations += u64::from(heap.is_oversize(b.size));
                 // An allocated block's granules are all mapped.
                 if seg.granules_touching(b.addr, b.size).any(|pg| Heap::is_page_unmapped(seg, pg)) {
                     err = Some(format!("allocated block {:#x} lies on an unmapped page", b.addr));
@@ -193,6 +196,14 @@ pub(crate) fn check_heap(heap: &Heap) -> std::result::Result<(), String> {
         }
         if stat.current() != recount[0] + recount[1] {
             return Err(format!("{name}: the all-pools counter disagrees with the pools"));
+        }
+    }
+    for (name, counted, recounted) in [
+        ("oversize_segments", st.oversize_segments.current, oversize_segments),
+        ("oversize_allocations", st.oversize_allocations.current, oversize_allocations),
+    ] {
+        if counted != recounted {
+            return Err(format!("{name}: counter says {counted} but a recount gives {recounted}"));
         }
     }
     Ok(())

@@ -152,6 +152,11 @@ impl Heap {
             }
             done = offset + len;
         }
+        // Counted as oversize from the size it grows to (as a segment reserved at that size
+        // would be), so that its release, at that size or larger, takes back what was counted.
+        if !self.is_oversize(old_size) && self.is_oversize(old_size + g.by) {
+            self.stats.oversize_segments.inc(1);
+        }
         let seg = &mut self.segments[g.seg];
         for (offset, len) in granule_pieces(g.by, self.page) {
             seg.push_grown(old_size + offset, len);
