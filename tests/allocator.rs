@@ -541,6 +541,37 @@ fn record_stream_delays_reuse_until_the_other_stream_passes_the_free() {
     alloc.check_invariants().unwrap();
 }
 
+/// `synchronize(s)` completes the frees that waited on `s` from the wait itself, even where
+/// the event query still says "not ready" (as one CUDA run on an H200 once saw after
+/// `cuStreamSynchronize`): the frees that wait on other streams stay pending until those are
+/// waited for, and `synchronize_all` completes every one.
+#[test]
+fn synchronizing_a_stream_completes_its_frees_whatever_the_event_query_says() {
+    let backend = SyncLog::new(SimBackend::with_events(1 << 30, EventMode::Manual));
+    let alloc = CachingAllocator::new(backend.clone());
+    let (s1, s2, s3) = (alloc.default_stream(), alloc.new_stream().unwrap(), alloc.new_stream().unwrap());
+    let (a, b) = (alloc.alloc::<u8>(&s1, 8 * MIB as usize).unwrap(), alloc.alloc::<u8>(&s1, 8 * MIB as usize).unwrap());
+    let (a_addr, b_addr) = (a.device_ptr(), b.device_ptr());
+    alloc.record_stream(&a, s2).unwrap();
+    alloc.record_stream(&b, s3).unwrap();
+    drop((a, b));
+    backend.stale_queries.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(alloc.stats().active_bytes.all.current, 16 * MIB, "both wait");
+    alloc.synchronize(s1).unwrap();
+    assert_eq!(alloc.stats().active_bytes.all.current, 16 * MIB, "no free waited on stream 1");
+    alloc.synchronize(s2).unwrap();
+    assert_eq!(alloc.stats().active_bytes.all.current, 8 * MIB, "the free that waited on stream 2 is done");
+    let c = alloc.alloc::<u8>(&s1, 8 * MIB as usize).unwrap();
+    assert_eq!(c.device_ptr(), a_addr, "and its block is reused");
+    let d = alloc.alloc::<u8>(&s1, 8 * MIB as usize).unwrap();
+    assert_ne!(d.device_ptr(), b_addr, "the block that waits on stream 3 is not");
+    alloc.synchronize_all().unwrap();
+    assert_eq!(alloc.stats().active_bytes.all.current, 16 * MIB, "c and d only");
+    assert_eq!(alloc.stats().num_backend_errors, 0);
+    drop((c, d));
+    alloc.check_invariants().unwrap();
+}
+
 #[test]
 fn zero_length_buffers_allocate_nothing() {
     let alloc = CachingAllocator::new(HostBackend::new(1 << 20));
@@ -749,11 +780,19 @@ struct SyncLog {
     ordered: std::sync::Mutex<Vec<(RawStream, RawStream)>>,
     /// While set, `order_after` fails.
     fail_order: std::sync::atomic::AtomicBool,
+    /// While set, every event query says the event is not done yet (a query that lags the
+    /// stream), whatever the streams did.
+    stale_queries: std::sync::atomic::AtomicBool,
 }
 
 impl SyncLog {
     fn new(sim: SimBackend) -> Arc<Self> {
-        Arc::new(SyncLog { sim, ordered: Default::default(), fail_order: Default::default() })
+        Arc::new(SyncLog {
+            sim,
+            ordered: Default::default(),
+            fail_order: Default::default(),
+            stale_queries: Default::default(),
+        })
     }
 
     /// Runs `f`: what it returned and the `(waiting, on)` of every `order_after` it made.
@@ -802,6 +841,9 @@ unsafe impl vramscope::backend::Backend for SyncLog {
         self.sim.record_event(stream)
     }
     fn event_completed(&self, event: vramscope::backend::RawEvent) -> Result<bool, vramscope::error::BackendError> {
+        if self.stale_queries.load(std::sync::atomic::Ordering::Relaxed) {
+            return Ok(false);
+        }
         self.sim.event_completed(event)
     }
     fn destroy_event(&self, event: vramscope::backend::RawEvent) {

@@ -614,8 +614,9 @@ impl CachingAllocator {
     pub fn synchronize(&self, stream: impl Into<Stream>) -> Result<()> {
         let stream = &stream.into();
         self.check_stream(stream)?;
+        let mark = self.shared.lock().heap.event_mark();
         self.shared.backend.synchronize(stream.raw)?;
-        self.shared.lock().heap.process_pending(&*self.shared.backend);
+        self.shared.lock().heap.synchronized(&*self.shared.backend, Some(stream.id), mark);
         Ok(())
     }
 
@@ -768,11 +769,16 @@ impl CachingAllocator {
 
     /// Waits for every stream of this allocator and completes the frees that waited on them.
     pub fn synchronize_all(&self) -> Result<()> {
-        let raws: Vec<u64> = self.shared.lock().heap.raw_streams().collect();
+        let (raws, mark) = {
+            let shared = self.shared.lock();
+            (shared.heap.raw_streams().collect::<Vec<u64>>(), shared.heap.event_mark())
+        };
         for raw in raws {
             self.shared.backend.synchronize(raw)?;
         }
-        self.shared.lock().heap.process_pending(&*self.shared.backend);
+        // The streams added since were not waited for; their events are not older than `mark`
+        // (recorded after their stream existed), so they are queried as before.
+        self.shared.lock().heap.synchronized(&*self.shared.backend, None, mark);
         Ok(())
     }
 

@@ -171,6 +171,8 @@ pub(crate) struct Heap {
     free_segment_slots: Vec<SegmentId>,
     free: FreeIndex,
     pending: Vec<PendingEvent>,
+    /// Events recorded for pending frees so far ([`Heap::event_mark`]).
+    events_recorded: u64,
     streams: Vec<StreamSlot>,
     /// Requests that found no cached block (segments reserved or adopted): the clock that
     /// tells idle streams.
@@ -292,6 +294,7 @@ impl Heap {
             free_segment_slots: Vec::new(),
             free: FreeIndex::new(),
             pending: Vec::new(),
+            events_recorded: 0,
             streams: vec![StreamSlot::new(0)],
             grows: 0,
             growable: 0,
@@ -709,7 +712,9 @@ impl Heap {
             let raw = self.streams[s.index()].raw;
             match backend.record_event(raw) {
                 Ok(event) => {
-                    self.pending.push(PendingEvent { event, block: i });
+                    let seq = self.events_recorded;
+                    self.events_recorded += 1;
+                    self.pending.push(PendingEvent { event, block: i, stream: s, seq });
                     waiting += 1;
                 }
                 Err(e) => {
