@@ -572,6 +572,41 @@ fn synchronizing_a_stream_completes_its_frees_whatever_the_event_query_says() {
     alloc.check_invariants().unwrap();
 }
 
+/// A free whose event query keeps saying "not ready" completes once its stream is idle, without
+/// a `synchronize`: the event is asked a few times, then its stream (on CUDA `cuStreamQuery`).
+#[test]
+fn a_free_whose_event_query_lags_completes_once_its_stream_is_idle() {
+    let backend = SyncLog::new(SimBackend::with_events(1 << 30, EventMode::Manual));
+    let alloc = CachingAllocator::new(backend.clone());
+    let (s1, s2) = (alloc.default_stream(), alloc.new_stream().unwrap());
+    let a = alloc.alloc::<u8>(&s1, 8 * MIB as usize).unwrap();
+    let addr = a.device_ptr();
+    alloc.record_stream(&a, s2).unwrap();
+    drop(a);
+    backend.stale_queries.store(true, std::sync::atomic::Ordering::Relaxed);
+    // While stream 2's work runs (its event pending in the sim), the block stays out of use.
+    let mut kept = Vec::new();
+    for _ in 0..20 {
+        kept.push(alloc.alloc::<u8>(&s1, 8 * MIB as usize).unwrap());
+    }
+    assert!(kept.iter().all(|k| k.device_ptr() != addr), "reused while stream 2 may still use it");
+    // Stream 2's work ends; the event query still says "not ready".
+    vramscope::backend::Backend::synchronize(&backend.sim, s2.raw()).unwrap();
+    let mut asked = 0;
+    let reused = loop {
+        let x = alloc.alloc::<u8>(&s1, 8 * MIB as usize).unwrap();
+        asked += 1;
+        if x.device_ptr() == addr {
+            break x;
+        }
+        kept.push(x);
+        assert!(asked < 40, "the block never came back after stream 2 went idle");
+    };
+    assert_eq!(alloc.stats().num_backend_errors, 0);
+    drop((reused, kept));
+    alloc.check_invariants().unwrap();
+}
+
 #[test]
 fn zero_length_buffers_allocate_nothing() {
     let alloc = CachingAllocator::new(HostBackend::new(1 << 20));

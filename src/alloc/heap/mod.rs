@@ -714,7 +714,7 @@ impl Heap {
                 Ok(event) => {
                     let seq = self.events_recorded;
                     self.events_recorded += 1;
-                    self.pending.push(PendingEvent { event, block: i, stream: s, seq });
+                    self.pending.push(PendingEvent { event, block: i, stream: s, seq, asked: 0 });
                     waiting += 1;
                 }
                 Err(e) => {
