@@ -286,7 +286,13 @@
 //!
 //! Streams: a freed block is reused at once on the stream it was allocated on. A block used on
 //! another stream ([`CachingAllocator::record_stream`]) is reused only after an event recorded on
-//! that stream at free time has completed.
+//! that stream at free time has completed, or the stream has done that work by other signs:
+//! [`CachingAllocator::synchronize`] of the stream completes the frees that waited on it, and
+//! an event still called "not ready" on its 4th, 8th, 16th... query is checked against its
+//! stream (an idle stream has done everything queued before the event). On an H200
+//! `cuEventQuery` said "not ready" after `cuStreamSynchronize` of the event's stream, the work
+//! visibly done, in about one run in ten of the CUDA suite (`BENCHMARKS.md`, "An event query
+//! that lags").
 //! Over the fragmentation limit, where the request's stream has no free block that fits and
 //! reclaiming would otherwise release cached memory to reserve a new segment, a free *block*
 //! of another stream's segment is lent instead (the best fit over the other streams, whole
