@@ -118,8 +118,8 @@ impl Heap {
     /// on it before `mark`, without asking the backend (they are done: each was recorded on
     /// the stream before the wait began), then those whose events the backend says are done.
     /// Completing them from the wait rather than the query makes `synchronize` keep its
-    /// promise whatever the event query says: one CUDA test on an H200 once found a block still
-    /// pending after `cuStreamSynchronize` of the event's stream (RELIABILITY.md).
+    /// promise whatever the event query says: on an H200 `cuEventQuery` said "not ready" after
+    /// `cuStreamSynchronize` of the event's stream (BENCHMARKS.md, "An event query that lags").
     pub(crate) fn synchronized(&mut self, backend: &dyn Backend, stream: Option<StreamId>, mark: u64) {
         self.complete_waited(backend, mark, |s| stream.is_none_or(|w| w == s));
     }
