@@ -542,9 +542,9 @@ fn record_stream_delays_reuse_until_the_other_stream_passes_the_free() {
 }
 
 /// `synchronize(s)` completes the frees that waited on `s` from the wait itself, even where
-/// the event query still says "not ready" (as one CUDA run on an H200 once saw after
-/// `cuStreamSynchronize`): the frees that wait on other streams stay pending until those are
-/// waited for, and `synchronize_all` completes every one.
+/// the event query still says "not ready" (as `cuEventQuery` did after `cuStreamSynchronize` on
+/// an H200: BENCHMARKS.md, "An event query that lags"): the frees that wait on other streams
+/// stay pending until those are waited for, and `synchronize_all` completes every one.
 #[test]
 fn synchronizing_a_stream_completes_its_frees_whatever_the_event_query_says() {
     let backend = SyncLog::new(SimBackend::with_events(1 << 30, EventMode::Manual));

@@ -51,30 +51,7 @@ impl Heap {
     /// stayed out of use until its stream was synchronized. The backoff keeps the stream
     /// queries to a few per event.
     pub(crate) fn process_pending(&mut self, backend: &dyn Backend) {
-        let mut k = 0;
-        while k < self.pending.len() {
-            let p = self.pending[k];
-            let done = match backend.event_completed(p.event) {
-                Ok(true) => true,
-                Ok(false) => {
-                    let asked = p.asked + 1;
-                    self.pending[k].asked = asked;
-                    asked >= 4 && asked.is_power_of_two() && self.idle(backend, p.stream)
-                }
-                Err(e) => {
-                    self.note(Note::BackendError);
-                    self.last_error = Some(format!("querying an event: {e}"));
-                    false
-                }
-            };
-            if done {
-                backend.destroy_event(p.event);
-                self.pending.swap_remove(k);
-                self.event_done(p.block);
-            } else {
-                k += 1;
-            }
-        }
+        self.complete_waited(backend, 0, |_| false);
     }
 
     pub(super) fn event_done(&mut self, block: BlockId) {
@@ -125,12 +102,30 @@ impl Heap {
     }
 
     /// Completes the pending frees whose events were recorded before `mark` on a stream
-    /// `waited` says the host waited for, then [`Heap::process_pending`].
+    /// `waited` says the host waited for, and those whose events the backend says are done
+    /// (see [`Heap::process_pending`]).
     fn complete_waited(&mut self, backend: &dyn Backend, mark: u64, waited: impl Fn(StreamId) -> bool) {
         let mut k = 0;
         while k < self.pending.len() {
             let p = self.pending[k];
-            if p.seq < mark && waited(p.stream) {
+            let done = if p.seq < mark && waited(p.stream) {
+                true
+            } else {
+                match backend.event_completed(p.event) {
+                    Ok(true) => true,
+                    Ok(false) => {
+                        let asked = p.asked + 1;
+                        self.pending[k].asked = asked;
+                        asked >= 4 && asked.is_power_of_two() && self.idle(backend, p.stream)
+                    }
+                    Err(e) => {
+                        self.note(Note::BackendError);
+                        self.last_error = Some(format!("querying an event: {e}"));
+                        false
+                    }
+                }
+            };
+            if done {
                 backend.destroy_event(p.event);
                 self.pending.swap_remove(k);
                 self.event_done(p.block);
@@ -138,7 +133,6 @@ impl Heap {
                 k += 1;
             }
         }
-        self.process_pending(backend);
     }
 
     /// Adds `stream` to the streams block `i` is used on.
