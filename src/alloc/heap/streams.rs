@@ -328,11 +328,18 @@ impl Heap {
         if let Some(b) = self.find_free(Pool::Large, owner, size, true) {
             return Ok(Some(Grown::Free(b)));
         }
+        // Without a block kept aside (`deferred` is `None`), what `grow` finds is still a free
+        // block, not yet taken: if `stream` cannot be ordered below, it stays where it is.
         let found = self.grow(backend, Pool::Large, owner, requested, size, None)?;
+        debug_assert!(matches!(found, Grown::Free(_) | Grown::Lent(_)));
         // The owner's request may take memory of a third stream, ordering the owner after it
         // (a segment taken over, a block lent): ordered after the owner, `stream` waits for
-        // that stream too. The idle owner itself holds `stream` up for nothing.
-        self.order_streams(backend, stream, owner, "to use memory its range took");
+        // that stream too. The idle owner itself holds `stream` up for nothing. Where the
+        // backend cannot order them, the request goes its own way: that memory may still be
+        // in use by work `stream` would not wait for.
+        if !self.order_streams(backend, stream, owner, "to use memory its range took") {
+            return Ok(None);
+        }
         Ok(Some(found))
     }
 
