@@ -213,6 +213,34 @@ fn an_idle_stream_has_done_its_work_whatever_its_events_say() {
     alloc.check_invariants().unwrap();
 }
 
+/// What the allocator rests on when it serves one stream from another's memory
+/// (`Heap::serve_from_range`): a stream ordered after another's work (`Backend::order_after`)
+/// is not idle, and an event recorded on it is not done, until that work is. Checked while the
+/// spin kernel runs on stream 2 (reported and skipped if it already finished).
+#[test]
+fn a_stream_ordered_after_a_busy_stream_is_not_idle() {
+    let _device = shared_device();
+    let Some(b) = backend() else { return };
+    let alloc = CachingAllocator::new(b.clone());
+    let (s1, s2) = (alloc.new_stream().unwrap(), alloc.new_stream().unwrap());
+    let (n, iters, seed) = (1u32 << 24, 1u32 << 18, 0x0a7e);
+    let mut buf = alloc.alloc::<u32>(&s2, n as usize).unwrap();
+    let (cu2, _module) = spin_on(&b, s2, &mut buf, (n, iters, seed));
+    b.order_after(s1.raw(), s2.raw()).unwrap();
+    let event = b.record_event(s1.raw()).unwrap();
+    let (idle, event_done) = (b.stream_idle(s1.raw()).unwrap(), b.event_completed(event).unwrap());
+    let running = still_running(&cu2);
+    b.destroy_event(event);
+    eprintln!("kernel running after the queries: {running}; stream 1 idle {idle}, its event done {event_done}");
+    if running {
+        assert!(!idle, "stream 1 waits for the kernel on stream 2 but says it is idle");
+        assert!(!event_done, "an event recorded on stream 1 after the wait says it is done");
+    }
+    alloc.synchronize(s2).unwrap();
+    drop(buf);
+    alloc.check_invariants().unwrap();
+}
+
 /// A block freed while a long kernel on another stream still writes it is handed out again only
 /// after the kernel has finished: the checksum of the reused block is the kernel's whole output.
 #[test]

@@ -10,8 +10,9 @@
 //! - every segment reserved is released by the end, and the allocator's figures add up.
 //!
 //! The backend fails `record_event`, `event_completed`, `synchronize` and `order_after` at
-//! random (a failed call has no effect in the model), and reports events complete only when the
-//! test lets a stream's work finish. Runs briefly in every `cargo test` (48 cases of up to 300
+//! random (a failed call has no effect in the model), and reports events complete (and streams
+//! idle) only when the test lets a stream's work finish, and the work it was ordered after (as
+//! on CUDA: `tests/cuda.rs` `a_stream_ordered_after_a_busy_stream_is_not_idle`). Runs briefly in every `cargo test` (48 cases of up to 300
 //! operations); `VRAMSCOPE_SHADOW_CASES=C VRAMSCOPE_SHADOW_OPS=N` runs C cases of up to N
 //! operations for a longer attack.
 
@@ -40,10 +41,14 @@ struct Use {
     position: u64,
 }
 
+/// An event: its stream, that stream's position, and what the stream waited for then (an event
+/// recorded after a wait completes after it, as on CUDA).
+type EventModel = (RawStream, u64, Vec<(RawStream, u64)>);
+
 #[derive(Default, Debug)]
 struct Model {
     streams: HashMap<RawStream, StreamModel>,
-    events: HashMap<RawEvent, (RawStream, u64)>,
+    events: HashMap<RawEvent, EventModel>,
     next_event: RawEvent,
     next_stream: RawStream,
     next_addr: u64,
@@ -69,6 +74,13 @@ impl Model {
         let fail = self.rng % 1000 < self.fail_per_mille;
         self.injected += u64::from(fail);
         fail
+    }
+
+    /// Whether the work before position `position` of `stream`, and the work of other streams
+    /// it waited for (`after`), has finished.
+    fn passed(&self, stream: RawStream, position: u64, after: &[(RawStream, u64)]) -> bool {
+        let done = |s: &RawStream| self.streams.get(s).map_or(0, |m| m.done);
+        done(&stream) >= position && after.iter().all(|(k, p)| done(k) >= *p)
     }
 
     /// Forgets uses whose work has finished.
@@ -202,8 +214,10 @@ unsafe impl Backend for ShadowBackend {
             return Err(BackendError::Other("injected: record_event".into()));
         }
         m.next_event += 1;
-        let (id, position) = (m.next_event, m.stream(stream).queued);
-        m.events.insert(id, (stream, position));
+        let s = m.stream(stream);
+        let (position, after) = (s.queued, s.after.iter().map(|(&k, &p)| (k, p)).collect());
+        let id = m.next_event;
+        m.events.insert(id, (stream, position, after));
         Ok(id)
     }
 
@@ -212,8 +226,8 @@ unsafe impl Backend for ShadowBackend {
         if m.fails() {
             return Err(BackendError::Other("injected: event_completed".into()));
         }
-        let (stream, position) = *m.events.get(&event).expect("an event the allocator recorded and kept");
-        Ok(m.stream(stream).done >= position)
+        let (stream, position, after) = m.events.get(&event).expect("an event the allocator recorded and kept");
+        Ok(m.passed(*stream, *position, after))
     }
 
     fn destroy_event(&self, event: RawEvent) {

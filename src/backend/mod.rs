@@ -121,6 +121,14 @@ pub type RawEvent = u64;
 ///   [`copy_from_device`](Backend::copy_from_device)) on it, touches memory before the work
 ///   queued on `on` before the call has finished: the allocator then hands memory that `on`'s
 ///   work used to work on `waiting`.
+/// - [`stream_idle`](Backend::stream_idle) returns `Ok(true)` only where an event recorded on
+///   the stream at that moment would be done.
+/// - The work a stream was ordered after counts as its own: once `order_after(waiting, on)`
+///   returned `Ok`, an event recorded on `waiting` later is done, and `waiting` idle, only
+///   when `on`'s work queued before that call has finished too (as on CUDA, where a stream
+///   waiting for an event is not idle and an event recorded after the wait completes after
+///   it). The allocator hands a stream's free memory to another stream while the first is
+///   idle, and that memory may be what the first was ordered after.
 pub unsafe trait Backend: Send + Sync + fmt::Debug + 'static {
     /// A short name for reports: `host`, `sim`, `cuda`.
     fn name(&self) -> &str;
