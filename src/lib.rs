@@ -484,7 +484,10 @@
 //!
 //! Implementing [`Backend`] yourself: `copy_to_device` and `copy_from_device` take the stream to
 //! copy on, and `order_after` (by default a blocking `synchronize`) orders one stream after
-//! another; the trait's `# Safety` section says what each promises.
+//! another; the trait's `# Safety` section says what each promises. Since 2026-11-28 it also
+//! asks that `stream_idle` answer as an event recorded at that moment would, and that the work
+//! a stream was ordered after count as its own for its events and idleness (as on CUDA): the
+//! allocator hands an idle stream's free memory to other streams.
 //!
 //! ## Configuration
 //!
