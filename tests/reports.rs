@@ -319,9 +319,9 @@ fn check_corpus(
 /// figures of both: no step markers there, so blocks per step rest on the finder's estimate of
 /// the steps; on lines whose leak is a block or more per step, within 15% of the truth's on
 /// all but one (`validation_outputs_across_epochs`: its loop's one allocating line runs four
-/// identical forward passes an epoch, and the finder counts each of its 12 allocations an
-/// epoch as a step). Before the steps were counted by runs of a line's allocations and the
-/// rate from where the growth began, four lines were off by 2 to 6 times.
+/// identical forward passes an epoch, and the finder's step is a pass, the truth's an epoch).
+/// Before the steps were counted by runs of a line's allocations (or the repeats of its sizes)
+/// and the rate from where the growth began, four lines were off by 2 to 12 times.
 #[test]
 fn leak_finder_matches_the_corpus_ground_truth() {
     let dir = format!("{}/fixtures/torch/corpus", env!("CARGO_MANIFEST_DIR"));

@@ -23,8 +23,9 @@ pub struct LeakCandidate {
     pub blocks: u64,
     /// Their bytes.
     pub bytes: u64,
-    /// Bytes the site's floor of live memory rose by per step, from its first rise to the end
-    /// of the history, leaving out one-time jumps (a rise of over four times the median rise).
+    /// Bytes the site's floor of live memory rose by per step, from where its growth began
+    /// (see [`leaks`]) to the end of the history, leaving out one-time jumps (a rise of over
+    /// four times the median rise).
     /// Where no steps were marked this is an estimate (windows hold about `steps_per_window`).
     pub bytes_per_step: u64,
     /// Blocks it gained per step, likewise (a growing cache may gain bytes with no new block).
@@ -41,8 +42,8 @@ pub struct LeakCandidate {
     pub grew_until: u64,
     /// Steps where the program marked them, else windows (a tenth of the history's events).
     pub unit: LeakUnit,
-    /// Program steps per window where no steps were marked, estimated from the history: the
-    /// number of times a loop body's sites allocate (see [`leaks`]); 1 with step markers.
+    /// Program steps per window where no steps were marked, estimated from the history: how
+    /// often a loop body's lines run (see [`leaks`]); 1 with step markers.
     pub steps_per_window: f64,
 }
 
@@ -90,7 +91,9 @@ const MAX_STEP_WINDOWS: u64 = 100;
 /// of that site with no other site's allocation between them, so that a line allocating
 /// several tensors a step (`torch.ones(n).tril()`, a loop over the parameters) counts one step
 /// per execution; where no site has as many runs as there are windows (a loop whose only
-/// allocating line runs on without a break), the most common number of allocations instead.
+/// allocating line runs on without a break), the repeats of such a line's sequence of sizes
+/// (a model of library modules called on one line allocates the same sizes in the same order
+/// each step), or, where they do not repeat, its number of allocations.
 /// The rate is taken over the steps since the growth began: the first rise, or the end of the
 /// last pause in it (three windows or more without a rise, and over three times the usual
 /// pause), so that a line whose output lives until the next step's replaces it, and which is
@@ -101,8 +104,8 @@ const MAX_STEP_WINDOWS: u64 = 100;
 /// lines; the second corpus written and recorded after the first's rules were set, and the
 /// two rules above then written with both in view), blocks per step are within 6.5% of the
 /// ground truth on 12 of the 14 lines that leak a block or more a step, 12% off on one more;
-/// the last (0.34 blocks a step against 4) is its loop's only allocating line, running four
-/// identical forward passes an epoch, and each of its 12 allocations an epoch counts as a step.
+/// the last (1.02 blocks a step against 4) is its loop's only allocating line, which runs four
+/// identical forward passes an epoch: the finder's step is a pass, the truth's an epoch.
 /// Bytes are requested bytes (PyTorch's trace gives them: 4 for a scalar in a 512-byte block,
 /// where the ground truth counts blocks); where tensors fill their blocks, bytes per step are
 /// within 6.5% of the truth's on those lines.
@@ -157,6 +160,8 @@ fn find(snapshot: &Snapshot) -> (Vec<LeakCandidate>, Option<u64>) {
         /// Runs of allocations at this site with no other site's allocation between them:
         /// one per execution of a loop's line, however many tensors it allocates.
         runs: u64,
+        /// Requested sizes of its allocations in order, where no steps were marked.
+        sizes: Vec<u64>,
         windows_allocating: Vec<bool>,
         /// The largest surviving allocation (size, then earliest), for callers and scope.
         example: Option<(u64, std::cmp::Reverse<usize>)>,
@@ -185,12 +190,16 @@ fn find(snapshot: &Snapshot) -> (Vec<LeakCandidate>, Option<u64>) {
                     floors: vec![(0, 0); windows],
                     allocations: 0,
                     runs: 0,
+                    sizes: Vec::new(),
                     windows_allocating: vec![false; windows],
                     example: None,
                 });
                 s.bytes = s.bytes.saturating_add(e.size);
                 s.blocks += 1;
                 s.allocations += 1;
+                if !by_step {
+                    s.sizes.push(e.size);
+                }
                 if last_site != Some(site) {
                     s.runs += 1;
                     last_site = Some(site);
@@ -254,8 +263,11 @@ fn find(snapshot: &Snapshot) -> (Vec<LeakCandidate>, Option<u64>) {
             // count once per turn).
             counts.into_iter().max_by_key(|&(n, c)| (c, std::cmp::Reverse(n))).map(|(n, _)| n)
         };
+        // A loop with one allocating line: the steps are the repeats of that line's sizes
+        // (a model of library modules called on one line, `preds.append(model(x))`,
+        // allocates the same sizes in the same order each step), else its allocations.
         let per_run = most_common(&mut loop_sites().map(|s| s.runs).filter(|&r| r >= windows as u64))
-            .or_else(|| most_common(&mut loop_sites().map(|s| s.allocations)))
+            .or_else(|| most_common(&mut loop_sites().map(|s| repeats(&s.sizes, windows).unwrap_or(s.allocations))))
             .unwrap_or(windows as u64);
         (per_run as f64 / windows as f64).max(1.0 / windows as f64)
     };
@@ -368,6 +380,31 @@ fn find(snapshot: &Snapshot) -> (Vec<LeakCandidate>, Option<u64>) {
     }
     out.sort_by(|a, b| b.bytes_per_step.cmp(&a.bytes_per_step).then_with(|| a.site.cmp(&b.site)));
     (out, unplaced)
+}
+
+/// How many times `sizes` repeats one pattern: its length over the shortest period of its
+/// second half (so that a first step's one-time allocations do not break it), where that half
+/// holds the pattern at least `windows` times; `None` where no such period exists (shapes
+/// that change from step to step).
+fn repeats(sizes: &[u64], windows: usize) -> Option<u64> {
+    let half = &sizes[sizes.len() / 2..];
+    if half.len() < windows {
+        return None;
+    }
+    // The prefix function: the longest proper prefix of half[..=i] that is also its suffix.
+    let mut border = vec![0usize; half.len()];
+    for i in 1..half.len() {
+        let mut k = border[i - 1];
+        while k > 0 && half[i] != half[k] {
+            k = border[k - 1];
+        }
+        if half[i] == half[k] {
+            k += 1;
+        }
+        border[i] = k;
+    }
+    let period = half.len() - border[half.len() - 1];
+    (period * windows <= half.len()).then(|| (sizes.len() as f64 / period as f64).round() as u64)
 }
 
 /// What a snapshot's history leaves the leak finder unable to see or to name, for a reader of
@@ -624,6 +661,22 @@ impl LeakCandidate {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn repeats_count_a_pattern_after_a_first_step_and_nothing_without_one() {
+        let step = [512, 4096, 512, 1 << 20];
+        let mut sizes = vec![7, 7, 9]; // a first step's one-time allocations
+        for _ in 0..40 {
+            sizes.extend(step);
+        }
+        assert_eq!(repeats(&sizes, 10), Some(41)); // 163 allocations over a period of 4
+        let changing: Vec<u64> = (0..200).map(|i| 512 * (i * i % 97 + 1)).collect();
+        assert_eq!(repeats(&changing, 10), None);
+        // Too few repeats of a long pattern to tell it from chance.
+        let long: Vec<u64> = (0..40).map(|i| 512 * (i % 15 + 1)).collect();
+        assert_eq!(repeats(&long, 10), None);
+        assert_eq!(repeats(&[], 10), None);
+    }
 
     #[test]
     fn fill_breaks_between_words_within_the_width() {
