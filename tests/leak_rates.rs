@@ -108,3 +108,33 @@ fn a_loop_whose_one_line_allocates_counts_the_repeats_of_its_sizes() {
     assert!(within(l.bytes_per_step as f64, (1 << 20) as f64, 0.15), "{l:#?}");
     drop(kept);
 }
+
+/// A scalar kept each step (`losses.append(loss)`) asks for 4 bytes and holds a 512-byte
+/// block: the report gives both, so that "+4 B per step" is not read as all the memory grows
+/// by (what `memory_allocated()` counts is the blocks).
+#[test]
+fn a_scalar_kept_each_step_shows_the_block_it_holds() {
+    #[inline(never)]
+    fn scalar(alloc: &CachingAllocator, s: &Stream) -> Buffer<f32> {
+        alloc.alloc::<f32>(s, 1).unwrap()
+    }
+    let alloc = CachingAllocator::new(SimBackend::new(1 << 40));
+    let s = alloc.default_stream();
+    let mut kept = Vec::new();
+    for _ in 0..30 {
+        kept.push(scalar(&alloc, &s));
+        two_temporaries(&alloc, &s);
+    }
+    let leaks = report::leaks(&alloc.snapshot());
+    assert_eq!(leaks.len(), 1, "{leaks:#?}");
+    let l = &leaks[0];
+    assert_eq!((l.bytes, l.block_bytes, l.blocks), (120, 30 * 512, 30), "{l:#?}");
+    assert!(within(l.bytes_per_step as f64, 4.0, 0.15), "{l:#?}");
+    assert!(within(l.block_bytes_per_step as f64, 512.0, 0.15), "{l:#?}");
+    let text = report::LeakCandidate::render(&leaks);
+    assert!(text.contains("held in blocks of 512 B or more: +"), "{text}");
+    assert!(text.contains("15.00 KiB at the end"), "{text}");
+    // Where requests fill their blocks, no such line.
+    assert!(!text.contains("two_temporaries"), "{text}");
+    drop(kept);
+}
