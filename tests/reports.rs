@@ -245,9 +245,9 @@ fn own_pickles_carry_scopes_dtypes_and_shapes() {
 type CorpusScores = (std::collections::BTreeMap<&'static str, (usize, usize, usize)>, Vec<(String, f64, f64)>);
 
 /// Runs the leak finder over a corpus recorded by `fixtures/torch/corpus/record.py`: each
-/// program of `truth` (its `ground_truth.json`) recorded with Python stacks at `python(name)`
-/// and with PyTorch's defaults at `default(name)`, its lines in `programs` (the file name in
-/// frames). Asserts that both recordings give the same report (but for record.py's own line
+/// program of its `ground_truth.json`, whose files `locate(name)` gives (recorded with Python
+/// stacks, recorded with PyTorch's defaults, and the part it counts in), its lines in
+/// `programs` (the file name in frames). Asserts that both recordings give the same report (but for record.py's own line
 /// numbers) and that no site outside the programs is named, pins the report
 /// (`{prefix}{name}`), and scores the lines against the truth.
 fn check_corpus(

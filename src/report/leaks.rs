@@ -173,11 +173,11 @@ fn find(snapshot: &Snapshot) -> (Vec<LeakCandidate>, Option<u64>) {
         blocks: u64,
         held: u64,
         floors: Vec<(u64, u64, u64)>,
-        allocations: u64,
         /// Runs of allocations at this site with no other site's allocation between them:
         /// one per execution of a loop's line, however many tensors it allocates.
         runs: u64,
-        /// Requested sizes of its allocations in order, where no steps were marked.
+        /// The sizes of its allocations in order (their number: its allocations), where no
+        /// steps were marked.
         sizes: Vec<u64>,
         windows_allocating: Vec<bool>,
         /// The largest surviving allocation (size, then earliest), for callers and scope.
@@ -206,7 +206,6 @@ fn find(snapshot: &Snapshot) -> (Vec<LeakCandidate>, Option<u64>) {
                     blocks: 0,
                     held: 0,
                     floors: vec![(0, 0, 0); windows],
-                    allocations: 0,
                     runs: 0,
                     sizes: Vec::new(),
                     windows_allocating: vec![false; windows],
@@ -215,7 +214,6 @@ fn find(snapshot: &Snapshot) -> (Vec<LeakCandidate>, Option<u64>) {
                 s.bytes = s.bytes.saturating_add(e.size);
                 s.blocks += 1;
                 s.held = s.held.saturating_add(rounded(e.size));
-                s.allocations += 1;
                 if !by_step {
                     s.sizes.push(e.size);
                 }
@@ -274,7 +272,9 @@ fn find(snapshot: &Snapshot) -> (Vec<LeakCandidate>, Option<u64>) {
         // no other line allocating in between: its runs count steps where its allocations
         // count them several times. A loop whose only allocating line is that one line runs
         // on without a break, so runs count only where there are at least as many as windows;
-        // else allocations do.
+        // else the repeats of that line's sizes (a model of library modules called on one
+        // line, `preds.append(model(x))`, allocates the same sizes in the same order each
+        // step), else its allocations.
         let loop_sites = || sites.values().filter(|s| s.windows_allocating.iter().all(|&a| a));
         let most_common = |values: &mut dyn Iterator<Item = u64>| -> Option<u64> {
             let mut counts: HashMap<u64, u32> = HashMap::new();
@@ -285,11 +285,10 @@ fn find(snapshot: &Snapshot) -> (Vec<LeakCandidate>, Option<u64>) {
             // count once per turn).
             counts.into_iter().max_by_key(|&(n, c)| (c, std::cmp::Reverse(n))).map(|(n, _)| n)
         };
-        // A loop with one allocating line: the steps are the repeats of that line's sizes
-        // (a model of library modules called on one line, `preds.append(model(x))`,
-        // allocates the same sizes in the same order each step), else its allocations.
         let per_run = most_common(&mut loop_sites().map(|s| s.runs).filter(|&r| r >= windows as u64))
-            .or_else(|| most_common(&mut loop_sites().map(|s| repeats(&s.sizes, windows).unwrap_or(s.allocations))))
+            .or_else(|| {
+                most_common(&mut loop_sites().map(|s| repeats(&s.sizes, windows).unwrap_or(s.sizes.len() as u64)))
+            })
             .unwrap_or(windows as u64);
         (per_run as f64 / windows as f64).max(1.0 / windows as f64)
     };
@@ -416,10 +415,11 @@ fn find(snapshot: &Snapshot) -> (Vec<LeakCandidate>, Option<u64>) {
     (out, unplaced)
 }
 
-/// The block a request of `size` bytes takes at least: rounded up to 512 bytes, as PyTorch's
-/// caching allocator (`kMinBlockSize`) and vramscope's round it.
+/// The block a request of `size` bytes takes at least: rounded up to the allocator's smallest
+/// block, 512 bytes, as PyTorch's caching allocator (`kMinBlockSize`) and vramscope's round it.
 fn rounded(size: u64) -> u64 {
-    size.max(1).div_ceil(512).saturating_mul(512)
+    use crate::alloc::heap::MIN_BLOCK;
+    size.max(1).div_ceil(MIN_BLOCK).saturating_mul(MIN_BLOCK)
 }
 
 /// How many times `sizes` repeats one pattern: its length over the shortest period of its
