@@ -2,7 +2,7 @@
 //! steps are estimated from the history, and the rate is taken over the steps the memory grew.
 //! (Its own binary: `vramscope::step` is process-wide, and these programs must mark none.)
 
-use vramscope::{backend::SimBackend, report, Buffer, CachingAllocator, Stream};
+use vramscope::{backend::SimBackend, record::Action, report, Buffer, CachingAllocator, Snapshot, Stream};
 
 /// One line, two allocations: a temporary and a block kept (as `torch.ones(n).tril()` kept in a
 /// cache allocates twice on one line).
@@ -125,12 +125,27 @@ fn a_scalar_kept_each_step_shows_the_block_it_holds() {
         kept.push(scalar(&alloc, &s));
         two_temporaries(&alloc, &s);
     }
-    let leaks = report::leaks(&alloc.snapshot());
+    let snap = alloc.snapshot();
+    let leaks = report::leaks(&snap);
     assert_eq!(leaks.len(), 1, "{leaks:#?}");
     let l = &leaks[0];
     assert_eq!((l.bytes, l.block_bytes, l.blocks), (120, 30 * 512, 30), "{l:#?}");
     assert!(within(l.bytes_per_step as f64, 4.0, 0.15), "{l:#?}");
     assert!(within(l.block_bytes_per_step as f64, 512.0, 0.15), "{l:#?}");
+    // The same figures from the snapshot written as PyTorch's pickle and read back, and from
+    // the file a vramscope before format 6 wrote, whose history gave each block's size.
+    let pickled = Snapshot::from_pytorch_pickle(&snap.to_pytorch_pickle(), "pickled").unwrap();
+    let mut older = snap.clone();
+    older.version = 5;
+    for e in older.history.iter_mut().filter(|e| e.action != Action::Snapshot) {
+        e.size = e.size.next_multiple_of(512);
+    }
+    for other in [pickled, older] {
+        let o = report::leaks(&other);
+        assert_eq!(o.len(), 1, "{o:#?}");
+        let figures = |l: &report::LeakCandidate| (l.bytes, l.block_bytes, l.bytes_per_step, l.block_bytes_per_step);
+        assert_eq!(figures(&o[0]), figures(l), "version {}, {}", other.version, other.backend);
+    }
     let text = report::LeakCandidate::render(&leaks);
     assert!(text.contains("held in blocks of 512 B or more: +"), "{text}");
     assert!(text.contains("15.00 KiB at the end"), "{text}");

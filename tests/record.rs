@@ -214,6 +214,42 @@ fn actions_follow_pytorch() {
 }
 
 #[test]
+fn block_events_carry_the_bytes_asked_for_as_pytorch_does() {
+    let sim = Arc::new(SimBackend::with_events(1 << 30, EventMode::Manual));
+    let alloc = CachingAllocator::new(sim.clone());
+    alloc.record_memory_history(RecordConfig::default());
+    let (s1, s2) = (alloc.default_stream(), alloc.new_stream().unwrap());
+    // 1,000 bytes asked for, a 1,024-byte block; the loop's round trips may take the threads'
+    // parking path, which logs its events apart.
+    for _ in 0..20 {
+        drop(alloc.alloc::<u8>(&s1, 1000).unwrap());
+    }
+    let b = alloc.alloc::<u8>(&s1, 3000).unwrap();
+    assert_eq!(b.num_bytes(), 3000);
+    let addr = b.device_ptr();
+    alloc.record_stream(&b, s2).unwrap();
+    drop(b);
+    // Waiting for stream 2, the block still says what was asked for (PyTorch's snapshot does).
+    let waiting = alloc.snapshot();
+    let block = waiting.segments.iter().flat_map(|s| &s.blocks).find(|b| b.address == addr).unwrap();
+    assert_eq!((block.state, block.size, block.requested_size), (BlockState::ActivePendingFree, 3072, 3000));
+    alloc.synchronize(s2).unwrap();
+    let snap = alloc.snapshot();
+    let block = snap.segments.iter().flat_map(|s| &s.blocks).find(|b| b.address == addr).unwrap();
+    assert_eq!((block.state, block.requested_size), (BlockState::Inactive, 0));
+    use Action::*;
+    let sizes: Vec<(Action, u64)> = snap
+        .history
+        .iter()
+        .filter(|e| matches!(e.action, Alloc | FreeRequested | FreeCompleted))
+        .map(|e| (e.action, e.size))
+        .collect();
+    let mut expected = [(Alloc, 1000), (FreeCompleted, 1000)].repeat(20);
+    expected.extend([(Alloc, 3000), (FreeRequested, 3000), (FreeCompleted, 3000)]);
+    assert_eq!(sizes, expected);
+}
+
+#[test]
 fn recording_switches_on_off_and_clears_at_run_time() {
     let alloc = allocator(RecordConfig::off());
     let s = alloc.default_stream();

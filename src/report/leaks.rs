@@ -31,8 +31,8 @@ pub struct LeakCandidate {
     /// Bytes asked for that the site's floor of live memory rose by per step, from where its
     /// growth began (see [`leaks`]) to the end of the history, leaving out one-time jumps (a
     /// rise of over four times the median rise). PyTorch's history records the bytes asked
-    /// for; vramscope's records its blocks' sizes, scaled here by the site's live blocks'
-    /// bytes asked for over their sizes.
+    /// for, as vramscope's does since snapshot format 6; an older vramscope file's records its
+    /// blocks' sizes, scaled here by the site's live blocks' bytes asked for over their sizes.
     /// Where no steps were marked this is an estimate (windows hold about `steps_per_window`).
     pub bytes_per_step: u64,
     /// Blocks it gained per step, likewise (a growing cache may gain bytes with no new block).
@@ -166,7 +166,9 @@ fn find(snapshot: &Snapshot) -> (Vec<LeakCandidate>, Option<u64>) {
         }
     };
     let mut labels = Labels::new(snapshot);
-    let from_pytorch = snapshot.is_from_pytorch();
+    // PyTorch's history and vramscope's since format 6 record the bytes asked for; earlier
+    // vramscope files recorded each block's size.
+    let history_asks = snapshot.is_from_pytorch() || snapshot.version >= crate::snapshot::HISTORY_REQUESTED_SINCE;
     // Per site: live bytes, blocks and block bytes now, and per window the floor of each.
     struct Site {
         bytes: u64,
@@ -370,10 +372,9 @@ fn find(snapshot: &Snapshot) -> (Vec<LeakCandidate>, Option<u64>) {
         let block_bytes_per_step = kept.iter().map(|r| r.3 as f64).sum::<f64>() / steps_grown;
         let (end_bytes, end_blocks, end_held) =
             end.as_ref().map_or((s.bytes, s.blocks, s.held), |end| end.get(site).copied().unwrap_or_default());
-        if !from_pytorch && end_held > 0 {
-            // vramscope's history records each block's size where PyTorch's records the
-            // request: the bytes asked for per step are the blocks' in the proportion the
-            // site's live blocks hold.
+        if !history_asks && end_held > 0 {
+            // A history of block sizes (vramscope's before format 6): the bytes asked for per
+            // step are the blocks' in the proportion the site's live blocks hold.
             bytes_per_step *= end_bytes as f64 / end_held as f64;
         }
         let Some(frame) = labels.site_frame(*site) else {

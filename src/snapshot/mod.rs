@@ -8,6 +8,7 @@ mod pickle_write;
 mod torch;
 mod validate;
 
+pub(crate) use build::HISTORY_REQUESTED_SINCE;
 pub use build::SNAPSHOT_VERSION;
 pub use model::{
     BlockInfo, BlockState, ContextInfo, DriverPool, FrameId, HistoryEntry, ScopeId, SegmentInfo, SegmentSummary,

@@ -351,7 +351,9 @@ pub struct HistoryEntry {
     /// Block or segment address; for [`Action::Oom`], the bytes the device still had free
     /// (PyTorch's `device_free`).
     pub addr: u64,
-    /// Bytes.
+    /// Bytes: of a block event (`alloc`, `free_requested`, `free_completed`), those asked for,
+    /// as in PyTorch's trace (vramscope files before format 6 recorded the block's size); of
+    /// a segment event, the segment's or the pages'; of an `oom`, the request.
     pub size: u64,
     /// The stream, as [`SegmentInfo::stream`].
     pub stream: u64,

@@ -146,6 +146,9 @@ pub(crate) fn check_heap(heap: &Heap) -> std::result::Result<(), String> {
             BlockState::PendingFree | BlockState::Stranded => active[p] += b.size,
             BlockState::Free => {
                 nfree += 1;
+                if b.requested != 0 {
+                    err = Some(format!("free block {:#x} still says {} bytes were asked for", b.addr, b.requested));
+                }
                 let (indexed, listed_whole, _, _) = heap.free_index_state(Some(i));
                 if !indexed {
                     err = Some(format!("free block {:#x} is not in the free index", b.addr));

@@ -684,14 +684,14 @@ impl Heap {
     pub(crate) fn note_logged(&mut self, e: Logged) {
         let b = &mut self.blocks[e.block];
         debug_assert_eq!(b.state, BlockState::Allocated);
-        let (addr, size, stream) = (b.addr, b.size, b.stream);
+        let (addr, requested, stream) = (b.addr, b.requested, b.stream);
         let action = if e.alloc.is_some() {
             b.ctx = e.alloc;
             Action::Alloc
         } else {
             Action::FreeCompleted
         };
-        self.recorder.event_at(action, addr, size, stream.0, e.alloc, e.ticks);
+        self.recorder.event_at(action, addr, requested, stream.0, e.alloc, e.ticks);
     }
 
     /// The buffer of block `i` was dropped: stop counting it as allocated, and either return it
@@ -703,7 +703,9 @@ impl Heap {
             let (uses, lent_to) =
                 b.extra.take().map(|e| (e.uses, e.lent_to.map(|to| (to, e.from_range)))).unwrap_or_default();
             b.ctx = None;
-            (b.pool, b.size, std::mem::take(&mut b.requested), uses, lent_to)
+            // The bytes asked for stay on the block while it waits for other streams (a
+            // snapshot shows them, as PyTorch's does); `deactivate` clears them.
+            (b.pool, b.size, b.requested, uses, lent_to)
         };
         let (uses, handed_back) = self.hand_back(backend, i, uses, lent_to);
         let lent_to = lent_to.map(|(to, _)| to);
@@ -776,7 +778,8 @@ impl Heap {
 
     /// Takes block `i` out of the active statistics: no stream uses it any more.
     fn deactivate(&mut self, i: BlockId) {
-        let b = &self.blocks[i];
+        let b = &mut self.blocks[i];
+        b.requested = 0;
         let (pool, size) = (b.pool, b.size);
         self.note(Note::Deactivate { size, pool });
     }

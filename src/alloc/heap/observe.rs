@@ -16,7 +16,7 @@ pub(super) enum Note {
     /// still use it (a `free_requested` now, `free_completed` later), else it is free at once.
     Release { addr: u64, size: u64, requested: u64, pool: Pool, stream: StreamId, ctx: Option<Context>, waiting: bool },
     /// The last stream a dropped block waited for is done with it (`free_completed`).
-    WaitOver { addr: u64, size: u64, stream: StreamId },
+    WaitOver { addr: u64, requested: u64, stream: StreamId },
     /// No stream uses a dropped block any more: it leaves the active counters.
     Deactivate { size: u64, pool: Pool },
     /// A free block that shares its segment with others starts (`true`) or stops being one:
@@ -65,7 +65,9 @@ impl Heap {
         let st = &mut self.stats;
         match n {
             Note::Alloc { addr, size, requested, pool, stream, ctx } => {
-                self.recorder.event(Action::Alloc, addr, size, stream.0, ctx);
+                // The history records the bytes asked for, as PyTorch's trace does (its viewer
+                // draws a block that width; the block's size is in the segment).
+                self.recorder.event(Action::Alloc, addr, requested, stream.0, ctx);
                 st.allocation.inc(pool, 1);
                 st.allocated_bytes.inc(pool, size);
                 st.active.inc(pool, 1);
@@ -84,11 +86,11 @@ impl Heap {
                 }
                 if !self.free_logged {
                     let action = if waiting { Action::FreeRequested } else { Action::FreeCompleted };
-                    self.recorder.event(action, addr, size, stream.0, ctx);
+                    self.recorder.event(action, addr, requested, stream.0, ctx);
                 }
             }
-            Note::WaitOver { addr, size, stream } => {
-                self.recorder.event(Action::FreeCompleted, addr, size, stream.0, None);
+            Note::WaitOver { addr, requested, stream } => {
+                self.recorder.event(Action::FreeCompleted, addr, requested, stream.0, None);
             }
             Note::Deactivate { size, pool } => {
                 st.active.dec(pool, 1);

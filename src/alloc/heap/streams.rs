@@ -59,8 +59,8 @@ impl Heap {
         b.pending_events -= 1;
         // A stranded block stays out of use whatever its other streams' events say.
         if b.pending_events == 0 && b.state == BlockState::PendingFree {
-            let (addr, size, stream) = (b.addr, b.size, b.stream);
-            self.note(Note::WaitOver { addr, size, stream });
+            let (addr, requested, stream) = (b.addr, b.requested, b.stream);
+            self.note(Note::WaitOver { addr, requested, stream });
             self.finish_free(block);
         }
     }
