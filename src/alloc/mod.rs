@@ -7,14 +7,17 @@ mod free_index;
 mod ids;
 mod keepalive;
 
-/// The `Arc` of the shared state: `keepalive.rs` is also compiled by its loom test, with
-/// loom's `Arc` in its place.
+/// The `Arc` of the shared state, and parking's atomics and thread locals: `keepalive.rs` and
+/// `park.rs` are also compiled by their loom tests, with loom's in their place.
 mod sync_shim {
-    pub(crate) use std::sync::Arc;
+    pub(crate) use std::sync::{atomic, Arc};
+    pub(crate) use std::thread_local;
 }
 pub(crate) mod heap;
 mod oom_snapshot;
 mod park;
+#[cfg(test)]
+mod park_tests;
 mod registry;
 pub(crate) mod stats;
 pub use stats::{Counter, MemoryStats, Pool, PoolCounters};
@@ -324,7 +327,7 @@ impl Drop for CachingAllocator {
         if !locked.parking.is_empty() && strong <= 1 + usize::from(locked.keepalive.holds()) {
             // The last handle: no allocation will pull what threads parked, so close parking
             // and pull it now (Dekker's half; see `park`).
-            shared.closed.store(true, Ordering::SeqCst);
+            locked.parking.close(&shared.closed);
             locked.pull(&*shared.backend);
         }
         // Decided, and any decrement that leaves other references made, under the lock: so
