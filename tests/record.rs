@@ -231,8 +231,11 @@ fn block_events_carry_the_bytes_asked_for_as_pytorch_does() {
     drop(b);
     // Waiting for stream 2, the block still says what was asked for (PyTorch's snapshot does).
     let waiting = alloc.snapshot();
-    let block = waiting.segments.iter().flat_map(|s| &s.blocks).find(|b| b.address == addr).unwrap();
+    let segment = waiting.segments.iter().find(|s| s.blocks.iter().any(|b| b.address == addr)).unwrap();
+    let block = segment.blocks.iter().find(|b| b.address == addr).unwrap();
     assert_eq!((block.state, block.size, block.requested_size), (BlockState::ActivePendingFree, 3072, 3000));
+    // PyTorch's segment counts the requests of its active blocks, waiting ones included.
+    assert_eq!((segment.active_size, segment.allocated_size, segment.requested_size), (3072, 0, 3000));
     alloc.synchronize(s2).unwrap();
     let snap = alloc.snapshot();
     let block = snap.segments.iter().flat_map(|s| &s.blocks).find(|b| b.address == addr).unwrap();

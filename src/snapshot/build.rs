@@ -80,7 +80,7 @@ fn copy(heap: &Heap) -> Raw {
     segments.sort_by_key(|(s, _)| s.address);
     for (s, _) in &mut segments {
         let sum = s.summary();
-        (s.allocated_size, s.active_size, s.requested_size) = (sum.allocated, sum.active, sum.requested);
+        (s.allocated_size, s.active_size, s.requested_size) = (sum.allocated, sum.active, sum.active_requested);
     }
     let rec = heap.recorder();
     Raw {

@@ -223,7 +223,8 @@ pub struct SegmentInfo {
     pub allocated_size: u64,
     /// Bytes in allocated or pending-free blocks.
     pub active_size: u64,
-    /// Bytes requested by the allocated blocks' callers.
+    /// Bytes the callers of the active blocks (allocated, or waiting for another stream) asked
+    /// for, as PyTorch's snapshot counts them.
     pub requested_size: u64,
     /// Blocks in address order.
     pub blocks: Vec<BlockInfo>,
@@ -252,6 +253,9 @@ pub struct SegmentSummary {
     pub active: u64,
     /// Bytes the allocated blocks' callers asked for.
     pub requested: u64,
+    /// Bytes the active blocks' callers asked for (allocated and waiting): PyTorch's segment
+    /// `requested_size`.
+    pub active_requested: u64,
     /// Rounding waste of the allocated blocks: `allocated - requested`, block by block.
     pub waste: u64,
     /// Bytes of free blocks.
@@ -286,6 +290,7 @@ impl SegmentInfo {
                 }
             }
             s.active = s.active.saturating_add(b.size);
+            s.active_requested = s.active_requested.saturating_add(b.requested_size);
             s.active_blocks += 1;
         }
         s
