@@ -113,7 +113,9 @@ pub struct MemoryStats {
     pub active_bytes: PoolCounters,
     /// Bytes of inactive split blocks.
     pub inactive_split_bytes: PoolCounters,
-    /// Bytes callers asked for, before rounding.
+    /// Bytes callers asked for, before rounding, of the allocated blocks. (PyTorch's goes on
+    /// counting a block freed while another stream uses it until that stream is done, as its
+    /// `active_bytes` does; a snapshot's segment `requested_size` counts those blocks too.)
     pub requested_bytes: PoolCounters,
     /// Allocations of at least `max_split_size` bytes.
     pub oversize_allocations: Counter,
