@@ -13,7 +13,8 @@ use crate::record::{scope_path, thread_name, Action, Context, Event, Frame, Symb
 ///
 /// 6 (2026-11-28): the history's `alloc`, `free_requested` and `free_completed` entries carry
 /// the bytes asked for, as PyTorch's trace does (earlier versions recorded the block's size),
-/// and a block waiting for other streams keeps its `requested_size`.
+/// a block waiting for other streams keeps its `requested_size`, and a segment's
+/// `requested_size` counts such blocks' requests too (PyTorch's counting).
 /// 5 (2026-11-24): [`SegmentInfo::source`], [`Snapshot::driver_pool`]. 4 (2026-11-24): streams in 64 bits (PyTorch's stream handles whole),
 /// [`SegmentInfo::expandable`], [`HistoryEntry::user_metadata`]. 3 (2026-11-23):
 /// [`Snapshot::stack_capture`]. 2: [`Snapshot::time_origin_us`]. Every earlier
