@@ -73,6 +73,7 @@ use ids::{BlockId, StreamId};
 use park::{BlockClass, Parked, Parking, Pulled, Recording, Took, Unparked};
 
 const ID: u64 = 7;
+const BLOCKS: usize = 3;
 
 /// A loom thread with room for a slot built on its stack (the dev profile's frames are large).
 fn spawn(f: impl FnOnce() + Send + 'static) -> thread::JoinHandle<()> {
@@ -86,7 +87,6 @@ fn model(f: impl Fn() + Send + Sync + 'static) {
     b.preemption_bound = Some(3);
     b.check(f);
 }
-const BLOCKS: usize = 3;
 
 /// The heap's side, behind the allocator's lock.
 #[derive(Default)]
@@ -198,8 +198,8 @@ fn freed_once(heap: &Heap, blocks: usize) {
 }
 
 /// Runs `owner` on a thread of its own (bound to a slot, as after its first contended free)
-/// while this thread pulls once, as any locked operation does; returns after the owner ends.
-fn against_a_pull(owner: impl FnOnce(&Alloc) + Send + 'static) -> Arc<Alloc> {
+/// while this thread runs `here`; returns after the owner ends, with what `here` returned.
+fn alongside<R>(owner: impl FnOnce(&Alloc) + Send + 'static, here: impl FnOnce(&Alloc) -> R) -> (Arc<Alloc>, R) {
     let a = Alloc::new();
     let thread = {
         let a = a.clone();
@@ -208,12 +208,14 @@ fn against_a_pull(owner: impl FnOnce(&Alloc) + Send + 'static) -> Arc<Alloc> {
             owner(&a);
         })
     };
-    {
-        let mut heap = a.heap.lock().unwrap();
-        a.pull(&mut heap);
-    }
+    let r = here(&a);
     thread.join().unwrap();
-    a
+    (a, r)
+}
+
+/// [`alongside`] a pull, as any locked operation makes.
+fn against_a_pull(owner: impl FnOnce(&Alloc) + Send + 'static) -> Arc<Alloc> {
+    alongside(owner, |a| a.pull(&mut a.heap.lock().unwrap())).0
 }
 
 /// One thread parks two blocks, takes the second back, uses it and parks it again, while the
@@ -243,26 +245,24 @@ fn a_parked_block_has_one_owner_at_a_time() {
 #[test]
 fn closing_parking_frees_a_block_parked_meanwhile_once() {
     model(|| {
-        let a = Alloc::new();
         let ready = Arc::new(AtomicBool::new(false));
-        let owner = {
-            let (a, ready) = (a.clone(), ready.clone());
-            spawn(move || {
-                a.bind();
-                ready.store(true, Ordering::Release);
-                a.use_block(0, 1);
-                a.drop_buffer(0, false);
-            })
+        let bound = ready.clone();
+        let owner = move |a: &Alloc| {
+            bound.store(true, Ordering::Release);
+            a.use_block(0, 1);
+            a.drop_buffer(0, false);
         };
         // `CachingAllocator::drop` of the last handle, once the thread has its slot (with no
         // slot listed, it does not close).
-        let closing = ready.load(Ordering::Acquire);
-        if closing {
-            let mut heap = a.heap.lock().unwrap();
-            heap.parking.close(&a.closed);
-            a.pull(&mut heap);
-        }
-        owner.join().unwrap();
+        let (a, closing) = alongside(owner, |a| {
+            let closing = ready.load(Ordering::Acquire);
+            if closing {
+                let mut heap = a.heap.lock().unwrap();
+                heap.parking.close(&a.closed);
+                a.pull(&mut heap);
+            }
+            closing
+        });
         let mut heap = a.heap.lock().unwrap();
         if !closing {
             // Not closed: the next locked operation pulls.
