@@ -333,6 +333,23 @@
 //! one). Each stream with a live small block holds a small segment of its own (2 MiB), as in
 //! PyTorch; its large blocks may lie in another stream's memory, lent.
 //!
+//! Reading changes nothing. A free keeps the block it frees aside, unmerged, for a next
+//! request of its exact size on its stream (the alloc-free-alloc of a temporary then costs no
+//! split, merge or lookup); any other change to the heap merges it first. Reads do not:
+//! [`CachingAllocator::stats`], snapshots, [`CachingAllocator::memory_allocated`],
+//! [`CachingAllocator::largest_free_block`], scope usage and the other reads show the heap as
+//! merging would leave it, computed beside it, and leave the block where it is. Until
+//! 2026-11-28 reads merged it, and the next request of its size then got the best fit instead
+//! (among equal free blocks over 1 MiB the lowest in reservation order, which the block kept
+//! aside need not be): a program that read its statistics between a free and an allocation
+//! got other blocks than one that did not. Replayed with the statistics read after every
+//! operation, `fno_varres` peaked at 4,004 MiB instead of 4,744 with `cuMemAlloc` segments,
+//! `pointnet_varpoints` at 5,726 instead of 6,216 with virtual ones; now each peaks the same
+//! read or not (`tests/reads.rs`). [`CachingAllocator::reset_peak_stats`] does not merge it
+//! either: it sets the peaks to what merging would leave. Resetting the accumulated totals,
+//! emptying the cache, synchronizing, `record_stream` and new streams merge it first. (Blocks
+//! that threads parked, below, are pulled back by reads too, as the paragraph says.)
+//!
 //! Threads: one lock guards an allocator's heap. Once threads have contended for it, a
 //! dropped buffer's block is *parked* in its thread's own slot instead (up to 4 per thread),
 //! and that thread's next request takes back the block it freed last without the lock, where

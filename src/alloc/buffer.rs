@@ -219,7 +219,7 @@ impl<T: Pod> Buffer<T> {
     /// The tensor description set with [`with_shape`](Self::with_shape), if any.
     pub fn tensor_meta(&self) -> Option<TensorMeta> {
         let b = self.block()?;
-        self.shared().lock().heap.tensor_meta(b)
+        self.shared().read().heap.tensor_meta(b)
     }
 
     fn host_ptr(&self) -> Result<*mut T> {

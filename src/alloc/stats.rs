@@ -334,6 +334,22 @@ impl PoolStat {
         }
     }
 
+    /// Sets each peak to the current value of the same statistic in `to`.
+    pub(crate) fn set_peaks_to(&mut self, to: &PoolStat) {
+        self.all.peak = to.all.current;
+        for (p, t) in self.pools.iter_mut().zip(&to.pools) {
+            p.peak = t.current;
+        }
+    }
+
+    /// Raises each peak to at least the current value.
+    pub(crate) fn lift_peaks(&mut self) {
+        self.all.peak = self.all.peak.max(self.all.current);
+        for p in &mut self.pools {
+            p.peak = p.peak.max(p.current);
+        }
+    }
+
     fn reset_accumulated(&mut self) {
         self.all.reset_totals();
         for p in &mut self.pools {

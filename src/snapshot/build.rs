@@ -40,7 +40,11 @@ struct Raw {
 
 fn copy(heap: &Heap) -> Raw {
     let mut segments: Vec<(SegmentInfo, Vec<Option<Context>>)> = Vec::new();
-    heap.for_each_block(|_, seg, b| {
+    // The block kept aside by the last free and its free neighbours show as the one free block
+    // that merging makes: a snapshot shows the heap as settled without settling it (see
+    // `Heap::hot_merge`).
+    let merge = heap.hot_merge();
+    heap.for_each_block(|i, seg, b| {
         if segments.last().is_none_or(|(s, _)| s.address != seg.addr) {
             let info = SegmentInfo {
                 address: seg.addr,
@@ -61,15 +65,30 @@ fn copy(heap: &Heap) -> Raw {
             segments.push((info, Vec::new()));
         }
         let (s, contexts) = segments.last_mut().expect("pushed above");
+        let mut b = b;
+        let mut merged = None;
+        if let Some(m) = merge.filter(|m| [Some(m.hot), m.prev, m.next].contains(&Some(i))) {
+            if i != m.prev.unwrap_or(m.hot) {
+                return;
+            }
+            // The block that survives the merge (`merge_free` keeps the lower free neighbour,
+            // else the upper one) carries the merged block's description.
+            b = heap.block(m.prev.or(m.next).unwrap_or(m.hot));
+            merged = Some(m);
+        }
         let state = match b.state {
             heap::BlockState::Allocated => BlockState::ActiveAllocated,
             heap::BlockState::PendingFree | heap::BlockState::Stranded => BlockState::ActivePendingFree,
             heap::BlockState::Free => BlockState::Inactive,
         };
         let meta = b.extra.as_ref().and_then(|e| e.meta.as_ref());
+        let (address, size, state) = match merged {
+            Some(m) => (m.addr, m.size, BlockState::Inactive),
+            None => (b.addr, b.size, state),
+        };
         s.blocks.push(BlockInfo {
-            address: b.addr,
-            size: b.size,
+            address,
+            size,
             requested_size: b.requested,
             state,
             dtype: meta.map(|m| m.dtype.clone()),
@@ -91,7 +110,7 @@ fn copy(heap: &Heap) -> Raw {
         dropped: rec.history.total - rec.history.len() as u64,
         stacks: rec.stacks.stacks.clone(),
         sites: rec.sites.sites.clone(),
-        stats: heap.stats().public(),
+        stats: heap.settled_stats().public(),
         clock: rec.clock,
         stacks_mode: rec.config.stacks,
     }
@@ -180,7 +199,7 @@ impl CachingAllocator {
     /// ```
     pub fn snapshot(&self) -> Snapshot {
         let mut raw = {
-            let mut locked = self.shared.lock();
+            let mut locked = self.shared.read();
             locked.heap.recorder_mut().event(Action::Snapshot, 0, 0, 0, None);
             copy(&locked.heap)
         };

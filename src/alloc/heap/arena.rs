@@ -119,9 +119,16 @@ impl Heap {
         self.uncount_split(i);
     }
 
-    /// The largest free block (for reports).
+    /// The largest free block (for reports), the block kept aside by the last free counted
+    /// as merged (see [`Heap::hot_merge`]).
     pub(crate) fn largest_free(&self) -> u64 {
-        self.free.iter().map(|(_, size)| size).max().unwrap_or(0)
+        let indexed = self.free.iter().map(|(_, size)| size).max().unwrap_or(0);
+        indexed.max(self.hot_merge().map_or(0, |m| m.size))
+    }
+
+    /// Block `i`.
+    pub(crate) fn block(&self, i: BlockId) -> &Block {
+        &self.blocks[i]
     }
 
     /// Calls `f` with every block of every live segment, in address order per segment.

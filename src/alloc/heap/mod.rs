@@ -49,6 +49,21 @@ pub(crate) const LARGE_SEGMENT: u64 = 20 << 20;
 /// Large requests of at least this get a segment of their own size.
 pub(crate) const MIN_LARGE_ALLOC: u64 = 10 << 20;
 
+/// What merging the block kept aside by the last free would make (see [`Heap::hot_merge`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct HotMerge {
+    /// The kept block.
+    pub(crate) hot: BlockId,
+    /// Its free neighbours, which the merge absorbs.
+    pub(crate) prev: Option<BlockId>,
+    pub(crate) next: Option<BlockId>,
+    /// The free block it makes.
+    pub(crate) addr: u64,
+    pub(crate) size: u64,
+    /// Whether that block shares its segment with other blocks.
+    pub(crate) split: bool,
+}
+
 /// Where a block stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum BlockState {
@@ -204,6 +219,13 @@ pub(crate) struct Heap {
     /// size on its stream (or on another stream that takes its segment over); see
     /// [`Heap::settle`] and [`Heap::deferred_hot`].
     hot: Option<BlockId>,
+    /// Whether the inactive-split peaks were reset to what merging `hot` leaves
+    /// ([`Heap::reset_peaks`]), which may lie below their current values: handed out
+    /// unmerged instead, the block lifts them to the current values. Merged, it leaves
+    /// them right; the flag may outlive it (lifting a peak to its current value is always
+    /// right), and is not cleared there: a store on every merge cost a replayed operation
+    /// about 4 instructions (`benches/instructions.sh`).
+    peaks_behind: bool,
     /// Whether [`Heap::grow`] may defer merging `hot` (off only to test that deferring
     /// changes nothing).
     defer_hot: bool,
@@ -311,6 +333,7 @@ impl Heap {
             raises_since_peak: 0,
             released_wanted: 0,
             hot: None,
+            peaks_behind: false,
             defer_hot: true,
             last_error: None,
             config,
@@ -359,6 +382,9 @@ impl Heap {
                 // The block freed last has this very size: reuse it as it is (no index lookup,
                 // split or merge). Best fit could have picked another block of the same size.
                 self.hot = None;
+                if self.peaks_behind {
+                    self.lift_split_peaks();
+                }
                 hot
             }
             _ => {
@@ -767,6 +793,73 @@ impl Heap {
         if let Some(h) = self.hot.take() {
             self.merge_free(h);
         }
+    }
+
+    /// Sets every peak statistic to its current value as after [`Heap::settle`], without
+    /// settling (a reset of the peaks is a read's neighbour: it must not change where blocks
+    /// go either). Merging the block kept aside then leaves each inactive-split peak at its
+    /// current value, as a reset after the merge would.
+    pub(crate) fn reset_peaks(&mut self) {
+        let settled = self.settled_stats();
+        self.stats.reset_peaks();
+        self.peaks_behind = self.hot.is_some();
+        if self.peaks_behind {
+            self.stats.inactive_split.set_peaks_to(&settled.inactive_split);
+            self.stats.inactive_split_bytes.set_peaks_to(&settled.inactive_split_bytes);
+        }
+    }
+
+    /// The block kept aside was handed out unmerged after [`Heap::reset_peaks`] set the
+    /// inactive-split peaks to what merging it would have left: they must not stay below
+    /// the current values.
+    #[cold]
+    #[inline(never)]
+    fn lift_split_peaks(&mut self) {
+        self.stats.inactive_split.lift_peaks();
+        self.stats.inactive_split_bytes.lift_peaks();
+        self.peaks_behind = false;
+    }
+
+    /// What [`Heap::settle`] would make of the block kept aside, without merging it: the
+    /// free neighbours it would absorb and the free block it would become. Reads (statistics,
+    /// snapshots, the largest free block) show the heap through this, so that reading never
+    /// merges the block and so never changes which block the next request gets.
+    pub(crate) fn hot_merge(&self) -> Option<HotMerge> {
+        let hot = self.hot?;
+        let b = &self.blocks[hot];
+        let free = |n: Option<BlockId>| n.filter(|&n| self.blocks[n].state == BlockState::Free);
+        let (prev, next) = (free(b.prev), free(b.next));
+        let first = prev.unwrap_or(hot);
+        let last = next.unwrap_or(hot);
+        let size = [prev, next].into_iter().flatten().map(|n| self.blocks[n].size).sum::<u64>() + b.size;
+        Some(HotMerge {
+            hot,
+            prev,
+            next,
+            addr: self.blocks[first].addr,
+            size,
+            split: self.blocks[first].prev.is_some() || self.blocks[last].next.is_some(),
+        })
+    }
+
+    /// The statistics as they would be after [`Heap::settle`]: those of the blocks that
+    /// merging changes (inactive split blocks) counted as `merge_free` counts them, on a copy.
+    pub(crate) fn settled_stats(&self) -> Stats {
+        let mut st = self.stats.clone();
+        if let Some(m) = self.hot_merge() {
+            let pool = self.blocks[m.hot].pool;
+            // `merge_free`'s order: the neighbours uncounted (each counted only if split,
+            // which a neighbour of the kept block always is), then the merged block counted.
+            for n in [m.prev, m.next].into_iter().flatten() {
+                st.inactive_split.dec(pool, 1);
+                st.inactive_split_bytes.dec(pool, self.blocks[n].size);
+            }
+            if m.split {
+                st.inactive_split.inc(pool, 1);
+                st.inactive_split_bytes.inc(pool, m.size);
+            }
+        }
+        st
     }
 
     /// The block is no longer used by any stream: merge it into a free neighbour (whose index
