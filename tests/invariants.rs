@@ -122,6 +122,7 @@ fn run_ops(alloc: &CachingAllocator, sim: &SimBackend, streams: &[Stream], ops: 
         if let Err(e) = alloc.check_invariants() {
             panic!("after op {k} ({op:?}): {e}");
         }
+        check_snapshot_segments(alloc);
         let live_bytes: u64 = live.iter().map(|(b, _)| b.num_bytes()).sum();
         assert_eq!(alloc.stats().requested_bytes.all.current, live_bytes);
         assert!(alloc.memory_allocated() >= live_bytes);
@@ -130,6 +131,22 @@ fn run_ops(alloc: &CachingAllocator, sim: &SimBackend, streams: &[Stream], ops: 
     }
     drop(live);
     made.check(alloc);
+}
+
+/// A snapshot lists the memory held and only it: one segment per contiguous mapped range (as
+/// PyTorch's snapshot does for its expandable segments), the segments' sizes summing to the
+/// bytes reserved, each tiled by its blocks; read back from PyTorch's pickle, the same.
+fn check_snapshot_segments(alloc: &CachingAllocator) {
+    let snap = alloc.snapshot();
+    let listed: u64 = snap.segments.iter().map(|s| s.total_size).sum();
+    assert_eq!(listed, alloc.memory_reserved(), "the segments' sizes are the bytes reserved");
+    for s in &snap.segments {
+        assert_eq!(s.mapped_size, s.total_size, "segment at {:#x}: wholly mapped", s.address);
+        assert_eq!(s.blocks.iter().map(|b| b.size).sum::<u64>(), s.total_size, "segment at {:#x}", s.address);
+    }
+    let back = vramscope::Snapshot::from_pytorch_pickle(&snap.to_pytorch_pickle(), "invariants").unwrap();
+    let ranges = |s: &vramscope::Snapshot| s.segments.iter().map(|g| (g.address, g.total_size)).collect::<Vec<_>>();
+    assert_eq!(ranges(&back), ranges(&snap));
 }
 
 fn finish(alloc: &CachingAllocator, sim: &SimBackend) {

@@ -129,6 +129,34 @@ fn pickles_written_for_pytorch_read_back_the_same() {
     }
 }
 
+/// A segment is a contiguous mapped range, in PyTorch's snapshot of expandable segments
+/// (`expandable_unmap`: 60 MiB mapped, 40 of them unmapped by `empty_cache`, listed as the
+/// 20 still mapped) and in vramscope's after the same steps on virtual segments: the
+/// segments' sizes sum to the bytes reserved, not to the address ranges reserved.
+#[test]
+fn segments_are_the_mapped_ranges_as_in_pytorch() {
+    let torch = fixture("expandable_unmap");
+    let sizes = |s: &Snapshot| s.segments.iter().map(|g| (g.total_size >> 20, g.expandable)).collect::<Vec<_>>();
+    assert_eq!(sizes(&torch), [(2, true), (20, true)]);
+    let back = Snapshot::from_pytorch_pickle(&torch.to_pytorch_pickle(), "written").unwrap();
+    assert_eq!(back.segments, torch.segments);
+
+    let alloc = CachingAllocator::new(vramscope::backend::SimBackend::new(1 << 30));
+    let s = alloc.default_stream();
+    let small = alloc.alloc::<u8>(&s, 1000).unwrap();
+    drop(alloc.alloc::<u8>(&s, 60 << 20).unwrap());
+    let kept = alloc.alloc::<u8>(&s, 8 << 20).unwrap();
+    alloc.empty_cache();
+    let own = alloc.snapshot();
+    let listed: u64 = own.segments.iter().map(|g| g.total_size).sum();
+    assert_eq!(listed, alloc.memory_reserved());
+    assert!(listed < 60 << 20, "the unmapped pages are not listed: {:?}", sizes(&own));
+    assert!(own.segments.iter().all(|g| g.mapped_size == g.total_size && g.expandable));
+    let back = Snapshot::from_pytorch_pickle(&own.to_pytorch_pickle(), "written").unwrap();
+    assert_eq!(sizes(&back), sizes(&own));
+    drop((small, kept));
+}
+
 /// vramscope's own pickles carry real times (microseconds since the epoch, as PyTorch's) and
 /// every free as PyTorch records it: `free_requested`, then `free_completed`.
 #[test]

@@ -11,6 +11,11 @@ use crate::record::{scope_path, thread_name, Action, Context, Event, Frame, Symb
 
 /// The version of the snapshot model written by this build.
 ///
+/// 7 (2026-11-28): a segment is one contiguous mapped range, as in PyTorch's snapshot of its
+/// expandable segments: a virtual segment with pages unmapped under free holes is listed as
+/// the ranges still mapped, a free block cut where its pages are unmapped (earlier versions
+/// listed the whole address range, [`SegmentInfo::mapped_size`] the bytes of it mapped, and
+/// PyTorch's viewers, reading it as mapped, drew unmapped memory as reserved).
 /// 6 (2026-11-28): the history's `alloc`, `free_requested` and `free_completed` entries carry
 /// the bytes asked for, as PyTorch's trace does (earlier versions recorded the block's size),
 /// a block waiting for other streams keeps its `requested_size`, and a segment's
@@ -19,7 +24,7 @@ use crate::record::{scope_path, thread_name, Action, Context, Event, Frame, Symb
 /// [`SegmentInfo::expandable`], [`HistoryEntry::user_metadata`]. 3 (2026-11-23):
 /// [`Snapshot::stack_capture`]. 2: [`Snapshot::time_origin_us`]. Every earlier
 /// version still loads.
-pub const SNAPSHOT_VERSION: u32 = 6;
+pub const SNAPSHOT_VERSION: u32 = 7;
 
 /// The first version whose history records the bytes asked for (see [`SNAPSHOT_VERSION`]).
 pub(crate) const HISTORY_REQUESTED_SINCE: u32 = 6;
@@ -44,27 +49,16 @@ fn copy(heap: &Heap) -> Raw {
     // that merging makes: a snapshot shows the heap as settled without settling it (see
     // `Heap::hot_merge`).
     let merge = heap.hot_merge();
+    // The heap segment the blocks come from, and its unmapped ranges: a snapshot lists one
+    // segment per contiguous mapped range, as PyTorch's does for its expandable segments, so
+    // that what a segment's blocks cover is memory held (see `SNAPSHOT_VERSION`, 7).
+    let mut current: Option<Unmapped> = None;
     heap.for_each_block(|i, seg, b| {
-        if segments.last().is_none_or(|(s, _)| s.address != seg.addr) {
-            let info = SegmentInfo {
-                address: seg.addr,
-                total_size: seg.size,
-                mapped_size: seg.mapped,
-                expandable: seg.room > 0,
-                stream: u64::from(seg.stream.0),
-                device: None,
-                pool: seg.pool,
-                pool_id: None,
-                allocated_size: 0,
-                active_size: 0,
-                requested_size: 0,
-                blocks: Vec::new(),
-                context: None,
-                source: None,
-            };
-            segments.push((info, Vec::new()));
+        let first = current.as_ref().is_none_or(|u| u.segment != seg.addr);
+        if first {
+            current = Some(Unmapped { segment: seg.addr, ranges: Heap::unmapped_ranges(seg), passed: 0 });
         }
-        let (s, contexts) = segments.last_mut().expect("pushed above");
+        let Unmapped { ranges: unmapped, passed, .. } = current.as_mut().expect("set above");
         let mut b = b;
         let mut merged = None;
         if let Some(m) = merge.filter(|m| [Some(m.hot), m.prev, m.next].contains(&Some(i))) {
@@ -86,16 +80,43 @@ fn copy(heap: &Heap) -> Raw {
             Some(m) => (m.addr, m.size, BlockState::Inactive),
             None => (b.addr, b.size, state),
         };
-        s.blocks.push(BlockInfo {
-            address,
-            size,
-            requested_size: b.requested,
-            state,
-            dtype: meta.map(|m| m.dtype.clone()),
-            shape: meta.map(|m| m.shape.clone()),
-            context: None,
-        });
-        contexts.push(b.ctx);
+        for (address, size) in mapped_pieces(address, size, unmapped, passed) {
+            // Only free blocks lie over unmapped pages.
+            debug_assert!(state == BlockState::Inactive || (address, size) == (b.addr, b.size));
+            let joins = !first && segments.last().is_some_and(|(s, _)| s.address + s.total_size == address);
+            if !joins {
+                let info = SegmentInfo {
+                    address,
+                    total_size: 0,
+                    mapped_size: 0,
+                    expandable: seg.room > 0 || !unmapped.is_empty(),
+                    stream: u64::from(seg.stream.0),
+                    device: None,
+                    pool: seg.pool,
+                    pool_id: None,
+                    allocated_size: 0,
+                    active_size: 0,
+                    requested_size: 0,
+                    blocks: Vec::new(),
+                    context: None,
+                    source: None,
+                };
+                segments.push((info, Vec::new()));
+            }
+            let (s, contexts) = segments.last_mut().expect("pushed above");
+            s.total_size += size;
+            s.mapped_size += size;
+            s.blocks.push(BlockInfo {
+                address,
+                size,
+                requested_size: b.requested,
+                state,
+                dtype: meta.map(|m| m.dtype.clone()),
+                shape: meta.map(|m| m.shape.clone()),
+                context: None,
+            });
+            contexts.push(b.ctx);
+        }
     });
     segments.sort_by_key(|(s, _)| s.address);
     for (s, _) in &mut segments {
@@ -114,6 +135,45 @@ fn copy(heap: &Heap) -> Raw {
         clock: rec.clock,
         stacks_mode: rec.config.stacks,
     }
+}
+
+/// The unmapped ranges of the heap segment whose blocks a snapshot is copying.
+struct Unmapped {
+    /// The segment's address.
+    segment: u64,
+    /// `(address, length)`, in address order.
+    ranges: Vec<(u64, u64)>,
+    /// How many of them end before the block being copied (see [`mapped_pieces`]).
+    passed: usize,
+}
+
+/// The parts of `[address, address + size)` outside `unmapped` (sorted, disjoint ranges of
+/// `(address, length)`), in address order. `passed`: how many ranges end before `address`,
+/// as far as known (a segment's blocks come in address order: linear in blocks and ranges).
+fn mapped_pieces(address: u64, size: u64, unmapped: &[(u64, u64)], passed: &mut usize) -> Vec<(u64, u64)> {
+    let end = address + size;
+    while unmapped.get(*passed).is_some_and(|&(u, len)| u + len <= address) {
+        *passed += 1;
+    }
+    let mut pieces = Vec::with_capacity(1);
+    let mut at = address;
+    for &(u, len) in &unmapped[*passed..] {
+        let u_end = u + len;
+        if u >= end {
+            break;
+        }
+        if u_end <= at {
+            continue;
+        }
+        if u > at {
+            pieces.push((at, u - at));
+        }
+        at = at.max(u_end);
+    }
+    if at < end {
+        pieces.push((at, end - at));
+    }
+    pieces
 }
 
 struct FullContext {
@@ -254,5 +314,25 @@ impl CachingAllocator {
             stack_capture: Some(super::model::StackCapture::now(raw.stacks_mode)),
             driver_pool: self.backend().driver_pool(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::mapped_pieces;
+
+    #[test]
+    fn a_block_is_cut_where_its_pages_are_unmapped() {
+        let unmapped = [(100, 50), (200, 100), (400, 10)];
+        let mut passed = 0;
+        // One segment's blocks in address order: before, across, inside, after the ranges.
+        assert_eq!(mapped_pieces(0, 100, &unmapped, &mut passed), [(0, 100)]);
+        assert_eq!(mapped_pieces(100, 120, &unmapped, &mut passed), [(150, 50)]);
+        assert_eq!(mapped_pieces(220, 50, &unmapped, &mut passed), []);
+        assert_eq!(mapped_pieces(270, 200, &unmapped, &mut passed), [(300, 100), (410, 60)]);
+        assert_eq!(passed, 1, "the ranges that end before the last block began are passed");
+        assert_eq!(mapped_pieces(500, 8, &unmapped, &mut passed), [(500, 8)]);
+        assert_eq!(passed, 3);
+        assert_eq!(mapped_pieces(0, 8, &[], &mut 0), [(0, 8)]);
     }
 }

@@ -196,14 +196,18 @@ impl StackCapture {
 pub struct SegmentInfo {
     /// Base address.
     pub address: u64,
-    /// Size of the segment's address range.
+    /// Size of the segment's address range. Since format 7 a segment is one contiguous mapped
+    /// range (as in PyTorch's snapshot of its expandable segments): a virtual segment with
+    /// pages unmapped under free holes is listed as the ranges still mapped, so that the
+    /// segments' sizes sum to the bytes reserved.
     pub total_size: u64,
-    /// Bytes of it mapped (less than `total_size` where pages under free holes were unmapped).
+    /// Bytes of it mapped: `total_size` since format 7; in earlier files, less where pages
+    /// under free holes were unmapped.
     pub mapped_size: u64,
-    /// Whether the segment can grow in place (PyTorch's `is_expandable`: kept as read; in
-    /// vramscope's, a segment with addresses reserved after its end, see
-    /// [`Backend::reserve_growable`](crate::backend::Backend::reserve_growable)). Pages under
-    /// free holes show in `mapped_size`.
+    /// Whether the segment can grow in place or lies in memory mapped in pieces (PyTorch's
+    /// `is_expandable`: kept as read; in vramscope's, a segment with addresses reserved after
+    /// its end, see [`Backend::reserve_growable`](crate::backend::Backend::reserve_growable),
+    /// or a mapped range of a segment with pages unmapped).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub expandable: bool,
     /// The stream: vramscope's allocator-local index, or the CUDA stream handle a PyTorch

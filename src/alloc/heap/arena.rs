@@ -161,6 +161,26 @@ impl Heap {
         self.free.with_mapped_pages().contains(&i)
     }
 
+    /// The unmapped ranges of live segment `seg`, as `(address, length)`, in address order,
+    /// adjacent granules joined.
+    pub(crate) fn unmapped_ranges(seg: &Segment) -> Vec<(u64, u64)> {
+        let mut ranges: Vec<(u64, u64)> = Vec::new();
+        if seg.wholly_mapped() {
+            return ranges;
+        }
+        for g in 0..seg.granules() {
+            if !Self::is_page_unmapped(seg, g) {
+                continue;
+            }
+            let (addr, len) = seg.granule_span(g, g + 1);
+            match ranges.last_mut() {
+                Some((a, l)) if *a + *l == addr => *l += len,
+                _ => ranges.push((addr, len)),
+            }
+        }
+        ranges
+    }
+
     /// Whether granule `p` of live segment `seg` is unmapped.
     pub(crate) fn is_page_unmapped(seg: &Segment, p: u64) -> bool {
         seg.unmapped_pages[(p / 64) as usize] & (1 << (p % 64)) != 0
