@@ -115,8 +115,7 @@ impl Shared {
     /// shortcut. `alloc` and `free` take the lock without it, and reads through
     /// [`Shared::read`].
     pub(crate) fn lock(&self) -> crate::sync::MutexGuard<'_, Locked> {
-        let mut locked = self.heap.lock();
-        locked.pull(&*self.backend);
+        let mut locked = self.read();
         locked.heap.settle();
         locked
     }
@@ -752,7 +751,7 @@ impl CachingAllocator {
         let heap = &locked.heap;
         let sites = &heap.recorder().sites.sites;
         // The block the last free kept aside is no longer live (see `Shared::read`).
-        let kept = heap.hot_merge().map(|m| m.hot);
+        let kept = heap.kept_aside();
         let mut inside: std::collections::HashMap<u32, bool> = std::collections::HashMap::new();
         let mut within =
             |scope_id: u32| *inside.entry(scope_id).or_insert_with(|| crate::record::is_within(scope_id, scope.id()));

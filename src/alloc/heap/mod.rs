@@ -800,13 +800,18 @@ impl Heap {
     /// go either). Merging the block kept aside then leaves each inactive-split peak at its
     /// current value, as a reset after the merge would.
     pub(crate) fn reset_peaks(&mut self) {
-        let settled = self.settled_stats();
+        let settled = self.hot.map(|_| self.settled_stats());
         self.stats.reset_peaks();
-        self.peaks_behind = self.hot.is_some();
-        if self.peaks_behind {
+        self.peaks_behind = settled.is_some();
+        if let Some(settled) = settled {
             self.stats.inactive_split.set_peaks_to(&settled.inactive_split);
             self.stats.inactive_split_bytes.set_peaks_to(&settled.inactive_split_bytes);
         }
+    }
+
+    /// The block the last free kept aside, if any: no longer live, not yet merged.
+    pub(crate) fn kept_aside(&self) -> Option<BlockId> {
+        self.hot
     }
 
     /// The block kept aside was handed out unmerged after [`Heap::reset_peaks`] set the
