@@ -24,6 +24,19 @@ def load(path):
     return [(e[0], e[1], (e[2] + 511) // 512 * 512) for e in json.load(gzip.open(path) if path.endswith(".gz") else open(path))["events"]]
 
 
+def give_back(free, start, size):
+    """Puts the range [start, start + size) back into `free` ((start, size) pairs sorted by
+    address), merged with the free ranges it touches."""
+    i = bisect.bisect(free, (start, 0))
+    if i < len(free) and free[i][0] == start + size:
+        size += free.pop(i)[1]
+    if i > 0 and sum(free[i - 1]) == start:
+        start, s = free.pop(i - 1)
+        size += s
+        i -= 1
+    free.insert(i, (start, size))
+
+
 class Range:
     def __init__(self):
         self.free = []  # (start, size), sorted by address
@@ -61,14 +74,7 @@ class Range:
         return start
 
     def release(self, start, size):
-        i = bisect.bisect(self.free, (start, 0))
-        if i < len(self.free) and self.free[i][0] == start + size:
-            size += self.free.pop(i)[1]
-        if i > 0 and sum(self.free[i - 1]) == start:
-            start, s = self.free.pop(i - 1)
-            size += s
-            i -= 1
-        self.free.insert(i, (start, size))
+        give_back(self.free, start, size)
 
 
 def peak(events, policy, apart=False, passes=4):
@@ -90,29 +96,35 @@ def peak(events, policy, apart=False, passes=4):
 
 POLICIES = [("first", False), ("best", False), ("best-high", False), ("first", True), ("best", True)]
 
-log, traces = sys.argv[1], sys.argv[2:]
-pool = {}
-for line in open(log):
-    if line.startswith('{"trace": ') and '"async_peak_reserved"' in line:
-        # torch_replay.py's lines (a run.sh log holds vramscope's replays too).
-        r = json.loads(line)
-        pool[os.path.basename(r["trace"])] = r["async_peak_reserved"] / r["peak_live"]
-names = [f"{p}{' +small apart' if a else ''}" for p, a in POLICIES]
-logs = {n: 0.0 for n in names}
-met = {n: 0 for n in names}
-log_pool, rows = 0.0, 0
-for path in traces:
-    name = os.path.basename(path)
-    if name not in pool:
-        continue
-    events = load(path)
-    peaks = [peak(events, p, a) for p, a in POLICIES]
-    print(name, f"pool {pool[name]:.3f}", " ".join(f"{n} {v:.3f}" for n, v in zip(names, peaks)))
-    rows += 1
-    log_pool += math.log(pool[name])
-    for n, v in zip(names, peaks):
-        logs[n] += math.log(v)
-        met[n] += v <= pool[name] + 5e-4
-print(f"{rows} rows; pool {math.exp(log_pool / max(rows, 1)):.4f}")
-for n in names:
-    print(f"{n}: {math.exp(logs[n] / max(rows, 1)):.4f}, at most the pool's on {met[n]} rows")
+
+def main():
+    log, traces = sys.argv[1], sys.argv[2:]
+    pool = {}
+    for line in open(log):
+        if line.startswith('{"trace": ') and '"async_peak_reserved"' in line:
+            # torch_replay.py's lines (a run.sh log holds vramscope's replays too).
+            r = json.loads(line)
+            pool[os.path.basename(r["trace"])] = r["async_peak_reserved"] / r["peak_live"]
+    names = [f"{p}{' +small apart' if a else ''}" for p, a in POLICIES]
+    logs = {n: 0.0 for n in names}
+    met = {n: 0 for n in names}
+    log_pool, rows = 0.0, 0
+    for path in traces:
+        name = os.path.basename(path)
+        if name not in pool:
+            continue
+        events = load(path)
+        peaks = [peak(events, p, a) for p, a in POLICIES]
+        print(name, f"pool {pool[name]:.3f}", " ".join(f"{n} {v:.3f}" for n, v in zip(names, peaks)))
+        rows += 1
+        log_pool += math.log(pool[name])
+        for n, v in zip(names, peaks):
+            logs[n] += math.log(v)
+            met[n] += v <= pool[name] + 5e-4
+    print(f"{rows} rows; pool {math.exp(log_pool / max(rows, 1)):.4f}")
+    for n in names:
+        print(f"{n}: {math.exp(logs[n] / max(rows, 1)):.4f}, at most the pool's on {met[n]} rows")
+
+
+if __name__ == "__main__":
+    main()

@@ -21,13 +21,14 @@ Rules:
 Prints each trace's peak per rule, then per rule the geometric mean and the rows at most the
 target, and the rows that the best rule per trace (an oracle no online allocator has) meets.
 """
-import bisect
 import gzip
 import json
 import math
 import os
 import sys
 from concurrent.futures import ProcessPoolExecutor
+
+from fit_model import give_back
 
 PAGE = 2 << 20
 
@@ -95,14 +96,7 @@ class Range:
 
     def release(self, start, size):
         self.life[size] = self.clock - self.born.pop(start)
-        i = bisect.bisect(self.free, (start, 0))
-        if i < len(self.free) and self.free[i][0] == start + size:
-            size += self.free.pop(i)[1]
-        if i > 0 and sum(self.free[i - 1]) == start:
-            start, s = self.free.pop(i - 1)
-            size += s
-            i -= 1
-        self.free.insert(i, (start, size))
+        give_back(self.free, start, size)
 
 
 def peak(events, rule, passes=4):
