@@ -77,6 +77,7 @@ fn tally(snap: &Snapshot, path: &[String]) -> BTreeMap<(String, String), Tally> 
 }
 
 /// A site that holds more at the end than at the baseline.
+#[derive(Clone)]
 struct Grown {
     site: String,
     scope: String,
@@ -147,26 +148,49 @@ fn render_sites(s: &mut String, sites: &[Grown], iters: u64) {
         let even = g.blocks.is_multiple_of(iters) && g.requested.is_multiple_of(iters) && g.bytes.is_multiple_of(iters);
         let (k, when) =
             if even { (iters, "per iteration".to_string()) } else { (1, format!("over {iters} iterations")) };
-        let mut detail =
-            format!("{}, {} {when}", plural(g.blocks / k, "block", "blocks"), exact_and_round(g.requested / k));
+        let head = format!("{}, {} {when}", plural(g.blocks / k, "block", "blocks"), exact_and_round(g.requested / k));
+        // What follows the figures, each part with what joins it to the one before.
+        let mut parts = Vec::new();
         if g.blocks == 0 && g.sizes.len() == g.gone.len() && !g.sizes.is_empty() {
             // As many blocks as before, larger: a buffer reallocated larger.
             let (from, to) = (exact(g.gone.iter().sum::<u64>()), exact(g.sizes.iter().sum::<u64>()));
-            let _ = match g.sizes.len() {
-                1 => write!(detail, " (its block replaced by a larger one: {from} -> {to})"),
-                n => write!(detail, " (its {n} blocks replaced by larger ones: {from} -> {to} in all)"),
-            };
+            parts.push((
+                "",
+                match g.sizes.len() {
+                    1 => format!("(its block replaced by a larger one: {from} -> {to})"),
+                    n => format!("(its {n} blocks replaced by larger ones: {from} -> {to} in all)"),
+                },
+            ));
         } else if g.bytes != g.requested {
-            let _ = write!(detail, " ({})", block_sizes(&g.sizes, g.blocks / k));
+            parts.push(("", format!("({})", block_sizes(&g.sizes, g.blocks / k))));
         }
         if !g.tensor.is_empty() {
-            let _ = write!(detail, ", {}", g.tensor);
+            parts.push((",", g.tensor.clone()));
         }
         if !g.scope.is_empty() {
-            let _ = write!(detail, ", scope {}", g.scope);
+            parts.push((",", format!("scope {}", g.scope)));
         }
-        let _ = writeln!(s, "      {detail}");
+        write_wrapped(s, &head, &parts);
     }
+}
+
+/// `head` and then each `(joint, part)` on the line (`joint` and a space before the part) while
+/// the line fits [`report::COLUMNS`]; a part that does not starts a line of its own, indented
+/// deeper (the joint ending the line before). The figures always open the first line, where
+/// scripts read them; a part is never split.
+fn write_wrapped(s: &mut String, head: &str, parts: &[(&str, String)]) {
+    const INDENT: &str = "      ";
+    const MORE: &str = "        ";
+    let mut line = format!("{INDENT}{head}");
+    for (joint, part) in parts {
+        if line.chars().count() + joint.len() + 1 + part.chars().count() <= report::COLUMNS {
+            let _ = write!(line, "{joint} {part}");
+        } else {
+            let _ = writeln!(s, "{line}{joint}");
+            line = format!("{MORE}{part}");
+        }
+    }
+    let _ = writeln!(s, "{line}");
 }
 
 /// The sizes of a line's blocks, where rounding makes them differ from the bytes asked for:
@@ -422,13 +446,28 @@ mod tests {
         let mut s = String::new();
         let mut grew = g(0, 3 * 2048, 3 * 2048, &[10240]);
         grew.gone = vec![4096];
-        render_sites(&mut s, &[grew], 3);
+        render_sites(&mut s, &[grew.clone()], 3);
         assert!(
             s.contains(
-                "0 blocks, 2,048 B (2.00 KiB) per iteration (its block replaced by a larger one: 4,096 B -> 10,240 B)"
+                "0 blocks, 2,048 B (2.00 KiB) per iteration\n        (its block replaced by a larger one: 4,096 B -> \
+                 10,240 B), float32[64, 64]\n"
             ),
             "{s}"
         );
+        // Wider than the columns: the parts after the figures go on lines of their own, whole.
+        grew.requested = 3 * 65536;
+        grew.gone = vec![65536];
+        grew.sizes = vec![262144];
+        grew.scope = "serve/decode/step".into();
+        let mut s = String::new();
+        render_sites(&mut s, &[grew], 3);
+        assert_eq!(
+            s,
+            "  tests/a.rs:3 (a::f)\n      0 blocks, 65,536 B (64.00 KiB) per iteration\n        \
+             (its block replaced by a larger one: 65,536 B -> 262,144 B), float32[64, 64],\n        \
+             scope serve/decode/step\n"
+        );
+        assert!(s.lines().all(|l| l.chars().count() <= report::COLUMNS), "{s}");
     }
 
     /// In a build without line tables, a thread's closure inlined into the standard library

@@ -8,11 +8,11 @@
 #   RUSTFLAGS= cargo test --no-run --features vramscope/cuda
 #   RUSTFLAGS= CARGO_PROFILE_RELEASE_DEBUG=line-tables-only \
 #     cargo test --release --no-run --features vramscope/cuda
-#   for p in debug release; do mkdir -p ../../.gpu/user/$p; for t in leaks pins streams tokio_tasks; do
+#   for p in debug release; do mkdir -p ../../.gpu/user/$p; for t in leaks pins shapes streams tokio_tasks; do
 #     cp target/$p/deps/$t-<hash> ../../.gpu/user/$p/$t; done; done   # the newest of each
 #   cd ../.. && tar cf - -C .gpu user | xz -T1 -9 > .gpu/user.tar.xz && rm -r .gpu/user
 #   (one xz stream with a large window: the binaries share vramscope's debug information, and
-#   the eight pack into about 26 MB with their line tables, which the reports need)
+#   the five release binaries pack into about 8 MB with their line tables, which the reports need)
 #   cp tests/gpu/user-crate.sh .gpu/
 # then with the `device` tool (carry [".gpu"]): bash .gpu/user-crate.sh, and here
 #   python3 fixtures/user-crate/check.py --output user-crate-*.txt
