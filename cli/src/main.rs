@@ -383,7 +383,10 @@ fn run(cli: Cli) -> Result<(), Failure> {
         }
         Command::Live { file, json, out } => {
             let snap = Snapshot::load(file)?;
-            emit(&out, &per_device(&[&snap], json, |s| report::live(s[0]), |g| report::LiveGroup::render(g))?)
+            emit(
+                &out,
+                &per_device(&[&snap], json, |s| report::live(s[0]), |g| report::LiveGroup::render_in_columns(g))?,
+            )
         }
         Command::Leaks { file, json, out } => {
             let snap = Snapshot::load(file)?;

@@ -253,28 +253,36 @@ fn a_closed_pipe_ends_the_command_quietly() {
 }
 
 /// Every report and every help text fits a 100-column terminal (file paths in site names
-/// aside, which are as long as the program's paths).
+/// aside, which are as long as the program's paths), PyTorch's C++ frames too: recorded with
+/// `_record_memory_history()`'s defaults, a site can be a C++ function whose parameters alone
+/// take 400 columns.
 #[test]
 fn reports_and_help_fit_100_columns() {
     let f = fixture("resnet_train.snapshot.pickle");
     let g = fixture("leaky_train.snapshot.pickle");
+    let cpp = fixture("corpus/second/hidden_state_not_detached.default.snapshot.pickle");
+    let cpp_before = fixture("corpus/second/grad_norms_logged.default.snapshot.pickle");
     let mut runs: Vec<Vec<&str>> = vec![vec!["--help"]];
     for c in ["summary", "live", "leaks", "diff", "segments", "folded", "flamegraph", "convert", "replay"] {
         runs.push(vec![c, "--help"]);
     }
-    for file in [&f, &g] {
+    for file in [&f, &g, &cpp] {
         for c in ["summary", "live", "leaks", "segments"] {
             runs.push(vec![c, file]);
         }
         runs.push(vec!["replay", file, "--warm", "1"]);
     }
     runs.push(vec!["diff", &g, &f]);
+    runs.push(vec!["diff", &cpp_before, &cpp]);
+    let (_, live, _) = vramscope(&["live", &cpp]);
+    assert!(live.contains("x  at::_ops::_cudnn_rnn_backward::call(..)\n"), "{live}");
+    assert!(live.contains("x  at::_ops::mm::call(at::Tensor const&, at::Tensor const&)\n"), "fits whole: {live}");
     for args in runs {
         let (code, out, err) = vramscope(&args);
         assert_eq!(code, 0, "{args:?}: {err}");
         for line in out.lines() {
             // Site names hold the program's own paths; the rest must fit.
-            let fixed = line.split("scripts/").next().unwrap_or(line).split("/tmp/").next().unwrap_or(line);
+            let fixed = ["scripts/", "/tmp/", "/fixtures/"].iter().fold(line, |l, p| l.split(p).next().unwrap_or(l));
             assert!(fixed.chars().count() <= 100, "{args:?}: {} columns: {line}", line.chars().count());
         }
     }

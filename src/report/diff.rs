@@ -97,7 +97,9 @@ pub fn diff(before: &Snapshot, after: &Snapshot) -> Vec<SiteDelta> {
 }
 
 impl SiteDelta {
-    /// The diff as text.
+    /// The diff as text, a line per site: the change, the bytes and blocks before and after,
+    /// the site. Where that is wider than 100 columns, the site goes on the next line, made to
+    /// fit it as [`LiveGroup::render_in_columns`](super::LiveGroup::render_in_columns) does.
     pub fn render(deltas: &[SiteDelta]) -> String {
         if deltas.is_empty() {
             return "no change in live memory by site\n".to_string();
@@ -106,16 +108,26 @@ impl SiteDelta {
         for d in deltas {
             let sign = if d.after >= d.before { '+' } else { '-' };
             let scope = if d.scope.is_empty() { String::new() } else { format!(" [{}]", d.scope) };
-            s.push_str(&format!(
-                "{:<6} {sign}{:>11}  {:>11} -> {:<11} ({} -> {} blocks)  {}{scope}\n",
+            let figures = format!(
+                "{:<6} {sign}{:>11}  {:>11} -> {:<11} ({} -> {} blocks)  ",
                 d.change,
                 bytes(d.after.abs_diff(d.before)),
                 bytes(d.before),
                 bytes(d.after),
                 d.count_before,
                 d.count_after,
-                d.site
-            ));
+            );
+            let line = format!("{figures}{}{scope}", d.site);
+            if line.chars().count() <= super::COLUMNS {
+                s.push_str(&line);
+            } else {
+                // Too wide beside the figures: the site on a line of its own under them, made
+                // to fit there, rather than cut to the few columns the figures leave.
+                const UNDER: &str = "       ";
+                let room = super::COLUMNS.saturating_sub(UNDER.len() + scope.chars().count());
+                s.push_str(&format!("{}\n{UNDER}{}{scope}", figures.trim_end(), super::fit_site(&d.site, room)));
+            }
+            s.push('\n');
         }
         s
     }

@@ -22,13 +22,53 @@ pub(crate) fn fit_site(site: &str, width: usize) -> Cow<'_, str> {
     if site.chars().count() <= width {
         return Cow::Borrowed(site);
     }
-    let Some((place, function)) = split_site(site) else { return Cow::Borrowed(site) };
+    let Some((place, function)) = split_site(site) else {
+        // A function alone (a build without line tables, a C++ frame of PyTorch's): only a
+        // C++ parameter list goes, the name stays whole.
+        return match without_parameters(site) {
+            Some(short) => Cow::Owned(short),
+            None => Cow::Borrowed(site),
+        };
+    };
+    let short = without_parameters(function);
+    let function = short.as_deref().unwrap_or(function);
+    if place.chars().count() + function.chars().count() + 3 <= width {
+        return Cow::Owned(format!("{place} ({function})"));
+    }
     // `place (` + function + `)`
     let Some(room) = width.checked_sub(place.chars().count() + 3) else { return Cow::Borrowed(site) };
     match shorten(function, room) {
         Some(f) => Cow::Owned(format!("{place} ({f})")),
         None => Cow::Borrowed(site),
     }
+}
+
+/// A demangled C++ function (`ns::f(at::Tensor const&, long) const`) with its parameters
+/// left out (`ns::f(..) const`): overloads of PyTorch's operators differ in their names
+/// (`add_Tensor`, `add_Scalar`), and a parameter list can be hundreds of characters. `None`
+/// where `function` has no parameter list (a `(` right after a name, closed at the end or
+/// before a trailing ` const`) or it is already empty.
+fn without_parameters(function: &str) -> Option<String> {
+    let (body, tail) = match function.strip_suffix(" const") {
+        Some(body) => (body, " const"),
+        None => (function, ""),
+    };
+    if !body.ends_with(')') {
+        return None;
+    }
+    // The `(` that the last `)` closes.
+    let mut depth = 0i32;
+    let open = body.char_indices().rev().find_map(|(i, c)| {
+        match c {
+            ')' => depth += 1,
+            '(' => depth -= 1,
+            _ => {}
+        }
+        (depth == 0).then_some(i)
+    })?;
+    let named = body[..open].chars().next_back().is_some_and(|c| c.is_alphanumeric() || matches!(c, '_' | '>'));
+    let params = &body[open + 1..body.len() - 1];
+    (named && !params.is_empty() && params != ELIDED).then(|| format!("{}({ELIDED}){tail}", &body[..open]))
 }
 
 /// `("file:line", "function")` of `file:line (function)`.
@@ -177,6 +217,23 @@ mod tests {
         assert_eq!(fit_site(&wide_file, 98), wide_file);
         let odd = format!("{} (not a line)", "x".repeat(100));
         assert_eq!(fit_site(&odd, 98), odd);
+    }
+
+    #[test]
+    fn a_cpp_function_loses_its_parameters_first() {
+        let cudnn = "at::_ops::_cudnn_rnn_backward::call(at::Tensor const&, c10::ArrayRef<at::Tensor>, long, \
+                     at::Tensor const&, std::optional<at::Tensor> const&, std::array<bool, 4ul>)";
+        assert_eq!(fit_site(cudnn, 78), "at::_ops::_cudnn_rnn_backward::call(..)");
+        assert_eq!(fit_site("c10::Foo::get(int, long) const", 20), "c10::Foo::get(..) const");
+        assert_eq!(fit_site("f(int)", 6), "f(int)", "it fits");
+        let site = format!("aten/src/x.cpp:12 ({cudnn})");
+        assert_eq!(fit_site(&site, 98), "aten/src/x.cpp:12 (at::_ops::_cudnn_rnn_backward::call(..))");
+        // A name without parameters, or a label with a space before its bracket, stays.
+        let f = format!("{}::f()", "m".repeat(120));
+        assert_eq!(fit_site(&f, 98), f);
+        assert_eq!(without_parameters("x (not a line)"), None);
+        assert_eq!(without_parameters("f(g(1), h(2))"), Some("f(..)".to_string()));
+        assert_eq!(without_parameters("(a, b)"), None);
     }
 
     #[test]

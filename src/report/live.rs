@@ -53,8 +53,21 @@ pub fn live(snapshot: &Snapshot) -> Vec<LiveGroup> {
 }
 
 impl LiveGroup {
-    /// The report as text, one group per line.
+    /// The report as text, one group per line, every site whole: what `assert_mem_snapshot!`
+    /// pins, where two sites must never read alike.
     pub fn render(groups: &[LiveGroup]) -> String {
+        Self::render_with(groups, false)
+    }
+
+    /// The report as [`LiveGroup::render`] writes it, each site made to fit a line of 100
+    /// columns where it is too wide: a Rust function's module path, then the middle of its name,
+    /// a C++ function's parameters (`at::_ops::mm::call(..)`) left out, the file and line whole.
+    /// For reading in a terminal (`vramscope live`).
+    pub fn render_in_columns(groups: &[LiveGroup]) -> String {
+        Self::render_with(groups, true)
+    }
+
+    fn render_with(groups: &[LiveGroup], fit: bool) -> String {
         let mut s = String::new();
         let total: u64 = groups.iter().map(|g| g.bytes).fold(0, u64::saturating_add);
         let count: u64 = groups.iter().map(|g| g.count).sum();
@@ -67,7 +80,14 @@ impl LiveGroup {
                 _ => String::new(),
             };
             let scope = if g.scope.is_empty() { String::new() } else { format!(" [{}]", g.scope) };
-            s.push_str(&format!("{:>12} {:>6}x  {}{scope}{tensor}\n", bytes(g.bytes), g.count, g.site));
+            // The figures take 22 columns; the site gets what the scope and tensor leave.
+            let site = if fit {
+                let room = super::COLUMNS.saturating_sub(22 + scope.chars().count() + tensor.chars().count());
+                super::fit_site(&g.site, room.max(40))
+            } else {
+                std::borrow::Cow::Borrowed(g.site.as_str())
+            };
+            s.push_str(&format!("{:>12} {:>6}x  {site}{scope}{tensor}\n", bytes(g.bytes), g.count));
         }
         s
     }
