@@ -38,9 +38,11 @@
 //!
 //! Bytes per site are what the code asked for (the 512-byte-rounded block sizes stand beside
 //! them where they differ), and so is the figure `tolerance` is compared with. Every line fits
-//! 100 columns: a site's function loses its middle first, and what follows a site's figures
-//! (block sizes, a buffer replaced by a larger one, dtype and shape, scope) goes on lines of its
-//! own where it would not fit, the figures always first. Before it fails it writes its evidence under
+//! 100 columns where its file's path allows: a site too wide loses its function's module path,
+//! then the middle of its name (its file and line stay whole), and what follows a site's
+//! figures (block sizes, a buffer replaced by a larger one, dtype and shape, scope) goes on
+//! lines of its own where it would not fit, the figures always first. Before it fails it writes
+//! its evidence under
 //! `target/vramscope/<test>/` and names the paths: `growth.folded` (the folded stacks of only
 //! what grew) and `live.folded`, drawn as `growth.svg` (with the metric per iteration) and
 //! `live.svg` with the cargo feature `flamegraph`, `snapshot.json` (the test's blocks) and
