@@ -13,8 +13,9 @@
 #   (cd fixtures/user-bench && RUSTFLAGS= cargo bench --features cuda --bench threads --no-run &&
 #    RUSTFLAGS="-C force-frame-pointers=yes" CARGO_TARGET_DIR=target/fp \
 #      cargo bench --features cuda --bench threads --no-run)
-#   mkdir -p .gpu && cp target/release/deps/cuda-<hash> .gpu/cuda_tests
-#   cp target/release/deps/cuda-<other hash> .gpu/cuda_bench
+#   mkdir -p .gpu && cp target/release/deps/cuda-<hash> .gpu/cuda_tests   # what `cargo test` printed
+#   cp target/release/deps/cuda-<other hash> .gpu/cuda_bench            # what `cargo bench` printed
+#   (both are named cuda-<hash>; `.gpu/cuda_tests --list` ends in "16 tests, 0 benchmarks")
 #   cp fixtures/user-bench/target/release/deps/threads-<hash> .gpu/threads_user
 #   cp fixtures/user-bench/target/fp/release/deps/threads-<hash> .gpu/threads_fp
 #   cp target/release/vramscope ../shared/tools/torch_replay.py ../shared/tools/torch_threads.py \
@@ -26,6 +27,10 @@
 set -u
 cd "$(dirname "$0")"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+# Swapped, the suite runs as ignored benchmarks and says nothing: say so.
+if [ -x cuda_tests ] && ! ./cuda_tests --list 2>/dev/null | grep -q ': test$'; then
+  echo "== cuda_tests lists no tests: is it the pair bench? (see the packing notes at the top)"
+fi
 for seg in malloc virtual default; do
   [ -x cuda_tests ] || break
   echo "== cuda tests, $seg segments"
