@@ -80,14 +80,15 @@ impl LiveGroup {
                 _ => String::new(),
             };
             let scope = if g.scope.is_empty() { String::new() } else { format!(" [{}]", g.scope) };
-            // The figures take 22 columns; the site gets what the scope and tensor leave.
+            let figures = format!("{:>12} {:>6}x  ", bytes(g.bytes), g.count);
+            // The site gets what the figures, the scope and the tensor leave.
             let site = if fit {
-                let room = super::COLUMNS.saturating_sub(22 + scope.chars().count() + tensor.chars().count());
-                super::fit_site(&g.site, room.max(40))
+                let taken = figures.chars().count() + scope.chars().count() + tensor.chars().count();
+                super::fit_site(&g.site, super::COLUMNS.saturating_sub(taken).max(40))
             } else {
                 std::borrow::Cow::Borrowed(g.site.as_str())
             };
-            s.push_str(&format!("{:>12} {:>6}x  {site}{scope}{tensor}\n", bytes(g.bytes), g.count));
+            s.push_str(&format!("{figures}{site}{scope}{tensor}\n"));
         }
         s
     }

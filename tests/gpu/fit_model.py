@@ -24,6 +24,20 @@ def load(path):
     return [(e[0], e[1], (e[2] + 511) // 512 * 512) for e in json.load(gzip.open(path) if path.endswith(".gz") else open(path))["events"]]
 
 
+def carve(free, pick, size, high):
+    """Takes `size` bytes from the free range `free[pick]`, from its high end if `high`, else
+    from its start, and returns where they start."""
+    st, sz = free[pick]
+    if sz == size:
+        free.pop(pick)
+        return st
+    if high:
+        free[pick] = (st, sz - size)
+        return st + sz - size
+    free[pick] = (st + size, sz - size)
+    return st
+
+
 def give_back(free, start, size):
     """Puts the range [start, start + size) back into `free` ((start, size) pairs sorted by
     address), merged with the free ranges it touches."""
@@ -60,16 +74,7 @@ class Range:
                 start = self.end
             self.end = start + size
         else:
-            st, sz = self.free[pick]
-            if sz == size:
-                self.free.pop(pick)
-                start = st
-            elif policy == "best-high" and size >= SMALL:
-                self.free[pick] = (st, sz - size)
-                start = st + sz - size
-            else:
-                self.free[pick] = (st + size, sz - size)
-                start = st
+            start = carve(self.free, pick, size, policy == "best-high" and size >= SMALL)
         self.high = max(self.high, self.end)
         return start
 

@@ -21,21 +21,13 @@ Rules:
 Prints each trace's peak per rule, then per rule the geometric mean and the rows at most the
 target, and the rows that the best rule per trace (an oracle no online allocator has) meets.
 """
-import gzip
 import json
 import math
 import os
 import sys
 from concurrent.futures import ProcessPoolExecutor
 
-from fit_model import give_back
-
-PAGE = 2 << 20
-
-
-def load(path):
-    d = json.load(gzip.open(path) if path.endswith(".gz") else open(path))
-    return [(e[0], e[1], (e[2] + 511) // 512 * 512) for e in d["events"]]
+from fit_model import PAGE, carve, give_back, load
 
 
 class Range:
@@ -80,16 +72,7 @@ class Range:
                 start = self.end
                 self.end += size
         else:
-            st, sz = self.free[pick]
-            if sz == size:
-                self.free.pop(pick)
-                start = st
-            elif high:
-                self.free[pick] = (st, sz - size)
-                start = st + sz - size
-            else:
-                self.free[pick] = (st + size, sz - size)
-                start = st
+            start = carve(self.free, pick, size, high)
         self.high = max(self.high, self.end)
         self.born[start] = self.clock
         return start
