@@ -131,9 +131,9 @@
 //! beyond that it first gives cached segments back (and, on backends that can unmap pages, the
 //! pages under free holes) and sizes the new segment to the request. Where segment calls are
 //! costly (CUDA), each time holding to the limit churns — memory given back then asked for
-//! again — the limit rises at once to what that request needed (or, where the request fits
-//! under the limit and an earlier reclaim gave back what it now needs, to what that reclaim
-//! needed: the limit that would have spared it), up to
+//! again — the limit rises at once to what that request needed (or, where more, to what the
+//! reclaims that gave memory back since the last peak needed: the limit that would have
+//! spared them), up to
 //! [`AllocatorConfig::fragmentation_limit_max`] (1.25), so that a training loop settles within
 //! one or two steps to steps that never call the driver. Where the limit must rise again
 //! before the allocated bytes set a new peak (steps that churn again: dynamic shapes, whose

@@ -735,21 +735,27 @@ fn parking_changes_no_decision_of_the_heap() {
 /// costly: every row settles by the second warm pass, with few calls before. Over the limit, a
 /// request alone on its heap unmaps only what it lacks of a mapped hole (`Heap::reclaim`): the
 /// whole hole, as until 2026-11-27, was often most of the range, which the same step mapped
-/// again. These 24 rows then made 76 backend calls in their warm passes, now 28 (at the same
-/// peaks); on the sim's replays of 48 traces from `tests/gpu/random_streams.py`, 428 against
-/// 106, and one row that called until the third warm pass no longer does (BENCHMARKS.md,
-/// "Unmapping what a request lacks"). Prints the figures (`--nocapture`).
+/// again. The first 24 of these rows then made 76 backend calls in their warm passes, 28
+/// after (at the same peaks); on the sim's replays of 48 traces from
+/// `tests/gpu/random_streams.py`, 428 against 106, and one row that called until the third warm
+/// pass no longer does (BENCHMARKS.md, "Unmapping what a request lacks"). A churn raises the
+/// limit to what the reclaims since the peak wanted where that is more than its own growth
+/// (`Heap::note_regrowth`); until 2026-11-29 only where its own growth fitted under the limit,
+/// and two requests that took turns mapping pages the other's reclaim had unmapped churned
+/// again after each raise: of these 300 rows, seeds 154 and 166 called in the third warm pass,
+/// and the warm passes made 199 calls (now 0 rows and 109 calls; BENCHMARKS.md, "What the
+/// reclaim wanted"). Prints the figures (`--nocapture`).
 #[test]
 fn random_shapes_on_one_stream_settle_by_the_second_warm_pass() {
     let (mut calls, mut late) = (0, 0);
-    for seed in 100..124 {
+    for seed in 100..400 {
         let trace = streams_of_random_shapes(seed, 1);
         let r = run_costly(&trace, "release_pages:true", 4);
         eprintln!("{}: warm calls {:?}, {:.3}x", trace.source, r.warm_device_calls, r.fragmentation);
         calls += r.warm_device_calls.iter().sum::<u64>();
         late += usize::from(r.warm_device_calls[2..].iter().any(|&c| c > 0));
     }
-    eprintln!("24 rows: {calls} warm calls, {late} rows calling after the second warm pass");
+    eprintln!("300 rows: {calls} warm calls, {late} rows calling after the second warm pass");
     assert_eq!(late, 0);
-    assert!(calls <= 40, "{calls} warm calls");
+    assert!(calls <= 120, "{calls} warm calls");
 }

@@ -99,8 +99,9 @@ pub struct AllocatorConfig {
     /// each time it must ask the backend for memory to serve a request that a piece it gave
     /// back (since the last peak of allocated bytes) would have served, the limit rises at once
     /// to what growing then takes without giving anything back (reserved bytes plus the new
-    /// segment, over the peak; at least 0.5% more, in steps of 0.5%). That churn is proof the
-    /// workload's steps need that much cache; raising the limit a fixed step at a time instead
+    /// segment, over the peak) or, where more, to what reserved had to reach for those pieces
+    /// to stay (at least 0.5% more, in steps of 0.5%). That churn is proof the workload's
+    /// steps need that much cache; raising the limit a fixed step at a time instead
     /// paid driver calls at every step until it got there (on CUDA, with dynamic shapes, more
     /// steps than a test runs: `BENCHMARKS.md`). A steady workload (a training loop) settles
     /// within one or two steps; where it must rise again before a new peak of allocated bytes,
