@@ -17,6 +17,12 @@ Rules:
   life-best:K   as life:K, but long requests by best fit
   top:M      requests of at least M MiB in the highest hole that fits, at its high end; smaller
              ones by best fit
+  older      best fit, the block against the hole's neighbour allocated earlier, so that the
+             rest of the hole lies beside the younger one, which (freed first where lifetimes
+             nest) merges it into a larger hole; a hole at the range's start counts its wall
+             as the older
+  fate       best fit, the block against the neighbour predicted to be freed later (allocated
+             at clock t with a size whose last block lived L: freed at t + L; unknown: never)
 
 Prints each trace's peak per rule, then per rule the geometric mean and the rows at most the
 target, and the rows that the best rule per trace (an oracle no online allocator has) meets.
@@ -38,6 +44,8 @@ class Range:
         self.end = self.high = 0
         self.clock = 0
         self.born = {}  # start -> clock at allocation
+        self.size_at = {}  # start -> size, of live blocks
+        self.start_of_end = {}  # end -> start, of live blocks
         self.life = {}  # size -> lifetime of the last block of that size freed
 
     def alloc(self, size):
@@ -56,6 +64,20 @@ class Range:
                 short = last is not None and last < self.arg
                 high = short
                 pick = best if short or self.name == "life-best" else fits[0]
+            elif self.name in ("older", "fate"):
+                pick = best
+                st, sz = self.free[pick]
+                left, right = self.start_of_end.get(st), st + sz
+                if self.name == "older":
+                    # A missing left neighbour is the range's start: the oldest wall.
+                    lb = self.born[left] if left is not None else -1
+                    high = self.born[right] < lb
+                else:
+                    def freed_at(b):
+                        if b is None:
+                            return math.inf
+                        return self.born[b] + self.life.get(self.size_at[b], math.inf)
+                    high = freed_at(right) > freed_at(left)
             elif self.name == "top":
                 if size >= self.arg * 2**20:
                     pick, high = fits[-1], True
@@ -75,10 +97,13 @@ class Range:
             start = carve(self.free, pick, size, high)
         self.high = max(self.high, self.end)
         self.born[start] = self.clock
+        self.size_at[start] = size
+        self.start_of_end[start + size] = start
         return start
 
     def release(self, start, size):
         self.life[size] = self.clock - self.born.pop(start)
+        del self.size_at[start], self.start_of_end[start + size]
         give_back(self.free, start, size)
 
 
@@ -128,8 +153,9 @@ def main():
     rules = sys.argv[3].split(",")
     for rule in rules:
         name, _, arg = rule.partition(":")
-        if name not in ("best", "first", "life", "life-best", "top") or (name in ("best", "first")) != (arg == ""):
-            sys.exit(f"{rule!r}: not a rule (best, first, life:K, life-best:K, top:M)")
+        bare = ("best", "first", "older", "fate")
+        if name not in bare + ("life", "life-best", "top") or (name in bare) != (arg == ""):
+            sys.exit(f"{rule!r}: not a rule (best, first, older, fate, life:K, life-best:K, top:M)")
     traces = [p for p in sys.argv[4:] if name_of(p) in target]
     logs, met, oracle = [0.0] * len(rules), [0] * len(rules), 0
     with ProcessPoolExecutor(os.cpu_count()) as ex:
