@@ -35,7 +35,6 @@ except ValueError:
   done
 done | tee rows.txt
 python3 - rows.txt <<'PY'
-
 import sys
 rows = {}
 for line in open(sys.argv[1]):
