@@ -130,7 +130,7 @@ pub type RawEvent = u64;
 ///   it). The allocator hands a stream's free memory to another stream while the first is
 ///   idle, and that memory may be what the first was ordered after.
 pub unsafe trait Backend: Send + Sync + fmt::Debug + 'static {
-    /// A short name for reports: `host`, `sim`, `cuda`.
+    /// A short name for reports: `host`, `sim` (`sim-cuda` with costly segment calls), `cuda`.
     fn name(&self) -> &str;
 
     /// Total memory of the device, in bytes.

@@ -200,8 +200,14 @@ impl SimBackend {
 // there is no host pointer, so no memory is ever touched; events complete when the backend's
 // mode says, and synchronizing a stream completes its events.
 unsafe impl Backend for SimBackend {
+    /// `sim`, or `sim-cuda` where segment calls are costly (as `vramscope replay --backend
+    /// sim-cuda` makes it): a report then says which of the two decided.
     fn name(&self) -> &str {
-        "sim"
+        if self.costly {
+            "sim-cuda"
+        } else {
+            "sim"
+        }
     }
 
     fn total_memory(&self) -> u64 {
