@@ -500,6 +500,9 @@
 //! - [`HostBackend`]: host memory with a capacity limit; buffers hold real data. The default
 //!   without a GPU.
 //! - [`SimBackend`]: address space only, any capacity, for replaying traces of any size.
+//!   Made with [`with_costly_segments`](backend::SimBackend::with_costly_segments), it decides
+//!   as on CUDA and names itself `sim-cuda` in reports and snapshots (`sim` otherwise; until
+//!   2026-11-29 `sim` either way).
 //! - [`FaultyBackend`]: fails chosen memory requests and stream waits of another backend, for
 //!   testing OOM handling and streams that cannot be waited for.
 //! - [`ExternalBackend`]: serves nothing; the backend of [`CachingAllocator::external`], which
