@@ -14,7 +14,7 @@ warm pass either way, of the kind issue 22 forbids vramscope (a `cuMemMap`). The
 not hold: a pass that fits its pages may still have remapped.
 
     python3 tests/gpu/pool_pages.py [--dump DIR] TRACE...    (one JSON line per trace)
-    python3 tests/gpu/pool_pages.py --table LOG
+    python3 tests/gpu/pool_pages.py --table LOG      (V=1: also a line per trace)
 
 `--table LOG` reads the log of `pool_pages.sh` (this script's lines, then vramscope's replays)
 and prints, per segment kind, on how many single-stream traces vramscope's peak reserved is at
@@ -24,8 +24,10 @@ warm pages or its reserved bytes, whichever is more).
 With `--dump DIR`, also writes `DIR/NAME.addrs.json` per trace: the sizes of its allocations
 in trace order and the address the pool gave each in every pass, to study where it places them.
 """
+import gzip
 import json
 import math
+import os
 import sys
 
 SRC = r'''
@@ -106,7 +108,17 @@ def table(log):
     print(f"{len(pool)} traces; the pool's warm allocations lie in more pages than it holds on "
           f"{remapping}")
     for seg in ("virtual", "malloc"):
-        rows = [(pool[n], r) for (n, s), r in ours.items() if s == seg and n in pool and r["streams"] == 1]
+        every = [(pool[n], r) for (n, s), r in ours.items() if s == seg and n in pool]
+        if os.environ.get("V"):
+            # One line per trace, several streams included (the pool replays them on one).
+            for p, r in sorted(every, key=lambda x: x[0]["trace"]):
+                live = p["peak_live"]
+                fixed = max([p["pool_peak_reserved"]] + [q["pages_bytes"] for q in p["passes"][1:]])
+                print(f"  {seg} {p['trace'].removesuffix('.gz').removesuffix('.trace.json')}: "
+                      f"streams {r['streams']}, vramscope {r['peak_reserved_bytes'] / live:.3f}, "
+                      f"pool {p['pool_peak_reserved'] / live:.3f}, pool without mapping "
+                      f"{fixed / live:.3f}, pool's warm passes mapping {p['warm_passes_remapping']}")
+        rows = [(p, r) for p, r in every if r["streams"] == 1]
         met = met_fixed = remap_where_lower = calls = late = 0
         logs = [0.0, 0.0, 0.0]
         missed = []
@@ -118,7 +130,7 @@ def table(log):
             met += mine <= theirs + 5e-4
             met_fixed += mine <= fixed + 5e-4
             if mine > fixed + 5e-4:
-                missed.append(f"{p['trace'].removesuffix('.trace.json')} {mine:.3f} against {fixed:.3f}")
+                missed.append(f"{p['trace'].removesuffix('.gz').removesuffix('.trace.json')} {mine:.3f} against {fixed:.3f}")
             remap_where_lower += mine > theirs + 5e-4 and p["warm_passes_remapping"] > 0
             calls += sum(r["warm_device_calls"])
             late += sum(r["warm_device_calls"][2:])
@@ -148,7 +160,8 @@ def main():
     if args[:1] == ["--dump"]:
         dump, args = args[1], args[2:]
     for path in args:
-        op, slot, size, n, peak = encode(json.load(open(path))["events"])
+        with (gzip.open if path.endswith(".gz") else open)(path, "rt") as f:
+            op, slot, size, n, peak = encode(json.load(f)["events"])
         out = ext.pool_pages(op, slot, size, n, PASSES)
         if out == [-1]:
             print(json.dumps(dict(trace=path.split("/")[-1], error="cudaMallocAsync failed")), flush=True)

@@ -5,7 +5,7 @@
 # prints the comparison. Used for "Where the pool's peak comes from" in BENCHMARKS.md. Here:
 #   cargo build --release --features cuda -p vramscope-cli
 #   mkdir -p .gpu/pp/traces && cp target/release/vramscope .gpu/pp/ && strip --strip-debug .gpu/pp/vramscope
-#   for f in fixtures/torch/*.trace.json.gz; do gunzip -c $f > .gpu/pp/traces/$(basename $f .gz); done
+#   cp fixtures/torch/*.trace.json.gz .gpu/pp/traces/    # gzipped or not
 #   OUT=.gpu/pp/traces python3 tests/gpu/random_streams.py 2000 2048   # and any other seeds
 #   cp tests/gpu/pool_pages.py tests/gpu/pool_pages.sh .gpu/pp/
 # then with the `device` tool (carry [".gpu"]): bash .gpu/pp/pool_pages.sh > $OUT/pool-pages.log 2>&1
@@ -13,8 +13,8 @@ set -u
 cd "$(dirname "$0")"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 echo "== pool_pages.py"
-timeout 300 python3 pool_pages.py traces/*.trace.json 2>&1 | grep -v Warning
-for f in traces/*.trace.json; do
+timeout 300 python3 pool_pages.py traces/*.trace.json* 2>&1 | grep -v Warning
+for f in traces/*.trace.json*; do
   for seg in malloc virtual; do
     echo "== replay $(basename "$f") $seg"
     VRAMSCOPE_CUDA_SEGMENTS=$seg timeout 60 ./vramscope replay "$f" --backend cuda --warm 4 \
