@@ -248,6 +248,51 @@ fn newest_traces_settle_by_the_third_warm_pass() {
     ]);
 }
 
+/// Nine workloads nobody here had seen (`DECEMBER` in fixtures/torch/workloads.py: written on
+/// 2026-12-01, thirty-second session, to judge a placement rule set before they were recorded,
+/// then recorded and replayed once on an H200 against the code of c02a72f; all nine held out,
+/// fixtures/torch/README.md). Against the better of PyTorch's caching allocator and the pool
+/// (`torch_replay.py` in the same command, peak reserved over peak live, rounded up; log
+/// `fixtures/torch/runs/2026-12-01-h200-december.log`, whose vramscope rows the sim gives byte
+/// for byte and call for call), each kind is held to the target where the GPU met it
+/// (virtual segments at most the better peak, `cuMemAlloc` ones at most 1% more: issue 22's
+/// targets) and to what the GPU measured where it missed: both kinds on `dqn_replay_growing`,
+/// `nerf_rays` and `wavenet_varlen`, where the pool maps memory in every warm pass (its warm
+/// allocations lie in 1.13 to 1.57 times the pages it holds: `...-december-pool-pages.log`).
+/// Every replay makes no backend call after its second warm pass but one: with `cuMemAlloc`
+/// segments `nerf_rays` calls in its third and fourth (10 and 4 calls: each step's largest
+/// blocks are of a new size, larger than the cached segment a reclaim gives back for them; a
+/// miss of issue 22's settling target, BENCHMARKS.md), and none from its fifth.
+#[test]
+fn december_traces_settle_against_the_better_peak() {
+    // (name, better peak, virtual where it missed, `cuMemAlloc` where it missed, warm passes
+    // before `cuMemAlloc` segments call no more)
+    let traces = [
+        ("causal_lm_sft", 1.1597, None, None, 2),
+        ("ctc_speech_varlen", 1.2081, None, None, 2),
+        ("detr_varres", 1.2721, None, None, 2),
+        ("dqn_replay_growing", 1.0561, Some(1.3167), Some(1.1813), 2),
+        ("multicrop_ssl", 1.2305, None, None, 2),
+        ("nerf_rays", 1.0106, Some(1.0209), Some(1.1014), 4),
+        ("seq2seq_greedy_serving", 1.2326, None, None, 2),
+        ("unet3d_crops", 1.4740, None, None, 2),
+        ("wavenet_varlen", 1.1815, Some(1.2190), Some(1.3403), 2),
+    ];
+    for (name, best, grown, malloc, malloc_last) in traces {
+        let trace = Trace::from_file(fixture(&format!("{name}.trace.json.gz"))).unwrap();
+        for pages in [false, true] {
+            let r = run_costly(&trace, &format!("release_pages:{pages}"), 5);
+            let last = if pages { 2 } else { malloc_last };
+            assert!(r.warm_device_calls[last..].iter().all(|&c| c == 0), "{name}, pages {pages}: {r:?}");
+            if last > 2 {
+                assert!(r.warm_device_calls[last - 1] > 0, "{name}, pages {pages}: settles earlier now: {r:?}");
+            }
+            let bound = if pages { grown.unwrap_or(best) } else { malloc.unwrap_or(best * 1.01) };
+            assert!(r.fragmentation <= bound, "{name}, pages {pages}: {:.4} > {bound:.4}", r.fragmentation);
+        }
+    }
+}
+
 /// PyTorch's `max_split_size_mb:128` (blocks of at least 128 MiB are not split, and serve only
 /// requests within 20 MiB of their size), on every single-stream fixture trace, with both
 /// segment kinds on a backend whose segment calls are costly: none calls the backend in its
