@@ -271,7 +271,13 @@
 //! from 1.043 to 1.003, under the driver's pool (1.057, 1.006), both traces held out of
 //! tuning. Once another stream holds a segment, small requests go to the small pool again
 //! (PyTorch's pools move between streams as whole segments); its counters in
-//! [`CachingAllocator::stats`] stay at 0 until then.
+//! [`CachingAllocator::stats`] stay at 0 until then. The cost: small tensors allocated in the
+//! middle of a step and kept (an optimizer's momentum made at its first step) lie where a hole
+//! was free then, and can split the range a later, larger step needs whole (`ema_side_stream`
+//! reserves 1.195 times its peak for that, 1.023 with them in small segments). Small segments
+//! up to 0.25% of the peak fixed that trace and lost on nine programs nobody had seen, which
+//! judged the rule (BENCHMARKS.md, "Nine workloads nobody had seen, and a rule judged on
+//! them"); not built.
 //!
 //! PyTorch's `max_split_size_mb` ([`AllocatorConfig::max_split_size`]) keeps blocks of at
 //! least that size whole for requests of about their size (within 20 MiB), as in PyTorch,
