@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """Prints the tables of a `tests/gpu/run.sh` log. The traces: every trace by allocator, warm
-ns/op, driver calls after the second warm pass, peak reserved over peak live; vramscope's rows are
-`malloc`/`virtual` (segment kind) x `off`/`fast` (recording off, default recording), one run
-a round; PyTorch and the cudaMallocAsync pool are torch_replay.py's, one run a round (one
+ns/op, driver calls after the second warm pass, peak reserved over peak live; vramscope's rows
+are `malloc`/`virtual` (segment kind) x `off`/`fast` (recording off, default recording), one
+run a round; PyTorch and the cudaMallocAsync pool are torch_replay.py's, one run a round (one
 stream: compare multi-stream traces on peak and calls, not time), and for traces on several
 streams torch_streams.py's too (PyTorch and the pool on the trace's own streams), whose peaks
-are then the ones the target compares with. Then issue 22's targets per
-trace and segment kind (no driver call after the second warm pass, the peak, both times), on medians of the rounds (the host's speed changes between runs). The pair: one cached allocation and free,
+are then the ones the target compares with. Then issue 22's targets per trace and segment
+kind (no driver call after the second warm pass, the peak, both times), on medians of the
+rounds (the host's speed changes between runs). The pair: one cached allocation and free,
 ns (divan medians of `benches/cuda.rs`; PyTorch's from torch_threads.py at one thread). The
 threads: million pairs per second in all at 1 to 16 threads, each run's figure, and the most
 threads' total over one thread's.
