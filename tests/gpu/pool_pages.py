@@ -92,6 +92,11 @@ def encode(events):
     return op, slot, size, n, peak
 
 
+def short(trace):
+    """A trace's file name without its suffixes."""
+    return trace.removesuffix(".gz").removesuffix(".trace.json")
+
+
 def table(log):
     pool, ours, name = {}, {}, None
     for line in open(log):
@@ -114,7 +119,7 @@ def table(log):
             for p, r in sorted(every, key=lambda x: x[0]["trace"]):
                 live = p["peak_live"]
                 fixed = max([p["pool_peak_reserved"]] + [q["pages_bytes"] for q in p["passes"][1:]])
-                print(f"  {seg} {p['trace'].removesuffix('.gz').removesuffix('.trace.json')}: "
+                print(f"  {seg} {short(p['trace'])}: "
                       f"streams {r['streams']}, vramscope {r['peak_reserved_bytes'] / live:.3f}, "
                       f"pool {p['pool_peak_reserved'] / live:.3f}, pool without mapping "
                       f"{fixed / live:.3f}, pool's warm passes mapping {p['warm_passes_remapping']}")
@@ -130,7 +135,7 @@ def table(log):
             met += mine <= theirs + 5e-4
             met_fixed += mine <= fixed + 5e-4
             if mine > fixed + 5e-4:
-                missed.append(f"{p['trace'].removesuffix('.gz').removesuffix('.trace.json')} {mine:.3f} against {fixed:.3f}")
+                missed.append(f"{short(p['trace'])} {mine:.3f} against {fixed:.3f}")
             remap_where_lower += mine > theirs + 5e-4 and p["warm_passes_remapping"] > 0
             calls += sum(r["warm_device_calls"])
             late += sum(r["warm_device_calls"][2:])

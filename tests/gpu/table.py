@@ -81,6 +81,12 @@ def median(xs):
     return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
 
 
+def late_calls(r):
+    """A replay's driver calls after its second warm pass (issue 22's settling target), or None
+    in a log that kept only the last pass's."""
+    return sum(r["warm_device_calls"][2:]) if "warm_device_calls" in r else None
+
+
 def targets(names, runs, torch, same, paired):
     """Issue 22's targets per trace and segment kind: no driver call after the second warm pass;
     peak reserved at most the better of PyTorch's and the pool's (exactly for the default
@@ -105,8 +111,8 @@ def targets(names, runs, torch, same, paired):
             # Issue 22: no driver call after at most two warm passes (until 2026-12-01 this
             # read only the last warm pass, which passed `nerf_rays` with `cuMemAlloc` segments
             # calling in its third and fourth). Logs without every pass's calls: the last's.
-            calls = all(sum(r["warm_device_calls"][2:]) == 0 if "warm_device_calls" in r
-                        else r["warm_device_allocs"] + r["warm_device_maps"] == 0 for r in off + fast)
+            calls = all((late_calls(r) if late_calls(r) is not None
+                         else r["warm_device_allocs"] + r["warm_device_maps"]) == 0 for r in off + fast)
             cells.append("yes" if calls else "**no**")
             ok.append(calls)
             best = min(min(t["torch_peak_reserved"], t["async_peak_reserved"]) for t in ts)
@@ -186,7 +192,7 @@ def main(path):
                     continue
                 ns = ", ".join(f"{r['ns_per_op']:.0f}" for r in rs)
                 # Logs without every pass's calls: the last pass's segments+maps.
-                calls = ", ".join(str(sum(r["warm_device_calls"][2:])) if "warm_device_calls" in r
+                calls = ", ".join(str(late_calls(r)) if late_calls(r) is not None
                                   else f"{r['warm_device_allocs']}+{r['warm_device_maps']} (last pass)" for r in rs)
                 frag = ", ".join(f"{r['fragmentation']:.3f}" for r in rs)
                 label = f"vramscope, {'cuMemAlloc' if seg == 'malloc' else 'virtual'} segments, recording {rec}"
