@@ -279,6 +279,16 @@
 //! judged the rule (BENCHMARKS.md, "Nine workloads nobody had seen, and a rule judged on
 //! them"); not built.
 //!
+//! What no policy of this kind can reach: once it makes no driver call in a pass, every block
+//! of the pass lies at one address in memory that does not change, a fixed layout, and some
+//! passes fit no fixed layout in their peak of live bytes. `staggered_buffers` (three 256 MiB
+//! buffers of staggered lifetimes, and scratch tensors filling what they leave of 1 GiB) needs
+//! 1.25 GiB in any, searched exhaustively; the `cudaMallocAsync` pool holds 1 GiB by mapping
+//! memory in every pass, and vramscope settles at 1.5 with either segment kind. To go below
+//! the bound without driver calls a page would have to be mapped at several addresses, which
+//! CUDA allows but these segments do not do (`BENCHMARKS.md`, "A trace no fixed layout fits",
+//! with a model of what that would reach on the fixtures).
+//!
 //! PyTorch's `max_split_size_mb` ([`AllocatorConfig::max_split_size`]) keeps blocks of at
 //! least that size whole for requests of about their size (within 20 MiB), as in PyTorch,
 //! with two exceptions. In a segment that grows in place the rules do not apply: the range's
