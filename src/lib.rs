@@ -289,8 +289,9 @@
 //! CUDA allows but these segments do not do. A model of the range with that added (where the
 //! range would grow, its wholly free pages seen through a second address range, kept for the
 //! next pass) reaches at most the better of PyTorch's and the pool's peak on all 47 fixture
-//! traces with a target and all 132 random ones measured, settling by the second warm pass
-//! (`BENCHMARKS.md`, "A trace no fixed layout fits"); it is not built.
+//! traces with a target, on six programs written afterwards to judge it and on 132 random
+//! traces, settling by the second warm pass (`BENCHMARKS.md`, "A trace no fixed layout fits");
+//! it is not built.
 //!
 //! PyTorch's `max_split_size_mb` ([`AllocatorConfig::max_split_size`]) keeps blocks of at
 //! least that size whole for requests of about their size (within 20 MiB), as in PyTorch,
