@@ -7,8 +7,9 @@
 # 2026-12-01: 45 s on an H200, log fixtures/torch/runs/2026-12-01-h200-staggered.log
 # (BENCHMARKS.md, "A trace no fixed layout fits"). Pack, here:
 #   cargo build --release --features cuda -p vramscope-cli
-#   mkdir -p .gpu/st && cp target/release/vramscope fixtures/torch/workloads.py ../shared/tools/torch_replay.py \
-#     tests/gpu/staggered.sh tests/gpu/alias_pages.cpp .gpu/st/ && strip --strip-debug .gpu/st/vramscope
+#   mkdir -p .gpu/st && cp target/release/vramscope fixtures/torch/workloads.py \
+#     ../shared/tools/torch_replay.py tests/gpu/staggered.sh tests/gpu/alias_pages.cpp \
+#     tests/gpu/replay_kinds.sh .gpu/st/ && strip --strip-debug .gpu/st/vramscope
 # then with the `device` tool (carry [".gpu/st"]): bash .gpu/st/staggered.sh > $OUT/st.log 2>&1
 set -u
 cd "$(dirname "$0")"
@@ -26,17 +27,13 @@ def make(name, unit, less=0):
         for i, (s, a, b) in enumerate(blocks):
             if a == t:
                 ev.append(["a", (i + 1) << 40, s * unit - less * i, 0])
-    json.dump({"source": name, "torch": "synthetic", "events": ev}, open(f"traces/{name}.trace.json", "w"))
+    with open(f"traces/{name}.trace.json", "w") as f:
+        json.dump({"source": name, "torch": "synthetic", "events": ev}, f)
 make("staggered_64m", 64 << 20); make("staggered_256m", 256 << 20); make("staggered_1g", 1 << 30)
 make("staggered_odd", 250 << 20, less=12345 * 512)
 PY
 timeout 120 env OUT=traces python3 workloads.py staggered_buffers 2>&1 | grep -v Warning
 mkdir -p "$OUT/st" && cp traces/*.json "$OUT/st/"
 timeout 200 python3 torch_replay.py traces 2>&1 | grep -v Warning
-for f in traces/*.trace.json; do
-  for seg in virtual malloc; do
-    echo "== replay $(basename "$f") $seg"
-    VRAMSCOPE_CUDA_SEGMENTS=$seg timeout 40 ./vramscope replay "$f" --backend cuda --warm 4 --record off --json 2>&1
-  done
-done
+bash replay_kinds.sh traces
 /usr/local/cuda-13.0/bin/nvcc -o alias_pages alias_pages.cpp -lcuda 2>&1 | tail -3 && ./alias_pages
