@@ -16,8 +16,10 @@ before. The view's pages are taken out of the range's holes for as long as its b
 Views are kept when their block is freed; a later request of n pages first looks for a kept
 view of n pages whose pages are all free again, and maps a new one (a driver call) only where
 none is. Peak reserved is still the range's mapped size: a view maps no memory of its own.
-Why it settles: a pass that repeats the last one's requests finds, at each request, the same
-holes as before and the view made for it then, so from the second pass on it maps nothing.
+Why it settles: a pass that repeats the last one's requests and starts from the same memory (the
+last grew nothing) finds, at each request, the same holes as before and the view made for it
+then, so it maps nothing; a pass that grew the range starts the next from more memory, whose
+holes may differ. On the fixtures that took at most two warm passes.
 
 Each trace is replayed `PASSES` times (7: a cold pass and six warm ones), everything still live
 freed at the end of a pass as `vramscope replay` does. Prints, per trace, peak reserved over
