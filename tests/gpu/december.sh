@@ -7,7 +7,7 @@
 # rule judged on them"). Gzipped traces land in $OUT/dec. Pack, here:
 #   cargo build --release --features cuda -p vramscope-cli
 #   mkdir -p .gpu/dec && cp target/release/vramscope fixtures/torch/workloads.py \
-#     ../shared/tools/torch_replay.py tests/gpu/december.sh tests/gpu/replay_kinds.sh .gpu/dec/ \
+#     ../shared/tools/torch_replay.py tests/gpu/december.sh tests/gpu/replay_cuda.sh .gpu/dec/ \
 #     && strip --strip-debug .gpu/dec/vramscope
 # then with the `device` tool (carry [".gpu/dec"]): bash .gpu/dec/december.sh > $OUT/dec.log 2>&1
 set -u
@@ -20,5 +20,5 @@ timeout 330 env OUT=traces python3 workloads.py wavenet_varlen multicrop_ssl det
 echo "recorded in $(( $(date +%s) - t0 )) s"
 mkdir -p "$OUT/dec" && for f in traces/*.trace.json; do gzip -9 -n -c "$f" > "$OUT/dec/$(basename "$f").gz"; done
 timeout 150 python3 torch_replay.py traces 2>&1 | grep -v Warning
-bash replay_kinds.sh traces
+bash replay_cuda.sh traces
 echo "total $(( $(date +%s) - t0 )) s"

@@ -9,7 +9,7 @@
 #   cargo build --release --features cuda -p vramscope-cli
 #   mkdir -p .gpu/st && cp target/release/vramscope fixtures/torch/workloads.py \
 #     ../shared/tools/torch_replay.py tests/gpu/staggered.sh tests/gpu/alias_pages.cpp \
-#     tests/gpu/replay_kinds.sh .gpu/st/ && strip --strip-debug .gpu/st/vramscope
+#     tests/gpu/replay_cuda.sh .gpu/st/ && strip --strip-debug .gpu/st/vramscope
 # then with the `device` tool (carry [".gpu/st"]): bash .gpu/st/staggered.sh > $OUT/st.log 2>&1
 set -u
 cd "$(dirname "$0")"
@@ -35,5 +35,5 @@ PY
 timeout 120 env OUT=traces python3 workloads.py staggered_buffers 2>&1 | grep -v Warning
 mkdir -p "$OUT/st" && cp traces/*.json "$OUT/st/"
 timeout 200 python3 torch_replay.py traces 2>&1 | grep -v Warning
-bash replay_kinds.sh traces
+bash replay_cuda.sh traces
 /usr/local/cuda-13.0/bin/nvcc -o alias_pages alias_pages.cpp -lcuda 2>&1 | tail -3 && ./alias_pages
