@@ -36,6 +36,8 @@ import math
 import os
 import sys
 
+from fit_model import carve, give_back
+
 PAGE = 2 << 20
 LARGE = 1 << 20
 PASSES = int(os.environ.get("PASSES", 7))
@@ -62,24 +64,6 @@ class Range:
 
     def free_end(self):
         return len(self.free) - 1 if self.free and sum(self.free[-1]) == self.mapped else None
-
-    def carve(self, i, size):
-        start, have = self.free[i]
-        if have == size:
-            self.free.pop(i)
-        else:
-            self.free[i] = (start + size, have - size)
-        return start
-
-    def give_back(self, start, size):
-        i = bisect.bisect(self.free, (start, 0))
-        if i < len(self.free) and self.free[i][0] == start + size:
-            size += self.free.pop(i)[1]
-        if i > 0 and sum(self.free[i - 1]) == start:
-            start, before = self.free.pop(i - 1)
-            size += before
-            i -= 1
-        self.free.insert(i, (start, size))
 
     def grow(self, pages):
         e = self.free_end()
@@ -113,10 +97,10 @@ class Range:
             if i != end and have >= size and (best is None or have < self.free[best][1]):
                 best = i
         if best is not None:
-            return ("range", self.carve(best, size), size)
+            return ("range", carve(self.free, best, size, False), size)
         have = self.free[end][1] if end is not None else 0
         if have >= size:
-            return ("range", self.carve(end, size), size)
+            return ("range", carve(self.free, end, size, False), size)
         lacks = pages_in(size - have)
         if self.alias and size > LARGE:
             n = pages_in(size)
@@ -138,15 +122,15 @@ class Range:
                     self.take_page(p)
                 return ("view", view, size)
         self.grow(lacks)
-        return ("range", self.carve(self.free_end(), size), size)
+        return ("range", carve(self.free, self.free_end(), size, False), size)
 
     def release(self, block):
         kind, where, size = block
         if kind == "range":
-            self.give_back(where, size)
+            give_back(self.free, where, size)
         else:
             for p in where:
-                self.give_back(p * PAGE, PAGE)
+                give_back(self.free, p * PAGE, PAGE)
 
 
 def replay(events, alias):
