@@ -7,6 +7,11 @@ fn fixture(name: &str) -> String {
     format!("{}/fixtures/torch/{name}", env!("CARGO_MANIFEST_DIR"))
 }
 
+/// A gzipped JSON file (a fixture trace as committed), read whole.
+fn gzipped_json(path: impl AsRef<std::path::Path>) -> serde_json::Value {
+    serde_json::from_reader(flate2::read::GzDecoder::new(std::fs::File::open(path).unwrap())).unwrap()
+}
+
 fn run(trace: &Trace, config: &str) -> vramscope::replay::ReplayReport {
     let alloc =
         CachingAllocator::with_config(SimBackend::new(1 << 40), AllocatorConfig::parse(config).unwrap()).unwrap();
@@ -354,8 +359,7 @@ fn least_fixed_height(blocks: &[(u64, usize, usize)]) -> u64 {
 #[test]
 fn staggered_buffers_fit_no_fixed_layout_in_their_live_peak() {
     let path = fixture("staggered_buffers.trace.json.gz");
-    let json: serde_json::Value =
-        serde_json::from_reader(flate2::read::GzDecoder::new(std::fs::File::open(&path).unwrap())).unwrap();
+    let json = gzipped_json(&path);
     let events = json["events"].as_array().unwrap();
     let step = &events[..16];
     let mut open = std::collections::HashMap::new();
@@ -839,8 +843,7 @@ fn every_fixture_trace_replays_with_its_true_peak() {
         let Some(name) = path.file_name().and_then(|n| n.to_str()).filter(|n| n.ends_with(".trace.json.gz")) else {
             continue;
         };
-        let json: serde_json::Value =
-            serde_json::from_reader(flate2::read::GzDecoder::new(std::fs::File::open(&path).unwrap())).unwrap();
+        let json = gzipped_json(&path);
         let (mut live, mut now, mut peak) = (std::collections::HashMap::new(), 0u64, 0u64);
         for e in json["events"].as_array().unwrap() {
             let (op, addr, size) = (e[0].as_str().unwrap(), e[1].as_u64().unwrap(), e[2].as_u64().unwrap());
