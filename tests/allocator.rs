@@ -1100,3 +1100,37 @@ fn shaped_allocations_streams_by_value_and_a_buffers_allocator() {
         assert_eq!((h.num_bytes(), h.tensor_meta().unwrap().dtype.as_str()), (6, "bfloat16"));
     }
 }
+
+/// A tensor served through a view of the range's free pages (`alias_pages`) shows in a snapshot
+/// at its own address, in a segment of the view's pages, while the range leaves those pages
+/// out: the segments sum to the memory held, and the snapshot survives PyTorch's format.
+#[test]
+fn a_view_shows_as_a_segment_of_its_own_and_memory_is_counted_once() {
+    const MIB: usize = 1 << 20;
+    let config = vramscope::config::AllocatorConfig::parse("alias_pages:True").unwrap();
+    let alloc = CachingAllocator::with_config(SimBackend::new(1 << 40), config).unwrap();
+    let s = alloc.default_stream();
+    let mut blocks: Vec<_> = (0..4).map(|_| Some(alloc.alloc::<u8>(&s, 4 * MIB).unwrap())).collect();
+    blocks[0] = None;
+    blocks[2] = None;
+    let reserved = alloc.stats().reserved_bytes.all.current;
+    let view = alloc.alloc::<u8>(&s, 7 * MIB).unwrap().with_shape(&[7, MIB]).unwrap();
+    assert_eq!(alloc.stats().reserved_bytes.all.current, reserved, "served by a view");
+    let snap = alloc.snapshot();
+    snap.validate().unwrap();
+    let total: u64 = snap.segments.iter().map(|g| g.total_size).sum();
+    assert_eq!(total, reserved, "every byte held once");
+    let live: Vec<_> = snap.live_blocks().collect();
+    assert_eq!(live.len(), 3);
+    let shown = live.iter().find(|b| b.address == view.device_ptr()).expect("the tensor at its own address");
+    assert_eq!((shown.requested_size, shown.shape.as_deref()), (7 * MIB as u64, Some(&[7, MIB][..])));
+    let seg = snap.segments.iter().find(|g| g.address == view.device_ptr()).expect("the view's segment");
+    assert_eq!((seg.total_size, seg.blocks.len()), (8 * MIB as u64, 2), "four pages, the last one's rest free");
+    let back = vramscope::Snapshot::from_pytorch_pickle(&snap.to_pytorch_pickle(), "view").unwrap();
+    assert_eq!(back.segments.iter().map(|g| g.total_size).sum::<u64>(), reserved);
+    drop(view);
+    let snap = alloc.snapshot();
+    snap.validate().unwrap();
+    assert_eq!(snap.segments.iter().map(|g| g.total_size).sum::<u64>(), reserved, "the pages back in the range");
+    assert_eq!(snap.live_blocks().count(), 2);
+}

@@ -110,6 +110,46 @@ fn data_survives_many_alloc_free_cycles() {
     alloc.check_invariants().unwrap();
 }
 
+/// With `alias_pages` on virtual segments, a request the range's scattered free pages cover is
+/// served through a view of them (no memory reserved), and the view is those very pages: what
+/// is written through it is read back at the range's addresses once the view is freed.
+#[test]
+fn a_view_writes_the_ranges_own_pages() {
+    const MIB: usize = 1 << 20;
+    let _device = shared_device();
+    let Some(b) = backend() else { return };
+    if !b.can_alias() {
+        eprintln!("skipped: cuMemAlloc segments have no views");
+        return;
+    }
+    let config = vramscope::config::AllocatorConfig::parse("alias_pages:True").unwrap();
+    let alloc = CachingAllocator::with_config(b, config).unwrap();
+    let s = alloc.new_stream().unwrap();
+    let words = 4 * MIB / 4;
+    let mut blocks: Vec<_> = (0..4).map(|_| Some(alloc.alloc::<u32>(&s, words).unwrap())).collect();
+    let holes = [blocks[0].as_ref().unwrap().device_ptr(), blocks[2].as_ref().unwrap().device_ptr()];
+    blocks[0] = None;
+    blocks[2] = None;
+    let reserved = alloc.stats().reserved_bytes.all.current;
+    let mut view = alloc.alloc::<u32>(&s, 2 * words).unwrap();
+    assert_eq!(alloc.stats().reserved_bytes.all.current, reserved, "served by a view");
+    assert!(!holes.contains(&view.device_ptr()));
+    let data: Vec<u32> = (0..2 * words as u32).map(|k| k.wrapping_mul(2_654_435_761)).collect();
+    view.copy_from_host(&data).unwrap();
+    assert_eq!(view.to_vec().unwrap(), data);
+    alloc.check_invariants().unwrap();
+    drop(view);
+    // The holes again, at their own addresses: the view's first and second halves.
+    let first = alloc.alloc::<u32>(&s, words).unwrap();
+    let second = alloc.alloc::<u32>(&s, words).unwrap();
+    assert_eq!([first.device_ptr(), second.device_ptr()], holes);
+    assert_eq!(first.to_vec().unwrap(), data[..words]);
+    assert_eq!(second.to_vec().unwrap(), data[words..]);
+    drop((first, second, blocks));
+    alloc.empty_cache();
+    alloc.check_invariants().unwrap();
+}
+
 /// A block used on stream 2 and freed while stream 2 still writes it: when the allocator hands
 /// it out again, stream 2 must be done with it. Proved by data, whatever else runs on the
 /// device: the new owner fills the block with a marker at once; had stream 2 still been

@@ -10,7 +10,7 @@ pub const ALLOC_CONF_ENV: &str = "VRAMSCOPE_ALLOC_CONF";
 const KEYS: &str = "max_split_size_mb, max_non_split_rounding_mb, roundup_power2_divisions, \
                     garbage_collection_threshold, per_process_memory_fraction, fragmentation_limit, \
                     fragmentation_limit_max, release_pages, expandable_segments, share_idle_streams, \
-                    backend";
+                    alias_pages, backend";
 
 /// Keys of `PYTORCH_CUDA_ALLOC_CONF` that vramscope does not implement. A configuration
 /// naming one is refused, as an unknown key is: a setting vramscope would silently ignore
@@ -121,6 +121,16 @@ pub struct AllocatorConfig {
     /// `false` keeps each stream's memory to itself but for loans over the fragmentation
     /// limit, as PyTorch's allocator does (`share_idle_streams:false`). Default: `true`.
     pub share_idle_streams: bool,
+    /// Where the range that grows in place ([`release_pages`](Self::release_pages)) would grow
+    /// for a large request (over 1 MiB) that none of its holes fits, serve the request instead
+    /// from the range's wholly free pages, wherever they lie, mapped once more in order at
+    /// addresses of their own (a *view*), if that maps fewer new pages than growing would; the
+    /// view is kept for the next request of its page count once its pages are all free again.
+    /// The range then maps each 2 MiB page as a mapping of its own (only whole mappings can be
+    /// mapped twice). Needs a backend that can [`alias`](crate::backend::Backend::alias) (the
+    /// sim; CUDA's virtual-memory segments). vramscope's own. Default: `false` (see the crate
+    /// docs, "How the allocator works", and `BENCHMARKS.md`, "A trace no fixed layout fits").
+    pub alias_pages: bool,
 }
 
 impl Default for AllocatorConfig {
@@ -135,6 +145,7 @@ impl Default for AllocatorConfig {
             fragmentation_limit_max: LimitMax::Auto,
             release_pages: true,
             share_idle_streams: true,
+            alias_pages: false,
         }
     }
 }
@@ -211,8 +222,8 @@ impl AllocatorConfig {
     /// `per_process_memory_fraction` (a number above 0 and at most 1),
     /// `fragmentation_limit` and `fragmentation_limit_max` (numbers from 1 to
     /// [`MAX_FRAGMENTATION_LIMIT`], or `off`; the second also `auto`), `release_pages` and its
-    /// PyTorch-named alias `expandable_segments` (`True` or `False`), `share_idle_streams`
-    /// (`True` or `False`; vramscope's own), and `backend:native`
+    /// PyTorch-named alias `expandable_segments` (`True` or `False`), `share_idle_streams` and
+    /// `alias_pages` (`True` or `False`; vramscope's own), and `backend:native`
     /// (vramscope is PyTorch's native allocator; `cudaMallocAsync` is refused). Each key at most
     /// once. Unknown keys, PyTorch's keys that vramscope does not implement
     /// (`release_lock_on_cudamalloc`, the `pinned_*` keys, ...) and malformed values are errors
@@ -294,6 +305,7 @@ impl AllocatorConfig {
                 }
                 "release_pages" | "expandable_segments" => c.release_pages = parse_bool(key, value)?,
                 "share_idle_streams" => c.share_idle_streams = parse_bool(key, value)?,
+                "alias_pages" => c.alias_pages = parse_bool(key, value)?,
                 _ => return Err(bad(key, format!("unknown key; accepted keys: {KEYS}"))),
             }
         }

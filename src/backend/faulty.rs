@@ -217,6 +217,16 @@ unsafe impl<B: Backend> Backend for FaultyBackend<B> {
         self.check(len)?;
         self.inner.map(addr, len)
     }
+    fn can_alias(&self) -> bool {
+        self.inner.can_alias()
+    }
+    fn alias(&self, pages: &[u64]) -> Result<u64, BackendError> {
+        self.inner.alias(pages)
+    }
+    unsafe fn unalias(&self, addr: u64, count: u64, stream: RawStream) -> Result<(), BackendError> {
+        // SAFETY: the caller's promise, passed on.
+        unsafe { self.inner.unalias(addr, count, stream) }
+    }
     fn create_stream(&self) -> Result<RawStream, BackendError> {
         self.inner.create_stream()
     }

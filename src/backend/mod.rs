@@ -212,7 +212,8 @@ pub unsafe trait Backend: Send + Sync + fmt::Debug + 'static {
     /// `stream` before the call may still use them: the backend orders the unmap after it (the
     /// CUDA backend waits for that stream alone, not for the whole device). No work queued on
     /// any other stream uses them (the allocator waits for the streams a block was recorded on
-    /// before the block is free).
+    /// before the block is free). No view ([`alias`](Backend::alias)) maps any of the range:
+    /// a backend refuses to unmap a page a view still maps.
     unsafe fn unmap(&self, addr: u64, len: u64, stream: RawStream) -> Result<(), BackendError> {
         let _ = (addr, len, stream);
         Err(BackendError::Unsupported("unmap"))
@@ -225,6 +226,36 @@ pub unsafe trait Backend: Send + Sync + fmt::Debug + 'static {
     fn map(&self, addr: u64, len: u64) -> Result<(), BackendError> {
         let _ = (addr, len);
         Err(BackendError::Unsupported("map"))
+    }
+
+    /// Whether [`alias`](Backend::alias) and [`unalias`](Backend::unalias) work: physical
+    /// memory mapped once can be mapped again at other addresses. Default: `false`.
+    fn can_alias(&self) -> bool {
+        false
+    }
+
+    /// Maps the physical memory of `pages` (addresses of page-long mappings made by
+    /// [`map`](Backend::map), each exactly one [`page_size`](Backend::page_size)) once more,
+    /// in that order, at the consecutive pages of a new range of addresses (a *view*), and
+    /// returns its start. The memory is then reachable at two addresses; the view takes no
+    /// memory of its own. Default: refused.
+    fn alias(&self, pages: &[u64]) -> Result<u64, BackendError> {
+        let _ = pages;
+        Err(BackendError::Unsupported("views of mapped pages"))
+    }
+
+    /// Unmaps the view of `count` pages at `addr` that [`alias`](Backend::alias) made and frees
+    /// its addresses; the pages stay mapped where [`map`](Backend::map) put them.
+    ///
+    /// # Safety
+    ///
+    /// `addr` and `count` are those of a view this backend made and has not unaliased, and
+    /// nothing on the host uses its memory through it. Device work queued on `stream` may still
+    /// use it: the backend orders the unmap after that work, as [`unmap`](Backend::unmap) does;
+    /// no work queued on another stream does.
+    unsafe fn unalias(&self, addr: u64, count: u64, stream: RawStream) -> Result<(), BackendError> {
+        let _ = (addr, count, stream);
+        Err(BackendError::Unsupported("views of mapped pages"))
     }
 
     /// Creates a new stream.

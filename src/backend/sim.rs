@@ -56,6 +56,17 @@ struct Segments {
     by_base: BTreeMap<u64, SimSegment>,
     /// Every mapping, by address: its length.
     maps: BTreeMap<u64, u64>,
+    /// Every view ([`Backend::alias`]), by address: the pages it maps again.
+    views: BTreeMap<u64, Vec<u64>>,
+    /// How many views map each page, by the page's address.
+    aliased: HashMap<u64, u32>,
+}
+
+impl Segments {
+    /// The first page of `[addr, end)` that a view maps, if any.
+    fn aliased_in(&self, addr: u64, end: u64) -> Option<u64> {
+        self.aliased.keys().copied().filter(|&p| p >= addr && p < end).min()
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -129,6 +140,11 @@ impl SimBackend {
         self.events.lock().pending.clear();
     }
 
+    /// How many views ([`Backend::alias`]) are mapped now.
+    pub fn views(&self) -> usize {
+        self.segments.lock().views.len()
+    }
+
     /// Bytes currently mapped (reserved and not unmapped).
     pub fn used_memory(&self) -> u64 {
         self.used.load(Ordering::Relaxed)
@@ -138,6 +154,7 @@ impl SimBackend {
     fn remap(&self, addr: u64, len: u64, map: bool) -> Result<(), BackendError> {
         let mut guard = self.segments.lock();
         let segs = &mut *guard;
+        let aliased = if map { None } else { segs.aliased_in(addr, addr.saturating_add(len)) };
         let (&base, seg) = segs
             .by_base
             .range_mut(..=addr)
@@ -166,6 +183,9 @@ impl SimBackend {
         } else {
             if across || !super::tiles(inside.iter().copied(), addr, end) {
                 return Err(BackendError::Other(format!("range {addr:#x}+{len} is not whole mappings, all mapped")));
+            }
+            if let Some(p) = aliased {
+                return Err(BackendError::Other(format!("page {p:#x} is mapped by a view: unalias it first")));
             }
             for (a, _) in inside {
                 segs.maps.remove(&a);
@@ -264,6 +284,9 @@ unsafe impl Backend for SimBackend {
         match segs.by_base.get(&addr) {
             Some(seg) if seg.size == size => {
                 let seg = *seg;
+                if let Some(p) = segs.aliased_in(addr, addr + seg.span) {
+                    return Err(BackendError::Other(format!("page {p:#x} is mapped by a view: unalias it first")));
+                }
                 segs.by_base.remove(&addr);
                 let maps: Vec<u64> = segs.maps.range(addr..addr + seg.span).map(|(&a, _)| a).collect();
                 for a in maps {
@@ -294,6 +317,44 @@ unsafe impl Backend for SimBackend {
 
     fn map(&self, addr: u64, len: u64) -> Result<(), BackendError> {
         self.remap(addr, len, true)
+    }
+
+    fn can_alias(&self) -> bool {
+        true
+    }
+
+    fn alias(&self, pages: &[u64]) -> Result<u64, BackendError> {
+        let mut segs = self.segments.lock();
+        if pages.is_empty() {
+            return Err(BackendError::Other("a view of no pages".into()));
+        }
+        if let Some(&p) = pages.iter().find(|&&p| segs.maps.get(&p) != Some(&self.page)) {
+            return Err(BackendError::Other(format!("{p:#x} is not a mapping of one page")));
+        }
+        let len = pages.len() as u64 * self.page;
+        let addr = self.next_addr.fetch_add(len + self.page, Ordering::Relaxed);
+        for &p in pages {
+            *segs.aliased.entry(p).or_default() += 1;
+        }
+        segs.views.insert(addr, pages.to_vec());
+        Ok(addr)
+    }
+
+    unsafe fn unalias(&self, addr: u64, count: u64, _stream: RawStream) -> Result<(), BackendError> {
+        let mut segs = self.segments.lock();
+        let pages = match segs.views.get(&addr) {
+            Some(pages) if pages.len() as u64 == count => segs.views.remove(&addr).unwrap_or_default(),
+            _ => return Err(BackendError::Other(format!("no view of {count} pages at {addr:#x}"))),
+        };
+        for p in pages {
+            if let std::collections::hash_map::Entry::Occupied(mut e) = segs.aliased.entry(p) {
+                *e.get_mut() -= 1;
+                if *e.get() == 0 {
+                    e.remove();
+                }
+            }
+        }
+        Ok(())
     }
 
     fn create_stream(&self) -> Result<RawStream, BackendError> {
@@ -386,6 +447,32 @@ mod tests {
         let b = sim.reserve((1 << 30) + (6 << 20)).unwrap();
         // SAFETY: as above.
         unsafe { sim.unmap(b + (1 << 30), 6 << 20, 0).unwrap() };
+    }
+
+    #[test]
+    fn views_map_pages_again_and_keep_them_mapped_until_unaliased() {
+        let sim = SimBackend::new(1 << 30);
+        let page = DEFAULT_PAGE_SIZE;
+        let a = sim.reserve_growable(page, 64 << 20).unwrap();
+        sim.map(a + page, page).unwrap();
+        sim.map(a + 2 * page, 2 * page).unwrap();
+        let used = sim.used_memory();
+        assert!(sim.alias(&[a + 2 * page]).is_err(), "a mapping of two pages");
+        assert!(sim.alias(&[a + 3 * page]).is_err(), "not a mapping's start");
+        assert!(sim.alias(&[]).is_err(), "no pages");
+        let v = sim.alias(&[a + page, a]).unwrap();
+        assert_eq!(sim.used_memory(), used, "a view takes no memory");
+        assert!(v >= a + (64 << 20) || v + 2 * page <= a, "a view's addresses are its own");
+        unsafe {
+            assert!(sim.unmap(a, page, 0).is_err(), "a page a view maps");
+            assert!(sim.release(a, 4 * page).is_err(), "a segment a view maps");
+            assert!(sim.unalias(v, 1, 0).is_err(), "the wrong count");
+            sim.unalias(v, 2, 0).unwrap();
+            assert!(sim.unalias(v, 2, 0).is_err(), "unaliased twice");
+            sim.unmap(a, page, 0).unwrap();
+            sim.release(a, 4 * page).unwrap();
+        }
+        assert_eq!(sim.used_memory(), 0);
     }
 
     #[test]

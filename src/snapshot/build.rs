@@ -74,6 +74,8 @@ fn copy(heap: &Heap) -> Raw {
             heap::BlockState::Allocated => BlockState::ActiveAllocated,
             heap::BlockState::PendingFree | heap::BlockState::Stranded => BlockState::ActivePendingFree,
             heap::BlockState::Free => BlockState::Inactive,
+            // A page a view in use maps: shown in the view's segment (below), not here.
+            heap::BlockState::Aliased => return,
         };
         let meta = b.extra.as_ref().and_then(|e| e.meta.as_ref());
         let (address, size, state) = match merged {
@@ -118,6 +120,58 @@ fn copy(heap: &Heap) -> Raw {
             contexts.push(b.ctx);
         }
     });
+    // Each view in use (`alias.rs`) as a segment of its own: its addresses are a contiguous
+    // mapped range as any segment's, the tensor lies at them, and the range's pages it maps
+    // are left out above, so that the segments still sum to the memory held.
+    for (v, pages) in heap.views_in_use() {
+        let b = heap.block(v);
+        let total = pages.len() as u64 * heap.page_size();
+        let state = match b.state {
+            heap::BlockState::Allocated => BlockState::ActiveAllocated,
+            _ => BlockState::ActivePendingFree,
+        };
+        let meta = b.extra.as_ref().and_then(|e| e.meta.as_ref());
+        let mut blocks = vec![BlockInfo {
+            address: b.addr,
+            size: b.size,
+            requested_size: b.requested,
+            state,
+            dtype: meta.map(|m| m.dtype.clone()),
+            shape: meta.map(|m| m.shape.clone()),
+            context: None,
+        }];
+        let mut contexts = vec![b.ctx];
+        if total > b.size {
+            // The rest of the view's last page: held by the view, free for no one else.
+            blocks.push(BlockInfo {
+                address: b.addr + b.size,
+                size: total - b.size,
+                requested_size: 0,
+                state: BlockState::Inactive,
+                dtype: None,
+                shape: None,
+                context: None,
+            });
+            contexts.push(None);
+        }
+        let info = SegmentInfo {
+            address: b.addr,
+            total_size: total,
+            mapped_size: total,
+            expandable: false,
+            stream: u64::from(b.stream.0),
+            device: None,
+            pool: crate::alloc::Pool::Large,
+            pool_id: None,
+            allocated_size: 0,
+            active_size: 0,
+            requested_size: 0,
+            blocks,
+            context: None,
+            source: None,
+        };
+        segments.push((info, contexts));
+    }
     segments.sort_by_key(|(s, _)| s.address);
     for (s, _) in &mut segments {
         let sum = s.summary();

@@ -97,11 +97,22 @@ pub(crate) fn check_heap(heap: &Heap) -> std::result::Result<(), String> {
             return Err(format!("segments {:#x} and {:#x} overlap", w[0].0, w[1].0));
         }
     }
+    // A block in use, as the counters count it: allocated, or waiting for other streams.
+    let mut count_in_use = |b: &super::Block, p: usize| {
+        active[p] += b.size;
+        if b.state == BlockState::Allocated {
+            allocated[p] += b.size;
+            requested[p] += b.requested;
+            nalloc[p] += 1;
+            oversize_allocations += u64::from(heap.is_oversize(b.size));
+        }
+    };
     let mut err = None;
     let mut last: Option<(u64, u64, BlockState)> = None;
     let mut cur_seg = u64::MAX;
     let mut nfree = 0;
     let mut nwhole = 0;
+    let mut nheld = 0;
     heap.for_each_block(|i, seg, b| {
         if err.is_some() {
             return;
@@ -131,19 +142,26 @@ pub(crate) fn check_heap(heap: &Heap) -> std::result::Result<(), String> {
         if b.size % super::MIN_BLOCK != 0 {
             err = Some(format!("block {:#x} size {} is not a multiple of 512", b.addr, b.size));
         }
+        if matches!(b.state, BlockState::Allocated | BlockState::PendingFree | BlockState::Stranded) {
+            count_in_use(b, p);
+        }
         match b.state {
             BlockState::Allocated => {
-                allocated[p] += b.size;
-                active[p] += b.size;
-                requested[p] += b.requested;
-                nalloc[p] += 1;
-                oversize_allocations += u64::from(heap.is_oversize(b.size));
                 // An allocated block's granules are all mapped.
                 if seg.granules_touching(b.addr, b.size).any(|pg| Heap::is_page_unmapped(seg, pg)) {
                     err = Some(format!("allocated block {:#x} lies on an unmapped page", b.addr));
                 }
             }
-            BlockState::PendingFree | BlockState::Stranded => active[p] += b.size,
+            BlockState::PendingFree | BlockState::Stranded => {}
+            BlockState::Aliased => {
+                nheld += 1;
+                let mapped = !seg.granules_touching(b.addr, b.size).any(|pg| Heap::is_page_unmapped(seg, pg));
+                if b.size != heap.page || !b.addr.is_multiple_of(heap.page) || !mapped {
+                    err = Some(format!("aliased block {:#x}+{} is not one mapped page", b.addr, b.size));
+                } else if heap.view_of_page(i).is_none() {
+                    err = Some(format!("aliased block {:#x} is held by no view in use", b.addr));
+                }
+            }
             BlockState::Free => {
                 nfree += 1;
                 if b.requested != 0 {
@@ -173,6 +191,26 @@ pub(crate) fn check_heap(heap: &Heap) -> std::result::Result<(), String> {
     });
     if let Some(e) = err {
         return Err(e);
+    }
+    // Views' blocks in use lie in no segment: counted here, with the pages they hold.
+    let mut held = 0;
+    for (v, pages) in heap.views_in_use() {
+        let b = heap.block(v);
+        let p = Pool::Large as usize;
+        held += pages.len();
+        if !b.view || b.size > pages.len() as u64 * heap.page || b.size + heap.page <= pages.len() as u64 * heap.page {
+            return Err(format!("view block {:#x} of {} bytes over {} pages", b.addr, b.size, pages.len()));
+        }
+        if pages.iter().any(|&h| heap.block(h).state != BlockState::Aliased) {
+            return Err(format!("view block {:#x} holds a page not aliased", b.addr));
+        }
+        match b.state {
+            BlockState::Allocated | BlockState::PendingFree | BlockState::Stranded => count_in_use(b, p),
+            s => return Err(format!("view block {:#x} in use is {s:?}", b.addr)),
+        }
+    }
+    if held != nheld {
+        return Err(format!("views in use hold {held} pages but {nheld} blocks are aliased"));
     }
     let (_, _, indexed, whole) = heap.free_index_state(None);
     if indexed != nfree {

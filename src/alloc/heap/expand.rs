@@ -29,7 +29,7 @@ use crate::error::BackendError;
 /// A segment to grow and by how much.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Growth {
-    seg: SegmentId,
+    pub(super) seg: SegmentId,
     /// Bytes to map at its end (whole pages).
     pub(super) by: u64,
 }
@@ -59,7 +59,7 @@ impl Heap {
     /// segment). Returns its address and room. One request for memory either way: a refusal for
     /// lack of memory is the caller's to handle (it releases the cache and retries).
     pub(super) fn reserve_segment(
-        &self,
+        &mut self,
         backend: &dyn Backend,
         pool: Pool,
         stream: StreamId,
@@ -68,6 +68,22 @@ impl Heap {
         self.within_cap(size)?;
         if self.may_grow_in_place(pool, stream) {
             let span = backend.total_memory().next_multiple_of(self.page).max(size);
+            if self.alias_pages {
+                // Each page a mapping of its own, which a view can map again (`alias.rs`).
+                match backend.reserve_growable(self.page, span) {
+                    Ok(addr) => match self.map_pages(backend, addr + self.page, size - self.page, stream) {
+                        Ok(()) => return Ok((addr, span - size)),
+                        Err(e) => {
+                            // SAFETY: reserved just above, with the first page mapped (the rest
+                            // was unmapped again), and nothing uses it.
+                            let _ = unsafe { backend.release(addr, self.page) };
+                            return Err(e);
+                        }
+                    },
+                    Err(e @ BackendError::OutOfMemory { .. }) => return Err(e),
+                    Err(_) => {}
+                }
+            }
             match backend.reserve_growable(size, span) {
                 Ok(addr) => return Ok((addr, span - size)),
                 Err(e @ BackendError::OutOfMemory { .. }) => return Err(e),
@@ -136,29 +152,15 @@ impl Heap {
         let seg = &self.segments[g.seg];
         let (start, old_size, pool, stream) = (seg.addr + seg.size, seg.size, seg.pool, seg.stream);
         self.within_cap(g.by)?;
-        let mut done = 0;
-        for (offset, len) in granule_pieces(g.by, self.page) {
-            if let Err(e) = backend.map(start + offset, len) {
-                if done > 0 {
-                    let raw = self.streams[stream.index()].raw;
-                    // SAFETY: `[start, start + done)` was mapped just above, whole mappings
-                    // inside the segment's room, and nothing has used it yet.
-                    if let Err(e) = unsafe { backend.unmap(start, done, raw) } {
-                        self.note(Note::BackendError);
-                        self.last_error = Some(format!("undoing a growth at {start:#x}: {e}"));
-                    }
-                }
-                return Err(e);
-            }
-            done = offset + len;
-        }
+        let pieces = self.growth_pieces(g.by);
+        self.map_pieces(backend, start, &pieces, stream)?;
         // Counted as oversize from the size it grows to (as a segment reserved at that size
         // would be), so that its release, at that size or larger, takes back what was counted.
         if !self.is_oversize(old_size) && self.is_oversize(old_size + g.by) {
             self.stats.oversize_segments.inc(1);
         }
         let seg = &mut self.segments[g.seg];
-        for (offset, len) in granule_pieces(g.by, self.page) {
+        for (offset, len) in pieces {
             seg.push_grown(old_size + offset, len);
         }
         seg.size += g.by;
@@ -178,5 +180,49 @@ impl Heap {
         self.blocks[tail].next = Some(b);
         self.index_free(b);
         Ok(b)
+    }
+
+    /// The mappings a growth of `by` bytes is made of (offsets from its start, lengths): its
+    /// granules ([`granule_pieces`]), or with views of the range's pages one per page.
+    fn growth_pieces(&self, by: u64) -> Vec<(u64, u64)> {
+        if self.alias_pages {
+            (0..by / self.page).map(|k| (k * self.page, self.page)).collect()
+        } else {
+            granule_pieces(by, self.page).collect()
+        }
+    }
+
+    /// Maps `[start, start + len)` one page per mapping (see [`Heap::growth_pieces`]).
+    fn map_pages(&mut self, backend: &dyn Backend, start: u64, len: u64, stream: StreamId) -> Result<(), BackendError> {
+        let pieces: Vec<(u64, u64)> = (0..len / self.page).map(|k| (k * self.page, self.page)).collect();
+        self.map_pieces(backend, start, &pieces, stream)
+    }
+
+    /// Maps each piece (offset from `start`, length) as one mapping; if the backend refuses
+    /// one, unmaps what was mapped and returns its error.
+    fn map_pieces(
+        &mut self,
+        backend: &dyn Backend,
+        start: u64,
+        pieces: &[(u64, u64)],
+        stream: StreamId,
+    ) -> Result<(), BackendError> {
+        let mut done = 0;
+        for &(offset, len) in pieces {
+            if let Err(e) = backend.map(start + offset, len) {
+                if done > 0 {
+                    let raw = self.streams[stream.index()].raw;
+                    // SAFETY: `[start, start + done)` was mapped just above, whole mappings
+                    // inside a segment's addresses, and nothing has used it yet.
+                    if let Err(e) = unsafe { backend.unmap(start, done, raw) } {
+                        self.note(Note::BackendError);
+                        self.last_error = Some(format!("undoing a mapping at {start:#x}: {e}"));
+                    }
+                }
+                return Err(e);
+            }
+            done = offset + len;
+        }
+        Ok(())
     }
 }

@@ -22,6 +22,7 @@ use super::ids::{BlockId, SegmentId, Slots, StreamId};
 use super::park::{BlockClass, Logged, Trips};
 use pages::Deferred;
 
+mod alias;
 mod arena;
 mod check;
 mod expand;
@@ -76,6 +77,9 @@ pub(crate) enum BlockState {
     /// Its buffer was dropped, but a stream it was used on could neither record an event nor
     /// synchronize: kept out of use for good (counted as active, never reused).
     Stranded,
+    /// A page of the range that a view's block in use maps at another address (see
+    /// `alias.rs`): neither free nor allocated, counted only through the view's block.
+    Aliased,
 }
 
 /// A tensor's description, kept with its block for reports.
@@ -101,6 +105,9 @@ pub(crate) struct Block {
     pub(crate) state: BlockState,
     /// Whether some page inside this free block may be unmapped.
     pub(crate) unmapped: bool,
+    /// Whether this is a view's block (`alias.rs`): it lies at the view's addresses, in no
+    /// segment's list; its free gives the view's pages back to the range.
+    pub(crate) view: bool,
     /// The pool of the block's segment.
     pub(crate) pool: Pool,
     /// Outstanding events before a pending free completes.
@@ -249,6 +256,14 @@ pub(crate) struct Heap {
     request_ctx: Option<Context>,
     /// Set during [`Heap::free_unrecorded`]: the free's history event was logged elsewhere.
     free_logged: bool,
+    /// Whether large requests may be served through views of the range's free pages
+    /// (`alias_pages`, on a backend that can alias; see `alias.rs`).
+    alias_pages: bool,
+    /// The views made so far, in use and idle.
+    views: Vec<alias::View>,
+    /// Set while [`Heap::grow`] serves another stream's request from the range
+    /// ([`Heap::serve_from_range`]): no view then.
+    lending: bool,
     /// Memory the program allocated itself, recorded by address, in order (an unmapped range
     /// forgets every mapping inside it; see `external.rs`).
     external: std::collections::BTreeMap<u64, BlockId>,
@@ -270,6 +285,7 @@ impl Block {
             stream,
             state: BlockState::Free,
             unmapped: false,
+            view: false,
             pending_events: 0,
             extra: None,
             ctx: None,
@@ -297,7 +313,7 @@ pub(crate) struct Grant {
     pub(crate) class: BlockClass,
     /// The block lies in another stream's segment: its free must go through the heap (which
     /// orders the owner after the request's stream, see `Heap::hand_back`), never a parking
-    /// slot.
+    /// slot. So must a view's block (`alias.rs`), whose free gives its pages back.
     pub(crate) lent: bool,
 }
 
@@ -310,6 +326,9 @@ impl Heap {
             device,
             page,
             can_unmap: backend.can_unmap() && config.release_pages,
+            alias_pages: backend.can_unmap() && config.release_pages && config.alias_pages && backend.can_alias(),
+            views: Vec::new(),
+            lending: false,
             blocks: Slots::new(),
             free_slots: Vec::new(),
             segments: Slots::new(),
@@ -433,7 +452,7 @@ impl Heap {
         let reusable = b.size == size;
         // The block's own pool: the block freed last may lie in the other one (a segment that
         // served every size while one stream held them all).
-        let (addr, size, pool, b_stream) = (b.addr, b.size, b.pool, b.stream);
+        let (addr, size, pool, b_stream, view) = (b.addr, b.size, b.pool, b.stream, b.view);
         self.note(Note::Alloc { addr, size, requested, pool, stream, ctx });
         let cur = self.stats.allocated_bytes.current();
         if cur > self.limit_peak {
@@ -443,7 +462,7 @@ impl Heap {
             self.released_wanted = 0;
         }
         let class = BlockClass { size, pool, oversize: self.is_oversize(size), reusable };
-        Ok(Grant { block, addr, class, lent: b_stream != stream })
+        Ok(Grant { block, addr, class, lent: b_stream != stream || view })
     }
 
     /// Best fit among the free blocks of `pool` on `stream`, the free end of a segment that
@@ -504,6 +523,7 @@ impl Heap {
             stream: b.stream,
             state: BlockState::Allocated,
             unmapped: false,
+            view: false,
             pending_events: 0,
             extra: None,
             ctx: None,
@@ -573,6 +593,13 @@ impl Heap {
             self.settle();
             deferred = None;
             growth = self.growth_plan(stream, size);
+            if let Some(g) = growth.filter(|_| self.alias_pages && !self.lending && size > SMALL_SIZE) {
+                // Where the range's free pages lack fewer pages than its free end does, a view
+                // of them (`alias.rs`).
+                if let Some(b) = self.serve_by_view(backend, stream, size, g.seg, g.by / self.page) {
+                    return Ok(Grown::Handed(b));
+                }
+            }
         }
         let need = growth.map_or(seg_size, |g| g.by);
         let limit = self.soft_limit(backend, size);
@@ -645,7 +672,12 @@ impl Heap {
 
     fn add_segment(&mut self, pool: Pool, stream: StreamId, addr: u64, size: u64, room: u64) -> BlockId {
         let growable = room > 0;
-        let granule = if self.can_unmap { crate::backend::map_granule(size, self.page) } else { self.page };
+        // A range whose pages views may map again maps each page alone (`alias.rs`).
+        let granule = if self.can_unmap && !(self.alias_pages && growable) {
+            crate::backend::map_granule(size, self.page)
+        } else {
+            self.page
+        };
         let order = self.next_order << ORDER_SHIFT;
         self.next_order = (self.next_order + 1) % (1 << (64 - ORDER_SHIFT));
         let seg = Segment {
@@ -772,7 +804,7 @@ impl Heap {
             b.pending_events = waiting;
         }
         self.note(Note::Release { addr, size, requested, pool, stream, ctx, waiting: waiting > 0 });
-        if waiting == 0 && handed_back {
+        if waiting == 0 && (handed_back || self.blocks[i].view) {
             // Back among its owner's free blocks, the block freed last left as it was (as when
             // a wait completes: see `event_done`).
             self.finish_free(i);
@@ -871,6 +903,10 @@ impl Heap {
     /// entry is resized, usually in place) or index it.
     fn finish_free(&mut self, i: BlockId) {
         self.deactivate(i);
+        if self.blocks[i].view {
+            self.let_view_go(i);
+            return;
+        }
         self.merge_free(i);
     }
 
@@ -992,7 +1028,8 @@ mod tests {
     use super::*;
     use crate::backend::{EventMode, SimBackend};
 
-    fn heap(config: &str) -> (Heap, SimBackend) {
+    /// A heap of `config` on a sim of 1 TiB, recording nothing.
+    pub(super) fn heap(config: &str) -> (Heap, SimBackend) {
         heap_with(config, SimBackend::new(1 << 40))
     }
 
@@ -1135,6 +1172,35 @@ mod tests {
             1 => Just(Op::EmptyCache),
         ];
         proptest::collection::vec(op, 1..120)
+    }
+
+    /// Five more streams, for the six that `ops` names.
+    fn add_streams(h: &mut Heap, backend: &dyn Backend) {
+        for _ in 1..6 {
+            let raw = backend.create_stream().unwrap();
+            h.add_stream(raw).unwrap();
+        }
+    }
+
+    /// Applies an `op` other than an allocation to one heap (`live`: its live blocks;
+    /// `complete`: completes the backend's events).
+    fn apply_other(h: &mut Heap, backend: &dyn Backend, op: &Op, live: &mut Vec<BlockId>, complete: impl Fn()) {
+        match *op {
+            Op::Free(i) if !live.is_empty() => {
+                let b = live.swap_remove(i % live.len());
+                h.free(backend, b, None);
+            }
+            Op::RecordStream { block, stream } if !live.is_empty() => {
+                h.settle();
+                h.record_stream(live[block % live.len()], StreamId(stream as u32));
+            }
+            Op::CompleteEvents => complete(),
+            Op::EmptyCache => {
+                h.settle();
+                h.release_cache(backend, true);
+            }
+            _ => {}
+        }
     }
 
     /// A heap on a sim backend (manual events, wrapped so that its stream waits may fail) with
@@ -1287,19 +1353,17 @@ mod tests {
         #[test]
         fn a_cap_holds_and_a_refusal_loses_nothing(
             ops in ops(),
-            config in 0..4usize,
+            config in 0..5usize,
         ) {
             use crate::backend::{FaultPlan, FaultyBackend};
             let fraction = (40u64 << 20) as f64 / (1u64 << 40) as f64;
-            let conf = ["", "release_pages:false", "max_split_size_mb:40", "fragmentation_limit:off"][config];
+            let conf = ["", "release_pages:false", "max_split_size_mb:40", "fragmentation_limit:off", "alias_pages:True"]
+                [config];
             let conf = format!("{conf},per_process_memory_fraction:{fraction:?}");
             let sim = SimBackend::with_events(1 << 40, EventMode::Manual).with_costly_segments(true);
             let sim = FaultyBackend::new(sim, FaultPlan::Never);
             let mut h = Heap::new(0, AllocatorConfig::parse(&conf).unwrap(), RecordConfig::off(), &sim);
-            for _ in 1..6 {
-                let raw = sim.create_stream().unwrap();
-                h.add_stream(raw).unwrap();
-            }
+            add_streams(&mut h, &sim);
             let mut live: Vec<BlockId> = Vec::new();
             for (k, op) in ops.iter().enumerate() {
                 match *op {
@@ -1315,20 +1379,7 @@ mod tests {
                             Err(e) => proptest::prop_assert!(false, "op {}: {}", k, e),
                         }
                     }
-                    Op::Free(i) if !live.is_empty() => {
-                        let b = live.swap_remove(i % live.len());
-                        h.free(&sim, b, None);
-                    }
-                    Op::RecordStream { block, stream } if !live.is_empty() => {
-                        h.settle();
-                        h.record_stream(live[block % live.len()], StreamId(stream as u32));
-                    }
-                    Op::CompleteEvents => sim.inner().complete_events(),
-                    Op::EmptyCache => {
-                        h.settle();
-                        h.release_cache(&sim, true);
-                    }
-                    _ => {}
+                    _ => apply_other(&mut h, &sim, op, &mut live, || sim.inner().complete_events()),
                 }
                 proptest::prop_assert!(h.reserved() <= 40 << 20, "op {} ({:?}): {} reserved", k, op, h.reserved());
                 // The invariants are those of a settled heap (as `check_invariants` checks).
@@ -1336,6 +1387,57 @@ mod tests {
                 if let Err(e) = check_heap(&h) {
                     proptest::prop_assert!(false, "op {} ({:?}): {}", k, op, e);
                 }
+            }
+        }
+    }
+
+    /// The memory behind live block `b`, as ranges of the segments' addresses: a view's block
+    /// is the pages of the range it maps (as many as its size spans).
+    fn memory_of(h: &Heap, b: BlockId) -> Vec<(u64, u64)> {
+        let blk = &h.blocks[b];
+        match h.views.iter().find(|v| v.block == b) {
+            Some(v) => v.pages[..blk.size.div_ceil(h.page) as usize].iter().map(|&p| (p, p + h.page)).collect(),
+            None => vec![(blk.addr, blk.addr + blk.size)],
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 300, ..Default::default() })]
+
+        /// With views of the range's pages (`alias.rs`), no two live buffers share memory, a
+        /// view's pages are the range's and mapped, the books hold after every operation, and
+        /// the backend holds exactly the views the heap keeps.
+        #[test]
+        fn views_never_hand_out_memory_twice(ops in ops(), streams in 1..4usize, limit in 0..2usize) {
+            // One stream most often: views are made for the stream whose range grows.
+            let sim = SimBackend::with_events(1 << 40, EventMode::Manual).with_costly_segments(true);
+            let (mut h, sim) = heap_with(["alias_pages:True", "alias_pages:True,fragmentation_limit:off"][limit], sim);
+            add_streams(&mut h, &sim);
+            let mut live: Vec<BlockId> = Vec::new();
+            for (k, op) in ops.iter().enumerate() {
+                match *op {
+                    Op::Alloc { stream, bytes } | Op::Temporary { stream, bytes } => {
+                        let stream = if stream < 3 { 0 } else { stream % streams };
+                        let g = h.alloc(&sim, StreamId(stream as u32), bytes, None).unwrap();
+                        proptest::prop_assert!(!h.blocks[g.block].view || g.lent, "a view's block is never parked");
+                        if matches!(op, Op::Temporary { .. }) {
+                            h.free(&sim, g.block, None);
+                        } else {
+                            live.push(g.block);
+                        }
+                    }
+                    _ => apply_other(&mut h, &sim, op, &mut live, || sim.complete_events()),
+                }
+                h.settle();
+                if let Err(e) = check_heap(&h) {
+                    proptest::prop_assert!(false, "op {} ({:?}): {}", k, op, e);
+                }
+                let mut memory: Vec<(u64, u64)> = live.iter().flat_map(|&b| memory_of(&h, b)).collect();
+                memory.sort_unstable();
+                for w in memory.windows(2) {
+                    proptest::prop_assert!(w[0].1 <= w[1].0, "op {} ({:?}): {:x?} and {:x?} overlap", k, op, w[0], w[1]);
+                }
+                proptest::prop_assert_eq!(sim.views(), h.views.len(), "op {}", k);
             }
         }
     }

@@ -31,6 +31,9 @@ pub(super) enum Note {
     SegmentAdopted { addr: u64, size: u64, pool: Pool, from: StreamId, to: StreamId, growable: bool },
     /// Pages `[addr, addr + len)` of a segment were mapped (`true`) or unmapped.
     Pages { addr: u64, len: u64, pool: Pool, stream: StreamId, mapped: bool },
+    /// A view of the range's pages was mapped (`true`) or given back: a backend call that
+    /// reserves nothing (`alias.rs`).
+    View { mapped: bool },
     /// A request failed for lack of memory, the device having `device_free` bytes free.
     Oom { requested: u64, device_free: u64 },
     /// A request failed once and is retried after releasing the cache.
@@ -148,6 +151,10 @@ impl Heap {
                     st.reserved_bytes.dec(pool, len);
                 }
             }
+            // Counted with the page mappings (a call to the backend that maps); not in the
+            // history, whose `segment_map` entries PyTorch's viewers add to reserved memory.
+            Note::View { mapped: true } => st.num_device_map += 1,
+            Note::View { mapped: false } => st.num_device_unmap += 1,
             Note::Oom { requested, device_free } => {
                 st.num_ooms += 1;
                 // PyTorch's `oom` entry: the address is the bytes the device still had free.

@@ -441,6 +441,8 @@ impl Heap {
     /// the other free blocks.
     pub(crate) fn release_cache(&mut self, backend: &dyn Backend, pages: bool) {
         self.synchronize_pending(backend);
+        // Idle views hold no memory but their addresses: given back too (`alias.rs`).
+        self.drop_views(backend, None, 0, u64::MAX);
         let whole = self.free.whole().to_vec();
         for b in whole {
             self.release_segment_of(backend, b);
@@ -462,6 +464,16 @@ impl Heap {
     pub(crate) fn release_everything(&mut self, backend: &dyn Backend) {
         for p in std::mem::take(&mut self.pending) {
             backend.destroy_event(p.event);
+        }
+        // No buffer exists: every view is idle or held by a block kept out of use; both go.
+        for view in std::mem::take(&mut self.views) {
+            let raw = self.streams[self.blocks[view.block].stream.index()].raw;
+            // SAFETY: no buffer exists, so nothing on the host uses the view; queued device work
+            // is the backend's to order the unmap after.
+            if let Err(e) = unsafe { backend.unalias(view.addr, view.pages.len() as u64, raw) } {
+                self.note(Note::BackendError);
+                self.last_error = Some(format!("unmapping the view at {:#x}: {e}", view.addr));
+            }
         }
         let held: Vec<(SegmentId, u64, u64)> =
             self.segments.iter().filter(|(_, s)| s.live).map(|(i, s)| (i, s.addr, s.size)).collect();
@@ -485,6 +497,10 @@ impl Heap {
             let seg = &self.segments[s];
             (seg.addr, seg.size, seg.pool, seg.mapped, seg.growable)
         };
+        // The segment is wholly free, so its views are idle: given back first.
+        if !self.views.is_empty() && !self.drop_views(backend, Some(s), addr, addr + size) {
+            return false;
+        }
         // SAFETY: `b` is free and indexed, so no buffer holds any of the segment (its only
         // block), and the segment is live, reserved from this backend with this size.
         if let Err(e) = unsafe { backend.release(addr, size) } {
@@ -528,6 +544,10 @@ impl Heap {
             }
             let start = first;
             let (addr, len) = self.segments[s].granule_span(start, stop);
+            // Idle views over these pages go first: a page a view maps cannot be unmapped.
+            if !self.views.is_empty() && !self.drop_views(backend, Some(s), addr, addr + len) {
+                break;
+            }
             // SAFETY: whole granules inside free block `b` of a live segment, mapped (the runs
             // asked for), so no buffer holds any of their bytes; work queued on the segment's
             // stream (where the blocks were freed) is the backend's to order the unmap after,

@@ -12,7 +12,7 @@ use super::driver;
 use crate::backend::{granule_pieces, tiles};
 use crate::error::BackendError;
 use cudarc::driver::sys;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 /// The mappings of every virtual-memory segment.
 #[derive(Debug)]
@@ -25,6 +25,10 @@ pub(super) struct Pages {
     segments: BTreeMap<u64, u64>,
     /// Mappings, by address: their length and the physical allocation behind them.
     handles: BTreeMap<u64, (u64, sys::CUmemGenericAllocationHandle)>,
+    /// Views ([`Pages::alias`]), by address: the pages they map again.
+    views: BTreeMap<u64, Vec<u64>>,
+    /// How many views map each page, by the page's address.
+    aliased: HashMap<u64, u32>,
 }
 
 // SAFETY: `prop` holds a null `win32HandleMetaData` pointer that is never dereferenced; the
@@ -60,7 +64,15 @@ impl Pages {
         if !page.is_power_of_two() {
             return Err(BackendError::Other(format!("the mapping granularity {page} is not a power of two")));
         }
-        Ok(Pages { prop, access, page, segments: BTreeMap::new(), handles: BTreeMap::new() })
+        Ok(Pages {
+            prop,
+            access,
+            page,
+            segments: BTreeMap::new(),
+            handles: BTreeMap::new(),
+            views: BTreeMap::new(),
+            aliased: HashMap::new(),
+        })
     }
 
     /// Reserves `span` bytes of addresses and maps physical memory under the first `size`, one
@@ -145,6 +157,10 @@ impl Pages {
     /// `cuMemRelease` each. The caller has made sure no queued work uses them (unmapping is
     /// not ordered with streams).
     pub(super) fn unmap_range(&mut self, addr: u64, end: u64) -> Result<(), BackendError> {
+        if let Some(p) = self.aliased.keys().copied().filter(|&p| p >= addr && p < end).min() {
+            // Released, its physical page would live on behind the view, uncounted.
+            return Err(BackendError::Other(format!("page {p:#x} is mapped by a view: unalias it first")));
+        }
         if let Some((a, l)) = self.mapping_across(addr) {
             return Err(BackendError::Other(format!("{addr:#x} is inside the mapping at {a:#x} of {l} bytes")));
         }
@@ -194,6 +210,82 @@ impl Pages {
         self.segments.remove(&addr);
         // SAFETY: the range was reserved by `reserve` with this span and nothing is mapped in it.
         unsafe { sys::cuMemAddressFree(addr, span as usize) }.result().map_err(|e| driver("cuMemAddressFree", e))
+    }
+
+    /// Maps the physical memory of `pages` (each a mapping of one page) once more, in order, at
+    /// a new range of addresses (one `cuMemAddressReserve`, a `cuMemMap` per page, one
+    /// `cuMemSetAccess`), and returns its start; on failure, maps nothing.
+    pub(super) fn alias(&mut self, pages: &[u64]) -> Result<u64, BackendError> {
+        if pages.is_empty() {
+            return Err(BackendError::Other("a view of no pages".into()));
+        }
+        let mut handles = Vec::with_capacity(pages.len());
+        for &p in pages {
+            match self.handles.get(&p) {
+                Some(&(len, h)) if len == self.page => handles.push(h),
+                _ => return Err(BackendError::Other(format!("{p:#x} is not a mapping of one page"))),
+            }
+        }
+        let len = pages.len() as u64 * self.page;
+        let mut base = 0;
+        // SAFETY: `base` is valid for the call; the range is freed in `unalias` or below.
+        unsafe { sys::cuMemAddressReserve(&mut base, len as usize, self.page as usize, 0, 0) }
+            .result()
+            .map_err(|e| BackendError::Other(format!("cuMemAddressReserve of {len} bytes for a view: {e}")))?;
+        let mut mapped = 0u64;
+        let mut result = Ok(());
+        for (k, &h) in handles.iter().enumerate() {
+            let at = base + k as u64 * self.page;
+            // SAFETY: `[at, at + page)` lies in the range reserved above, nothing mapped there;
+            // `h` is a live handle of exactly one page (checked above).
+            if let Err(e) = unsafe { sys::cuMemMap(at, self.page as usize, 0, h, 0) }.result() {
+                result = Err(driver("cuMemMap", e));
+                break;
+            }
+            mapped += self.page;
+        }
+        if result.is_ok() {
+            // SAFETY: the whole range is mapped (above); `access` names this device.
+            result = unsafe { sys::cuMemSetAccess(base, len as usize, &self.access, 1) }
+                .result()
+                .map_err(|e| driver("cuMemSetAccess", e));
+        }
+        if let Err(e) = result {
+            if mapped > 0 {
+                // SAFETY: `[base, base + mapped)` was mapped above and nothing uses it.
+                let _ = unsafe { sys::cuMemUnmap(base, mapped as usize) };
+            }
+            // SAFETY: reserved above; nothing is mapped in it any more.
+            let _ = unsafe { sys::cuMemAddressFree(base, len as usize) };
+            return Err(e);
+        }
+        for &p in pages {
+            *self.aliased.entry(p).or_default() += 1;
+        }
+        self.views.insert(base, pages.to_vec());
+        Ok(base)
+    }
+
+    /// Unmaps the view of `count` pages at `addr` and frees its addresses; the pages stay
+    /// mapped where they were. The caller has made sure no queued work uses the view.
+    pub(super) fn unalias(&mut self, addr: u64, count: u64) -> Result<(), BackendError> {
+        let len = match self.views.get(&addr) {
+            Some(pages) if pages.len() as u64 == count => count * self.page,
+            _ => return Err(BackendError::Other(format!("no view of {count} pages at {addr:#x}"))),
+        };
+        // SAFETY: `[addr, addr + len)` is a view mapped by `alias`, which nothing uses any more.
+        unsafe { sys::cuMemUnmap(addr, len as usize) }.result().map_err(|e| driver("cuMemUnmap", e))?;
+        // SAFETY: reserved by `alias` with this length; nothing is mapped in it any more.
+        let freed = unsafe { sys::cuMemAddressFree(addr, len as usize) }.result();
+        for p in self.views.remove(&addr).unwrap_or_default() {
+            if let std::collections::hash_map::Entry::Occupied(mut e) = self.aliased.entry(p) {
+                *e.get_mut() -= 1;
+                if *e.get() == 0 {
+                    e.remove();
+                }
+            }
+        }
+        freed.map_err(|e| driver("cuMemAddressFree", e))
     }
 
     /// Whether any byte of `[addr, end)` is mapped.

@@ -1,0 +1,348 @@
+//! Aliasing on growth ([`AllocatorConfig::alias_pages`](crate::AllocatorConfig::alias_pages)):
+//! where the range that grows in place would grow for a large request that none of its holes
+//! fits, the request is served instead from the range's wholly free pages, wherever they lie,
+//! mapped once more, in order, at addresses of their own: a *view*.
+//!
+//! Why: a fixed layout (every block at one address for its life) can need more memory than the
+//! peak of live bytes however blocks are placed: on `staggered_buffers` every layout needs
+//! 1.25 times it (`tests/gpu/staggered_bound.py`), and a range that only grows pays that. The
+//! free pages of the range add up to what the request needs although no hole is long enough;
+//! a view makes them contiguous without moving a byte. The rule is the one
+//! `tests/gpu/alias_model.py` models, predeclared before it was measured: a request over 1 MiB
+//! that no hole fits and that would grow the range takes `n` wholly free pages (`n`: the pages
+//! its size spans) where that maps fewer new pages than growing would, `max(0, n - free) <
+//! lacks`; otherwise the range grows as before (`BENCHMARKS.md`, "A trace no fixed layout fits").
+//!
+//! Why it settles: a view is kept when its block is freed, its pages returned to the range's
+//! holes. A later request of `n` pages first looks for a kept view of `n` pages whose pages are
+//! all free again and takes it with no backend call. A pass that repeats the last one's
+//! requests from the same memory (the last grew nothing) finds at each request the holes it
+//! found before and the view made for it then, so it maps nothing.
+//!
+//! The books: while a view's block is in use, each of its pages is a block of the range in
+//! state [`BlockState::Aliased`], neither free nor allocated, so that the range hands none of
+//! them out; the view's block is allocated, counted as any other, but lies in no segment's
+//! list. A view reserves nothing: reserved bytes are the range's mapped pages, which the view
+//! only names a second time. Snapshots show the pages in the range, carrying the view's tensor
+//! (its state, context and a share of its requested bytes), so that what they sum is memory
+//! held. A view is given back (unaliased) before any of its pages is unmapped or its range
+//! released, and when the cache is emptied.
+
+use super::observe::Note;
+use super::{Block, BlockState, Heap};
+use crate::alloc::ids::{BlockId, SegmentId, StreamId};
+use crate::alloc::stats::Pool;
+use crate::backend::Backend;
+
+/// Pages of the range mapped once more at addresses of their own.
+#[derive(Debug)]
+pub(crate) struct View {
+    /// Where the view starts.
+    pub(crate) addr: u64,
+    /// The range's pages it maps, in the view's order (ascending: the first free pages).
+    pub(crate) pages: Box<[u64]>,
+    /// The range they lie in.
+    pub(crate) range: SegmentId,
+    /// The view's block: allocated (or waiting for other streams) while `held` is not empty.
+    pub(crate) block: BlockId,
+    /// The range's blocks that hold the pages while the view's block is in use, one per page
+    /// in the order of `pages`; empty while the view is idle.
+    pub(crate) held: Vec<BlockId>,
+}
+
+impl Heap {
+    /// Serves a request of `size` bytes on `stream` through a view of range `range`'s free
+    /// pages, where growing the range would map `lacks` pages and a view needs fewer: a kept
+    /// view whose pages are all free again, else a new one (after growing the range by the
+    /// pages its free ones lack). `None`: growing is the better way, or a backend call failed
+    /// (the caller then grows as without views; nothing changed here but a growth kept).
+    pub(super) fn serve_by_view(
+        &mut self,
+        backend: &dyn Backend,
+        stream: StreamId,
+        size: u64,
+        range: SegmentId,
+        lacks: u64,
+    ) -> Option<BlockId> {
+        let page = self.page;
+        let n = size.div_ceil(page);
+        let free = self.free_pages(range);
+        let idle = self.views.iter().position(|v| {
+            v.range == range
+                && v.held.is_empty()
+                && v.pages.len() as u64 == n
+                && v.pages.iter().all(|p| free.binary_search(p).is_ok())
+        });
+        if let Some(v) = idle {
+            self.hold(v, size, stream);
+            return Some(self.views[v].block);
+        }
+        let have = free.len() as u64;
+        if n.saturating_sub(have) >= lacks {
+            return None;
+        }
+        let free = if have < n {
+            let growth = super::expand::Growth { seg: range, by: (n - have) * page };
+            if let Err(e) = self.grow_in_place(backend, growth) {
+                self.last_error = Some(format!("growing the range for a view: {e}"));
+                return None;
+            }
+            self.free_pages(range)
+        } else {
+            free
+        };
+        let pages: Box<[u64]> = free[..n as usize].into();
+        let addr = match backend.alias(&pages) {
+            Ok(addr) => addr,
+            Err(e) => {
+                self.note(Note::BackendError);
+                self.last_error = Some(format!("a view of {n} pages: {e}"));
+                return None;
+            }
+        };
+        self.note(Note::View { mapped: true });
+        let mut b = Block::fresh(addr, size, range, Pool::Large, stream, None);
+        b.view = true;
+        b.state = BlockState::Free;
+        let block = self.new_block(b);
+        self.views.push(View { addr, pages, range, block, held: Vec::new() });
+        self.hold(self.views.len() - 1, size, stream);
+        Some(block)
+    }
+
+    /// The addresses of range `range`'s wholly free, mapped pages, ascending.
+    fn free_pages(&self, range: SegmentId) -> Vec<u64> {
+        let seg = &self.segments[range];
+        let mut pages = Vec::new();
+        let mut next = seg.head;
+        while let Some(i) = next {
+            let b = &self.blocks[i];
+            if b.state == BlockState::Free {
+                let mut p = b.addr.next_multiple_of(self.page);
+                while p + self.page <= b.addr + b.size {
+                    if !seg.granules_touching(p, self.page).any(|g| Self::is_page_unmapped(seg, g)) {
+                        pages.push(p);
+                    }
+                    p += self.page;
+                }
+            }
+            next = b.next;
+        }
+        pages
+    }
+
+    /// Takes idle view `v`'s pages (all free) out of its range's free blocks and hands its
+    /// block out for a request of `size` bytes on `stream`.
+    fn hold(&mut self, v: usize, size: u64, stream: StreamId) {
+        let range = self.views[v].range;
+        let mut order: Vec<(u64, usize)> = self.views[v].pages.iter().enumerate().map(|(k, &p)| (p, k)).collect();
+        order.sort_unstable();
+        let mut held = vec![None; order.len()];
+        let mut at = self.segments[range].head;
+        for (p, k) in order {
+            // The free block holding page `p`: blocks are in address order, as are the pages.
+            let mut i = at.expect("a view's pages lie in its range");
+            while self.blocks[i].addr + self.blocks[i].size <= p {
+                i = self.blocks[i].next.expect("a view's pages lie in its range");
+            }
+            debug_assert_eq!(self.blocks[i].state, BlockState::Free);
+            let h = self.carve_page(i, p);
+            held[k] = Some(h);
+            at = self.blocks[h].next;
+            if at.is_none() {
+                at = Some(h);
+            }
+        }
+        let view = &mut self.views[v];
+        view.held = held.into_iter().map(|h| h.expect("every page carved")).collect();
+        let b = &mut self.blocks[view.block];
+        b.size = size;
+        b.stream = stream;
+        b.state = BlockState::Allocated;
+    }
+
+    /// Cuts the page at `p` out of free block `i` (which holds it whole): the blocks before and
+    /// after it stay free, the page becomes a block of its own in state `Aliased`.
+    fn carve_page(&mut self, i: BlockId, p: u64) -> BlockId {
+        self.unindex_free(i);
+        let (addr, size, page) = (self.blocks[i].addr, self.blocks[i].size, self.page);
+        let unmapped = self.blocks[i].unmapped;
+        if p > addr {
+            let b = &self.blocks[i];
+            let mut before = Block::fresh(addr, p - addr, b.segment, b.pool, b.stream, b.prev);
+            before.next = Some(i);
+            before.unmapped = unmapped;
+            let a = self.new_block(before);
+            match self.blocks[a].prev {
+                None => {
+                    let seg = self.blocks[a].segment;
+                    self.segments[seg].head = Some(a);
+                }
+                Some(prev) => self.blocks[prev].next = Some(a),
+            }
+            self.blocks[i].prev = Some(a);
+            self.blocks[i].addr = p;
+            self.blocks[i].size -= p - addr;
+            self.index_free(a);
+        }
+        if addr + size > p + page {
+            let b = &self.blocks[i];
+            let mut after = Block::fresh(p + page, addr + size - (p + page), b.segment, b.pool, b.stream, Some(i));
+            after.next = b.next;
+            after.unmapped = unmapped;
+            let c = self.new_block(after);
+            if let Some(next) = self.blocks[c].next {
+                self.blocks[next].prev = Some(c);
+            }
+            self.blocks[i].next = Some(c);
+            self.blocks[i].size = page;
+            self.index_free(c);
+        }
+        let b = &mut self.blocks[i];
+        b.state = BlockState::Aliased;
+        b.unmapped = false;
+        i
+    }
+
+    /// View block `i` is no longer used by any stream: its pages go back to the range's free
+    /// blocks, and the view is kept, idle, for the next request of its page count.
+    pub(super) fn let_view_go(&mut self, i: BlockId) {
+        let v = self.views.iter().position(|v| v.block == i).expect("a view block has its view");
+        for h in std::mem::take(&mut self.views[v].held) {
+            self.blocks[h].state = BlockState::Free;
+            self.merge_free(h);
+        }
+        let b = &mut self.blocks[i];
+        b.state = BlockState::Free;
+        b.requested = 0;
+    }
+
+    /// Gives back the idle views of range `range` (every range's with `None`) that map a page
+    /// in `[addr, end)`; false if the backend refused one (it stays, and so must its pages).
+    pub(super) fn drop_views(&mut self, backend: &dyn Backend, range: Option<SegmentId>, addr: u64, end: u64) -> bool {
+        let mut ok = true;
+        let mut v = 0;
+        while v < self.views.len() {
+            let view = &self.views[v];
+            let hit = view.held.is_empty()
+                && range.is_none_or(|r| r == view.range)
+                && view.pages.iter().any(|&p| p < end && p + self.page > addr);
+            if !hit {
+                v += 1;
+                continue;
+            }
+            let (at, count) = (view.addr, view.pages.len() as u64);
+            let raw = self.streams[self.blocks[view.block].stream.index()].raw;
+            // SAFETY: the view is idle (its block free, its pages back in the range), so nothing
+            // on the host uses its memory; work queued on the stream that freed it is the
+            // backend's to order the unmap after, other streams' was waited for before the free
+            // completed.
+            if let Err(e) = unsafe { backend.unalias(at, count, raw) } {
+                self.note(Note::BackendError);
+                self.last_error = Some(format!("unmapping the view at {at:#x}: {e}"));
+                ok = false;
+                v += 1;
+                continue;
+            }
+            let view = self.views.swap_remove(v);
+            self.drop_block(view.block);
+            self.note(Note::View { mapped: false });
+        }
+        ok
+    }
+
+    /// The view holding aliased block `i` of a range, if any: the view's block and the page's
+    /// place in the view.
+    pub(crate) fn view_of_page(&self, i: BlockId) -> Option<(BlockId, usize)> {
+        self.views.iter().find_map(|v| v.held.iter().position(|&h| h == i).map(|k| (v.block, k)))
+    }
+
+    /// The views whose blocks are in use: each view's block with the range's blocks holding
+    /// its pages (for the invariant checks).
+    pub(crate) fn views_in_use(&self) -> impl Iterator<Item = (BlockId, &[BlockId])> + '_ {
+        self.views.iter().filter(|v| !v.held.is_empty()).map(|v| (v.block, v.held.as_slice()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::check_heap;
+    use super::super::tests::heap;
+    use crate::alloc::ids::StreamId;
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn scattered_free_pages_serve_a_request_through_a_view_kept_for_the_next_pass() {
+        let (mut h, sim) = heap("alias_pages:True");
+        let s = StreamId(0);
+        // Four 4 MiB blocks: the range grows by each, no free end.
+        let blocks: Vec<_> = (0..4).map(|_| h.alloc(&sim, s, 4 * MIB, None).unwrap()).collect();
+        assert_eq!((h.largest_free(), h.reserved()), (0, 16 * MIB));
+        h.free(&sim, blocks[0].block, None);
+        h.free(&sim, blocks[2].block, None);
+        h.settle();
+        let (reserved, calls) = (h.reserved(), h.stats.num_device_map);
+        // 8 MiB: no hole fits, growing would map 4 pages; the holes' 4 pages map none.
+        let v = h.alloc(&sim, s, 8 * MIB, None).unwrap();
+        assert!(v.lent, "a view's block is freed through the heap");
+        assert_eq!(h.reserved(), reserved, "a view reserves nothing");
+        assert_eq!((h.stats.num_device_map, sim.views()), (calls + 1, 1), "one view mapped");
+        let range = h.segments[h.blocks[blocks[1].block].segment].clone();
+        assert!(v.addr >= range.addr + range.size || v.addr + 8 * MIB <= range.addr, "at addresses of its own");
+        let pages = &h.views[0].pages;
+        assert_eq!(pages.len(), 4);
+        assert_eq!(&pages[..2], &[blocks[0].addr, blocks[0].addr + 2 * MIB], "the first hole's pages first");
+        assert_eq!(&pages[2..], &[blocks[2].addr, blocks[2].addr + 2 * MIB]);
+        check_heap(&h).unwrap();
+        // The holes are held: a request that would fit one grows the range instead.
+        let other = h.alloc(&sim, s, 4 * MIB, None).unwrap();
+        assert!(other.addr >= range.addr + range.size - 2 * MIB, "not in a held hole: {:#x}", other.addr);
+        h.free(&sim, other.block, None);
+        // Freed, the view's pages go back to the range; the next pass takes the same view.
+        h.free(&sim, v.block, None);
+        h.settle();
+        check_heap(&h).unwrap();
+        let calls = h.stats.num_device_map;
+        let again = h.alloc(&sim, s, 7 * MIB, None).unwrap();
+        assert_eq!((again.addr, h.stats.num_device_map), (v.addr, calls), "the kept view, no backend call");
+        h.free(&sim, again.block, None);
+        // Emptying the cache gives the idle view back.
+        h.settle();
+        h.release_cache(&sim, true);
+        assert_eq!((sim.views(), h.views.len()), (0, 0));
+        check_heap(&h).unwrap();
+    }
+
+    #[test]
+    fn a_view_is_made_only_where_it_maps_fewer_new_pages_than_growing() {
+        let (mut h, sim) = heap("alias_pages:True");
+        let s = StreamId(0);
+        let a = h.alloc(&sim, s, 4 * MIB, None).unwrap();
+        let _b = h.alloc(&sim, s, 4 * MIB, None).unwrap();
+        // No free page: a view would map as many new pages as growing does. The range grows.
+        let c = h.alloc(&sim, s, 8 * MIB, None).unwrap();
+        assert_eq!((sim.views(), h.reserved()), (0, 16 * MIB));
+        assert!(!c.lent);
+        // Two free pages: 8 MiB through a view maps two new pages, growing four.
+        h.free(&sim, a.block, None);
+        h.free(&sim, c.block, None);
+        h.settle();
+        // The free end (8 MiB) fits 8 MiB: no growth, no view.
+        let d = h.alloc(&sim, s, 8 * MIB, None).unwrap();
+        assert_eq!((sim.views(), h.reserved()), (0, 16 * MIB));
+        // 12 MiB: no hole fits, growing maps 6 pages, the 2 free pages leave a view 4 to map.
+        let e = h.alloc(&sim, s, 12 * MIB, None).unwrap();
+        assert_eq!((sim.views(), h.reserved()), (1, 24 * MIB));
+        assert!(e.lent);
+        // Small requests never take a view.
+        h.free(&sim, d.block, None);
+        h.settle();
+        let small = h.alloc(&sim, s, MIB, None).unwrap();
+        assert_eq!(sim.views(), 1);
+        h.free(&sim, small.block, None);
+        h.free(&sim, e.block, None);
+        h.settle();
+        check_heap(&h).unwrap();
+    }
+}
