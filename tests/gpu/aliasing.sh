@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# On the device machine: views of the range's free pages (`alias_pages`, src/alloc/heap/alias.rs)
+# on CUDA. First the CUDA tests (virtual segments, the default; parallel, as `cargo test` runs
+# them), then every fixture trace (fixtures/torch/*.trace.json.gz) replayed through vramscope on
+# CUDA with virtual segments, without and with views (4 warm passes, recording off, a JSON line
+# each after an "== replay NAME virtual CONFIG" line); with `torch` as the first argument,
+# instead, the same traces through PyTorch's caching allocator, the cudaMallocAsync pool and
+# cudaMalloc (torch_replay.py; a second command: both do not fit in the device's 10 minutes).
+# Pack, here:
+#   cargo build --release --features cuda -p vramscope-cli
+#   cargo test --release --features cuda --test cuda --no-run      # prints the test binary
+#   mkdir -p .gpu/al && cp target/release/vramscope ../shared/tools/torch_replay.py \
+#     tests/gpu/aliasing.sh .gpu/al/ && cp target/release/deps/cuda-<hash> .gpu/al/cuda_tests
+#   strip --strip-debug .gpu/al/vramscope .gpu/al/cuda_tests
+# then with the `device` tool (carry [".gpu/al"]): bash .gpu/al/aliasing.sh > $OUT/al.log 2>&1
+# and bash .gpu/al/aliasing.sh torch > $OUT/torch.log 2>&1.
+set -u
+here="$(cd "$(dirname "$0")" && pwd)"
+fixtures="$here/../../fixtures/torch"
+cd "$here"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+t0=$(date +%s)
+mkdir -p traces
+python3 - "$fixtures" <<'PY'
+import gzip, os, shutil, sys
+for f in sorted(os.listdir(sys.argv[1])):
+    if f.endswith(".trace.json.gz"):
+        with gzip.open(os.path.join(sys.argv[1], f)) as src, open("traces/" + f[:-3], "wb") as dst:
+            shutil.copyfileobj(src, dst)
+PY
+echo "$(ls traces | wc -l) traces"
+if [ "${1:-}" = torch ]; then
+  timeout 560 python3 torch_replay.py traces 2>&1 | grep -v Warning
+  echo "total $(( $(date +%s) - t0 )) s"
+  exit 0
+fi
+if [ -x cuda_tests ]; then
+  echo "== cuda tests, virtual segments"
+  timeout 150 ./cuda_tests 2>&1 | grep -E "^test |test result|panicked" | head -40
+fi
+for f in traces/*.trace.json; do
+  for conf in alias_pages:false alias_pages:true; do
+    echo "== replay $(basename "$f") virtual $conf"
+    VRAMSCOPE_CUDA_SEGMENTS=virtual timeout 40 ./vramscope replay "$f" --backend cuda --warm 4 --record off \
+      --config "$conf" --json 2>&1
+  done
+done
+echo "total $(( $(date +%s) - t0 )) s"
