@@ -13,6 +13,12 @@ fn on_sim(conf: &str) -> CachingAllocator {
     CachingAllocator::with_config(SimBackend::new(1 << 30), AllocatorConfig::parse(conf).unwrap()).unwrap()
 }
 
+/// An allocator on `backend` without views of the range's pages (`alias_pages`): for the tests
+/// of how the range unmaps and grows, whose requests a view of a hole's pages would serve.
+fn without_views(backend: impl vramscope::backend::IntoBackend) -> CachingAllocator {
+    CachingAllocator::with_config(backend, AllocatorConfig::parse("alias_pages:false").unwrap()).unwrap()
+}
+
 /// An allocator that caches exactly like PyTorch's (no fragmentation limit).
 fn pytorch_like(capacity: u64) -> CachingAllocator {
     let config =
@@ -162,7 +168,7 @@ fn one_stream_growing_in_place_keeps_every_invariant() {
 fn a_growth_the_backend_refuses_becomes_a_new_segment() {
     // Requests: 0 reserves the first segment, 1 is the growth (refused), 2 the new segment.
     let sim = SimBackend::new(1 << 30);
-    let alloc = CachingAllocator::new(FaultyBackend::new(sim, FaultPlan::nth(1)));
+    let alloc = without_views(FaultyBackend::new(sim, FaultPlan::nth(1)));
     let s = alloc.default_stream();
     let a = alloc.alloc::<u8>(&s, 3 * MIB as usize).unwrap();
     let b = alloc.alloc::<u8>(&s, 6 * MIB as usize).unwrap();
@@ -216,7 +222,7 @@ fn one_range_grows_while_other_streams_hold_segments() {
 #[test]
 fn holes_are_unmapped_instead_of_growing_where_the_backend_can() {
     let sim = Arc::new(SimBackend::new(1 << 30));
-    let alloc = CachingAllocator::new(sim.clone());
+    let alloc = without_views(sim.clone());
     let s = alloc.default_stream();
     // One 40 MiB segment, then keep its two ends and free the middle.
     let whole = alloc.alloc::<u8>(&s, 40 * MIB as usize).unwrap();
@@ -248,7 +254,7 @@ fn holes_are_unmapped_instead_of_growing_where_the_backend_can() {
 #[test]
 fn mapping_a_blocks_front_may_give_back_the_pages_of_its_rest() {
     let sim = Arc::new(SimBackend::new(1 << 30));
-    let alloc = CachingAllocator::new(sim.clone());
+    let alloc = without_views(sim.clone());
     let s = alloc.default_stream();
     drop(alloc.alloc::<u8>(&s, 40 * MIB as usize).unwrap());
     let [a, b, c, d] = [(); 4].map(|()| alloc.alloc::<u8>(&s, 10 * MIB as usize).unwrap());
@@ -271,7 +277,7 @@ fn mapping_a_blocks_front_may_give_back_the_pages_of_its_rest() {
 #[test]
 fn a_refused_map_of_a_blocks_front_leaves_the_block_free_and_whole() {
     let faulty = Arc::new(FaultyBackend::new(SimBackend::new(1 << 30), FaultPlan::Never));
-    let alloc = CachingAllocator::new(faulty.clone());
+    let alloc = without_views(faulty.clone());
     let s = alloc.default_stream();
     drop(alloc.alloc::<u8>(&s, 40 * MIB as usize).unwrap());
     let [a, b, c, d] = [(); 4].map(|()| alloc.alloc::<u8>(&s, 10 * MIB as usize).unwrap());
@@ -299,7 +305,7 @@ fn holes_in_large_segments_are_unmapped_in_whole_granules() {
     // A 1 GiB segment maps in 32 MiB granules (`backend::map_granule`): a hole gives back the
     // granules wholly inside it, and the sim backend refuses any other unmap.
     let sim = Arc::new(SimBackend::new(8 << 30));
-    let alloc = CachingAllocator::new(sim.clone());
+    let alloc = without_views(sim.clone());
     let s = alloc.default_stream();
     let whole = alloc.alloc::<u8>(&s, 1024 * MIB as usize).unwrap();
     drop(whole);

@@ -385,13 +385,18 @@ fn staggered_buffers_fit_no_fixed_layout_in_their_live_peak() {
     );
 
     let trace = Trace::from_file(&path).unwrap();
-    for pages in [false, true] {
-        let r = run_costly(&trace, &format!("release_pages:{pages}"), 4);
+    for conf in ["release_pages:false", "release_pages:true,alias_pages:false"] {
+        let r = run_costly(&trace, conf, 4);
         assert_eq!(r.peak_live_bytes, 1 << 30);
-        assert!(r.warm_device_calls[2..].iter().all(|&c| c == 0), "pages {pages}: {r:?}");
-        assert!(r.peak_reserved_bytes >= bound, "pages {pages}: settled below the bound: {r:?}");
-        assert_eq!(r.peak_reserved_bytes, 3 << 29, "pages {pages}: as on the GPU: {r:?}");
+        assert!(r.warm_device_calls[2..].iter().all(|&c| c == 0), "{conf}: {r:?}");
+        assert!(r.peak_reserved_bytes >= bound, "{conf}: settled below the bound: {r:?}");
+        assert_eq!(r.peak_reserved_bytes, 3 << 29, "{conf}: as on the GPU: {r:?}");
     }
+    // Views of the range's free pages (the default) are no fixed layout: a buffer lies at its
+    // view's addresses, its memory wherever the range had free pages. The peak is the live one.
+    let r = run_costly(&trace, "", 4);
+    assert_eq!(r.peak_reserved_bytes, 1 << 30, "views: {r:?}");
+    assert!(r.warm_device_calls.iter().all(|&c| c == 0), "views: {r:?}");
 }
 
 /// Six workloads written to judge a model of aliasing on growth on data nobody had seen
@@ -914,18 +919,35 @@ fn parking_changes_no_decision_of_the_heap() {
 /// and two requests that took turns mapping pages the other's reclaim had unmapped churned
 /// again after each raise: of these 300 rows, seeds 154 and 166 called in the third warm pass,
 /// and the warm passes made 199 calls (now 0 rows and 109 calls; BENCHMARKS.md, "What the
-/// reclaim wanted"). Prints the figures (`--nocapture`).
+/// reclaim wanted"). Those figures are without views of the range's free pages
+/// (`alias_pages:false`). With views (the default) the peaks fall (geometric mean 1.0463 to
+/// 1.0044) and the first warm pass makes views for the holes the cold pass's growth left (591
+/// of 596 calls): seed 166 alone calls in the third warm pass and again in the sixth. Why: the
+/// block freed last at the end of a pass is handed to the next pass's first request of its
+/// size where it lies (`Heap::settle`), so that a pass can start from a layout other than the
+/// last one's, and a view is kept for the pages it maps; a new one is made until every layout
+/// the loop comes back to has its own (BENCHMARKS.md, "Views of the range's free pages").
+/// Prints the figures (`--nocapture`).
 #[test]
 fn random_shapes_on_one_stream_settle_by_the_second_warm_pass() {
-    let (mut calls, mut late) = (0, 0);
-    for seed in 100..400 {
-        let trace = streams_of_random_shapes(seed, 1);
-        let r = run_costly(&trace, "release_pages:true", 4);
-        eprintln!("{}: warm calls {:?}, {:.3}x", trace.source, r.warm_device_calls, r.fragmentation);
-        calls += r.warm_device_calls.iter().sum::<u64>();
-        late += usize::from(r.warm_device_calls[2..].iter().any(|&c| c > 0));
+    for (conf, most_calls, late_seeds, most_mean) in
+        [("release_pages:true,alias_pages:false", 120, &[][..], 1.047), ("release_pages:true", 600, &[166][..], 1.005)]
+    {
+        let (mut calls, mut late, mut logs) = (0, Vec::new(), 0.0);
+        for seed in 100..400 {
+            let trace = streams_of_random_shapes(seed, 1);
+            let r = run_costly(&trace, conf, 4);
+            eprintln!("{conf} {}: warm calls {:?}, {:.3}x", trace.source, r.warm_device_calls, r.fragmentation);
+            calls += r.warm_device_calls.iter().sum::<u64>();
+            logs += r.fragmentation.ln();
+            if r.warm_device_calls[2..].iter().any(|&c| c > 0) {
+                late.push(seed);
+            }
+        }
+        let mean = (logs / 300.0).exp();
+        eprintln!("{conf}: 300 rows, {calls} warm calls, late {late:?}, geometric mean {mean:.4}");
+        assert_eq!(late, late_seeds, "{conf}");
+        assert!(calls <= most_calls, "{conf}: {calls} warm calls");
+        assert!(mean <= most_mean, "{conf}: geometric mean {mean:.4}");
     }
-    eprintln!("300 rows: {calls} warm calls, {late} rows calling after the second warm pass");
-    assert_eq!(late, 0);
-    assert!(calls <= 120, "{calls} warm calls");
 }

@@ -74,10 +74,17 @@ fn replay_text_on_the_host_backend() {
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("ns/op (warm)") && out.contains("peak reserved") && out.contains("host"), "{out}");
     assert!(out.contains("warm passes      "), "{out}");
-    // Deciding as on CUDA (segment calls costly), a training loop settles in its cold pass.
-    let (code, out, err) = vramscope(&["replay", &fixture("leaky_train.trace.json.gz"), "--backend", "sim-cuda"]);
+    // Deciding as on CUDA (segment calls costly), a training loop settles in its cold pass
+    // without views of the range's pages, and in its first warm pass with them (the default: a
+    // view of the pages that the cold pass's growth left free).
+    let args = ["replay", &fixture("leaky_train.trace.json.gz"), "--backend", "sim-cuda"];
+    let (code, out, err) = vramscope(&[&args[..], &["--config", "alias_pages:false"]].concat());
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("warm passes      3 without a backend call for memory"), "{out}");
+    let (code, out, err) = vramscope(&args);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("warm passes      1 of 3 with backend calls for memory, the last pass 1 (1 call)"), "{out}");
+    assert!(out.contains("1.052x live"), "{out}");
 }
 
 #[test]

@@ -128,8 +128,8 @@ pub struct AllocatorConfig {
     /// view is kept for the next request of its page count once its pages are all free again.
     /// The range then maps each 2 MiB page as a mapping of its own (only whole mappings can be
     /// mapped twice). Needs a backend that can [`alias`](crate::backend::Backend::alias) (the
-    /// sim; CUDA's virtual-memory segments). vramscope's own. Default: `false` (see the crate
-    /// docs, "How the allocator works", and `BENCHMARKS.md`, "A trace no fixed layout fits").
+    /// sim; CUDA's virtual-memory segments). vramscope's own. Default: `true` (see the crate
+    /// docs, "How the allocator works", and `BENCHMARKS.md`, "Views of the range's free pages").
     pub alias_pages: bool,
 }
 
@@ -145,7 +145,7 @@ impl Default for AllocatorConfig {
             fragmentation_limit_max: LimitMax::Auto,
             release_pages: true,
             share_idle_streams: true,
-            alias_pages: false,
+            alias_pages: true,
         }
     }
 }
@@ -521,6 +521,8 @@ mod tests {
         assert!(!c.release_pages);
         assert!(c.share_idle_streams, "shared by default");
         assert!(!AllocatorConfig::parse("share_idle_streams:False").unwrap().share_idle_streams);
+        assert!(c.alias_pages, "views by default");
+        assert!(!AllocatorConfig::parse("alias_pages:False").unwrap().alias_pages);
         assert_eq!(AllocatorConfig::parse("").unwrap(), AllocatorConfig::default());
         assert_eq!(AllocatorConfig::parse("fragmentation_limit:off").unwrap().fragmentation_limit, None);
     }
@@ -577,6 +579,7 @@ mod tests {
             ("fragmentation_limit_max:x", "fragmentation_limit_max", "not a number"),
             ("release_pages:maybe", "release_pages", "True or False"),
             ("share_idle_streams:sometimes", "share_idle_streams", "True or False"),
+            ("alias_pages:2", "alias_pages", "True or False"),
             ("colour:blue", "colour", "accepted keys"),
             ("max_split_size_mb", "max_split_size_mb", "key:value"),
         ] {

@@ -38,6 +38,8 @@ pub struct SimBackend {
     page: u64,
     used: AtomicU64,
     next_addr: AtomicU64,
+    /// The next view's address.
+    next_view: AtomicU64,
     next_stream: AtomicU64,
     mode: EventMode,
     costly: bool,
@@ -89,6 +91,10 @@ struct Events {
 /// Where simulated addresses start: high, page aligned, and never zero.
 const SIM_BASE: u64 = 0x7f00_0000_0000;
 
+/// Where views' addresses start ([`Backend::alias`]): apart from segments', which a sim that
+/// reuses addresses places in any gap above [`SIM_BASE`].
+const VIEW_BASE: u64 = 0x5000_0000_0000;
+
 impl SimBackend {
     /// A simulated device of `capacity` bytes whose events complete at once.
     pub fn new(capacity: u64) -> Self {
@@ -102,6 +108,7 @@ impl SimBackend {
             page: DEFAULT_PAGE_SIZE,
             used: AtomicU64::new(0),
             next_addr: AtomicU64::new(SIM_BASE),
+            next_view: AtomicU64::new(VIEW_BASE),
             next_stream: AtomicU64::new(1),
             mode,
             costly: false,
@@ -332,7 +339,10 @@ unsafe impl Backend for SimBackend {
             return Err(BackendError::Other(format!("{p:#x} is not a mapping of one page")));
         }
         let len = pages.len() as u64 * self.page;
-        let addr = self.next_addr.fetch_add(len + self.page, Ordering::Relaxed);
+        let addr = self.next_view.fetch_add(len + self.page, Ordering::Relaxed);
+        if addr + len > SIM_BASE {
+            return Err(BackendError::Other("the simulated address space for views is spent".into()));
+        }
         for &p in pages {
             *segs.aliased.entry(p).or_default() += 1;
         }
@@ -463,6 +473,11 @@ mod tests {
         let v = sim.alias(&[a + page, a]).unwrap();
         assert_eq!(sim.used_memory(), used, "a view takes no memory");
         assert!(v >= a + (64 << 20) || v + 2 * page <= a, "a view's addresses are its own");
+        let reusing = SimBackend::new(1 << 30).reusing_addresses();
+        let b = reusing.reserve_growable(page, 4 * page).unwrap();
+        let w = reusing.alias(&[b]).unwrap();
+        let c = reusing.reserve(8 * page).unwrap();
+        assert!(w + page <= c || w >= c + 8 * page, "a segment placed later avoids the view too");
         unsafe {
             assert!(sim.unmap(a, page, 0).is_err(), "a page a view maps");
             assert!(sim.release(a, 4 * page).is_err(), "a segment a view maps");

@@ -123,9 +123,9 @@ fn copy(heap: &Heap) -> Raw {
     // Each view in use (`alias.rs`) as a segment of its own: its addresses are a contiguous
     // mapped range as any segment's, the tensor lies at them, and the range's pages it maps
     // are left out above, so that the segments still sum to the memory held.
-    for (v, pages) in heap.views_in_use() {
+    for (v, _, pages) in heap.views_in_use() {
         let b = heap.block(v);
-        let total = pages.len() as u64 * heap.page_size();
+        let total = pages * heap.page_size();
         let state = match b.state {
             heap::BlockState::Allocated => BlockState::ActiveAllocated,
             _ => BlockState::ActivePendingFree,

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the device machine: views of the range's free pages (`alias_pages`, src/alloc/heap/alias.rs)
-# on CUDA. First the CUDA tests (virtual segments, the default; parallel, as `cargo test` runs
-# them), then every fixture trace (fixtures/torch/*.trace.json.gz) replayed through vramscope on
+# on CUDA. First the CUDA tests (virtual segments, the default, then cuMemAlloc segments;
+# parallel, as `cargo test` runs them), then every fixture trace (fixtures/torch/*.trace.json.gz) replayed through vramscope on
 # CUDA with virtual segments, without and with views (4 warm passes, recording off, a JSON line
 # each after an "== replay NAME virtual CONFIG" line); with `torch` as the first argument,
 # instead, the same traces through PyTorch's caching allocator, the cudaMallocAsync pool and
@@ -34,10 +34,11 @@ if [ "${1:-}" = torch ]; then
   echo "total $(( $(date +%s) - t0 )) s"
   exit 0
 fi
-if [ -x cuda_tests ]; then
-  echo "== cuda tests, virtual segments"
-  timeout 150 ./cuda_tests 2>&1 | grep -E "^test |test result|panicked" | head -40
-fi
+for seg in virtual malloc; do
+  [ -x cuda_tests ] || break
+  echo "== cuda tests, $seg segments"
+  VRAMSCOPE_CUDA_SEGMENTS=$seg timeout 150 ./cuda_tests 2>&1 | grep -E "^test |test result|panicked" | head -40
+done
 for f in traces/*.trace.json; do
   for conf in alias_pages:false alias_pages:true; do
     echo "== replay $(basename "$f") virtual $conf"

@@ -39,14 +39,17 @@ use crate::backend::Backend;
 pub(crate) struct View {
     /// Where the view starts.
     pub(crate) addr: u64,
-    /// The range's pages it maps, in the view's order (ascending: the first free pages).
-    pub(crate) pages: Box<[u64]>,
+    /// The range's pages it maps, as runs (address, pages) in the view's order: ascending,
+    /// the first free pages.
+    pub(crate) runs: Box<[(u64, u64)]>,
+    /// How many pages: the runs' sum.
+    pub(crate) pages: u64,
     /// The range they lie in.
     pub(crate) range: SegmentId,
     /// The view's block: allocated (or waiting for other streams) while `held` is not empty.
     pub(crate) block: BlockId,
-    /// The range's blocks that hold the pages while the view's block is in use, one per page
-    /// in the order of `pages`; empty while the view is idle.
+    /// The range's blocks that hold the runs while the view's block is in use, one per run in
+    /// the order of `runs`; empty while the view is idle.
     pub(crate) held: Vec<BlockId>,
 }
 
@@ -66,18 +69,21 @@ impl Heap {
     ) -> Option<BlockId> {
         let page = self.page;
         let n = size.div_ceil(page);
-        let free = self.free_pages(range);
-        let idle = self.views.iter().position(|v| {
-            v.range == range
-                && v.held.is_empty()
-                && v.pages.len() as u64 == n
-                && v.pages.iter().all(|p| free.binary_search(p).is_ok())
-        });
+        let free = self.free_runs(range);
+        // Whether `[addr, addr + k pages)` lies in one free run.
+        let is_free = |&(addr, k): &(u64, u64)| {
+            let i = free.partition_point(|&(a, _)| a <= addr);
+            i > 0 && free[i - 1].0 + free[i - 1].1 * page >= addr + k * page
+        };
+        let idle = self
+            .views
+            .iter()
+            .position(|v| v.range == range && v.held.is_empty() && v.pages == n && v.runs.iter().all(is_free));
         if let Some(v) = idle {
             self.hold(v, size, stream);
             return Some(self.views[v].block);
         }
-        let have = free.len() as u64;
+        let have: u64 = free.iter().map(|&(_, k)| k).sum();
         if n.saturating_sub(have) >= lacks {
             return None;
         }
@@ -87,11 +93,21 @@ impl Heap {
                 self.last_error = Some(format!("growing the range for a view: {e}"));
                 return None;
             }
-            self.free_pages(range)
+            self.free_runs(range)
         } else {
             free
         };
-        let pages: Box<[u64]> = free[..n as usize].into();
+        // The first `n` free pages, in address order.
+        let mut runs = Vec::new();
+        let mut left = n;
+        for &(addr, k) in &free {
+            if left == 0 {
+                break;
+            }
+            runs.push((addr, k.min(left)));
+            left -= k.min(left);
+        }
+        let pages: Vec<u64> = runs.iter().flat_map(|&(addr, k)| (0..k).map(move |j| addr + j * page)).collect();
         let addr = match backend.alias(&pages) {
             Ok(addr) => addr,
             Err(e) => {
@@ -103,69 +119,78 @@ impl Heap {
         self.note(Note::View { mapped: true });
         let mut b = Block::fresh(addr, size, range, Pool::Large, stream, None);
         b.view = true;
-        b.state = BlockState::Free;
         let block = self.new_block(b);
-        self.views.push(View { addr, pages, range, block, held: Vec::new() });
+        self.views.push(View { addr, runs: runs.into(), pages: n, range, block, held: Vec::new() });
         self.hold(self.views.len() - 1, size, stream);
         Some(block)
     }
 
-    /// The addresses of range `range`'s wholly free, mapped pages, ascending.
-    fn free_pages(&self, range: SegmentId) -> Vec<u64> {
+    /// The runs of range `range`'s wholly free, mapped pages (address, pages), ascending: one
+    /// per free block where the range is wholly mapped (a loop's steady state), so that this
+    /// costs a walk over the range's blocks, not its pages.
+    fn free_runs(&self, range: SegmentId) -> Vec<(u64, u64)> {
         let seg = &self.segments[range];
-        let mut pages = Vec::new();
+        let page = self.page;
+        let mut runs = Vec::new();
         let mut next = seg.head;
         while let Some(i) = next {
             let b = &self.blocks[i];
-            if b.state == BlockState::Free {
-                let mut p = b.addr.next_multiple_of(self.page);
-                while p + self.page <= b.addr + b.size {
-                    if !seg.granules_touching(p, self.page).any(|g| Self::is_page_unmapped(seg, g)) {
-                        pages.push(p);
-                    }
-                    p += self.page;
-                }
-            }
             next = b.next;
+            let (start, end) = (b.addr.next_multiple_of(page), (b.addr + b.size) / page * page);
+            if b.state != BlockState::Free || end <= start {
+                continue;
+            }
+            if seg.wholly_mapped() || !b.unmapped {
+                runs.push((start, (end - start) / page));
+                continue;
+            }
+            let mut p = start;
+            while p < end {
+                if seg.granules_touching(p, page).any(|g| Self::is_page_unmapped(seg, g)) {
+                    p += page;
+                    continue;
+                }
+                let from = p;
+                while p < end && !seg.granules_touching(p, page).any(|g| Self::is_page_unmapped(seg, g)) {
+                    p += page;
+                }
+                runs.push((from, (p - from) / page));
+            }
         }
-        pages
+        runs
     }
 
-    /// Takes idle view `v`'s pages (all free) out of its range's free blocks and hands its
+    /// Takes idle view `v`'s runs (all free) out of its range's free blocks and hands its
     /// block out for a request of `size` bytes on `stream`.
     fn hold(&mut self, v: usize, size: u64, stream: StreamId) {
         let range = self.views[v].range;
-        let mut order: Vec<(u64, usize)> = self.views[v].pages.iter().enumerate().map(|(k, &p)| (p, k)).collect();
-        order.sort_unstable();
-        let mut held = vec![None; order.len()];
+        let mut held = Vec::with_capacity(self.views[v].runs.len());
         let mut at = self.segments[range].head;
-        for (p, k) in order {
-            // The free block holding page `p`: blocks are in address order, as are the pages.
+        for k in 0..self.views[v].runs.len() {
+            let (addr, pages) = self.views[v].runs[k];
+            // The free block holding the run: blocks are in address order, as are the runs.
             let mut i = at.expect("a view's pages lie in its range");
-            while self.blocks[i].addr + self.blocks[i].size <= p {
+            while self.blocks[i].addr + self.blocks[i].size <= addr {
                 i = self.blocks[i].next.expect("a view's pages lie in its range");
             }
             debug_assert_eq!(self.blocks[i].state, BlockState::Free);
-            let h = self.carve_page(i, p);
-            held[k] = Some(h);
-            at = self.blocks[h].next;
-            if at.is_none() {
-                at = Some(h);
-            }
+            let h = self.carve(i, addr, pages * self.page);
+            held.push(h);
+            at = Some(self.blocks[h].next.unwrap_or(h));
         }
         let view = &mut self.views[v];
-        view.held = held.into_iter().map(|h| h.expect("every page carved")).collect();
+        view.held = held;
         let b = &mut self.blocks[view.block];
         b.size = size;
         b.stream = stream;
         b.state = BlockState::Allocated;
     }
 
-    /// Cuts the page at `p` out of free block `i` (which holds it whole): the blocks before and
-    /// after it stay free, the page becomes a block of its own in state `Aliased`.
-    fn carve_page(&mut self, i: BlockId, p: u64) -> BlockId {
+    /// Cuts `[p, p + len)` out of free block `i` (which holds it whole): the blocks before and
+    /// after it stay free, the run becomes a block of its own in state `Aliased`.
+    fn carve(&mut self, i: BlockId, p: u64, len: u64) -> BlockId {
         self.unindex_free(i);
-        let (addr, size, page) = (self.blocks[i].addr, self.blocks[i].size, self.page);
+        let (addr, size) = (self.blocks[i].addr, self.blocks[i].size);
         let unmapped = self.blocks[i].unmapped;
         if p > addr {
             let b = &self.blocks[i];
@@ -185,9 +210,9 @@ impl Heap {
             self.blocks[i].size -= p - addr;
             self.index_free(a);
         }
-        if addr + size > p + page {
+        if addr + size > p + len {
             let b = &self.blocks[i];
-            let mut after = Block::fresh(p + page, addr + size - (p + page), b.segment, b.pool, b.stream, Some(i));
+            let mut after = Block::fresh(p + len, addr + size - (p + len), b.segment, b.pool, b.stream, Some(i));
             after.next = b.next;
             after.unmapped = unmapped;
             let c = self.new_block(after);
@@ -195,7 +220,7 @@ impl Heap {
                 self.blocks[next].prev = Some(c);
             }
             self.blocks[i].next = Some(c);
-            self.blocks[i].size = page;
+            self.blocks[i].size = len;
             self.index_free(c);
         }
         let b = &mut self.blocks[i];
@@ -226,12 +251,12 @@ impl Heap {
             let view = &self.views[v];
             let hit = view.held.is_empty()
                 && range.is_none_or(|r| r == view.range)
-                && view.pages.iter().any(|&p| p < end && p + self.page > addr);
+                && view.runs.iter().any(|&(p, k)| p < end && p + k * self.page > addr);
             if !hit {
                 v += 1;
                 continue;
             }
-            let (at, count) = (view.addr, view.pages.len() as u64);
+            let (at, count) = (view.addr, view.pages);
             let raw = self.streams[self.blocks[view.block].stream.index()].raw;
             // SAFETY: the view is idle (its block free, its pages back in the range), so nothing
             // on the host uses its memory; work queued on the stream that freed it is the
@@ -251,16 +276,15 @@ impl Heap {
         ok
     }
 
-    /// The view holding aliased block `i` of a range, if any: the view's block and the page's
-    /// place in the view.
-    pub(crate) fn view_of_page(&self, i: BlockId) -> Option<(BlockId, usize)> {
-        self.views.iter().find_map(|v| v.held.iter().position(|&h| h == i).map(|k| (v.block, k)))
+    /// Whether aliased block `i` of a range is held by a view in use.
+    pub(crate) fn held_by_a_view(&self, i: BlockId) -> bool {
+        self.views.iter().any(|v| v.held.contains(&i))
     }
 
-    /// The views whose blocks are in use: each view's block with the range's blocks holding
-    /// its pages (for the invariant checks).
-    pub(crate) fn views_in_use(&self) -> impl Iterator<Item = (BlockId, &[BlockId])> + '_ {
-        self.views.iter().filter(|v| !v.held.is_empty()).map(|v| (v.block, v.held.as_slice()))
+    /// The views whose blocks are in use: each view's block, the range's blocks holding its
+    /// runs, and its page count (for the snapshots and the invariant checks).
+    pub(crate) fn views_in_use(&self) -> impl Iterator<Item = (BlockId, &[BlockId], u64)> + '_ {
+        self.views.iter().filter(|v| !v.held.is_empty()).map(|v| (v.block, v.held.as_slice(), v.pages))
     }
 }
 
@@ -290,10 +314,8 @@ mod tests {
         assert_eq!((h.stats.num_device_map, sim.views()), (calls + 1, 1), "one view mapped");
         let range = h.segments[h.blocks[blocks[1].block].segment].clone();
         assert!(v.addr >= range.addr + range.size || v.addr + 8 * MIB <= range.addr, "at addresses of its own");
-        let pages = &h.views[0].pages;
-        assert_eq!(pages.len(), 4);
-        assert_eq!(&pages[..2], &[blocks[0].addr, blocks[0].addr + 2 * MIB], "the first hole's pages first");
-        assert_eq!(&pages[2..], &[blocks[2].addr, blocks[2].addr + 2 * MIB]);
+        assert_eq!(h.views[0].pages, 4);
+        assert_eq!(&*h.views[0].runs, &[(blocks[0].addr, 2), (blocks[2].addr, 2)], "the first hole's pages first");
         check_heap(&h).unwrap();
         // The holes are held: a request that would fit one grows the range instead.
         let other = h.alloc(&sim, s, 4 * MIB, None).unwrap();

@@ -156,9 +156,9 @@ pub(crate) fn check_heap(heap: &Heap) -> std::result::Result<(), String> {
             BlockState::Aliased => {
                 nheld += 1;
                 let mapped = !seg.granules_touching(b.addr, b.size).any(|pg| Heap::is_page_unmapped(seg, pg));
-                if b.size != heap.page || !b.addr.is_multiple_of(heap.page) || !mapped {
-                    err = Some(format!("aliased block {:#x}+{} is not one mapped page", b.addr, b.size));
-                } else if heap.view_of_page(i).is_none() {
+                if !b.size.is_multiple_of(heap.page) || !b.addr.is_multiple_of(heap.page) || !mapped {
+                    err = Some(format!("aliased block {:#x}+{} is not whole mapped pages", b.addr, b.size));
+                } else if !heap.held_by_a_view(i) {
                     err = Some(format!("aliased block {:#x} is held by no view in use", b.addr));
                 }
             }
@@ -194,15 +194,19 @@ pub(crate) fn check_heap(heap: &Heap) -> std::result::Result<(), String> {
     }
     // Views' blocks in use lie in no segment: counted here, with the pages they hold.
     let mut held = 0;
-    for (v, pages) in heap.views_in_use() {
+    for (v, runs, pages) in heap.views_in_use() {
         let b = heap.block(v);
         let p = Pool::Large as usize;
-        held += pages.len();
-        if !b.view || b.size > pages.len() as u64 * heap.page || b.size + heap.page <= pages.len() as u64 * heap.page {
-            return Err(format!("view block {:#x} of {} bytes over {} pages", b.addr, b.size, pages.len()));
+        held += runs.len();
+        let span: u64 = runs.iter().map(|&h| heap.block(h).size).sum();
+        if !b.view || span != pages * heap.page || b.size > span || b.size + heap.page <= span {
+            return Err(format!(
+                "view block {:#x} of {} bytes over {pages} pages holding {span} bytes",
+                b.addr, b.size
+            ));
         }
-        if pages.iter().any(|&h| heap.block(h).state != BlockState::Aliased) {
-            return Err(format!("view block {:#x} holds a page not aliased", b.addr));
+        if runs.iter().any(|&h| heap.block(h).state != BlockState::Aliased) {
+            return Err(format!("view block {:#x} holds pages not aliased", b.addr));
         }
         match b.state {
             BlockState::Allocated | BlockState::PendingFree | BlockState::Stranded => count_in_use(b, p),
@@ -210,7 +214,7 @@ pub(crate) fn check_heap(heap: &Heap) -> std::result::Result<(), String> {
         }
     }
     if held != nheld {
-        return Err(format!("views in use hold {held} pages but {nheld} blocks are aliased"));
+        return Err(format!("views in use hold {held} runs of pages but {nheld} blocks are aliased"));
     }
     let (_, _, indexed, whole) = heap.free_index_state(None);
     if indexed != nfree {

@@ -71,15 +71,22 @@ impl Heap {
             if self.alias_pages {
                 // Each page a mapping of its own, which a view can map again (`alias.rs`).
                 match backend.reserve_growable(self.page, span) {
-                    Ok(addr) => match self.map_pages(backend, addr + self.page, size - self.page, stream) {
-                        Ok(()) => return Ok((addr, span - size)),
-                        Err(e) => {
-                            // SAFETY: reserved just above, with the first page mapped (the rest
-                            // was unmapped again), and nothing uses it.
-                            let _ = unsafe { backend.release(addr, self.page) };
-                            return Err(e);
+                    Ok(addr) => {
+                        let mut done = self.page;
+                        while done < size {
+                            if let Err(e) = backend.map(addr + done, self.page) {
+                                // SAFETY: reserved just above and mapped up to `done`, the size it
+                                // has grown to; nothing uses it.
+                                if let Err(e) = unsafe { backend.release(addr, done) } {
+                                    self.note(Note::BackendError);
+                                    self.last_error = Some(format!("undoing a segment at {addr:#x}: {e}"));
+                                }
+                                return Err(e);
+                            }
+                            done += self.page;
                         }
-                    },
+                        return Ok((addr, span - size));
+                    }
                     Err(e @ BackendError::OutOfMemory { .. }) => return Err(e),
                     Err(_) => {}
                 }
@@ -190,12 +197,6 @@ impl Heap {
         } else {
             granule_pieces(by, self.page).collect()
         }
-    }
-
-    /// Maps `[start, start + len)` one page per mapping (see [`Heap::growth_pieces`]).
-    fn map_pages(&mut self, backend: &dyn Backend, start: u64, len: u64, stream: StreamId) -> Result<(), BackendError> {
-        let pieces: Vec<(u64, u64)> = (0..len / self.page).map(|k| (k * self.page, self.page)).collect();
-        self.map_pieces(backend, start, &pieces, stream)
     }
 
     /// Maps each piece (offset from `start`, length) as one mapping; if the backend refuses
