@@ -279,19 +279,33 @@
 //! judged the rule (BENCHMARKS.md, "Nine workloads nobody had seen, and a rule judged on
 //! them"); not built.
 //!
-//! What no policy of this kind can reach: once it makes no driver call in a pass, every block
-//! of the pass lies at one address in memory that does not change, a fixed layout, and some
-//! passes fit no fixed layout in their peak of live bytes. `staggered_buffers` (three 256 MiB
-//! buffers of staggered lifetimes, and scratch tensors filling what they leave of 1 GiB) needs
-//! 1.25 GiB in any, searched exhaustively; the `cudaMallocAsync` pool holds 1 GiB by mapping
-//! memory in every pass, and vramscope settles at 1.5 with either segment kind. To go below
-//! the bound without driver calls a page would have to be mapped at several addresses, which
-//! CUDA allows but these segments do not do. A model of the range with that added (where the
-//! range would grow, its wholly free pages seen through a second address range, kept for the
-//! next pass) reaches at most the better of PyTorch's and the pool's peak on all 47 fixture
-//! traces with a target, on six programs written afterwards to judge it and on 132 random
-//! traces, settling by the second warm pass (`BENCHMARKS.md`, "A trace no fixed layout fits");
-//! it is not built.
+//! What no policy of this kind can reach with one address per page: once it makes no driver
+//! call in a pass, every block of the pass lies at one address in memory that does not change,
+//! a fixed layout, and some passes fit no fixed layout in their peak of live bytes.
+//! `staggered_buffers` (three 256 MiB buffers of staggered lifetimes, and scratch tensors
+//! filling what they leave of 1 GiB) needs 1.25 GiB in any, searched exhaustively; the
+//! `cudaMallocAsync` pool holds 1 GiB by mapping memory in every pass. So the range maps each
+//! page as a mapping of its own, and where it would grow for a request over 1 MiB that none of
+//! its holes fits, it serves the request instead from its wholly free pages, wherever they lie,
+//! mapped once more in order at addresses of their own (a *view*), if that maps fewer new pages
+//! than growing would ([`AllocatorConfig::alias_pages`], on by default). While the buffer
+//! lives its pages are held out of the range's holes; freed, they go back, and the view is
+//! kept for the next request of its page count whose pages are all free again, which takes it
+//! with no driver call. Why it settles: a pass that repeats the last from the same layout
+//! finds at each request the holes it found before and the view made for it then. A view
+//! reserves nothing (reserved memory counts the range's pages once), and a snapshot shows it
+//! as a segment of its own at the buffer's address, its pages left out of the range. On an
+//! H200, against PyTorch's allocator and the pool measured in the same session, the default
+//! segments reserved at most the better of their peaks on 52 of 54 fixture traces (15 missed
+//! it without views; the two left are on three streams, where views are not made: one stream's
+//! range makes them), `staggered_buffers` 1.000 times its live peak instead of 1.500, and none
+//! called the driver after its first warm pass; warm time stayed under half of PyTorch's on all
+//! but three one-stream traces, as without views (two). The cost is in the cold pass: pages
+//! mapped one by one and views made, twice the time per operation (`BENCHMARKS.md`, "Views of
+//! the range's free pages"). Where a pass starts from another layout than the last (the block
+//! freed last at its end is handed to the next pass's first request of its size where it
+//! lies), a view may be made again: 1 of 300 synthetic traces of random shapes called the
+//! driver in its third warm pass that way.
 //!
 //! PyTorch's `max_split_size_mb` ([`AllocatorConfig::max_split_size`]) keeps blocks of at
 //! least that size whole for requests of about their size (within 20 MiB), as in PyTorch,

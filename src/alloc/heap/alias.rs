@@ -16,17 +16,22 @@
 //! Why it settles: a view is kept when its block is freed, its pages returned to the range's
 //! holes. A later request of `n` pages first looks for a kept view of `n` pages whose pages are
 //! all free again and takes it with no backend call. A pass that repeats the last one's
-//! requests from the same memory (the last grew nothing) finds at each request the holes it
-//! found before and the view made for it then, so it maps nothing.
+//! requests from the same layout (the last grew nothing) finds at each request the holes it
+//! found before and the view made for it then, so it maps nothing. A pass may start from
+//! another layout than the last (the block freed last at its end goes to the next pass's first
+//! request of its size where it lies): then a view may be made again, until each layout the
+//! loop comes back to has its own (`BENCHMARKS.md`, "Views of the range's free pages").
 //!
-//! The books: while a view's block is in use, each of its pages is a block of the range in
-//! state [`BlockState::Aliased`], neither free nor allocated, so that the range hands none of
-//! them out; the view's block is allocated, counted as any other, but lies in no segment's
-//! list. A view reserves nothing: reserved bytes are the range's mapped pages, which the view
-//! only names a second time. Snapshots show the pages in the range, carrying the view's tensor
-//! (its state, context and a share of its requested bytes), so that what they sum is memory
-//! held. A view is given back (unaliased) before any of its pages is unmapped or its range
-//! released, and when the cache is emptied.
+//! The books: while a view's block is in use, each run of the range's pages it maps is a block
+//! of the range in state [`BlockState::Aliased`], neither free nor allocated, so that the range
+//! hands none of it out; the view's block is allocated, counted as any other, but lies in no
+//! segment's list. A view reserves nothing: reserved bytes are the range's mapped pages, which
+//! the view only names a second time. Snapshots list a view in use as a segment of its own, at
+//! the buffer's address, and leave its pages out of the range's segment, so that the segments
+//! still sum to the memory held. A view is given back (unaliased) before any of its pages is
+//! unmapped or its range released, and when the cache is emptied. It is tried before anything
+//! else where a request finds no cached block (`Heap::grow`): it reuses cached memory, so it
+//! neither advances the clock of idle streams nor counts as a regrowth for the limit.
 
 use super::observe::Note;
 use super::{Block, BlockState, Heap};

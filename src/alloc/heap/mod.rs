@@ -577,10 +577,8 @@ impl Heap {
         let exact = size.next_multiple_of(self.page);
         if self.alias_pages && !self.lending && size > SMALL_SIZE && self.may_grow_in_place(pool, stream) {
             // Where the range's free pages lack fewer pages than its free end does, a view of
-            // them (`alias.rs`). First: a view reuses cached memory, so it neither counts as a
-            // request that found none (the clock of idle streams, whose sweep settles the block
-            // freed last at a point that would then move from one pass to the next) nor as a
-            // regrowth.
+            // them (`alias.rs`). First: a view reuses cached memory, so it counts neither as a
+            // request that found none (the clock of idle streams) nor as a regrowth.
             self.settle();
             if let Some(g) = self.growth_plan(stream, size) {
                 if let Some(b) = self.serve_by_view(backend, stream, size, g.seg, g.by / self.page) {
