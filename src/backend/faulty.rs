@@ -217,6 +217,10 @@ unsafe impl<B: Backend> Backend for FaultyBackend<B> {
         self.check(len)?;
         self.inner.map(addr, len)
     }
+    fn map_pages(&self, addr: u64, len: u64) -> Result<(), BackendError> {
+        self.check(len)?;
+        self.inner.map_pages(addr, len)
+    }
     fn can_alias(&self) -> bool {
         self.inner.can_alias()
     }

@@ -228,6 +228,28 @@ pub unsafe trait Backend: Send + Sync + fmt::Debug + 'static {
         Err(BackendError::Unsupported("map"))
     }
 
+    /// Maps physical memory under `[addr, addr + len)` one [`page_size`](Backend::page_size)
+    /// page per mapping, each as [`map`](Backend::map) would map it alone (so that each can be
+    /// unmapped, or [`alias`](Backend::alias)ed, on its own); on failure, maps nothing. The
+    /// default calls `map` for each page; the CUDA backend makes the pages accessible in one
+    /// call for the run.
+    fn map_pages(&self, addr: u64, len: u64) -> Result<(), BackendError> {
+        let page = self.page_size();
+        let mut done = 0;
+        while done < len {
+            if let Err(e) = self.map(addr + done, page) {
+                if done > 0 {
+                    // SAFETY: `[addr, addr + done)` was mapped just above, whole mappings of a
+                    // segment's addresses that nothing has used.
+                    let _ = unsafe { self.unmap(addr, done, 0) };
+                }
+                return Err(e);
+            }
+            done += page;
+        }
+        Ok(())
+    }
+
     /// Whether [`alias`](Backend::alias) and [`unalias`](Backend::unalias) work: physical
     /// memory mapped once can be mapped again at other addresses. Default: `false`.
     fn can_alias(&self) -> bool {

@@ -75,8 +75,6 @@ impl Segments {
 struct SimSegment {
     /// Addresses reserved.
     span: u64,
-    /// The size the allocator knows it by: as reserved, then up to the end of its last growth.
-    size: u64,
     /// Bytes mapped.
     mapped: u64,
 }
@@ -186,7 +184,6 @@ impl SimBackend {
             self.take(len)?;
             segs.maps.insert(addr, len);
             seg.mapped += len;
-            seg.size = seg.size.max(end - base);
         } else {
             if across || !super::tiles(inside.iter().copied(), addr, end) {
                 return Err(BackendError::Other(format!("range {addr:#x}+{len} is not whole mappings, all mapped")));
@@ -278,7 +275,7 @@ unsafe impl Backend for SimBackend {
         } else {
             self.next_addr.fetch_add(gap, Ordering::Relaxed)
         };
-        segs.by_base.insert(addr, SimSegment { span, size, mapped: size });
+        segs.by_base.insert(addr, SimSegment { span, mapped: size });
         // Mapped in granules, as the CUDA backend maps a segment it reserves.
         for (offset, len) in super::granule_pieces(size, self.page) {
             segs.maps.insert(addr + offset, len);
@@ -288,8 +285,14 @@ unsafe impl Backend for SimBackend {
 
     unsafe fn release(&self, addr: u64, size: u64) -> Result<(), BackendError> {
         let mut segs = self.segments.lock();
+        // The size it has grown to: at most its addresses, at least what is mapped in them (a
+        // growth undone after a refusal leaves nothing mapped past it).
+        let end = addr.saturating_add(size);
+        let extent = |segs: &Segments, span: u64| {
+            segs.maps.range(addr..addr + span).next_back().map_or(addr, |(&a, &l)| a + l) - addr
+        };
         match segs.by_base.get(&addr) {
-            Some(seg) if seg.size == size => {
+            Some(seg) if size > 0 && size <= seg.span && extent(&segs, seg.span) <= end - addr => {
                 let seg = *seg;
                 if let Some(p) = segs.aliased_in(addr, addr + seg.span) {
                     return Err(BackendError::Other(format!("page {p:#x} is mapped by a view: unalias it first")));
@@ -303,8 +306,9 @@ unsafe impl Backend for SimBackend {
                 Ok(())
             }
             Some(seg) => Err(BackendError::Other(format!(
-                "release of segment {addr:#x} with size {size}, but it has {}",
-                seg.size
+                "release of segment {addr:#x} with size {size}, but it maps memory up to {} of {}",
+                extent(&segs, seg.span),
+                seg.span
             ))),
             None => Err(BackendError::Other(format!("release of unknown segment {addr:#x}"))),
         }

@@ -72,20 +72,19 @@ impl Heap {
                 // Each page a mapping of its own, which a view can map again (`alias.rs`).
                 match backend.reserve_growable(self.page, span) {
                     Ok(addr) => {
-                        let mut done = self.page;
-                        while done < size {
-                            if let Err(e) = backend.map(addr + done, self.page) {
-                                // SAFETY: reserved just above and mapped up to `done`, the size it
-                                // has grown to; nothing uses it.
-                                if let Err(e) = unsafe { backend.release(addr, done) } {
+                        let rest = size - self.page;
+                        match if rest > 0 { backend.map_pages(addr + self.page, rest) } else { Ok(()) } {
+                            Ok(()) => return Ok((addr, span - size)),
+                            Err(e) => {
+                                // SAFETY: reserved just above with its first page mapped (the rest
+                                // maps nothing on failure); nothing uses it.
+                                if let Err(e) = unsafe { backend.release(addr, self.page) } {
                                     self.note(Note::BackendError);
                                     self.last_error = Some(format!("undoing a segment at {addr:#x}: {e}"));
                                 }
                                 return Err(e);
                             }
-                            done += self.page;
                         }
-                        return Ok((addr, span - size));
                     }
                     Err(e @ BackendError::OutOfMemory { .. }) => return Err(e),
                     Err(_) => {}
@@ -160,7 +159,11 @@ impl Heap {
         let (start, old_size, pool, stream) = (seg.addr + seg.size, seg.size, seg.pool, seg.stream);
         self.within_cap(g.by)?;
         let pieces = self.growth_pieces(g.by);
-        self.map_pieces(backend, start, &pieces, stream)?;
+        if self.alias_pages {
+            backend.map_pages(start, g.by)?;
+        } else {
+            self.map_pieces(backend, start, &pieces, stream)?;
+        }
         // Counted as oversize from the size it grows to (as a segment reserved at that size
         // would be), so that its release, at that size or larger, takes back what was counted.
         if !self.is_oversize(old_size) && self.is_oversize(old_size + g.by) {

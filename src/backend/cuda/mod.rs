@@ -369,6 +369,13 @@ unsafe impl Backend for CudaBackend {
         pages.lock().map(addr, len).map_err(|e| for_request(e, len))
     }
 
+    fn map_pages(&self, addr: u64, len: u64) -> Result<(), BackendError> {
+        let Some(pages) = &self.pages else { return Err(BackendError::Unsupported("map with cuMemAlloc segments")) };
+        self.bind()?;
+        let _own = OwnCall::enter();
+        pages.lock().map_pages(addr, len).map_err(|e| for_request(e, len))
+    }
+
     fn can_alias(&self) -> bool {
         self.pages.is_some()
     }

@@ -117,18 +117,24 @@ impl Pages {
         }
     }
 
+    /// Checks that `[addr, addr + len)` is whole pages of a reserved segment, none mapped.
+    fn check_unmapped(&self, addr: u64, len: u64) -> Result<(), BackendError> {
+        let (base, _) = self.segment_of(addr, addr + len)?;
+        if len == 0 || !(addr - base).is_multiple_of(self.page) || !len.is_multiple_of(self.page) {
+            return Err(BackendError::Other(format!("range {addr:#x}+{len} is not whole pages")));
+        }
+        if self.any_mapped(addr, addr + len) {
+            return Err(BackendError::Other(format!("range {addr:#x}+{len} is mapped already")));
+        }
+        Ok(())
+    }
+
     /// Maps fresh physical memory under `[addr, addr + len)` of a segment's addresses, as one
     /// mapping (one `cuMemCreate` and `cuMemMap`), and makes it accessible; on failure, maps
     /// nothing.
     pub(super) fn map(&mut self, addr: u64, len: u64) -> Result<(), BackendError> {
         let end = addr + len;
-        let (base, _) = self.segment_of(addr, end)?;
-        if len == 0 || !(addr - base).is_multiple_of(self.page) || !len.is_multiple_of(self.page) {
-            return Err(BackendError::Other(format!("range {addr:#x}+{len} is not whole pages")));
-        }
-        if self.any_mapped(addr, end) {
-            return Err(BackendError::Other(format!("range {addr:#x}+{len} is mapped already")));
-        }
+        self.check_unmapped(addr, len)?;
         let mut handle = 0;
         // SAFETY: `handle` and `prop` are valid; the handle is released in `unmap_range`.
         unsafe { sys::cuMemCreate(&mut handle, len as usize, &self.prop, 0) }
@@ -150,6 +156,43 @@ impl Pages {
             let _ = self.unmap_range(addr, end);
         }
         access
+    }
+
+    /// Maps fresh physical memory under `[addr, addr + len)` one page per mapping (a
+    /// `cuMemCreate` and a `cuMemMap` each) and makes the run accessible in one
+    /// `cuMemSetAccess`; on failure, maps nothing.
+    pub(super) fn map_pages(&mut self, addr: u64, len: u64) -> Result<(), BackendError> {
+        let end = addr + len;
+        self.check_unmapped(addr, len)?;
+        let mut at = addr;
+        let mut result = Ok(());
+        while at < end {
+            let mut handle = 0;
+            // SAFETY: `handle` and `prop` are valid; the handle is released in `unmap_range`.
+            if let Err(e) = unsafe { sys::cuMemCreate(&mut handle, self.page as usize, &self.prop, 0) }.result() {
+                result = Err(driver("cuMemCreate", e));
+                break;
+            }
+            // SAFETY: `[at, at + page)` lies in a reserved range with nothing mapped there.
+            if let Err(e) = unsafe { sys::cuMemMap(at, self.page as usize, 0, handle, 0) }.result() {
+                // SAFETY: the handle was created above and is mapped nowhere.
+                let _ = unsafe { sys::cuMemRelease(handle) };
+                result = Err(driver("cuMemMap", e));
+                break;
+            }
+            self.handles.insert(at, (self.page, handle));
+            at += self.page;
+        }
+        if result.is_ok() {
+            // SAFETY: the whole run is mapped (above); `access` names this device.
+            result = unsafe { sys::cuMemSetAccess(addr, len as usize, &self.access, 1) }
+                .result()
+                .map_err(|e| driver("cuMemSetAccess", e));
+        }
+        if result.is_err() && at > addr {
+            let _ = self.unmap_range(addr, at);
+        }
+        result
     }
 
     /// Unmaps and frees the mappings in `[addr, end)`, which must be whole (a mapping cannot
