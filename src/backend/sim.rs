@@ -464,6 +464,30 @@ mod tests {
     }
 
     #[test]
+    fn map_pages_maps_each_page_alone_or_nothing() {
+        let sim = SimBackend::new(8 << 20);
+        let page = DEFAULT_PAGE_SIZE;
+        let a = sim.reserve_growable(page, 8 * page).unwrap();
+        sim.map_pages(a + page, 2 * page).unwrap();
+        // SAFETY: the simulated backend checks every unmap.
+        unsafe { sim.unmap(a + 2 * page, page, 0).unwrap() };
+        let v = sim.alias(&[a + page]).unwrap();
+        // Past the capacity on its third page: nothing of it stays mapped.
+        let used = sim.used_memory();
+        assert!(sim.map_pages(a + 3 * page, 3 * page).is_err());
+        assert_eq!(sim.used_memory(), used);
+        // Released at the size it grew to (two pages), whatever the refused run mapped and undid.
+        // SAFETY: as above; the view goes first.
+        unsafe {
+            assert!(sim.release(a, 2 * page).is_err(), "a view maps a page");
+            assert!(sim.release(a, page).is_err(), "a page is mapped past the size");
+            sim.unalias(v, 1, 0).unwrap();
+            sim.release(a, 2 * page).unwrap();
+        }
+        assert_eq!(sim.used_memory(), 0);
+    }
+
+    #[test]
     fn views_map_pages_again_and_keep_them_mapped_until_unaliased() {
         let sim = SimBackend::new(1 << 30);
         let page = DEFAULT_PAGE_SIZE;
