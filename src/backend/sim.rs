@@ -61,13 +61,13 @@ struct Segments {
     /// Every view ([`Backend::alias`]), by address: the pages it maps again.
     views: BTreeMap<u64, Vec<u64>>,
     /// How many views map each page, by the page's address.
-    aliased: HashMap<u64, u32>,
+    aliased: BTreeMap<u64, u32>,
 }
 
 impl Segments {
     /// The first page of `[addr, end)` that a view maps, if any.
     fn aliased_in(&self, addr: u64, end: u64) -> Option<u64> {
-        self.aliased.keys().copied().filter(|&p| p >= addr && p < end).min()
+        self.aliased.range(addr..end).next().map(|(&p, _)| p)
     }
 }
 
@@ -361,7 +361,7 @@ unsafe impl Backend for SimBackend {
             _ => return Err(BackendError::Other(format!("no view of {count} pages at {addr:#x}"))),
         };
         for p in pages {
-            if let std::collections::hash_map::Entry::Occupied(mut e) = segs.aliased.entry(p) {
+            if let std::collections::btree_map::Entry::Occupied(mut e) = segs.aliased.entry(p) {
                 *e.get_mut() -= 1;
                 if *e.get() == 0 {
                     e.remove();

@@ -12,7 +12,7 @@ use super::driver;
 use crate::backend::{granule_pieces, tiles};
 use crate::error::BackendError;
 use cudarc::driver::sys;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 /// The mappings of every virtual-memory segment.
 #[derive(Debug)]
@@ -28,7 +28,7 @@ pub(super) struct Pages {
     /// Views ([`Pages::alias`]), by address: the pages they map again.
     views: BTreeMap<u64, Vec<u64>>,
     /// How many views map each page, by the page's address.
-    aliased: HashMap<u64, u32>,
+    aliased: BTreeMap<u64, u32>,
 }
 
 // SAFETY: `prop` holds a null `win32HandleMetaData` pointer that is never dereferenced; the
@@ -71,7 +71,7 @@ impl Pages {
             segments: BTreeMap::new(),
             handles: BTreeMap::new(),
             views: BTreeMap::new(),
-            aliased: HashMap::new(),
+            aliased: BTreeMap::new(),
         })
     }
 
@@ -200,7 +200,7 @@ impl Pages {
     /// `cuMemRelease` each. The caller has made sure no queued work uses them (unmapping is
     /// not ordered with streams).
     pub(super) fn unmap_range(&mut self, addr: u64, end: u64) -> Result<(), BackendError> {
-        if let Some(p) = self.aliased.keys().copied().filter(|&p| p >= addr && p < end).min() {
+        if let Some(p) = self.aliased.range(addr..end).next().map(|(&p, _)| p) {
             // Released, its physical page would live on behind the view, uncounted.
             return Err(BackendError::Other(format!("page {p:#x} is mapped by a view: unalias it first")));
         }
@@ -321,7 +321,7 @@ impl Pages {
         // SAFETY: reserved by `alias` with this length; nothing is mapped in it any more.
         let freed = unsafe { sys::cuMemAddressFree(addr, len as usize) }.result();
         for p in self.views.remove(&addr).unwrap_or_default() {
-            if let std::collections::hash_map::Entry::Occupied(mut e) = self.aliased.entry(p) {
+            if let std::collections::btree_map::Entry::Occupied(mut e) = self.aliased.entry(p) {
                 *e.get_mut() -= 1;
                 if *e.get() == 0 {
                     e.remove();
