@@ -15,6 +15,7 @@ mod external;
 mod faulty;
 mod host;
 mod sim;
+mod views;
 
 pub use crate::alloc::IntoBackend;
 #[cfg(feature = "cuda-backend")]

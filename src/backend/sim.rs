@@ -58,17 +58,8 @@ struct Segments {
     by_base: BTreeMap<u64, SimSegment>,
     /// Every mapping, by address: its length.
     maps: BTreeMap<u64, u64>,
-    /// Every view ([`Backend::alias`]), by address: the pages it maps again.
-    views: BTreeMap<u64, Vec<u64>>,
-    /// How many views map each page, by the page's address.
-    aliased: BTreeMap<u64, u32>,
-}
-
-impl Segments {
-    /// The first page of `[addr, end)` that a view maps, if any.
-    fn aliased_in(&self, addr: u64, end: u64) -> Option<u64> {
-        self.aliased.range(addr..end).next().map(|(&p, _)| p)
-    }
+    /// Every view ([`Backend::alias`]) and the pages it maps again.
+    views: super::views::ViewTable,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -159,7 +150,7 @@ impl SimBackend {
     fn remap(&self, addr: u64, len: u64, map: bool) -> Result<(), BackendError> {
         let mut guard = self.segments.lock();
         let segs = &mut *guard;
-        let aliased = if map { None } else { segs.aliased_in(addr, addr.saturating_add(len)) };
+        let aliased = if map { Ok(()) } else { segs.views.refuse_aliased(addr, addr.saturating_add(len)) };
         let (&base, seg) = segs
             .by_base
             .range_mut(..=addr)
@@ -188,9 +179,7 @@ impl SimBackend {
             if across || !super::tiles(inside.iter().copied(), addr, end) {
                 return Err(BackendError::Other(format!("range {addr:#x}+{len} is not whole mappings, all mapped")));
             }
-            if let Some(p) = aliased {
-                return Err(BackendError::Other(format!("page {p:#x} is mapped by a view: unalias it first")));
-            }
+            aliased?;
             for (a, _) in inside {
                 segs.maps.remove(&a);
             }
@@ -294,9 +283,7 @@ unsafe impl Backend for SimBackend {
         match segs.by_base.get(&addr) {
             Some(seg) if size > 0 && size <= seg.span && extent(&segs, seg.span) <= end - addr => {
                 let seg = *seg;
-                if let Some(p) = segs.aliased_in(addr, addr + seg.span) {
-                    return Err(BackendError::Other(format!("page {p:#x} is mapped by a view: unalias it first")));
-                }
+                segs.views.refuse_aliased(addr, addr + seg.span)?;
                 segs.by_base.remove(&addr);
                 let maps: Vec<u64> = segs.maps.range(addr..addr + seg.span).map(|(&a, _)| a).collect();
                 for a in maps {
@@ -347,27 +334,14 @@ unsafe impl Backend for SimBackend {
         if addr + len > SIM_BASE {
             return Err(BackendError::Other("the simulated address space for views is spent".into()));
         }
-        for &p in pages {
-            *segs.aliased.entry(p).or_default() += 1;
-        }
-        segs.views.insert(addr, pages.to_vec());
+        segs.views.insert(addr, pages);
         Ok(addr)
     }
 
     unsafe fn unalias(&self, addr: u64, count: u64, _stream: RawStream) -> Result<(), BackendError> {
         let mut segs = self.segments.lock();
-        let pages = match segs.views.get(&addr) {
-            Some(pages) if pages.len() as u64 == count => segs.views.remove(&addr).unwrap_or_default(),
-            _ => return Err(BackendError::Other(format!("no view of {count} pages at {addr:#x}"))),
-        };
-        for p in pages {
-            if let std::collections::btree_map::Entry::Occupied(mut e) = segs.aliased.entry(p) {
-                *e.get_mut() -= 1;
-                if *e.get() == 0 {
-                    e.remove();
-                }
-            }
-        }
+        segs.views.check(addr, count)?;
+        segs.views.remove(addr);
         Ok(())
     }
 

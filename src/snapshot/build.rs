@@ -70,14 +70,8 @@ fn copy(heap: &Heap) -> Raw {
             b = heap.block(m.prev.or(m.next).unwrap_or(m.hot));
             merged = Some(m);
         }
-        let state = match b.state {
-            heap::BlockState::Allocated => BlockState::ActiveAllocated,
-            heap::BlockState::PendingFree | heap::BlockState::Stranded => BlockState::ActivePendingFree,
-            heap::BlockState::Free => BlockState::Inactive,
-            // A page a view in use maps: shown in the view's segment (below), not here.
-            heap::BlockState::Aliased => return,
-        };
-        let meta = b.extra.as_ref().and_then(|e| e.meta.as_ref());
+        // A run of pages a view in use maps: shown in the view's segment (below), not here.
+        let Some(state) = state_of(b.state) else { return };
         let (address, size, state) = match merged {
             Some(m) => (m.addr, m.size, BlockState::Inactive),
             None => (b.addr, b.size, state),
@@ -108,15 +102,7 @@ fn copy(heap: &Heap) -> Raw {
             let (s, contexts) = segments.last_mut().expect("pushed above");
             s.total_size += size;
             s.mapped_size += size;
-            s.blocks.push(BlockInfo {
-                address,
-                size,
-                requested_size: b.requested,
-                state,
-                dtype: meta.map(|m| m.dtype.clone()),
-                shape: meta.map(|m| m.shape.clone()),
-                context: None,
-            });
+            s.blocks.push(block_info(b, address, size, state));
             contexts.push(b.ctx);
         }
     });
@@ -126,20 +112,8 @@ fn copy(heap: &Heap) -> Raw {
     for (v, _, pages) in heap.views_in_use() {
         let b = heap.block(v);
         let total = pages * heap.page_size();
-        let state = match b.state {
-            heap::BlockState::Allocated => BlockState::ActiveAllocated,
-            _ => BlockState::ActivePendingFree,
-        };
-        let meta = b.extra.as_ref().and_then(|e| e.meta.as_ref());
-        let mut blocks = vec![BlockInfo {
-            address: b.addr,
-            size: b.size,
-            requested_size: b.requested,
-            state,
-            dtype: meta.map(|m| m.dtype.clone()),
-            shape: meta.map(|m| m.shape.clone()),
-            context: None,
-        }];
+        let state = state_of(b.state).expect("a view's block in use is allocated or waiting");
+        let mut blocks = vec![block_info(b, b.addr, b.size, state)];
         let mut contexts = vec![b.ctx];
         if total > b.size {
             // The rest of the view's last page: held by the view, free for no one else.
@@ -188,6 +162,32 @@ fn copy(heap: &Heap) -> Raw {
         stats: heap.settled_stats().public(),
         clock: rec.clock,
         stacks_mode: rec.config.stacks,
+    }
+}
+
+/// How a snapshot shows a heap block's state; `None` for the range's pages that a view in use
+/// maps, which the view's own segment shows.
+fn state_of(state: heap::BlockState) -> Option<BlockState> {
+    match state {
+        heap::BlockState::Allocated => Some(BlockState::ActiveAllocated),
+        heap::BlockState::PendingFree | heap::BlockState::Stranded => Some(BlockState::ActivePendingFree),
+        heap::BlockState::Free => Some(BlockState::Inactive),
+        heap::BlockState::Aliased => None,
+    }
+}
+
+/// Heap block `b` as a snapshot lists it, at `address` and `size` (a piece of it where pages
+/// under it are unmapped, or the block a merge makes) in `state`.
+fn block_info(b: &heap::Block, address: u64, size: u64, state: BlockState) -> BlockInfo {
+    let meta = b.extra.as_ref().and_then(|e| e.meta.as_ref());
+    BlockInfo {
+        address,
+        size,
+        requested_size: b.requested,
+        state,
+        dtype: meta.map(|m| m.dtype.clone()),
+        shape: meta.map(|m| m.shape.clone()),
+        context: None,
     }
 }
 

@@ -29,9 +29,9 @@
 //! the view only names a second time. Snapshots list a view in use as a segment of its own, at
 //! the buffer's address, and leave its pages out of the range's segment, so that the segments
 //! still sum to the memory held. A view is given back (unaliased) before any of its pages is
-//! unmapped or its range released, and when the cache is emptied. It is tried before anything
-//! else where a request finds no cached block (`Heap::grow`): it reuses cached memory, so it
-//! neither advances the clock of idle streams nor counts as a regrowth for the limit.
+//! unmapped or its range released, and when the cache is emptied. It is tried before
+//! [`Heap::grow`] ([`Heap::try_view`]): it reuses cached memory, so it neither advances the
+//! clock of idle streams nor counts as a regrowth for the limit.
 
 use super::observe::Note;
 use super::{Block, BlockState, Heap};
@@ -59,6 +59,26 @@ pub(crate) struct View {
 }
 
 impl Heap {
+    /// Where a request of `size` bytes on `stream` finds no cached block (nor another stream's
+    /// range to borrow from), and its stream's range would grow: a view of the range's free
+    /// pages if one needs fewer new pages than the growth ([`Heap::serve_by_view`]). Tried
+    /// before [`Heap::grow`]: a view reuses cached memory, so it counts neither as a request
+    /// that found none (the clock of idle streams) nor as a regrowth.
+    pub(super) fn try_view(
+        &mut self,
+        backend: &dyn Backend,
+        pool: Pool,
+        stream: StreamId,
+        size: u64,
+    ) -> Option<BlockId> {
+        if !self.alias_pages || size <= super::SMALL_SIZE || !self.may_grow_in_place(pool, stream) {
+            return None;
+        }
+        self.settle();
+        let g = self.growth_plan(stream, size)?;
+        self.serve_by_view(backend, stream, size, g.seg, g.by / self.page)
+    }
+
     /// Serves a request of `size` bytes on `stream` through a view of range `range`'s free
     /// pages, where growing the range would map `lacks` pages and a view needs fewer: a kept
     /// view whose pages are all free again, else a new one (after growing the range by the
@@ -132,34 +152,27 @@ impl Heap {
 
     /// The runs of range `range`'s wholly free, mapped pages (address, pages), ascending: one
     /// per free block where the range is wholly mapped (a loop's steady state), so that this
-    /// costs a walk over the range's blocks, not its pages.
+    /// costs a walk over the range's blocks, not its pages. The range maps page by page, so
+    /// its granules are its pages.
     fn free_runs(&self, range: SegmentId) -> Vec<(u64, u64)> {
         let seg = &self.segments[range];
-        let page = self.page;
         let mut runs = Vec::new();
         let mut next = seg.head;
         while let Some(i) = next {
             let b = &self.blocks[i];
             next = b.next;
-            let (start, end) = (b.addr.next_multiple_of(page), (b.addr + b.size) / page * page);
-            if b.state != BlockState::Free || end <= start {
+            let inside = seg.granules_inside(b.addr, b.size);
+            if b.state != BlockState::Free || inside.is_empty() {
                 continue;
             }
+            let run = |(first, end): (u64, u64)| {
+                let (addr, len) = seg.granule_span(first, end);
+                (addr, len / self.page)
+            };
             if seg.wholly_mapped() || !b.unmapped {
-                runs.push((start, (end - start) / page));
-                continue;
-            }
-            let mut p = start;
-            while p < end {
-                if seg.granules_touching(p, page).any(|g| Self::is_page_unmapped(seg, g)) {
-                    p += page;
-                    continue;
-                }
-                let from = p;
-                while p < end && !seg.granules_touching(p, page).any(|g| Self::is_page_unmapped(seg, g)) {
-                    p += page;
-                }
-                runs.push((from, (p - from) / page));
+                runs.push(run((inside.start, inside.end)));
+            } else {
+                runs.extend(self.page_runs(range, inside.start, inside.end, false).into_iter().map(run));
             }
         }
         runs
@@ -261,15 +274,10 @@ impl Heap {
                 v += 1;
                 continue;
             }
-            let (at, count) = (view.addr, view.pages);
-            let raw = self.streams[self.blocks[view.block].stream.index()].raw;
             // SAFETY: the view is idle (its block free, its pages back in the range), so nothing
-            // on the host uses its memory; work queued on the stream that freed it is the
-            // backend's to order the unmap after, other streams' was waited for before the free
+            // on the host uses its memory; other streams' work was waited for before the free
             // completed.
-            if let Err(e) = unsafe { backend.unalias(at, count, raw) } {
-                self.note(Note::BackendError);
-                self.last_error = Some(format!("unmapping the view at {at:#x}: {e}"));
+            if !unsafe { self.unalias_view(backend, v) } {
                 ok = false;
                 v += 1;
                 continue;
@@ -279,6 +287,25 @@ impl Heap {
             self.note(Note::View { mapped: false });
         }
         ok
+    }
+
+    /// Unmaps view `v` (it stays listed); false, the error kept, if the backend refused.
+    ///
+    /// # Safety
+    ///
+    /// Nothing on the host uses the view's memory, and no work queued on a stream other than
+    /// its block's (which the backend orders the unmap after) does.
+    pub(super) unsafe fn unalias_view(&mut self, backend: &dyn Backend, v: usize) -> bool {
+        let view = &self.views[v];
+        let (at, count) = (view.addr, view.pages);
+        let raw = self.streams[self.blocks[view.block].stream.index()].raw;
+        // SAFETY: the caller's promise, passed on; `at` and `count` are a view this heap made.
+        if let Err(e) = unsafe { backend.unalias(at, count, raw) } {
+            self.note(Note::BackendError);
+            self.last_error = Some(format!("unmapping the view at {at:#x}: {e}"));
+            return false;
+        }
+        true
     }
 
     /// Whether aliased block `i` of a range is held by a view in use.

@@ -261,9 +261,6 @@ pub(crate) struct Heap {
     alias_pages: bool,
     /// The views made so far, in use and idle.
     views: Vec<alias::View>,
-    /// Set while [`Heap::grow`] serves another stream's request from the range
-    /// ([`Heap::serve_from_range`]): no view then.
-    lending: bool,
     /// Memory the program allocated itself, recorded by address, in order (an unmapped range
     /// forgets every mapping inside it; see `external.rs`).
     external: std::collections::BTreeMap<u64, BlockId>,
@@ -328,7 +325,6 @@ impl Heap {
             can_unmap: backend.can_unmap() && config.release_pages,
             alias_pages: backend.can_unmap() && config.release_pages && config.alias_pages && backend.can_alias(),
             views: Vec::new(),
-            lending: false,
             blocks: Slots::new(),
             free_slots: Vec::new(),
             segments: Slots::new(),
@@ -426,7 +422,10 @@ impl Heap {
                             ranged = true;
                             found
                         }
-                        None => self.grow(backend, pool, stream, requested, size, deferred)?,
+                        None => match self.try_view(backend, pool, stream, size) {
+                            Some(b) => Grown::Handed(b),
+                            None => self.grow(backend, pool, stream, requested, size, deferred)?,
+                        },
                     },
                 };
                 let lent = ranged || matches!(found, Grown::Lent(_));
@@ -575,17 +574,6 @@ impl Heap {
             .segment_size(size)
             .ok_or_else(|| Error::from(InvalidRequest::RoundingOverflow { requested, to: Rounding::Segment }))?;
         let exact = size.next_multiple_of(self.page);
-        if self.alias_pages && !self.lending && size > SMALL_SIZE && self.may_grow_in_place(pool, stream) {
-            // Where the range's free pages lack fewer pages than its free end does, a view of
-            // them (`alias.rs`). First: a view reuses cached memory, so it counts neither as a
-            // request that found none (the clock of idle streams) nor as a regrowth.
-            self.settle();
-            if let Some(g) = self.growth_plan(stream, size) {
-                if let Some(b) = self.serve_by_view(backend, stream, size, g.seg, g.by / self.page) {
-                    return Ok(Grown::Handed(b));
-                }
-            }
-        }
         self.note_regrowth(size, seg_size);
         self.grows += 1;
         if self.grows.is_multiple_of(IDLE_GROWS) {

@@ -466,15 +466,15 @@ impl Heap {
             backend.destroy_event(p.event);
         }
         // No buffer exists: every view is idle or held by a block kept out of use; both go.
-        for view in std::mem::take(&mut self.views) {
-            let raw = self.streams[self.blocks[view.block].stream.index()].raw;
-            // SAFETY: no buffer exists, so nothing on the host uses the view; queued device work
-            // is the backend's to order the unmap after.
-            if let Err(e) = unsafe { backend.unalias(view.addr, view.pages, raw) } {
-                self.note(Note::BackendError);
-                self.last_error = Some(format!("unmapping the view at {:#x}: {e}", view.addr));
-            }
+        for v in 0..self.views.len() {
+            // SAFETY: no buffer exists, so nothing on the host uses the view; work queued on its
+            // block's stream is the backend's to order the unmap after. A view held by a block
+            // kept out of use (its streams could be neither waited for nor synchronized) is
+            // given back as that block's segment is: on the same promise, which those streams'
+            // failure already broke.
+            unsafe { self.unalias_view(backend, v) };
         }
+        self.views.clear();
         let held: Vec<(SegmentId, u64, u64)> =
             self.segments.iter().filter(|(_, s)| s.live).map(|(i, s)| (i, s.addr, s.size)).collect();
         for (i, addr, size) in held {
@@ -620,7 +620,7 @@ impl Heap {
 
     /// The maximal runs `[start, stop)` of pages in `[first, end)` of segment `s` whose
     /// unmapped bit equals `unmapped`.
-    fn page_runs(&self, s: SegmentId, first: u64, end: u64, unmapped: bool) -> Vec<(u64, u64)> {
+    pub(super) fn page_runs(&self, s: SegmentId, first: u64, end: u64, unmapped: bool) -> Vec<(u64, u64)> {
         let mut runs = Vec::new();
         let mut p = first;
         while p < end {

@@ -331,10 +331,7 @@ impl Heap {
         // Without a block kept aside (`deferred` is `None`), what `grow` finds is still a free
         // block, not yet taken: if `stream` cannot be ordered below, it stays where it is.
         // Served for another stream: no view (a view's block is never lent; `alias.rs`).
-        self.lending = true;
-        let found = self.grow(backend, Pool::Large, owner, requested, size, None);
-        self.lending = false;
-        let found = found?;
+        let found = self.grow(backend, Pool::Large, owner, requested, size, None)?;
         debug_assert!(matches!(found, Grown::Free(_) | Grown::Lent(_)));
         // The owner's request may take memory of a third stream, ordering the owner after it
         // (a segment taken over, a block lent): ordered after the owner, `stream` waits for

@@ -25,10 +25,8 @@ pub(super) struct Pages {
     segments: BTreeMap<u64, u64>,
     /// Mappings, by address: their length and the physical allocation behind them.
     handles: BTreeMap<u64, (u64, sys::CUmemGenericAllocationHandle)>,
-    /// Views ([`Pages::alias`]), by address: the pages they map again.
-    views: BTreeMap<u64, Vec<u64>>,
-    /// How many views map each page, by the page's address.
-    aliased: BTreeMap<u64, u32>,
+    /// Views ([`Pages::alias`]) and the pages they map again.
+    views: crate::backend::views::ViewTable,
 }
 
 // SAFETY: `prop` holds a null `win32HandleMetaData` pointer that is never dereferenced; the
@@ -64,15 +62,7 @@ impl Pages {
         if !page.is_power_of_two() {
             return Err(BackendError::Other(format!("the mapping granularity {page} is not a power of two")));
         }
-        Ok(Pages {
-            prop,
-            access,
-            page,
-            segments: BTreeMap::new(),
-            handles: BTreeMap::new(),
-            views: BTreeMap::new(),
-            aliased: BTreeMap::new(),
-        })
+        Ok(Pages { prop, access, page, segments: BTreeMap::new(), handles: BTreeMap::new(), views: Default::default() })
     }
 
     /// Reserves `span` bytes of addresses and maps physical memory under the first `size`, one
@@ -117,74 +107,54 @@ impl Pages {
         }
     }
 
-    /// Checks that `[addr, addr + len)` is whole pages of a reserved segment, none mapped.
-    fn check_unmapped(&self, addr: u64, len: u64) -> Result<(), BackendError> {
-        let (base, _) = self.segment_of(addr, addr + len)?;
-        if len == 0 || !(addr - base).is_multiple_of(self.page) || !len.is_multiple_of(self.page) {
-            return Err(BackendError::Other(format!("range {addr:#x}+{len} is not whole pages")));
-        }
-        if self.any_mapped(addr, addr + len) {
-            return Err(BackendError::Other(format!("range {addr:#x}+{len} is mapped already")));
-        }
-        Ok(())
-    }
-
     /// Maps fresh physical memory under `[addr, addr + len)` of a segment's addresses, as one
     /// mapping (one `cuMemCreate` and `cuMemMap`), and makes it accessible; on failure, maps
     /// nothing.
     pub(super) fn map(&mut self, addr: u64, len: u64) -> Result<(), BackendError> {
-        let end = addr + len;
-        self.check_unmapped(addr, len)?;
-        let mut handle = 0;
-        // SAFETY: `handle` and `prop` are valid; the handle is released in `unmap_range`.
-        unsafe { sys::cuMemCreate(&mut handle, len as usize, &self.prop, 0) }
-            .result()
-            .map_err(|e| driver("cuMemCreate", e))?;
-        // SAFETY: `[addr, end)` lies in a range reserved by `reserve` with nothing mapped there
-        // (checked above).
-        if let Err(e) = unsafe { sys::cuMemMap(addr, len as usize, 0, handle, 0) }.result() {
-            // SAFETY: the handle was created above and is mapped nowhere.
-            let _ = unsafe { sys::cuMemRelease(handle) };
-            return Err(driver("cuMemMap", e));
-        }
-        self.handles.insert(addr, (len, handle));
-        // SAFETY: the whole range is mapped (above); `access` names this device.
-        let access = unsafe { sys::cuMemSetAccess(addr, len as usize, &self.access, 1) }
-            .result()
-            .map_err(|e| driver("cuMemSetAccess", e));
-        if access.is_err() {
-            let _ = self.unmap_range(addr, end);
-        }
-        access
+        self.map_in(addr, len, len)
     }
 
     /// Maps fresh physical memory under `[addr, addr + len)` one page per mapping (a
     /// `cuMemCreate` and a `cuMemMap` each) and makes the run accessible in one
     /// `cuMemSetAccess`; on failure, maps nothing.
     pub(super) fn map_pages(&mut self, addr: u64, len: u64) -> Result<(), BackendError> {
+        self.map_in(addr, len, self.page)
+    }
+
+    /// Maps `[addr, addr + len)` in mappings of `piece` bytes (a multiple of the page that
+    /// divides `len`), each its own physical allocation, then makes the whole range accessible
+    /// in one call; on failure, unmaps what it mapped.
+    fn map_in(&mut self, addr: u64, len: u64, piece: u64) -> Result<(), BackendError> {
         let end = addr + len;
-        self.check_unmapped(addr, len)?;
+        let (base, _) = self.segment_of(addr, end)?;
+        if len == 0 || !(addr - base).is_multiple_of(self.page) || !len.is_multiple_of(self.page) {
+            return Err(BackendError::Other(format!("range {addr:#x}+{len} is not whole pages")));
+        }
+        if self.any_mapped(addr, end) {
+            return Err(BackendError::Other(format!("range {addr:#x}+{len} is mapped already")));
+        }
         let mut at = addr;
         let mut result = Ok(());
         while at < end {
             let mut handle = 0;
             // SAFETY: `handle` and `prop` are valid; the handle is released in `unmap_range`.
-            if let Err(e) = unsafe { sys::cuMemCreate(&mut handle, self.page as usize, &self.prop, 0) }.result() {
+            if let Err(e) = unsafe { sys::cuMemCreate(&mut handle, piece as usize, &self.prop, 0) }.result() {
                 result = Err(driver("cuMemCreate", e));
                 break;
             }
-            // SAFETY: `[at, at + page)` lies in a reserved range with nothing mapped there.
-            if let Err(e) = unsafe { sys::cuMemMap(at, self.page as usize, 0, handle, 0) }.result() {
+            // SAFETY: `[at, at + piece)` lies in a range reserved by `reserve` with nothing
+            // mapped there (checked above).
+            if let Err(e) = unsafe { sys::cuMemMap(at, piece as usize, 0, handle, 0) }.result() {
                 // SAFETY: the handle was created above and is mapped nowhere.
                 let _ = unsafe { sys::cuMemRelease(handle) };
                 result = Err(driver("cuMemMap", e));
                 break;
             }
-            self.handles.insert(at, (self.page, handle));
-            at += self.page;
+            self.handles.insert(at, (piece, handle));
+            at += piece;
         }
         if result.is_ok() {
-            // SAFETY: the whole run is mapped (above); `access` names this device.
+            // SAFETY: the whole range is mapped (above); `access` names this device.
             result = unsafe { sys::cuMemSetAccess(addr, len as usize, &self.access, 1) }
                 .result()
                 .map_err(|e| driver("cuMemSetAccess", e));
@@ -200,10 +170,7 @@ impl Pages {
     /// `cuMemRelease` each. The caller has made sure no queued work uses them (unmapping is
     /// not ordered with streams).
     pub(super) fn unmap_range(&mut self, addr: u64, end: u64) -> Result<(), BackendError> {
-        if let Some(p) = self.aliased.range(addr..end).next().map(|(&p, _)| p) {
-            // Released, its physical page would live on behind the view, uncounted.
-            return Err(BackendError::Other(format!("page {p:#x} is mapped by a view: unalias it first")));
-        }
+        self.views.refuse_aliased(addr, end)?;
         if let Some((a, l)) = self.mapping_across(addr) {
             return Err(BackendError::Other(format!("{addr:#x} is inside the mapping at {a:#x} of {l} bytes")));
         }
@@ -302,32 +269,20 @@ impl Pages {
             let _ = unsafe { sys::cuMemAddressFree(base, len as usize) };
             return Err(e);
         }
-        for &p in pages {
-            *self.aliased.entry(p).or_default() += 1;
-        }
-        self.views.insert(base, pages.to_vec());
+        self.views.insert(base, pages);
         Ok(base)
     }
 
     /// Unmaps the view of `count` pages at `addr` and frees its addresses; the pages stay
     /// mapped where they were. The caller has made sure no queued work uses the view.
     pub(super) fn unalias(&mut self, addr: u64, count: u64) -> Result<(), BackendError> {
-        let len = match self.views.get(&addr) {
-            Some(pages) if pages.len() as u64 == count => count * self.page,
-            _ => return Err(BackendError::Other(format!("no view of {count} pages at {addr:#x}"))),
-        };
+        self.views.check(addr, count)?;
+        let len = count * self.page;
         // SAFETY: `[addr, addr + len)` is a view mapped by `alias`, which nothing uses any more.
         unsafe { sys::cuMemUnmap(addr, len as usize) }.result().map_err(|e| driver("cuMemUnmap", e))?;
         // SAFETY: reserved by `alias` with this length; nothing is mapped in it any more.
         let freed = unsafe { sys::cuMemAddressFree(addr, len as usize) }.result();
-        for p in self.views.remove(&addr).unwrap_or_default() {
-            if let std::collections::btree_map::Entry::Occupied(mut e) = self.aliased.entry(p) {
-                *e.get_mut() -= 1;
-                if *e.get() == 0 {
-                    e.remove();
-                }
-            }
-        }
+        self.views.remove(addr);
         freed.map_err(|e| driver("cuMemAddressFree", e))
     }
 
