@@ -296,14 +296,16 @@
 //! reserves nothing (reserved memory counts the range's pages once), and a snapshot shows it
 //! as a segment of its own at the buffer's address, its pages left out of the range. On an
 //! H200, against PyTorch's allocator and the pool measured in the same session, the default
-//! segments reserved at most the better of their peaks on 52 of 54 fixture traces (15 missed
-//! it without views; the two left are on three streams, where views are not made: one stream's
-//! range makes them), `staggered_buffers` 1.000 times its live peak instead of 1.500, and none
-//! called the driver after its second warm pass (one, `gru_tbptt`, in its second); warm time
-//! stayed under half of PyTorch's on all but two or three one-stream traces, a different few in
-//! each of two runs (without views two and four). The cost is in the cold pass: pages mapped
-//! one by one and views made, 1.8 times the time per operation (`BENCHMARKS.md`, "Views of the
-//! range's free pages"). Where a pass starts from another layout than the last (the block
+//! segments reserved at most the better of their peaks on all 54 fixture traces (15 missed it
+//! without views; the five on several streams judged against both replaying them on the same
+//! streams), `staggered_buffers` 1.000 times its live peak instead of 1.500, and none called
+//! the driver after its second warm pass (one, `gru_tbptt`, in its second); in the median of
+//! three rounds, warm time with recording off was under half of PyTorch's on 48 of 49
+//! one-stream traces (`dit_cfg_sampling` 0.53), and with the default recording under PyTorch's
+//! on all 49. The cost is in the cold pass: pages mapped one by one and views made, 4.4 times
+//! the time per operation of PyTorch's expandable segments, which map 20 MiB at a time
+//! (`BENCHMARKS.md`, "The whole table with 54 traces, views on" and "Views of the range's free
+//! pages"). Where a pass starts from another layout than the last (the block
 //! freed last at its end is handed to the next pass's first request of its size where it
 //! lies), a view may be made again: 1 of 300 synthetic traces of random shapes called the
 //! driver in its third warm pass that way.

@@ -23,16 +23,25 @@
 #   strip --strip-debug .gpu/cuda_tests .gpu/cuda_bench .gpu/vramscope .gpu/threads_*
 # then with the `device` tool (carry [".gpu"]): bash .gpu/run.sh > $OUT/log.txt 2>&1, and
 # python3 tests/gpu/table.py log.txt here. A part whose binary is missing is left out.
+# Where one command would pass the device's 10 minutes, split it: PARTS names the parts to run
+# (default all: tests traces pair threads; `traces` includes torch_streams.py) and SHARD=K/N
+# replays only the K-th of N shares of the traces (every N-th, from the K-th in name order), e.g.
+#   SHARD=1/2 PARTS="tests traces" bash .gpu/run.sh > $OUT/log1.txt 2>&1
+#   SHARD=2/2 PARTS="traces pair threads" bash .gpu/run.sh > $OUT/log2.txt 2>&1
+# and python3 tests/gpu/table.py log1.txt log2.txt reads them as one log.
 # BENCHMARKS.md ("On the GPU") keeps the latest table with the GPU's name.
 set -u
 cd "$(dirname "$0")"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+PARTS=" ${PARTS:-tests traces pair threads} "
+part() { case $PARTS in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+SHARD=${SHARD:-1/1}
 # Swapped, the suite runs as ignored benchmarks and says nothing: say so.
 if [ -x cuda_tests ] && ! ./cuda_tests --list 2>/dev/null | grep -q ': test$'; then
   echo "== cuda_tests lists no tests: is it the pair bench? (see the packing notes at the top)"
 fi
 for seg in malloc virtual default; do
-  [ -x cuda_tests ] || break
+  part tests && [ -x cuda_tests ] || break
   echo "== cuda tests, $seg segments"
   if [ $seg = default ]; then
     (unset VRAMSCOPE_CUDA_SEGMENTS; timeout 120 ./cuda_tests 2>&1 | grep -E "^test |test result|panicked" | head -30)
@@ -41,9 +50,13 @@ for seg in malloc virtual default; do
   fi
 done
 # TRACES=DIR (relative to this script's folder) replays the traces there instead of the fixtures'.
+i=0; k=${SHARD%/*}; n=${SHARD#*/}
 rm -rf traces && mkdir -p traces && for f in "${TRACES:-../fixtures/torch}"/*.trace.json*; do  # gzipped in the tree
+  i=$((i + 1)); [ $(( (i - k) % n )) = 0 ] || continue
   case $f in *.gz) gunzip -c "$f" > "traces/$(basename "$f" .gz)" ;; *) cp "$f" traces/ ;; esac
 done
+if part traces; then
+echo "== traces: share $SHARD, $(ls traces | wc -l) traces"
 # Rounds (ROUNDS, default 3), each trace's replays through vramscope and PyTorch back to back
 # (paired.py): the host's speed changes from one minute to the next (up to 2x, BENCHMARKS.md),
 # so table.py compares each round's pair, seconds apart, and takes the median of the rounds'
@@ -55,12 +68,13 @@ timeout 1800 python3 paired.py traces "${ROUNDS:-3}" 2>&1 | grep -v Warning
 for round in $(seq "${ROUNDS:-3}"); do
   [ -f torch_streams.py ] && timeout 120 python3 torch_streams.py traces 2>&1 | grep -v Warning
 done
-if [ -x cuda_bench ]; then
+fi
+if part pair && [ -x cuda_bench ]; then
   echo "== pair bench"; timeout 200 ./cuda_bench --bench 2>&1 | grep -v "^$"
 fi
 for i in 1 2; do for b in user fp; do
-  [ -x threads_$b ] || continue
+  part threads && [ -x threads_$b ] || continue
   echo "== threads $b $i"; timeout 200 ./threads_$b --backend cuda --secs 0.5 --recording off 2>&1
   timeout 200 ./threads_$b --backend cuda --secs 0.5 --recording default 2>&1
 done; done
-if [ -f torch_threads.py ]; then echo "== torch_threads.py"; timeout 300 python3 torch_threads.py 2>&1 | grep -v Warning; fi
+if part threads && [ -f torch_threads.py ]; then echo "== torch_threads.py"; timeout 300 python3 torch_threads.py 2>&1 | grep -v Warning; fi

@@ -12,7 +12,7 @@ ns (divan medians of `benches/cuda.rs`; PyTorch's from torch_threads.py at one t
 threads: million pairs per second in all at 1 to 16 threads, each run's figure, and the most
 threads' total over one thread's.
 
-    python3 tests/gpu/table.py LOG
+    python3 tests/gpu/table.py LOG...   # several logs (run.sh's SHARD and PARTS) read as one
 """
 import json
 import re
@@ -147,12 +147,12 @@ def targets(names, runs, torch, same, paired):
         print(f"\n{seg} segments: every target met on {sum(oks)} of {len(oks)} traces")
 
 
-def main(path):
+def main(paths):
     runs, torch, same = {}, {}, {}
     key = None
     section, pair_lines, threads, torch_threads = None, [], [], []
     paired = False
-    for line in open(path):
+    for line in (line for path in paths for line in open(path)):
         line = line.rstrip("\n")
         if line.startswith("== "):
             section = line[3:]
@@ -218,4 +218,4 @@ def main(path):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1:])
