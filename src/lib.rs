@@ -284,17 +284,18 @@
 //! a fixed layout, and some passes fit no fixed layout in their peak of live bytes.
 //! `staggered_buffers` (three 256 MiB buffers of staggered lifetimes, and scratch tensors
 //! filling what they leave of 1 GiB) needs 1.25 GiB in any, searched exhaustively; the
-//! `cudaMallocAsync` pool holds 1 GiB by mapping memory in every pass. So the range maps each
-//! page as a mapping of its own, and where it would grow for a request over 1 MiB that none of
-//! its holes fits, it serves the request instead from its wholly free pages, wherever they lie,
-//! mapped once more in order at addresses of their own (a *view*), if that maps fewer new pages
-//! than growing would ([`AllocatorConfig::alias_pages`], on by default). While the buffer
-//! lives its pages are held out of the range's holes; freed, they go back, and the view is
-//! kept for the next request of its page count whose pages are all free again, which takes it
+//! `cudaMallocAsync` pool holds 1 GiB by mapping memory in every pass. So where the range
+//! would grow for a request over 1 MiB that none of its holes fits, it serves the request
+//! instead from its wholly free mappings (a 2 MiB page each for growths under 128 MiB, coarser
+//! for larger ones), wherever they lie, mapped once more in order at addresses of their own (a
+//! *view*), if that maps fewer new bytes than growing would ([`AllocatorConfig::alias_pages`],
+//! on by default). While the buffer lives the memory it uses is held out of the range's holes
+//! (of the view's last mapping, only what it needs); freed, it goes back, and the view is kept
+//! for the next request of its size in pages whose memory is all free again, which takes it
 //! with no driver call. Why it settles: a pass that repeats the last from the same layout
 //! finds at each request the holes it found before and the view made for it then. A view
-//! reserves nothing (reserved memory counts the range's pages once), and a snapshot shows it
-//! as a segment of its own at the buffer's address, its pages left out of the range. On an
+//! reserves nothing (reserved memory counts the range's memory once), and a snapshot shows it
+//! as a segment of its own at the buffer's address, its memory left out of the range. On an
 //! H200, against PyTorch's allocator and the pool measured in the same session, the default
 //! segments reserved at most the better of their peaks on all 54 fixture traces (15 missed it
 //! without views; the five on several streams judged against both replaying them on the same
@@ -302,9 +303,11 @@
 //! the driver after its second warm pass (one, `gru_tbptt`, in its second); in the median of
 //! three rounds, warm time with recording off was under half of PyTorch's on 48 of 49
 //! one-stream traces (`dit_cfg_sampling` 0.53), and with the default recording under PyTorch's
-//! on all 49. The cost is in the cold pass: pages mapped one by one and views made, 4.4 times
-//! the time per operation of PyTorch's expandable segments, which map 20 MiB at a time
-//! (`BENCHMARKS.md`, "The whole table with 54 traces, views on" and "Views of the range's free
+//! on all 49 (code of 985d2cc, which mapped the range page by page). The cost is in the cold
+//! pass, views mapping each of their mappings again: 3.8 times the time per operation of
+//! PyTorch's expandable segments, which map 20 MiB at a time, since views map whole mappings
+//! (4.8 times when the range mapped every page alone; `BENCHMARKS.md`, "Views of whole
+//! mappings", "The whole table with 54 traces, views on" and "Views of the range's free
 //! pages"). Where a pass starts from another layout than the last (the block
 //! freed last at its end is handed to the next pass's first request of its size where it
 //! lies), a view may be made again: 1 of 300 synthetic traces of random shapes called the
@@ -597,6 +600,7 @@
 //! [`AllocatorConfig::fragmentation_limit`]: config::AllocatorConfig::fragmentation_limit
 //! [`AllocatorConfig::fragmentation_limit_max`]: config::AllocatorConfig::fragmentation_limit_max
 //! [`AllocatorConfig::max_split_size`]: config::AllocatorConfig::max_split_size
+//! [`AllocatorConfig::alias_pages`]: config::AllocatorConfig::alias_pages
 //! [`AllocatorConfig::per_process_memory_fraction`]: config::AllocatorConfig::per_process_memory_fraction
 //! [`LimitMax::Auto`]: config::LimitMax::Auto
 //! [`RecordConfig`]: record::RecordConfig

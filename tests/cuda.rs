@@ -110,6 +110,20 @@ fn data_survives_many_alloc_free_cycles() {
     alloc.check_invariants().unwrap();
 }
 
+/// An allocator with views of the range (`alias_pages`) and a stream of its own; `None` (said
+/// on stderr) without a GPU or with `cuMemAlloc` segments, which have no views.
+fn with_views() -> Option<(CachingAllocator, vramscope::Stream)> {
+    let b = backend()?;
+    if !b.can_alias() {
+        eprintln!("skipped: cuMemAlloc segments have no views");
+        return None;
+    }
+    let config = vramscope::config::AllocatorConfig::parse("alias_pages:True").unwrap();
+    let alloc = CachingAllocator::with_config(b, config).unwrap();
+    let s = alloc.new_stream().unwrap();
+    Some((alloc, s))
+}
+
 /// With `alias_pages` on virtual segments, a request the range's scattered free pages cover is
 /// served through a view of them (no memory reserved), and the view is those very pages: what
 /// is written through it is read back at the range's addresses once the view is freed.
@@ -117,14 +131,7 @@ fn data_survives_many_alloc_free_cycles() {
 fn a_view_writes_the_ranges_own_pages() {
     const MIB: usize = 1 << 20;
     let _device = shared_device();
-    let Some(b) = backend() else { return };
-    if !b.can_alias() {
-        eprintln!("skipped: cuMemAlloc segments have no views");
-        return;
-    }
-    let config = vramscope::config::AllocatorConfig::parse("alias_pages:True").unwrap();
-    let alloc = CachingAllocator::with_config(b, config).unwrap();
-    let s = alloc.new_stream().unwrap();
+    let Some((alloc, s)) = with_views() else { return };
     let words = 4 * MIB / 4;
     let mut blocks: Vec<_> = (0..4).map(|_| Some(alloc.alloc::<u32>(&s, words).unwrap())).collect();
     let holes = [blocks[0].as_ref().unwrap().device_ptr(), blocks[2].as_ref().unwrap().device_ptr()];
@@ -146,6 +153,47 @@ fn a_view_writes_the_ranges_own_pages() {
     assert_eq!(first.to_vec().unwrap(), data[..words]);
     assert_eq!(second.to_vec().unwrap(), data[words..]);
     drop((first, second, blocks));
+    alloc.empty_cache();
+    alloc.check_invariants().unwrap();
+}
+
+/// A view over mappings of several pages (a range reserved for 512 MiB maps 16 MiB at a time):
+/// the view maps them whole, the buffer uses the first 10 MiB of its last one, and the rest of
+/// that mapping is handed to another buffer, which writes it without touching the view's
+/// data; freed, the view's data reads back at the range's own addresses.
+#[test]
+fn a_view_of_whole_mappings_writes_the_ranges_own_memory() {
+    const MIB: usize = 1 << 20;
+    let _device = shared_device();
+    let Some((alloc, s)) = with_views() else { return };
+    let words = |mib: usize| mib * MIB / 4;
+    drop(alloc.alloc::<u32>(&s, words(512)).unwrap());
+    let p = alloc.alloc::<u32>(&s, words(100)).unwrap();
+    let q = alloc.alloc::<u32>(&s, words(200)).unwrap();
+    let r = alloc.alloc::<u32>(&s, words(200)).unwrap();
+    let base = p.device_ptr();
+    assert_eq!(r.device_ptr(), base + (300 * MIB) as u64);
+    drop((p, r));
+    // Holes of 100 and 212 MiB, wholly free mappings of 96 and 208 MiB: 250 MiB fits no hole.
+    let reserved = alloc.stats().reserved_bytes.all.current;
+    let mut view = alloc.alloc::<u32>(&s, words(250)).unwrap();
+    assert_eq!(alloc.stats().reserved_bytes.all.current, reserved, "served by a view");
+    let data: Vec<u32> = (0..words(250) as u32).map(|k| k.wrapping_mul(2_654_435_761)).collect();
+    view.copy_from_host(&data).unwrap();
+    let mut rest = alloc.alloc::<u32>(&s, words(50)).unwrap();
+    assert_eq!(rest.device_ptr(), base + (458 * MIB) as u64, "the rest of the view's last mapping");
+    rest.copy_from_host(&vec![7u32; words(50)]).unwrap();
+    assert_eq!(view.to_vec().unwrap(), data);
+    alloc.check_invariants().unwrap();
+    drop(view);
+    // The memory the view used, at the range's addresses: [0, 96) and [304, 458) MiB.
+    let first = alloc.alloc::<u32>(&s, words(100)).unwrap();
+    let second = alloc.alloc::<u32>(&s, words(158)).unwrap();
+    assert_eq!([first.device_ptr(), second.device_ptr()], [base, base + (300 * MIB) as u64]);
+    assert_eq!(first.to_vec().unwrap()[..words(96)], data[..words(96)]);
+    assert_eq!(second.to_vec().unwrap()[words(4)..], data[words(96)..]);
+    assert_eq!(rest.to_vec().unwrap(), vec![7u32; words(50)]);
+    drop((first, second, rest, q));
     alloc.empty_cache();
     alloc.check_invariants().unwrap();
 }

@@ -123,13 +123,15 @@ pub struct AllocatorConfig {
     pub share_idle_streams: bool,
     /// Where the range that grows in place ([`release_pages`](Self::release_pages)) would grow
     /// for a large request (over 1 MiB) that none of its holes fits, serve the request instead
-    /// from the range's wholly free pages, wherever they lie, mapped once more in order at
-    /// addresses of their own (a *view*), if that maps fewer new pages than growing would; the
-    /// view is kept for the next request of its page count once its pages are all free again.
-    /// The range then maps each 2 MiB page as a mapping of its own (only whole mappings can be
-    /// mapped twice). Needs a backend that can [`alias`](crate::backend::Backend::alias) (the
-    /// sim; CUDA's virtual-memory segments). vramscope's own. Default: `true` (see the crate
-    /// docs, "How the allocator works", and `BENCHMARKS.md`, "Views of the range's free pages").
+    /// from the range's wholly free mappings, wherever they lie, mapped once more in order at
+    /// addresses of their own (a *view*), if that maps fewer new bytes than growing would; the
+    /// view is kept for the next request of its size in pages once its memory is all free
+    /// again. Only whole mappings can be mapped twice: the range's, as it maps them anyway (a
+    /// 2 MiB page each for growths under 128 MiB, coarser for larger ones). Needs a backend
+    /// that can [`alias`](crate::backend::Backend::alias) (the sim; CUDA's virtual-memory
+    /// segments). vramscope's own. Default: `true` (see the crate docs, "How the allocator
+    /// works", and `BENCHMARKS.md`, "Views of the range's free pages" and "Views of whole
+    /// mappings").
     pub alias_pages: bool,
 }
 

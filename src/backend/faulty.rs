@@ -217,19 +217,15 @@ unsafe impl<B: Backend> Backend for FaultyBackend<B> {
         self.check(len)?;
         self.inner.map(addr, len)
     }
-    fn map_pages(&self, addr: u64, len: u64) -> Result<(), BackendError> {
-        self.check(len)?;
-        self.inner.map_pages(addr, len)
-    }
     fn can_alias(&self) -> bool {
         self.inner.can_alias()
     }
-    fn alias(&self, pages: &[u64]) -> Result<u64, BackendError> {
-        self.inner.alias(pages)
+    fn alias(&self, maps: &[u64]) -> Result<u64, BackendError> {
+        self.inner.alias(maps)
     }
-    unsafe fn unalias(&self, addr: u64, count: u64, stream: RawStream) -> Result<(), BackendError> {
+    unsafe fn unalias(&self, addr: u64, len: u64, stream: RawStream) -> Result<(), BackendError> {
         // SAFETY: the caller's promise, passed on.
-        unsafe { self.inner.unalias(addr, count, stream) }
+        unsafe { self.inner.unalias(addr, len, stream) }
     }
     fn create_stream(&self) -> Result<RawStream, BackendError> {
         self.inner.create_stream()

@@ -214,7 +214,7 @@ pub unsafe trait Backend: Send + Sync + fmt::Debug + 'static {
     /// CUDA backend waits for that stream alone, not for the whole device). No work queued on
     /// any other stream uses them (the allocator waits for the streams a block was recorded on
     /// before the block is free). No view ([`alias`](Backend::alias)) maps any of the range:
-    /// a backend refuses to unmap a page a view still maps.
+    /// a backend refuses to unmap a mapping a view still maps.
     unsafe fn unmap(&self, addr: u64, len: u64, stream: RawStream) -> Result<(), BackendError> {
         let _ = (addr, len, stream);
         Err(BackendError::Unsupported("unmap"))
@@ -229,56 +229,35 @@ pub unsafe trait Backend: Send + Sync + fmt::Debug + 'static {
         Err(BackendError::Unsupported("map"))
     }
 
-    /// Maps physical memory under `[addr, addr + len)` one [`page_size`](Backend::page_size)
-    /// page per mapping, each as [`map`](Backend::map) would map it alone (so that each can be
-    /// unmapped, or [`alias`](Backend::alias)ed, on its own); on failure, maps nothing. The
-    /// default calls `map` for each page; the CUDA backend makes the pages accessible in one
-    /// call for the run.
-    fn map_pages(&self, addr: u64, len: u64) -> Result<(), BackendError> {
-        let page = self.page_size();
-        let mut done = 0;
-        while done < len {
-            if let Err(e) = self.map(addr + done, page) {
-                if done > 0 {
-                    // SAFETY: `[addr, addr + done)` was mapped just above, whole mappings of a
-                    // segment's addresses that nothing has used.
-                    let _ = unsafe { self.unmap(addr, done, 0) };
-                }
-                return Err(e);
-            }
-            done += page;
-        }
-        Ok(())
-    }
-
     /// Whether [`alias`](Backend::alias) and [`unalias`](Backend::unalias) work: physical
     /// memory mapped once can be mapped again at other addresses. Default: `false`.
     fn can_alias(&self) -> bool {
         false
     }
 
-    /// Maps the physical memory of `pages` (addresses of page-long mappings made by
-    /// [`map`](Backend::map), each exactly one [`page_size`](Backend::page_size)) once more,
-    /// in that order, at the consecutive pages of a new range of addresses (a *view*), and
-    /// returns its start. The memory is then reachable at two addresses; the view takes no
-    /// memory of its own. Default: refused.
-    fn alias(&self, pages: &[u64]) -> Result<u64, BackendError> {
-        let _ = pages;
-        Err(BackendError::Unsupported("views of mapped pages"))
+    /// Maps the physical memory of the mappings starting at `maps` (whole mappings, as
+    /// [`map`](Backend::map) or [`reserve_growable`](Backend::reserve_growable) made them: a
+    /// segment's pieces of its [`map_granule`]) once more, in that order, back to back at a new
+    /// range of addresses (a *view*, as long as their lengths' sum), and returns its start. The
+    /// memory is then reachable at two addresses; the view takes no memory of its own.
+    /// Default: refused.
+    fn alias(&self, maps: &[u64]) -> Result<u64, BackendError> {
+        let _ = maps;
+        Err(BackendError::Unsupported("views of mapped memory"))
     }
 
-    /// Unmaps the view of `count` pages at `addr` that [`alias`](Backend::alias) made and frees
-    /// its addresses; the pages stay mapped where [`map`](Backend::map) put them.
+    /// Unmaps the view of `len` bytes at `addr` that [`alias`](Backend::alias) made and frees
+    /// its addresses; its mappings stay mapped where they were.
     ///
     /// # Safety
     ///
-    /// `addr` and `count` are those of a view this backend made and has not unaliased, and
+    /// `addr` and `len` are those of a view this backend made and has not unaliased, and
     /// nothing on the host uses its memory through it. Device work queued on `stream` may still
     /// use it: the backend orders the unmap after that work, as [`unmap`](Backend::unmap) does;
     /// no work queued on another stream does.
-    unsafe fn unalias(&self, addr: u64, count: u64, stream: RawStream) -> Result<(), BackendError> {
-        let _ = (addr, count, stream);
-        Err(BackendError::Unsupported("views of mapped pages"))
+    unsafe fn unalias(&self, addr: u64, len: u64, stream: RawStream) -> Result<(), BackendError> {
+        let _ = (addr, len, stream);
+        Err(BackendError::Unsupported("views of mapped memory"))
     }
 
     /// Creates a new stream.

@@ -321,26 +321,29 @@ unsafe impl Backend for SimBackend {
         true
     }
 
-    fn alias(&self, pages: &[u64]) -> Result<u64, BackendError> {
+    fn alias(&self, maps: &[u64]) -> Result<u64, BackendError> {
         let mut segs = self.segments.lock();
-        if pages.is_empty() {
-            return Err(BackendError::Other("a view of no pages".into()));
+        if maps.is_empty() {
+            return Err(BackendError::Other("a view of no mappings".into()));
         }
-        if let Some(&p) = pages.iter().find(|&&p| segs.maps.get(&p) != Some(&self.page)) {
-            return Err(BackendError::Other(format!("{p:#x} is not a mapping of one page")));
+        let mut len = 0u64;
+        for &p in maps {
+            match segs.maps.get(&p) {
+                Some(&l) => len += l,
+                None => return Err(BackendError::Other(format!("{p:#x} is not the start of a mapping"))),
+            }
         }
-        let len = pages.len() as u64 * self.page;
         let addr = self.next_view.fetch_add(len + self.page, Ordering::Relaxed);
         if addr + len > SIM_BASE {
             return Err(BackendError::Other("the simulated address space for views is spent".into()));
         }
-        segs.views.insert(addr, pages);
+        segs.views.insert(addr, len, maps);
         Ok(addr)
     }
 
-    unsafe fn unalias(&self, addr: u64, count: u64, _stream: RawStream) -> Result<(), BackendError> {
+    unsafe fn unalias(&self, addr: u64, len: u64, _stream: RawStream) -> Result<(), BackendError> {
         let mut segs = self.segments.lock();
-        segs.views.check(addr, count)?;
+        segs.views.check(addr, len)?;
         segs.views.remove(addr);
         Ok(())
     }
@@ -438,54 +441,54 @@ mod tests {
     }
 
     #[test]
-    fn map_pages_maps_each_page_alone_or_nothing() {
+    fn a_segment_is_released_at_the_size_it_grew_to_whatever_a_refused_growth_did() {
         let sim = SimBackend::new(8 << 20);
         let page = DEFAULT_PAGE_SIZE;
         let a = sim.reserve_growable(page, 8 * page).unwrap();
-        sim.map_pages(a + page, 2 * page).unwrap();
-        // SAFETY: the simulated backend checks every unmap.
-        unsafe { sim.unmap(a + 2 * page, page, 0).unwrap() };
+        sim.map(a + page, page).unwrap();
         let v = sim.alias(&[a + page]).unwrap();
-        // Past the capacity on its third page: nothing of it stays mapped.
+        // Past the capacity: nothing of it stays mapped.
         let used = sim.used_memory();
-        assert!(sim.map_pages(a + 3 * page, 3 * page).is_err());
+        assert!(sim.map(a + 2 * page, 3 * page).is_err());
         assert_eq!(sim.used_memory(), used);
-        // Released at the size it grew to (two pages), whatever the refused run mapped and undid.
-        // SAFETY: as above; the view goes first.
+        // SAFETY: the simulated backend checks every release; the view goes first.
         unsafe {
-            assert!(sim.release(a, 2 * page).is_err(), "a view maps a page");
+            assert!(sim.release(a, 2 * page).is_err(), "a view maps a mapping of it");
             assert!(sim.release(a, page).is_err(), "a page is mapped past the size");
-            sim.unalias(v, 1, 0).unwrap();
+            sim.unalias(v, page, 0).unwrap();
             sim.release(a, 2 * page).unwrap();
         }
         assert_eq!(sim.used_memory(), 0);
     }
 
     #[test]
-    fn views_map_pages_again_and_keep_them_mapped_until_unaliased() {
+    fn views_map_whole_mappings_again_and_keep_them_mapped_until_unaliased() {
         let sim = SimBackend::new(1 << 30);
         let page = DEFAULT_PAGE_SIZE;
         let a = sim.reserve_growable(page, 64 << 20).unwrap();
         sim.map(a + page, page).unwrap();
         sim.map(a + 2 * page, 2 * page).unwrap();
         let used = sim.used_memory();
-        assert!(sim.alias(&[a + 2 * page]).is_err(), "a mapping of two pages");
         assert!(sim.alias(&[a + 3 * page]).is_err(), "not a mapping's start");
-        assert!(sim.alias(&[]).is_err(), "no pages");
-        let v = sim.alias(&[a + page, a]).unwrap();
+        assert!(sim.alias(&[]).is_err(), "no mappings");
+        // Two pages' mapping, then the first page's: four pages in all.
+        let v = sim.alias(&[a + 2 * page, a]).unwrap();
         assert_eq!(sim.used_memory(), used, "a view takes no memory");
-        assert!(v >= a + (64 << 20) || v + 2 * page <= a, "a view's addresses are its own");
+        assert!(v >= a + (64 << 20) || v + 3 * page <= a, "a view's addresses are its own");
         let reusing = SimBackend::new(1 << 30).reusing_addresses();
         let b = reusing.reserve_growable(page, 4 * page).unwrap();
         let w = reusing.alias(&[b]).unwrap();
         let c = reusing.reserve(8 * page).unwrap();
         assert!(w + page <= c || w >= c + 8 * page, "a segment placed later avoids the view too");
+        // SAFETY: the simulated backend checks every unmap, release and unalias.
         unsafe {
-            assert!(sim.unmap(a, page, 0).is_err(), "a page a view maps");
+            assert!(sim.unmap(a, page, 0).is_err(), "a mapping a view maps");
+            assert!(sim.unmap(a + 2 * page, 2 * page, 0).is_err(), "the other one");
+            sim.unmap(a + page, page, 0).unwrap();
             assert!(sim.release(a, 4 * page).is_err(), "a segment a view maps");
-            assert!(sim.unalias(v, 1, 0).is_err(), "the wrong count");
-            sim.unalias(v, 2, 0).unwrap();
-            assert!(sim.unalias(v, 2, 0).is_err(), "unaliased twice");
+            assert!(sim.unalias(v, 2 * page, 0).is_err(), "the wrong length");
+            sim.unalias(v, 3 * page, 0).unwrap();
+            assert!(sim.unalias(v, 3 * page, 0).is_err(), "unaliased twice");
             sim.unmap(a, page, 0).unwrap();
             sim.release(a, 4 * page).unwrap();
         }

@@ -107,16 +107,16 @@ fn copy(heap: &Heap) -> Raw {
         }
     });
     // Each view in use (`alias.rs`) as a segment of its own: its addresses are a contiguous
-    // mapped range as any segment's, the tensor lies at them, and the range's pages it maps
-    // are left out above, so that the segments still sum to the memory held.
-    for (v, _, pages) in heap.views_in_use() {
+    // mapped range as any segment's, the tensor lies at them, and the range's memory it holds
+    // is left out above, so that the segments still sum to the memory held.
+    for (v, _, total) in heap.views_in_use() {
         let b = heap.block(v);
-        let total = pages * heap.page_size();
         let state = state_of(b.state).expect("a view's block in use is allocated or waiting");
         let mut blocks = vec![block_info(b, b.addr, b.size, state)];
         let mut contexts = vec![b.ctx];
         if total > b.size {
-            // The rest of the view's last page: held by the view, free for no one else.
+            // The rest of the view's last page: held by the view, free for no one else (the rest
+            // of its last mapping, if any, stays free in the range).
             blocks.push(BlockInfo {
                 address: b.addr + b.size,
                 size: total - b.size,

@@ -1,20 +1,29 @@
 //! Aliasing on growth ([`AllocatorConfig::alias_pages`](crate::AllocatorConfig::alias_pages)):
 //! where the range that grows in place would grow for a large request that none of its holes
-//! fits, the request is served instead from the range's wholly free pages, wherever they lie,
-//! mapped once more, in order, at addresses of their own: a *view*.
+//! fits, the request is served instead from the range's wholly free mappings, wherever they
+//! lie, mapped once more, in order, at addresses of their own: a *view*.
 //!
 //! Why: a fixed layout (every block at one address for its life) can need more memory than the
 //! peak of live bytes however blocks are placed: on `staggered_buffers` every layout needs
 //! 1.25 times it (`tests/gpu/staggered_bound.py`), and a range that only grows pays that. The
-//! free pages of the range add up to what the request needs although no hole is long enough;
-//! a view makes them contiguous without moving a byte. The rule is the one
+//! free memory of the range adds up to what the request needs although no hole is long enough;
+//! a view makes it contiguous without moving a byte. The rule is the one
 //! `tests/gpu/alias_model.py` models, predeclared before it was measured: a request over 1 MiB
-//! that no hole fits and that would grow the range takes `n` wholly free pages (`n`: the pages
-//! its size spans) where that maps fewer new pages than growing would, `max(0, n - free) <
-//! lacks`; otherwise the range grows as before (`BENCHMARKS.md`, "A trace no fixed layout fits").
+//! that no hole fits and that would grow the range by `lacks` bytes takes the range's first
+//! wholly free mappings (in address order) until they hold its size in whole pages (`need`),
+//! where that maps fewer new bytes than growing would, `max(0, need - free) < lacks`;
+//! otherwise the range grows as before (`BENCHMARKS.md`, "A trace no fixed layout fits").
 //!
-//! Why it settles: a view is kept when its block is freed, its pages returned to the range's
-//! holes. A later request of `n` pages first looks for a kept view of `n` pages whose pages are
+//! What a view can map: only whole mappings (CUDA maps a physical allocation from its start
+//! only), so the range maps its memory as it would without views, in the granules of each
+//! growth ([`map_granule`](crate::backend::map_granule): a page for growths under 128 MiB, at
+//! most a 32nd of larger ones), not page by page, which made the first pass 1.26 times slower
+//! on the GPU (`BENCHMARKS.md`, "Views of whole mappings"). The buffer uses the start of the
+//! view's last mapping only as far as it needs: the rest of that mapping stays free in the
+//! range, for anyone.
+//!
+//! Why it settles: a view is kept when its block is freed, its memory returned to the range's
+//! holes. A later request of the same `need` first looks for a kept view of it whose memory is
 //! all free again and takes it with no backend call. A pass that repeats the last one's
 //! requests from the same layout (the last grew nothing) finds at each request the holes it
 //! found before and the view made for it then, so it maps nothing. A pass may start from
@@ -22,16 +31,16 @@
 //! request of its size where it lies): then a view may be made again, until each layout the
 //! loop comes back to has its own (`BENCHMARKS.md`, "Views of the range's free pages").
 //!
-//! The books: while a view's block is in use, each run of the range's pages it maps is a block
-//! of the range in state [`BlockState::Aliased`], neither free nor allocated, so that the range
-//! hands none of it out; the view's block is allocated, counted as any other, but lies in no
-//! segment's list. A view reserves nothing: reserved bytes are the range's mapped pages, which
-//! the view only names a second time. Snapshots list a view in use as a segment of its own, at
-//! the buffer's address, and leave its pages out of the range's segment, so that the segments
-//! still sum to the memory held. A view is given back (unaliased) before any of its pages is
-//! unmapped or its range released, and when the cache is emptied. It is tried before
-//! [`Heap::grow`] ([`Heap::try_view`]): it reuses cached memory, so it neither advances the
-//! clock of idle streams nor counts as a regrowth for the limit.
+//! The books: while a view's block is in use, each run of the range's memory it uses is a
+//! block of the range in state [`BlockState::Aliased`], neither free nor allocated, so that
+//! the range hands none of it out; the view's block is allocated, counted as any other, but
+//! lies in no segment's list. A view reserves nothing: reserved bytes are the range's mapped
+//! memory, which the view only names a second time. Snapshots list a view in use as a segment
+//! of its own, at the buffer's address, and leave the memory it uses out of the range's
+//! segment, so that the segments still sum to the memory held. A view is given back
+//! (unaliased) before any of its mappings is unmapped or its range released, and when the cache
+//! is emptied. It is tried before [`Heap::grow`] ([`Heap::try_view`]): it reuses cached memory,
+//! so it neither advances the clock of idle streams nor counts as a regrowth for the limit.
 
 use super::observe::Note;
 use super::{Block, BlockState, Heap};
@@ -39,16 +48,23 @@ use crate::alloc::ids::{BlockId, SegmentId, StreamId};
 use crate::alloc::stats::Pool;
 use crate::backend::Backend;
 
-/// Pages of the range mapped once more at addresses of their own.
+/// A range of addresses: start and length.
+type Span = (u64, u64);
+
+/// Mappings of the range mapped once more at addresses of their own.
 #[derive(Debug)]
 pub(crate) struct View {
     /// Where the view starts.
     pub(crate) addr: u64,
-    /// The range's pages it maps, as runs (address, pages) in the view's order: ascending,
-    /// the first free pages.
-    pub(crate) runs: Box<[(u64, u64)]>,
-    /// How many pages: the runs' sum.
-    pub(crate) pages: u64,
+    /// The range's memory the view's block uses, as runs (address, length) in the view's
+    /// order, ascending: whole mappings of the range, but for the last run, which may end
+    /// inside its last mapping (the rest of that mapping stays the range's, and the view's
+    /// block never touches it).
+    pub(crate) runs: Box<[Span]>,
+    /// The runs' sum: the size of the requests the view serves, in whole pages.
+    pub(crate) len: u64,
+    /// The view's length: its mappings', whole (at least `len`).
+    pub(crate) span: u64,
     /// The range they lie in.
     pub(crate) range: SegmentId,
     /// The view's block: allocated (or waiting for other streams) while `held` is not empty.
@@ -58,10 +74,22 @@ pub(crate) struct View {
     pub(crate) held: Vec<BlockId>,
 }
 
+impl View {
+    /// Whether the view maps memory of `[addr, end)` of its range: its runs, the last one to
+    /// the end of its mapping.
+    fn maps_any_of(&self, addr: u64, end: u64) -> bool {
+        let last = self.runs.len() - 1;
+        self.runs.iter().enumerate().any(|(k, &(p, l))| {
+            let l = if k == last { l + self.span - self.len } else { l };
+            p < end && p + l > addr
+        })
+    }
+}
+
 impl Heap {
     /// Where a request of `size` bytes on `stream` finds no cached block (nor another stream's
     /// range to borrow from), and its stream's range would grow: a view of the range's free
-    /// pages if one needs fewer new pages than the growth ([`Heap::serve_by_view`]). Tried
+    /// mappings if one needs fewer new bytes than the growth ([`Heap::serve_by_view`]). Tried
     /// before [`Heap::grow`]: a view reuses cached memory, so it counts neither as a request
     /// that found none (the clock of idle streams) nor as a regrowth.
     pub(super) fn try_view(
@@ -76,14 +104,15 @@ impl Heap {
         }
         self.settle();
         let g = self.growth_plan(stream, size)?;
-        self.serve_by_view(backend, stream, size, g.seg, g.by / self.page)
+        self.serve_by_view(backend, stream, size, g.seg, g.by)
     }
 
     /// Serves a request of `size` bytes on `stream` through a view of range `range`'s free
-    /// pages, where growing the range would map `lacks` pages and a view needs fewer: a kept
-    /// view whose pages are all free again, else a new one (after growing the range by the
-    /// pages its free ones lack). `None`: growing is the better way, or a backend call failed
-    /// (the caller then grows as without views; nothing changed here but a growth kept).
+    /// mappings, where growing the range would map `lacks` bytes and a view needs fewer new
+    /// ones: a kept view whose runs are all free again, else a new one (after growing the range
+    /// by what its wholly free mappings lack). `None`: growing is the better way, or a backend
+    /// call failed (the caller then grows as without views; nothing changed here but a growth
+    /// kept).
     pub(super) fn serve_by_view(
         &mut self,
         backend: &dyn Backend,
@@ -92,52 +121,60 @@ impl Heap {
         range: SegmentId,
         lacks: u64,
     ) -> Option<BlockId> {
-        let page = self.page;
-        let n = size.div_ceil(page);
-        let free = self.free_runs(range);
-        // Whether `[addr, addr + k pages)` lies in one free run.
-        let is_free = |&(addr, k): &(u64, u64)| {
-            let i = free.partition_point(|&(a, _)| a <= addr);
-            i > 0 && free[i - 1].0 + free[i - 1].1 * page >= addr + k * page
+        let need = size.next_multiple_of(self.page);
+        let (blocks, free) = self.free_runs(range);
+        // Whether `[addr, addr + len)` lies in one free block.
+        let is_free = |&(addr, len): &(u64, u64)| {
+            let i = blocks.partition_point(|&(a, _)| a <= addr);
+            i > 0 && blocks[i - 1].0 + blocks[i - 1].1 >= addr + len
         };
         let idle = self
             .views
             .iter()
-            .position(|v| v.range == range && v.held.is_empty() && v.pages == n && v.runs.iter().all(is_free));
+            .position(|v| v.range == range && v.held.is_empty() && v.len == need && v.runs.iter().all(is_free));
         if let Some(v) = idle {
             self.hold(v, size, stream);
             return Some(self.views[v].block);
         }
-        let have: u64 = free.iter().map(|&(_, k)| k).sum();
-        if n.saturating_sub(have) >= lacks {
+        let have: u64 = free.iter().map(|&(_, l)| l).sum();
+        if need.saturating_sub(have) >= lacks {
             return None;
         }
-        let free = if have < n {
-            let growth = super::expand::Growth { seg: range, by: (n - have) * page };
+        let free = if have < need {
+            let growth = super::expand::Growth { seg: range, by: need - have };
             if let Err(e) = self.grow_in_place(backend, growth) {
                 self.last_error = Some(format!("growing the range for a view: {e}"));
                 return None;
             }
-            self.free_runs(range)
+            self.free_runs(range).1
         } else {
             free
         };
-        // The first `n` free pages, in address order.
-        let mut runs = Vec::new();
-        let mut left = n;
-        for &(addr, k) in &free {
-            if left == 0 {
-                break;
+        // The first wholly free mappings, in address order, until they hold `need` bytes.
+        let seg = &self.segments[range];
+        let (mut maps, mut runs, mut span, mut left) = (Vec::new(), Vec::<Span>::new(), 0, need);
+        'runs: for &(addr, len) in &free {
+            for g in seg.granules_inside(addr, len) {
+                let (at, l) = seg.granule_span(g, g + 1);
+                maps.push(at);
+                span += l;
+                let take = l.min(left);
+                match runs.last_mut() {
+                    Some((a, k)) if *a + *k == at => *k += take,
+                    _ => runs.push((at, take)),
+                }
+                left -= take;
+                if left == 0 {
+                    break 'runs;
+                }
             }
-            runs.push((addr, k.min(left)));
-            left -= k.min(left);
         }
-        let pages: Vec<u64> = runs.iter().flat_map(|&(addr, k)| (0..k).map(move |j| addr + j * page)).collect();
-        let addr = match backend.alias(&pages) {
+        debug_assert_eq!(left, 0, "the range holds the free mappings counted above");
+        let addr = match backend.alias(&maps) {
             Ok(addr) => addr,
             Err(e) => {
                 self.note(Note::BackendError);
-                self.last_error = Some(format!("a view of {n} pages: {e}"));
+                self.last_error = Some(format!("a view of {} mappings ({need} bytes): {e}", maps.len()));
                 return None;
             }
         };
@@ -145,37 +182,38 @@ impl Heap {
         let mut b = Block::fresh(addr, size, range, Pool::Large, stream, None);
         b.view = true;
         let block = self.new_block(b);
-        self.views.push(View { addr, runs: runs.into(), pages: n, range, block, held: Vec::new() });
+        self.views.push(View { addr, runs: runs.into(), len: need, span, range, block, held: Vec::new() });
         self.hold(self.views.len() - 1, size, stream);
         Some(block)
     }
 
-    /// The runs of range `range`'s wholly free, mapped pages (address, pages), ascending: one
-    /// per free block where the range is wholly mapped (a loop's steady state), so that this
-    /// costs a walk over the range's blocks, not its pages. The range maps page by page, so
-    /// its granules are its pages.
-    fn free_runs(&self, range: SegmentId) -> Vec<(u64, u64)> {
+    /// Range `range`'s free blocks (address, size), and the runs of its wholly free, mapped
+    /// mappings (address, length), both ascending: one run per free block where the range is
+    /// wholly mapped (a loop's steady state), so that this costs a walk over the range's
+    /// blocks, not its mappings.
+    fn free_runs(&self, range: SegmentId) -> (Vec<Span>, Vec<Span>) {
         let seg = &self.segments[range];
-        let mut runs = Vec::new();
+        let (mut blocks, mut runs) = (Vec::new(), Vec::new());
         let mut next = seg.head;
         while let Some(i) = next {
             let b = &self.blocks[i];
             next = b.next;
-            let inside = seg.granules_inside(b.addr, b.size);
-            if b.state != BlockState::Free || inside.is_empty() {
+            if b.state != BlockState::Free {
                 continue;
             }
-            let run = |(first, end): (u64, u64)| {
-                let (addr, len) = seg.granule_span(first, end);
-                (addr, len / self.page)
-            };
+            blocks.push((b.addr, b.size));
+            let inside = seg.granules_inside(b.addr, b.size);
+            if inside.is_empty() {
+                continue;
+            }
             if seg.wholly_mapped() || !b.unmapped {
-                runs.push(run((inside.start, inside.end)));
+                runs.push(seg.granule_span(inside.start, inside.end));
             } else {
-                runs.extend(self.page_runs(range, inside.start, inside.end, false).into_iter().map(run));
+                let mapped = self.page_runs(range, inside.start, inside.end, false);
+                runs.extend(mapped.into_iter().map(|(first, end)| seg.granule_span(first, end)));
             }
         }
-        runs
+        (blocks, runs)
     }
 
     /// Takes idle view `v`'s runs (all free) out of its range's free blocks and hands its
@@ -185,14 +223,14 @@ impl Heap {
         let mut held = Vec::with_capacity(self.views[v].runs.len());
         let mut at = self.segments[range].head;
         for k in 0..self.views[v].runs.len() {
-            let (addr, pages) = self.views[v].runs[k];
+            let (addr, len) = self.views[v].runs[k];
             // The free block holding the run: blocks are in address order, as are the runs.
-            let mut i = at.expect("a view's pages lie in its range");
+            let mut i = at.expect("a view's runs lie in its range");
             while self.blocks[i].addr + self.blocks[i].size <= addr {
-                i = self.blocks[i].next.expect("a view's pages lie in its range");
+                i = self.blocks[i].next.expect("a view's runs lie in its range");
             }
             debug_assert_eq!(self.blocks[i].state, BlockState::Free);
-            let h = self.carve(i, addr, pages * self.page);
+            let h = self.carve(i, addr, len);
             held.push(h);
             at = Some(self.blocks[h].next.unwrap_or(h));
         }
@@ -247,8 +285,8 @@ impl Heap {
         i
     }
 
-    /// View block `i` is no longer used by any stream: its pages go back to the range's free
-    /// blocks, and the view is kept, idle, for the next request of its page count.
+    /// View block `i` is no longer used by any stream: its runs go back to the range's free
+    /// blocks, and the view is kept, idle, for the next request of its length.
     pub(super) fn let_view_go(&mut self, i: BlockId) {
         let v = self.views.iter().position(|v| v.block == i).expect("a view block has its view");
         for h in std::mem::take(&mut self.views[v].held) {
@@ -260,21 +298,19 @@ impl Heap {
         b.requested = 0;
     }
 
-    /// Gives back the idle views of range `range` (every range's with `None`) that map a page
-    /// in `[addr, end)`; false if the backend refused one (it stays, and so must its pages).
+    /// Gives back the idle views of range `range` (every range's with `None`) that map memory
+    /// of `[addr, end)`; false if the backend refused one (it stays, and so must its mappings).
     pub(super) fn drop_views(&mut self, backend: &dyn Backend, range: Option<SegmentId>, addr: u64, end: u64) -> bool {
         let mut ok = true;
         let mut v = 0;
         while v < self.views.len() {
             let view = &self.views[v];
-            let hit = view.held.is_empty()
-                && range.is_none_or(|r| r == view.range)
-                && view.runs.iter().any(|&(p, k)| p < end && p + k * self.page > addr);
+            let hit = view.held.is_empty() && range.is_none_or(|r| r == view.range) && view.maps_any_of(addr, end);
             if !hit {
                 v += 1;
                 continue;
             }
-            // SAFETY: the view is idle (its block free, its pages back in the range), so nothing
+            // SAFETY: the view is idle (its block free, its runs back in the range), so nothing
             // on the host uses its memory; other streams' work was waited for before the free
             // completed.
             if !unsafe { self.unalias_view(backend, v) } {
@@ -297,10 +333,10 @@ impl Heap {
     /// its block's (which the backend orders the unmap after) does.
     pub(super) unsafe fn unalias_view(&mut self, backend: &dyn Backend, v: usize) -> bool {
         let view = &self.views[v];
-        let (at, count) = (view.addr, view.pages);
+        let (at, span) = (view.addr, view.span);
         let raw = self.streams[self.blocks[view.block].stream.index()].raw;
-        // SAFETY: the caller's promise, passed on; `at` and `count` are a view this heap made.
-        if let Err(e) = unsafe { backend.unalias(at, count, raw) } {
+        // SAFETY: the caller's promise, passed on; `at` and `span` are a view this heap made.
+        if let Err(e) = unsafe { backend.unalias(at, span, raw) } {
             self.note(Note::BackendError);
             self.last_error = Some(format!("unmapping the view at {at:#x}: {e}"));
             return false;
@@ -314,9 +350,9 @@ impl Heap {
     }
 
     /// The views whose blocks are in use: each view's block, the range's blocks holding its
-    /// runs, and its page count (for the snapshots and the invariant checks).
+    /// runs, and the bytes they hold (for the snapshots and the invariant checks).
     pub(crate) fn views_in_use(&self) -> impl Iterator<Item = (BlockId, &[BlockId], u64)> + '_ {
-        self.views.iter().filter(|v| !v.held.is_empty()).map(|v| (v.block, v.held.as_slice(), v.pages))
+        self.views.iter().filter(|v| !v.held.is_empty()).map(|v| (v.block, v.held.as_slice(), v.len))
     }
 }
 
@@ -346,8 +382,8 @@ mod tests {
         assert_eq!((h.stats.num_device_map, sim.views()), (calls + 1, 1), "one view mapped");
         let range = h.segments[h.blocks[blocks[1].block].segment].clone();
         assert!(v.addr >= range.addr + range.size || v.addr + 8 * MIB <= range.addr, "at addresses of its own");
-        assert_eq!(h.views[0].pages, 4);
-        assert_eq!(&*h.views[0].runs, &[(blocks[0].addr, 2), (blocks[2].addr, 2)], "the first hole's pages first");
+        assert_eq!((h.views[0].len, h.views[0].span), (8 * MIB, 8 * MIB));
+        assert_eq!(&*h.views[0].runs, &[(blocks[0].addr, 4 * MIB), (blocks[2].addr, 4 * MIB)], "the first hole first");
         check_heap(&h).unwrap();
         // The holes are held: a request that would fit one grows the range instead.
         let other = h.alloc(&sim, s, 4 * MIB, None).unwrap();
@@ -365,6 +401,49 @@ mod tests {
         h.settle();
         h.release_cache(&sim, true);
         assert_eq!((sim.views(), h.views.len()), (0, 0));
+        check_heap(&h).unwrap();
+    }
+
+    #[test]
+    fn a_view_maps_whole_mappings_and_leaves_the_rest_of_its_last_one_to_the_range() {
+        let (mut h, sim) = heap("alias_pages:True");
+        let s = StreamId(0);
+        // A range reserved for 512 MiB maps it in 16 MiB granules, one mapping each.
+        let first = h.alloc(&sim, s, 512 * MIB, None).unwrap();
+        let range = h.blocks[first.block].segment;
+        assert_eq!(h.segments[range].granule, 16 * MIB);
+        h.free(&sim, first.block, None);
+        h.settle();
+        let p = h.alloc(&sim, s, 100 * MIB, None).unwrap();
+        let q = h.alloc(&sim, s, 200 * MIB, None).unwrap();
+        let r = h.alloc(&sim, s, 200 * MIB, None).unwrap();
+        let base = p.addr;
+        assert_eq!((q.addr, r.addr), (base + 100 * MIB, base + 300 * MIB));
+        h.free(&sim, p.block, None);
+        h.free(&sim, r.block, None);
+        h.settle();
+        // Holes of 100 and 212 MiB; 250 MiB fits neither. Their wholly free mappings hold 96
+        // and 208 MiB: the view takes the first six, then ten from 304 MiB on, the last only
+        // for its first 10 MiB.
+        let calls = h.stats.num_device_map;
+        let v = h.alloc(&sim, s, 250 * MIB, None).unwrap();
+        assert_eq!((h.reserved(), h.stats.num_device_map, sim.views()), (512 * MIB, calls + 1, 1));
+        let view = &h.views[0];
+        assert_eq!((view.len, view.span), (250 * MIB, 256 * MIB));
+        assert_eq!(&*view.runs, &[(base, 96 * MIB), (base + 304 * MIB, 154 * MIB)]);
+        check_heap(&h).unwrap();
+        // The rest of that mapping is the range's: 50 MiB goes there, beside the view's run.
+        let rest = h.alloc(&sim, s, 50 * MIB, None).unwrap();
+        assert_eq!(rest.addr, base + 458 * MIB);
+        check_heap(&h).unwrap();
+        // Unmapping a mapping a view maps is refused by the backend: the range gives back its
+        // idle views first, so emptying the cache leaves nothing mapped twice.
+        for b in [v.block, rest.block, q.block] {
+            h.free(&sim, b, None);
+        }
+        h.settle();
+        h.release_cache(&sim, true);
+        assert_eq!((sim.views(), h.views.len(), h.reserved()), (0, 0, 0));
         check_heap(&h).unwrap();
     }
 

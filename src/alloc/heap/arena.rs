@@ -126,11 +126,6 @@ impl Heap {
         indexed.max(self.hot_merge().map_or(0, |m| m.size))
     }
 
-    /// The backend's page, the unit of mapping.
-    pub(crate) fn page_size(&self) -> u64 {
-        self.page
-    }
-
     /// Block `i`.
     pub(crate) fn block(&self, i: BlockId) -> &Block {
         &self.blocks[i]

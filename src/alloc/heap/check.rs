@@ -155,9 +155,12 @@ pub(crate) fn check_heap(heap: &Heap) -> std::result::Result<(), String> {
             BlockState::PendingFree | BlockState::Stranded => {}
             BlockState::Aliased => {
                 nheld += 1;
-                let mapped = !seg.granules_touching(b.addr, b.size).any(|pg| Heap::is_page_unmapped(seg, pg));
+                let touching = seg.granules_touching(b.addr, b.size);
+                let mapped = !touching.clone().any(|pg| Heap::is_page_unmapped(seg, pg));
                 if !b.size.is_multiple_of(heap.page) || !b.addr.is_multiple_of(heap.page) || !mapped {
                     err = Some(format!("aliased block {:#x}+{} is not whole mapped pages", b.addr, b.size));
+                } else if seg.granule_span(touching.start, touching.start + 1).0 != b.addr {
+                    err = Some(format!("aliased block {:#x} starts inside a mapping", b.addr));
                 } else if !heap.held_by_a_view(i) {
                     err = Some(format!("aliased block {:#x} is held by no view in use", b.addr));
                 }
@@ -192,21 +195,18 @@ pub(crate) fn check_heap(heap: &Heap) -> std::result::Result<(), String> {
     if let Some(e) = err {
         return Err(e);
     }
-    // Views' blocks in use lie in no segment: counted here, with the pages they hold.
+    // Views' blocks in use lie in no segment: counted here, with the memory they hold.
     let mut held = 0;
-    for (v, runs, pages) in heap.views_in_use() {
+    for (v, runs, len) in heap.views_in_use() {
         let b = heap.block(v);
         let p = Pool::Large as usize;
         held += runs.len();
         let span: u64 = runs.iter().map(|&h| heap.block(h).size).sum();
-        if !b.view || span != pages * heap.page || b.size > span || b.size + heap.page <= span {
-            return Err(format!(
-                "view block {:#x} of {} bytes over {pages} pages holding {span} bytes",
-                b.addr, b.size
-            ));
+        if !b.view || span != len || b.size > span || b.size + heap.page <= span {
+            return Err(format!("view block {:#x} of {} bytes over {len} bytes holding {span}", b.addr, b.size));
         }
         if runs.iter().any(|&h| heap.block(h).state != BlockState::Aliased) {
-            return Err(format!("view block {:#x} holds pages not aliased", b.addr));
+            return Err(format!("view block {:#x} holds memory not aliased", b.addr));
         }
         match b.state {
             BlockState::Allocated | BlockState::PendingFree | BlockState::Stranded => count_in_use(b, p),
@@ -214,7 +214,7 @@ pub(crate) fn check_heap(heap: &Heap) -> std::result::Result<(), String> {
         }
     }
     if held != nheld {
-        return Err(format!("views in use hold {held} runs of pages but {nheld} blocks are aliased"));
+        return Err(format!("views in use hold {held} runs but {nheld} blocks are aliased"));
     }
     let (_, _, indexed, whole) = heap.free_index_state(None);
     if indexed != nfree {

@@ -68,28 +68,6 @@ impl Heap {
         self.within_cap(size)?;
         if self.may_grow_in_place(pool, stream) {
             let span = backend.total_memory().next_multiple_of(self.page).max(size);
-            if self.alias_pages {
-                // Each page a mapping of its own, which a view can map again (`alias.rs`).
-                match backend.reserve_growable(self.page, span) {
-                    Ok(addr) => {
-                        let rest = size - self.page;
-                        match if rest > 0 { backend.map_pages(addr + self.page, rest) } else { Ok(()) } {
-                            Ok(()) => return Ok((addr, span - size)),
-                            Err(e) => {
-                                // SAFETY: reserved just above with its first page mapped (the rest
-                                // maps nothing on failure); nothing uses it.
-                                if let Err(e) = unsafe { backend.release(addr, self.page) } {
-                                    self.note(Note::BackendError);
-                                    self.last_error = Some(format!("undoing a segment at {addr:#x}: {e}"));
-                                }
-                                return Err(e);
-                            }
-                        }
-                    }
-                    Err(e @ BackendError::OutOfMemory { .. }) => return Err(e),
-                    Err(_) => {}
-                }
-            }
             match backend.reserve_growable(size, span) {
                 Ok(addr) => return Ok((addr, span - size)),
                 Err(e @ BackendError::OutOfMemory { .. }) => return Err(e),
@@ -158,12 +136,8 @@ impl Heap {
         let seg = &self.segments[g.seg];
         let (start, old_size, pool, stream) = (seg.addr + seg.size, seg.size, seg.pool, seg.stream);
         self.within_cap(g.by)?;
-        let pieces = self.growth_pieces(g.by);
-        if self.alias_pages {
-            backend.map_pages(start, g.by)?;
-        } else {
-            self.map_pieces(backend, start, &pieces, stream)?;
-        }
+        let pieces: Vec<(u64, u64)> = granule_pieces(g.by, self.page).collect();
+        self.map_pieces(backend, start, &pieces, stream)?;
         // Counted as oversize from the size it grows to (as a segment reserved at that size
         // would be), so that its release, at that size or larger, takes back what was counted.
         if !self.is_oversize(old_size) && self.is_oversize(old_size + g.by) {
@@ -190,16 +164,6 @@ impl Heap {
         self.blocks[tail].next = Some(b);
         self.index_free(b);
         Ok(b)
-    }
-
-    /// The mappings a growth of `by` bytes is made of (offsets from its start, lengths): its
-    /// granules ([`granule_pieces`]), or with views of the range's pages one per page.
-    fn growth_pieces(&self, by: u64) -> Vec<(u64, u64)> {
-        if self.alias_pages {
-            (0..by / self.page).map(|k| (k * self.page, self.page)).collect()
-        } else {
-            granule_pieces(by, self.page).collect()
-        }
     }
 
     /// Maps each piece (offset from `start`, length) as one mapping; if the backend refuses

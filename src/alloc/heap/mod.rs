@@ -664,12 +664,7 @@ impl Heap {
 
     fn add_segment(&mut self, pool: Pool, stream: StreamId, addr: u64, size: u64, room: u64) -> BlockId {
         let growable = room > 0;
-        // A range whose pages views may map again maps each page alone (`alias.rs`).
-        let granule = if self.can_unmap && !(self.alias_pages && growable) {
-            crate::backend::map_granule(size, self.page)
-        } else {
-            self.page
-        };
+        let granule = if self.can_unmap { crate::backend::map_granule(size, self.page) } else { self.page };
         let order = self.next_order << ORDER_SHIFT;
         self.next_order = (self.next_order + 1) % (1 << (64 - ORDER_SHIFT));
         let seg = Segment {
@@ -1393,19 +1388,19 @@ mod tests {
     }
 
     /// The memory behind live block `b`, as ranges of the segments' addresses: a view's block
-    /// is the pages of the range it maps (as many as its size spans).
+    /// is the range's memory its runs name (as much as its size spans in pages).
     fn memory_of(h: &Heap, b: BlockId) -> Vec<(u64, u64)> {
         let blk = &h.blocks[b];
         match h.views.iter().find(|v| v.block == b) {
             Some(v) => {
                 // The runs, the last cut to the pages the block's size spans.
-                let mut left = blk.size.div_ceil(h.page);
+                let mut left = blk.size.next_multiple_of(h.page);
                 let mut out = Vec::new();
-                for &(p, k) in v.runs.iter() {
-                    let k = k.min(left);
-                    left -= k;
-                    if k > 0 {
-                        out.push((p, p + k * h.page));
+                for &(p, len) in v.runs.iter() {
+                    let len = len.min(left);
+                    left -= len;
+                    if len > 0 {
+                        out.push((p, p + len));
                     }
                 }
                 out
@@ -1417,11 +1412,11 @@ mod tests {
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig { cases: 300, ..Default::default() })]
 
-        /// With views of the range's pages (`alias.rs`), no two live buffers share memory, a
-        /// view's pages are the range's and mapped, the books hold after every operation, and
+        /// With views of the range's mappings (`alias.rs`), no two live buffers share memory, a
+        /// view's memory is the range's and mapped, the books hold after every operation, and
         /// the backend holds exactly the views the heap keeps.
         #[test]
-        fn views_never_hand_out_memory_twice(ops in ops(), streams in 1..4usize, limit in 0..2usize) {
+        fn views_never_hand_out_memory_twice(ops in ops(), streams in 1..4usize, limit in 0..2usize, scale in 0..2u32) {
             // One stream most often: views are made for the stream whose range grows.
             let sim = SimBackend::with_events(1 << 40, EventMode::Manual).with_costly_segments(true);
             let (mut h, sim) = heap_with(["alias_pages:True", "alias_pages:True,fragmentation_limit:off"][limit], sim);
@@ -1431,6 +1426,9 @@ mod tests {
                 match *op {
                     Op::Alloc { stream, bytes } | Op::Temporary { stream, bytes } => {
                         let stream = if stream < 3 { 0 } else { stream % streams };
+                        // Sixteen times larger, growths over 128 MiB map mappings of several
+                        // pages, which views then map whole.
+                        let bytes = bytes << (4 * scale);
                         let g = h.alloc(&sim, StreamId(stream as u32), bytes, None).unwrap();
                         proptest::prop_assert!(!h.blocks[g.block].view || g.lent, "a view's block is never parked");
                         if matches!(op, Op::Temporary { .. }) {

@@ -369,31 +369,24 @@ unsafe impl Backend for CudaBackend {
         pages.lock().map(addr, len).map_err(|e| for_request(e, len))
     }
 
-    fn map_pages(&self, addr: u64, len: u64) -> Result<(), BackendError> {
-        let Some(pages) = &self.pages else { return Err(BackendError::Unsupported("map with cuMemAlloc segments")) };
-        self.bind()?;
-        let _own = OwnCall::enter();
-        pages.lock().map_pages(addr, len).map_err(|e| for_request(e, len))
-    }
-
     fn can_alias(&self) -> bool {
         self.pages.is_some()
     }
 
-    fn alias(&self, pages: &[u64]) -> Result<u64, BackendError> {
+    fn alias(&self, maps: &[u64]) -> Result<u64, BackendError> {
         let Some(table) = &self.pages else { return Err(BackendError::Unsupported("views with cuMemAlloc segments")) };
         self.bind()?;
         let _own = OwnCall::enter();
-        table.lock().alias(pages)
+        table.lock().alias(maps)
     }
 
-    unsafe fn unalias(&self, addr: u64, count: u64, stream: RawStream) -> Result<(), BackendError> {
+    unsafe fn unalias(&self, addr: u64, len: u64, stream: RawStream) -> Result<(), BackendError> {
         let Some(pages) = &self.pages else { return Err(BackendError::Unsupported("views with cuMemAlloc segments")) };
         self.bind()?;
         let _own = OwnCall::enter();
         // As for `unmap`: work the freeing stream queued may still use the view.
         self.synchronize(stream)?;
-        pages.lock().unalias(addr, count)
+        pages.lock().unalias(addr, len)
     }
 
     fn create_stream(&self) -> Result<RawStream, BackendError> {

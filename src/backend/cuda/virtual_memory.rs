@@ -111,20 +111,6 @@ impl Pages {
     /// mapping (one `cuMemCreate` and `cuMemMap`), and makes it accessible; on failure, maps
     /// nothing.
     pub(super) fn map(&mut self, addr: u64, len: u64) -> Result<(), BackendError> {
-        self.map_in(addr, len, len)
-    }
-
-    /// Maps fresh physical memory under `[addr, addr + len)` one page per mapping (a
-    /// `cuMemCreate` and a `cuMemMap` each) and makes the run accessible in one
-    /// `cuMemSetAccess`; on failure, maps nothing.
-    pub(super) fn map_pages(&mut self, addr: u64, len: u64) -> Result<(), BackendError> {
-        self.map_in(addr, len, self.page)
-    }
-
-    /// Maps `[addr, addr + len)` in mappings of `piece` bytes (a multiple of the page that
-    /// divides `len`), each its own physical allocation, then makes the whole range accessible
-    /// in one call; on failure, unmaps what it mapped.
-    fn map_in(&mut self, addr: u64, len: u64, piece: u64) -> Result<(), BackendError> {
         let end = addr + len;
         let (base, _) = self.segment_of(addr, end)?;
         if len == 0 || !(addr - base).is_multiple_of(self.page) || !len.is_multiple_of(self.page) {
@@ -133,36 +119,26 @@ impl Pages {
         if self.any_mapped(addr, end) {
             return Err(BackendError::Other(format!("range {addr:#x}+{len} is mapped already")));
         }
-        let mut at = addr;
-        let mut result = Ok(());
-        while at < end {
-            let mut handle = 0;
-            // SAFETY: `handle` and `prop` are valid; the handle is released in `unmap_range`.
-            if let Err(e) = unsafe { sys::cuMemCreate(&mut handle, piece as usize, &self.prop, 0) }.result() {
-                result = Err(driver("cuMemCreate", e));
-                break;
-            }
-            // SAFETY: `[at, at + piece)` lies in a range reserved by `reserve` with nothing
-            // mapped there (checked above).
-            if let Err(e) = unsafe { sys::cuMemMap(at, piece as usize, 0, handle, 0) }.result() {
-                // SAFETY: the handle was created above and is mapped nowhere.
-                let _ = unsafe { sys::cuMemRelease(handle) };
-                result = Err(driver("cuMemMap", e));
-                break;
-            }
-            self.handles.insert(at, (piece, handle));
-            at += piece;
+        let mut handle = 0;
+        // SAFETY: `handle` and `prop` are valid; the handle is released in `unmap_range`.
+        unsafe { sys::cuMemCreate(&mut handle, len as usize, &self.prop, 0) }
+            .result()
+            .map_err(|e| driver("cuMemCreate", e))?;
+        // SAFETY: `[addr, end)` lies in a range reserved by `reserve` with nothing mapped there
+        // (checked above).
+        if let Err(e) = unsafe { sys::cuMemMap(addr, len as usize, 0, handle, 0) }.result() {
+            // SAFETY: the handle was created above and is mapped nowhere.
+            let _ = unsafe { sys::cuMemRelease(handle) };
+            return Err(driver("cuMemMap", e));
         }
-        if result.is_ok() {
-            // SAFETY: the whole range is mapped (above); `access` names this device.
-            result = unsafe { sys::cuMemSetAccess(addr, len as usize, &self.access, 1) }
-                .result()
-                .map_err(|e| driver("cuMemSetAccess", e));
+        self.handles.insert(addr, (len, handle));
+        // SAFETY: the range is mapped (above); `access` names this device.
+        let access = unsafe { sys::cuMemSetAccess(addr, len as usize, &self.access, 1) }.result();
+        if let Err(e) = access {
+            let _ = self.unmap_range(addr, end);
+            return Err(driver("cuMemSetAccess", e));
         }
-        if result.is_err() && at > addr {
-            let _ = self.unmap_range(addr, at);
-        }
-        result
+        Ok(())
     }
 
     /// Unmaps and frees the mappings in `[addr, end)`, which must be whole (a mapping cannot
@@ -222,21 +198,21 @@ impl Pages {
         unsafe { sys::cuMemAddressFree(addr, span as usize) }.result().map_err(|e| driver("cuMemAddressFree", e))
     }
 
-    /// Maps the physical memory of `pages` (each a mapping of one page) once more, in order, at
-    /// a new range of addresses (one `cuMemAddressReserve`, a `cuMemMap` per page, one
-    /// `cuMemSetAccess`), and returns its start; on failure, maps nothing.
-    pub(super) fn alias(&mut self, pages: &[u64]) -> Result<u64, BackendError> {
-        if pages.is_empty() {
-            return Err(BackendError::Other("a view of no pages".into()));
+    /// Maps the physical memory of the mappings starting at `maps` once more, whole and in
+    /// order, back to back at a new range of addresses (one `cuMemAddressReserve`, a `cuMemMap`
+    /// per mapping, one `cuMemSetAccess`), and returns its start; on failure, maps nothing.
+    pub(super) fn alias(&mut self, maps: &[u64]) -> Result<u64, BackendError> {
+        if maps.is_empty() {
+            return Err(BackendError::Other("a view of no mappings".into()));
         }
-        let mut handles = Vec::with_capacity(pages.len());
-        for &p in pages {
+        let mut handles = Vec::with_capacity(maps.len());
+        for &p in maps {
             match self.handles.get(&p) {
-                Some(&(len, h)) if len == self.page => handles.push(h),
-                _ => return Err(BackendError::Other(format!("{p:#x} is not a mapping of one page"))),
+                Some(&(len, h)) => handles.push((len, h)),
+                None => return Err(BackendError::Other(format!("{p:#x} is not the start of a mapping"))),
             }
         }
-        let len = pages.len() as u64 * self.page;
+        let len: u64 = handles.iter().map(|&(l, _)| l).sum();
         let mut base = 0;
         // SAFETY: `base` is valid for the call; the range is freed in `unalias` or below.
         unsafe { sys::cuMemAddressReserve(&mut base, len as usize, self.page as usize, 0, 0) }
@@ -244,15 +220,14 @@ impl Pages {
             .map_err(|e| BackendError::Other(format!("cuMemAddressReserve of {len} bytes for a view: {e}")))?;
         let mut mapped = 0u64;
         let mut result = Ok(());
-        for (k, &h) in handles.iter().enumerate() {
-            let at = base + k as u64 * self.page;
-            // SAFETY: `[at, at + page)` lies in the range reserved above, nothing mapped there;
-            // `h` is a live handle of exactly one page (checked above).
-            if let Err(e) = unsafe { sys::cuMemMap(at, self.page as usize, 0, h, 0) }.result() {
+        for &(l, h) in &handles {
+            // SAFETY: `[base + mapped, + l)` lies in the range reserved above, nothing mapped
+            // there; `h` is a live handle of exactly `l` bytes (its mapping's length).
+            if let Err(e) = unsafe { sys::cuMemMap(base + mapped, l as usize, 0, h, 0) }.result() {
                 result = Err(driver("cuMemMap", e));
                 break;
             }
-            mapped += self.page;
+            mapped += l;
         }
         if result.is_ok() {
             // SAFETY: the whole range is mapped (above); `access` names this device.
@@ -269,15 +244,14 @@ impl Pages {
             let _ = unsafe { sys::cuMemAddressFree(base, len as usize) };
             return Err(e);
         }
-        self.views.insert(base, pages);
+        self.views.insert(base, len, maps);
         Ok(base)
     }
 
-    /// Unmaps the view of `count` pages at `addr` and frees its addresses; the pages stay
+    /// Unmaps the view of `len` bytes at `addr` and frees its addresses; its mappings stay
     /// mapped where they were. The caller has made sure no queued work uses the view.
-    pub(super) fn unalias(&mut self, addr: u64, count: u64) -> Result<(), BackendError> {
-        self.views.check(addr, count)?;
-        let len = count * self.page;
+    pub(super) fn unalias(&mut self, addr: u64, len: u64) -> Result<(), BackendError> {
+        self.views.check(addr, len)?;
         // SAFETY: `[addr, addr + len)` is a view mapped by `alias`, which nothing uses any more.
         unsafe { sys::cuMemUnmap(addr, len as usize) }.result().map_err(|e| driver("cuMemUnmap", e))?;
         // SAFETY: reserved by `alias` with this length; nothing is mapped in it any more.
