@@ -301,12 +301,12 @@
 //! without views; the five on several streams judged against both replaying them on the same
 //! streams), `staggered_buffers` 1.000 times its live peak instead of 1.500, and none called
 //! the driver after its second warm pass (one, `gru_tbptt`, in its second); in the median of
-//! three rounds, warm time with recording off was under half of PyTorch's on 48 of 49
-//! one-stream traces (`dit_cfg_sampling` 0.53), and with the default recording under PyTorch's
-//! on all 49 (code of 985d2cc, which mapped the range page by page). The cost is in the cold
-//! pass, views mapping each of their mappings again: 3.8 times the time per operation of
-//! PyTorch's expandable segments, which map 20 MiB at a time, since views map whole mappings
-//! (4.8 times when the range mapped every page alone; `BENCHMARKS.md`, "Views of whole
+//! three rounds, warm time with recording off was under half of PyTorch's on 48 and 47 of 49
+//! one-stream traces in two runs (the one or two over it, 0.53 to 0.57, a different few in each
+//! run), and with the default recording under PyTorch's on all 49. The cost is in the cold
+//! pass (small growths mapped a page at a time, views mapping each of their mappings again):
+//! 3.8 times the time per operation of PyTorch's expandable segments, which map 20 MiB at a
+//! time, since views map whole mappings (4.8 times when the range mapped every page alone; `BENCHMARKS.md`, "Views of whole
 //! mappings", "The whole table with 54 traces, views on" and "Views of the range's free
 //! pages"). Where a pass starts from another layout than the last (the block
 //! freed last at its end is handed to the next pass's first request of its size where it
