@@ -58,7 +58,7 @@ struct Segments {
     by_base: BTreeMap<u64, SimSegment>,
     /// Every mapping, by address: its length.
     maps: BTreeMap<u64, u64>,
-    /// Every view ([`Backend::alias`]) and the pages it maps again.
+    /// Every view ([`Backend::alias`]) and the mappings it maps again.
     views: super::views::ViewTable,
 }
 

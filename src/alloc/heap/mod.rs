@@ -310,7 +310,7 @@ pub(crate) struct Grant {
     pub(crate) class: BlockClass,
     /// The block lies in another stream's segment: its free must go through the heap (which
     /// orders the owner after the request's stream, see `Heap::hand_back`), never a parking
-    /// slot. So must a view's block (`alias.rs`), whose free gives its pages back.
+    /// slot. So must a view's block (`alias.rs`), whose free gives its runs back.
     pub(crate) lent: bool,
 }
 
@@ -1379,7 +1379,7 @@ mod tests {
     }
 
     /// Where live block `b` stands, whatever the addresses: its order key, or for a view's
-    /// block those of the range's blocks that hold its pages.
+    /// block those of the range's blocks that hold its runs.
     fn placed(h: &Heap, b: BlockId) -> Vec<u64> {
         match h.views.iter().find(|v| v.block == b) {
             Some(v) => v.held.iter().map(|&held| h.order_key(held)).collect(),
@@ -1388,23 +1388,12 @@ mod tests {
     }
 
     /// The memory behind live block `b`, as ranges of the segments' addresses: a view's block
-    /// is the range's memory its runs name (as much as its size spans in pages).
+    /// is the range's memory its runs name (they hold its size in whole pages, which
+    /// `check_heap` checks).
     fn memory_of(h: &Heap, b: BlockId) -> Vec<(u64, u64)> {
         let blk = &h.blocks[b];
         match h.views.iter().find(|v| v.block == b) {
-            Some(v) => {
-                // The runs, the last cut to the pages the block's size spans.
-                let mut left = blk.size.next_multiple_of(h.page);
-                let mut out = Vec::new();
-                for &(p, len) in v.runs.iter() {
-                    let len = len.min(left);
-                    left -= len;
-                    if len > 0 {
-                        out.push((p, p + len));
-                    }
-                }
-                out
-            }
+            Some(v) => v.runs.iter().map(|&(p, len)| (p, p + len)).collect(),
             None => vec![(blk.addr, blk.addr + blk.size)],
         }
     }

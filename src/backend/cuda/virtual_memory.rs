@@ -25,7 +25,7 @@ pub(super) struct Pages {
     segments: BTreeMap<u64, u64>,
     /// Mappings, by address: their length and the physical allocation behind them.
     handles: BTreeMap<u64, (u64, sys::CUmemGenericAllocationHandle)>,
-    /// Views ([`Pages::alias`]) and the pages they map again.
+    /// Views ([`Pages::alias`]) and the mappings they map again.
     views: crate::backend::views::ViewTable,
 }
 
