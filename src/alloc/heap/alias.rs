@@ -51,6 +51,15 @@ use crate::backend::Backend;
 /// A range of addresses: start and length.
 type Span = (u64, u64);
 
+/// A free block of a range: address, size and the block.
+pub(super) type FreeBlock = (u64, u64, BlockId);
+
+/// The block of `blocks` (ascending) that starts at or before `addr`, the last such.
+fn holder(blocks: &[FreeBlock], addr: u64) -> Option<FreeBlock> {
+    let i = blocks.partition_point(|&(a, _, _)| a <= addr);
+    i.checked_sub(1).map(|i| blocks[i])
+}
+
 /// Mappings of the range mapped once more at addresses of their own.
 #[derive(Debug)]
 pub(crate) struct View {
@@ -122,34 +131,37 @@ impl Heap {
         lacks: u64,
     ) -> Option<BlockId> {
         let need = size.next_multiple_of(self.page);
-        let (blocks, free) = self.free_runs(range);
+        // The range's free blocks, in a buffer kept between requests (views are tried on every
+        // request that no hole fits; in a settled loop each finds a kept view).
+        let mut blocks = std::mem::take(&mut self.free_blocks);
+        self.list_free_blocks(range, &mut blocks);
         // Whether `[addr, addr + len)` lies in one free block.
-        let is_free = |&(addr, len): &(u64, u64)| {
-            let i = blocks.partition_point(|&(a, _)| a <= addr);
-            i > 0 && blocks[i - 1].0 + blocks[i - 1].1 >= addr + len
-        };
+        let is_free = |&(addr, len): &(u64, u64)| holder(&blocks, addr).is_some_and(|(a, s, _)| a + s >= addr + len);
         let idle = self
             .views
             .iter()
             .position(|v| v.range == range && v.held.is_empty() && v.len == need && v.runs.iter().all(is_free));
         if let Some(v) = idle {
-            self.hold(v, size, stream);
+            self.hold(v, size, stream, &blocks);
+            self.free_blocks = blocks;
             return Some(self.views[v].block);
         }
+        let mut free = self.mapped_runs(range, &blocks);
         let have: u64 = free.iter().map(|&(_, l)| l).sum();
         if need.saturating_sub(have) >= lacks {
+            self.free_blocks = blocks;
             return None;
         }
-        let free = if have < need {
+        if have < need {
             let growth = super::expand::Growth { seg: range, by: need - have };
             if let Err(e) = self.grow_in_place(backend, growth) {
                 self.last_error = Some(format!("growing the range for a view: {e}"));
+                self.free_blocks = blocks;
                 return None;
             }
-            self.free_runs(range).1
-        } else {
-            free
-        };
+            self.list_free_blocks(range, &mut blocks);
+            free = self.mapped_runs(range, &blocks);
+        }
         // The first wholly free mappings, in address order, until they hold `need` bytes.
         let seg = &self.segments[range];
         let (mut maps, mut runs, mut span, mut left) = (Vec::new(), Vec::<Span>::new(), 0, need);
@@ -175,6 +187,7 @@ impl Heap {
             Err(e) => {
                 self.note(Note::BackendError);
                 self.last_error = Some(format!("a view of {} mappings ({need} bytes): {e}", maps.len()));
+                self.free_blocks = blocks;
                 return None;
             }
         };
@@ -183,56 +196,63 @@ impl Heap {
         b.view = true;
         let block = self.new_block(b);
         self.views.push(View { addr, runs: runs.into(), len: need, span, range, block, held: Vec::new() });
-        self.hold(self.views.len() - 1, size, stream);
+        self.hold(self.views.len() - 1, size, stream, &blocks);
+        self.free_blocks = blocks;
         Some(block)
     }
 
-    /// Range `range`'s free blocks (address, size), and the runs of its wholly free, mapped
-    /// mappings (address, length), both ascending: one run per free block where the range is
-    /// wholly mapped (a loop's steady state), so that this costs a walk over the range's
-    /// blocks, not its mappings.
-    fn free_runs(&self, range: SegmentId) -> (Vec<Span>, Vec<Span>) {
-        let seg = &self.segments[range];
-        let (mut blocks, mut runs) = (Vec::new(), Vec::new());
-        let mut next = seg.head;
+    /// Lists range `range`'s free blocks (address, size, block) into `out`, ascending: one walk
+    /// over the range's blocks.
+    fn list_free_blocks(&self, range: SegmentId, out: &mut Vec<FreeBlock>) {
+        out.clear();
+        let mut next = self.segments[range].head;
         while let Some(i) = next {
             let b = &self.blocks[i];
             next = b.next;
-            if b.state != BlockState::Free {
-                continue;
+            if b.state == BlockState::Free {
+                out.push((b.addr, b.size, i));
             }
-            blocks.push((b.addr, b.size));
-            let inside = seg.granules_inside(b.addr, b.size);
+        }
+    }
+
+    /// The runs of range `range`'s wholly free, mapped mappings (address, length), ascending,
+    /// from its free blocks ([`Heap::list_free_blocks`]): one run per free block where the
+    /// range is wholly mapped (a loop's steady state), so that this costs a look at each free
+    /// block, not at each mapping.
+    fn mapped_runs(&self, range: SegmentId, blocks: &[FreeBlock]) -> Vec<Span> {
+        let seg = &self.segments[range];
+        let mut runs = Vec::new();
+        for &(addr, size, i) in blocks {
+            let inside = seg.granules_inside(addr, size);
             if inside.is_empty() {
                 continue;
             }
-            if seg.wholly_mapped() || !b.unmapped {
+            if seg.wholly_mapped() || !self.blocks[i].unmapped {
                 runs.push(seg.granule_span(inside.start, inside.end));
             } else {
                 let mapped = self.page_runs(range, inside.start, inside.end, false);
                 runs.extend(mapped.into_iter().map(|(first, end)| seg.granule_span(first, end)));
             }
         }
-        (blocks, runs)
+        runs
     }
 
     /// Takes idle view `v`'s runs (all free) out of its range's free blocks and hands its
-    /// block out for a request of `size` bytes on `stream`.
-    fn hold(&mut self, v: usize, size: u64, stream: StreamId) {
-        let range = self.views[v].range;
+    /// block out for a request of `size` bytes on `stream`. `blocks`: the range's free blocks
+    /// as they are now ([`Heap::list_free_blocks`]), where each run's block is looked up.
+    fn hold(&mut self, v: usize, size: u64, stream: StreamId, blocks: &[FreeBlock]) {
         let mut held = Vec::with_capacity(self.views[v].runs.len());
-        let mut at = self.segments[range].head;
         for k in 0..self.views[v].runs.len() {
             let (addr, len) = self.views[v].runs[k];
-            // The free block holding the run: blocks are in address order, as are the runs.
-            let mut i = at.expect("a view's runs lie in its range");
+            // The free block that held the run before this view took any: the run's block
+            // itself, or, where an earlier run of this view was carved from it, a block
+            // after that one (carving keeps the run's part under the block's own name).
+            let (_, _, mut i) = holder(blocks, addr).expect("a view's runs lie in its range's free blocks");
             while self.blocks[i].addr + self.blocks[i].size <= addr {
                 i = self.blocks[i].next.expect("a view's runs lie in its range");
             }
             debug_assert_eq!(self.blocks[i].state, BlockState::Free);
-            let h = self.carve(i, addr, len);
-            held.push(h);
-            at = Some(self.blocks[h].next.unwrap_or(h));
+            held.push(self.carve(i, addr, len));
         }
         let view = &mut self.views[v];
         view.held = held;
@@ -272,8 +292,12 @@ impl Heap {
             after.next = b.next;
             after.unmapped = unmapped;
             let c = self.new_block(after);
-            if let Some(next) = self.blocks[c].next {
-                self.blocks[next].prev = Some(c);
+            match self.blocks[c].next {
+                Some(next) => self.blocks[next].prev = Some(c),
+                None => {
+                    let seg = self.blocks[c].segment;
+                    self.segments[seg].tail = Some(c);
+                }
             }
             self.blocks[i].next = Some(c);
             self.blocks[i].size = len;

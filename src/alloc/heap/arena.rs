@@ -291,6 +291,7 @@ mod tests {
             pool: Pool::Large,
             stream: StreamId(0),
             head: None,
+            tail: None,
             granule,
             uniform_end: size,
             grown: Vec::new(),

@@ -57,6 +57,13 @@ pub(crate) fn check_heap(heap: &Heap) -> std::result::Result<(), String> {
                 seg.addr, seg.mapped, seg.size
             ));
         }
+        let mut last = seg.head;
+        while let Some(n) = last.and_then(|b| heap.blocks[b].next) {
+            last = Some(n);
+        }
+        if seg.tail != last {
+            return Err(format!("segment {:#x}: its tail {:?} is not its last block {last:?}", seg.addr, seg.tail));
+        }
         ranges.push((seg.addr, seg.addr + seg.size));
     }
     // The counts that say whether one stream holds the segments (growing in place).

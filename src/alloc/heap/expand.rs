@@ -106,7 +106,7 @@ impl Heap {
             if !seg.live || seg.pool != Pool::Large || seg.stream != stream || seg.room == 0 {
                 continue;
             }
-            let tail = self.last_block(s);
+            let tail = seg.tail.expect("a live segment has blocks");
             let end = if self.blocks[tail].state == BlockState::Free { self.blocks[tail].size } else { 0 };
             // A free end that fits was passed over by the split rules: growing would not help.
             if end >= size {
@@ -118,14 +118,6 @@ impl Heap {
             }
         }
         best.map(|(_, g)| g)
-    }
-
-    fn last_block(&self, s: SegmentId) -> BlockId {
-        let mut b = self.segments[s].head.expect("a live segment has blocks");
-        while let Some(n) = self.blocks[b].next {
-            b = n;
-        }
-        b
     }
 
     /// Maps `g.by` bytes at the end of segment `g.seg`, in granules of their own
@@ -153,7 +145,7 @@ impl Heap {
         let words = seg.granules().div_ceil(64) as usize;
         seg.unmapped_pages.resize(words, 0);
         self.note(Note::Pages { addr: start, len: g.by, pool, stream, mapped: true });
-        let tail = self.last_block(g.seg);
+        let tail = self.segments[g.seg].tail.expect("a live segment has blocks");
         if self.blocks[tail].state == BlockState::Free {
             self.unindex_free(tail);
             self.blocks[tail].size += g.by;
@@ -162,6 +154,7 @@ impl Heap {
         }
         let b = self.new_block(Block::fresh(start, g.by, g.seg, self.blocks[tail].pool, stream, Some(tail)));
         self.blocks[tail].next = Some(b);
+        self.segments[g.seg].tail = Some(b);
         self.index_free(b);
         Ok(b)
     }

@@ -144,6 +144,9 @@ pub(crate) struct Segment {
     pub(crate) stream: StreamId,
     /// First block (lowest address).
     pub(crate) head: Option<BlockId>,
+    /// Last block (highest address): the free end a range grows from, found without walking
+    /// the range's blocks ([`Heap::growth_plan`] runs on every request a view may serve).
+    pub(crate) tail: Option<BlockId>,
     /// The unit in which the segment's first `uniform_end` bytes are mapped and unmapped: the
     /// backend's page, or on a backend that can unmap the
     /// [`map_granule`](crate::backend::map_granule) of the size it was reserved with.
@@ -261,6 +264,8 @@ pub(crate) struct Heap {
     alias_pages: bool,
     /// The views made so far, in use and idle.
     views: Vec<alias::View>,
+    /// A buffer for the free blocks of a range that a view is looked for in (`alias.rs`).
+    free_blocks: Vec<alias::FreeBlock>,
     /// Memory the program allocated itself, recorded by address, in order (an unmapped range
     /// forgets every mapping inside it; see `external.rs`).
     external: std::collections::BTreeMap<u64, BlockId>,
@@ -325,6 +330,7 @@ impl Heap {
             can_unmap: backend.can_unmap() && config.release_pages,
             alias_pages: backend.can_unmap() && config.release_pages && config.alias_pages && backend.can_alias(),
             views: Vec::new(),
+            free_blocks: Vec::new(),
             blocks: Slots::new(),
             free_slots: Vec::new(),
             segments: Slots::new(),
@@ -674,6 +680,7 @@ impl Heap {
             pool,
             stream,
             head: None,
+            tail: None,
             granule,
             uniform_end: size,
             grown: Vec::new(),
@@ -688,6 +695,7 @@ impl Heap {
         let s = self.new_segment(seg);
         let b = self.new_block(Block::fresh(addr, size, s, pool, stream, None));
         self.segments[s].head = Some(b);
+        self.segments[s].tail = Some(b);
         self.note(Note::SegmentReserved { addr, size, pool, stream, growable });
         // Indexed so that `take` can unindex it like any cached block.
         self.index_free(b);
@@ -959,8 +967,12 @@ impl Heap {
         ab.size += bsize;
         ab.next = bnext;
         ab.unmapped |= bunmapped;
-        if let Some(bnext) = bnext {
-            self.blocks[bnext].prev = Some(a);
+        match bnext {
+            Some(bnext) => self.blocks[bnext].prev = Some(a),
+            None => {
+                let seg = self.blocks[a].segment;
+                self.segments[seg].tail = Some(a);
+            }
         }
         self.drop_block(b);
     }
