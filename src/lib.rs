@@ -219,7 +219,11 @@
 //! stream has work queued, the request goes its own way as before (a segment of its stream,
 //! or a block lent over the limit), so no stream is made to wait for work it did not ask to
 //! follow; the `cudaMallocAsync` pool reuses another stream's memory on the same condition
-//! (its free complete). Small requests keep their stream's small segments (a thread's parking
+//! (its free complete). Since 2026-12-02 a free block of the range's stream is lent without
+//! asking where no memory joined its free blocks since the stream was last seen idle (the work
+//! that used them was all queued before then, so none of it still runs): half the stream
+//! queries on `ensemble_streams`, no decision changed (`BENCHMARKS.md`, "Fewer stream
+//! queries"). Small requests keep their stream's small segments (a thread's parking
 //! slot reuses those without the lock). Why: memory freed on one stream had served another
 //! only as a lent block over the limit, and the streams' large blocks lay in segments whose
 //! holes never merged. On 240 traces of random shapes on two to four streams that no rule had

@@ -116,8 +116,9 @@ pub struct AllocatorConfig {
     /// Where a stream's large request (over 1 MiB) finds none of its own free blocks that
     /// fits, serve it from the memory of the stream that holds the most (the range that grows
     /// in place; with segments that do not grow, the stream holding the most large segments)
-    /// while that stream has no work queued, the block lent. Memory then moves between streams
-    /// as in the `cudaMallocAsync` pool, and never makes one stream wait for another's work.
+    /// while that stream has no work queued (or no memory joined its free blocks since it was
+    /// last seen idle), the block lent. Memory then moves between streams as in the
+    /// `cudaMallocAsync` pool, and never makes one stream wait for another's work.
     /// `false` keeps each stream's memory to itself but for loans over the fragmentation
     /// limit, as PyTorch's allocator does (`share_idle_streams:false`). Default: `true`.
     pub share_idle_streams: bool,

@@ -130,6 +130,10 @@ pub(crate) struct Extra {
     /// ([`Heap::serve_from_range`]): its free, while the borrower's work still runs, waits for an
     /// event on the borrower instead of ordering the owner after it ([`Heap::hand_back`]).
     pub(crate) from_range: bool,
+    /// Whether a lent block was used on its owner's stream too (`record_stream` with the
+    /// stream of its segment, which needs no event): its return then is not clean (see
+    /// [`Heap::hand_back`]).
+    pub(crate) used_by_owner: bool,
     pub(crate) meta: Option<TensorMeta>,
 }
 
@@ -264,6 +268,9 @@ pub(crate) struct Heap {
     alias_pages: bool,
     /// The views made so far, in use and idle.
     views: Vec<alias::View>,
+    /// Memory that joined a stream's free blocks so far, counted (see
+    /// `StreamSlot::free_blocks_settled`).
+    frees: u64,
     /// A buffer for the free blocks of a range that a view is looked for in (`alias.rs`).
     free_blocks: Vec<alias::FreeBlock>,
     /// Memory the program allocated itself, recorded by address, in order (an unmapped range
@@ -330,6 +337,7 @@ impl Heap {
             can_unmap: backend.can_unmap() && config.release_pages,
             alias_pages: backend.can_unmap() && config.release_pages && config.alias_pages && backend.can_alias(),
             views: Vec::new(),
+            frees: 0,
             free_blocks: Vec::new(),
             blocks: Slots::new(),
             free_slots: Vec::new(),
@@ -750,17 +758,21 @@ impl Heap {
     /// The buffer of block `i` was dropped: stop counting it as allocated, and either return it
     /// to the free index or wait for the other streams that used it.
     pub(crate) fn free(&mut self, backend: &dyn Backend, i: BlockId, ctx: Option<Context>) {
-        let (pool, size, requested, uses, lent_to) = {
+        let (pool, size, requested, uses, lent_to, used_by_owner) = {
             let b = &mut self.blocks[i];
             debug_assert_eq!(b.state, BlockState::Allocated);
-            let (uses, lent_to) =
-                b.extra.take().map(|e| (e.uses, e.lent_to.map(|to| (to, e.from_range)))).unwrap_or_default();
+            let (uses, lent_to, used_by_owner) = b
+                .extra
+                .take()
+                .map(|e| (e.uses, e.lent_to.map(|to| (to, e.from_range)), e.used_by_owner))
+                .unwrap_or_default();
             b.ctx = None;
             // The bytes asked for stay on the block while it waits for other streams (a
             // snapshot shows them, as PyTorch's does); `deactivate` clears them.
-            (b.pool, b.size, b.requested, uses, lent_to)
+            (b.pool, b.size, b.requested, uses, lent_to, used_by_owner)
         };
-        let (uses, handed_back) = self.hand_back(backend, i, uses, lent_to);
+        let (uses, handed_back, clean) = self.hand_back(backend, i, uses, lent_to);
+        let clean = clean && !used_by_owner;
         let lent_to = lent_to.map(|(to, _)| to);
         let mut waiting = 0;
         for s in uses {
@@ -802,8 +814,12 @@ impl Heap {
         if waiting == 0 && (handed_back || self.blocks[i].view) {
             // Back among its owner's free blocks, the block freed last left as it was (as when
             // a wait completes: see `event_done`).
+            if !clean {
+                self.note_freed(self.blocks[i].stream);
+            }
             self.finish_free(i);
         } else if waiting == 0 {
+            self.note_freed(self.blocks[i].stream);
             self.settle();
             self.deactivate(i);
             // Kept aside for a request of the same size (the common alloc-free-alloc of a
@@ -892,6 +908,13 @@ impl Heap {
             }
         }
         st
+    }
+
+    /// Memory that work queued on `stream` may still use joins its free blocks: they are no
+    /// longer settled (`StreamSlot::free_blocks_settled`) until it is next seen idle.
+    fn note_freed(&mut self, stream: StreamId) {
+        self.frees += 1;
+        self.streams[stream.index()].freed_at = self.frees;
     }
 
     /// The block is no longer used by any stream: merge it into a free neighbour (whose index
@@ -1561,6 +1584,78 @@ mod tests {
         for g in [e, f, small] {
             h.free(&sim, g.block, None);
         }
+        h.settle();
+        crate::alloc::heap::check_heap(&h).unwrap();
+    }
+
+    /// A heap whose stream 0 holds a range with a free 12 MiB hole at its start (returned), and
+    /// a second stream, with events completed by hand.
+    fn range_with_a_hole_and_another_stream() -> (Heap, SimBackend, Grant, StreamId) {
+        let (mut h, sim) = heap_with("fragmentation_limit:off", SimBackend::with_events(1 << 40, EventMode::Manual));
+        let a = h.alloc(&sim, StreamId(0), 12 << 20, None).unwrap();
+        h.free(&sim, a.block, None);
+        h.settle();
+        let s1 = h.add_stream(sim.create_stream().unwrap()).unwrap();
+        (h, sim, a, s1)
+    }
+
+    #[test]
+    fn the_range_lends_free_blocks_settled_since_its_stream_was_seen_idle_without_asking_again() {
+        let (mut h, sim, a, s1) = range_with_a_hole_and_another_stream();
+        let s = StreamId(0);
+        // The first loan asks whether stream 0 is idle (it is: seen idle from here).
+        let b = h.alloc(&sim, s1, 8 << 20, None).unwrap();
+        assert_eq!((b.addr, b.lent), (a.addr, true));
+        // Back from an idle borrower, the block leaves stream 0's free blocks settled.
+        h.free(&sim, b.block, None);
+        assert!(h.streams[s.index()].free_blocks_settled());
+        // Stream 0 has work queued now, but none of it can touch a block that was free when
+        // it was seen idle: the loan stands without asking.
+        make_busy(&h, &sim, s);
+        let c = h.alloc(&sim, s1, 8 << 20, None).unwrap();
+        assert_eq!((c.addr, c.lent), (a.addr, true), "a settled free block, lent while stream 0 is busy");
+        h.free(&sim, c.block, None);
+        // Growing the range for stream 1 would order it after stream 0's work: not while busy.
+        let big = h.alloc(&sim, s1, 64 << 20, None).unwrap();
+        assert!(!big.lent && h.blocks[big.block].segment != h.blocks[a.block].segment);
+        // A block freed on stream 0 while its work runs unsettles its free blocks: the next
+        // loan asks, and stream 0 being busy, stream 1 goes its own way.
+        let d = h.alloc(&sim, s, 2 << 20, None).unwrap();
+        h.free(&sim, d.block, None);
+        assert!(!h.streams[s.index()].free_blocks_settled());
+        let e = h.alloc(&sim, s1, 8 << 20, None).unwrap();
+        assert!(!e.lent, "stream 0 busy, its free blocks unsettled");
+        // Seen idle again, it lends again (14 MiB: more than stream 1's own segments hold
+        // free, 12 MiB beside `e`).
+        sim.synchronize(h.streams[s.index()].raw).unwrap();
+        let f = h.alloc(&sim, s1, 14 << 20, None).unwrap();
+        assert!(f.lent);
+        assert!(h.streams[s.index()].free_blocks_settled());
+        for g in [big, e, f] {
+            h.free(&sim, g.block, None);
+        }
+        h.settle();
+        crate::alloc::heap::check_heap(&h).unwrap();
+    }
+
+    #[test]
+    fn a_loan_used_on_its_owners_stream_is_not_lent_again_while_that_work_runs() {
+        // Found by `tests/shadow_model.rs` (1,000 cases of up to 3,000 operations) in the
+        // first version of the rule above, which took every loan back from an idle borrower
+        // as untouched: the owner's stream may use a loan too (`record_stream` with the owner's
+        // stream needs no event), and its work may still run when the loan comes back.
+        let (mut h, sim, a, s1) = range_with_a_hole_and_another_stream();
+        let s = StreamId(0);
+        let s2 = h.add_stream(sim.create_stream().unwrap()).unwrap();
+        let b = h.alloc(&sim, s1, 8 << 20, None).unwrap();
+        assert_eq!((b.addr, b.lent), (a.addr, true));
+        h.record_stream(b.block, s);
+        make_busy(&h, &sim, s);
+        h.free(&sim, b.block, None);
+        assert!(!h.streams[s.index()].free_blocks_settled(), "stream 0's work on the loan may still run");
+        let c = h.alloc(&sim, s2, 8 << 20, None).unwrap();
+        assert!(!c.lent && c.addr != b.addr, "stream 2 goes its own way");
+        h.free(&sim, c.block, None);
         h.settle();
         crate::alloc::heap::check_heap(&h).unwrap();
     }

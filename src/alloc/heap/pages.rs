@@ -282,6 +282,9 @@ impl Heap {
     /// Segment `s` moves from stream `from` to stream `to` (its blocks' streams set by the
     /// caller, with `to`'s work already ordered after `from`'s); returns its pool.
     fn move_segment(&mut self, s: SegmentId, from: StreamId, to: StreamId) -> super::Pool {
+        // Memory joins `to`'s free blocks (ordered after `from`'s work, not after anything
+        // `to` was seen idle before).
+        self.note_freed(to);
         let seg = &mut self.segments[s];
         seg.stream = to;
         let (addr, size, pool, growable) = (seg.addr, seg.size, seg.pool, seg.growable);

@@ -31,11 +31,24 @@ pub(crate) struct StreamSlot {
     /// Whether the stream borrowed a small block while it held no small segment (see
     /// [`Heap::may_borrow`]).
     pub(crate) borrowed_small: bool,
+    /// [`Heap::frees`] when memory last joined the stream's free blocks (a block freed, or a
+    /// segment moved to it).
+    pub(crate) freed_at: u64,
+    /// [`Heap::frees`] when the stream was last seen idle ([`Heap::idle`]).
+    pub(crate) idle_at: u64,
 }
 
 impl StreamSlot {
     pub(crate) fn new(raw: RawStream) -> Self {
-        StreamSlot { raw, last_alloc: 0, segments: [0; 2], growable: 0, borrowed_small: false }
+        StreamSlot { raw, last_alloc: 0, segments: [0; 2], growable: 0, borrowed_small: false, freed_at: 0, idle_at: 0 }
+    }
+
+    /// Whether no memory joined the stream's free blocks since it was last seen idle: then no
+    /// work it queued can still touch any of them (each was queued before its block was freed,
+    /// or ordered before the stream's by [`Heap::take_over`]), though the stream may be busy
+    /// with its live blocks now. Memory it never used counts as seen idle.
+    pub(crate) fn free_blocks_settled(&self) -> bool {
+        self.freed_at <= self.idle_at
     }
 }
 
@@ -60,6 +73,9 @@ impl Heap {
         // A stranded block stays out of use whatever its other streams' events say.
         if b.pending_events == 0 && b.state == BlockState::PendingFree {
             let (addr, requested, stream) = (b.addr, b.requested, b.stream);
+            // The other streams' work is done; the block's own stream's may not be (it was
+            // queued before the free), so its free blocks are unsettled from here.
+            self.note_freed(stream);
             self.note(Note::WaitOver { addr, requested, stream });
             self.finish_free(block);
         }
@@ -148,6 +164,10 @@ impl Heap {
             if !uses.contains(&stream) {
                 uses.push(stream);
             }
+        } else if let Some(e) = b.extra.as_mut().filter(|e| e.lent_to.is_some_and(|to| to != stream)) {
+            // A loan used on its owner's stream: nothing to wait for before the owner reuses
+            // it, but its owner's free blocks are not settled by its return (`hand_back`).
+            e.used_by_owner = true;
         }
     }
 
@@ -264,7 +284,12 @@ impl Heap {
     /// counts as busy, and is noted).
     pub(super) fn idle(&mut self, backend: &dyn Backend, stream: StreamId) -> bool {
         match backend.stream_idle(self.streams[stream.index()].raw) {
-            Ok(idle) => idle,
+            Ok(idle) => {
+                if idle {
+                    self.streams[stream.index()].idle_at = self.frees;
+                }
+                idle
+            }
             Err(e) => {
                 self.note(Note::BackendError);
                 self.last_error = Some(format!("querying whether stream {stream} is idle: {e}"));
@@ -282,6 +307,15 @@ impl Heap {
     /// `stream` ([`Heap::lend`]). `None` (the request goes its own way, as before) with
     /// `share_idle_streams:false`, where the request is small, no stream is home, `stream` is,
     /// or the home stream has work queued.
+    ///
+    /// "Idle" is asked of the backend (`cuStreamQuery`) only where it matters: a free block
+    /// of the home stream is lent without asking where no memory joined its free blocks since
+    /// it was last seen idle ([`StreamSlot::free_blocks_settled`]; the work that used them was
+    /// all queued before then, so none of it still runs, whatever the stream does now), and
+    /// growing for `stream` still asks, as it orders `stream` after the home stream's work.
+    /// Replayed, where every stream is idle, this changes no decision (101 traces on two to
+    /// four streams, both segment kinds) and halves the queries on `ensemble_streams`
+    /// (`BENCHMARKS.md`, "Fewer stream queries").
     ///
     /// Why: with one range per heap, the other streams reserved segments of their own for
     /// their large tensors, and memory that one stream freed served another only as a lent
@@ -320,13 +354,23 @@ impl Heap {
             return Ok(None);
         }
         let Some(owner) = self.home else { return Ok(None) };
-        if owner == stream || !self.idle(backend, owner) {
+        // The owner's free blocks need no query where none joined them since the owner was
+        // last seen idle (`StreamSlot::free_blocks_settled`): on CUDA each query is a
+        // `cuStreamQuery`, about half a microsecond, and a request of a stream beside the range
+        // asked one every time (`BENCHMARKS.md`, "Fewer stream queries").
+        let settled = self.streams[owner.index()].free_blocks_settled();
+        if owner == stream || !(settled || self.idle(backend, owner)) {
             return Ok(None);
         }
         self.streams[owner.index()].last_alloc = self.grows;
         self.settle();
         if let Some(b) = self.find_free(Pool::Large, owner, size, true) {
             return Ok(Some(Grown::Free(b)));
+        }
+        // Growing orders `stream` after the owner's work (below): only while the owner has
+        // none queued, as before.
+        if settled && !self.idle(backend, owner) {
+            return Ok(None);
         }
         // Without a block kept aside (`deferred` is `None`), what `grow` finds is still a free
         // block, not yet taken: if `stream` cannot be ordered below, it stays where it is.
@@ -354,32 +398,36 @@ impl Heap {
     /// so that the block goes back to its owner at once instead of waiting for an event on the
     /// borrower to complete (until the device has passed it the block is out of everyone's
     /// reach, and the owner may reserve memory anew meanwhile). Returns the streams still to
-    /// wait for and whether the block went back to its owner; if the backend could not order
-    /// the streams, the free waits for the borrower's event as after `record_stream`.
+    /// wait for, whether the block went back to its owner, and whether it went back with the
+    /// borrower's work done (the borrower idle: unless the owner's stream used it too, which
+    /// the caller checks, it then joins the owner's free blocks without making them unsettled,
+    /// `StreamSlot::free_blocks_settled`); if the backend could not order the streams, the
+    /// free waits for the borrower's event as after `record_stream`.
     pub(super) fn hand_back(
         &mut self,
         backend: &dyn Backend,
         i: BlockId,
         mut uses: Vec<StreamId>,
         lent_to: Option<(StreamId, bool)>,
-    ) -> (Vec<StreamId>, bool) {
-        let Some((borrower, from_range)) = lent_to else { return (uses, false) };
+    ) -> (Vec<StreamId>, bool, bool) {
+        let Some((borrower, from_range)) = lent_to else { return (uses, false, false) };
         if self.idle(backend, borrower) {
-            // Nothing the borrower queued can still touch the block.
+            // Nothing the borrower queued can still touch the block, nor could the owner's
+            // work while it was lent.
             uses.retain(|&s| s != borrower);
-            return (uses, true);
+            return (uses, true, true);
         }
         if from_range {
             // As after `record_stream`: reused once an event on the borrower completes, so
             // that the owner's work never waits for the borrower's.
-            return (uses, false);
+            return (uses, false, false);
         }
         let owner = self.blocks[i].stream;
         if !self.order_streams(backend, owner, borrower, "to take back a block it lent") {
-            return (uses, false);
+            return (uses, false, false);
         }
         uses.retain(|&s| s != borrower);
-        (uses, true)
+        (uses, true, false)
     }
 
     /// Orders stream `waiting`'s work after the work queued so far on stream `on` (on CUDA
