@@ -313,9 +313,9 @@ impl Heap {
     /// it was last seen idle ([`StreamSlot::free_blocks_settled`]; the work that used them was
     /// all queued before then, so none of it still runs, whatever the stream does now), and
     /// growing for `stream` still asks, as it orders `stream` after the home stream's work.
-    /// Replayed, where every stream is idle, this changes no decision (101 traces on two to
-    /// four streams, both segment kinds) and halves the queries on `ensemble_streams`
-    /// (`BENCHMARKS.md`, "Fewer stream queries").
+    /// Replayed, where every stream is idle, this changes no decision (47 random traces on two
+    /// to four streams and the 54 fixtures, both segment kinds) and halves the queries on
+    /// `ensemble_streams` (`BENCHMARKS.md`, "Fewer stream queries").
     ///
     /// Why: with one range per heap, the other streams reserved segments of their own for
     /// their large tensors, and memory that one stream freed served another only as a lent
