@@ -130,37 +130,49 @@ impl Heap {
         range: SegmentId,
         lacks: u64,
     ) -> Option<BlockId> {
-        let need = size.next_multiple_of(self.page);
-        // The range's free blocks, in a buffer kept between requests (views are tried on every
-        // request that no hole fits; in a settled loop each finds a kept view).
+        // The range's free blocks go in a buffer kept between requests (views are tried on
+        // every request that no hole fits; in a settled loop each finds a kept view).
         let mut blocks = std::mem::take(&mut self.free_blocks);
-        self.list_free_blocks(range, &mut blocks);
+        let served = self.serve_by_view_with(backend, stream, size, range, lacks, &mut blocks);
+        self.free_blocks = blocks;
+        served
+    }
+
+    /// [`Heap::serve_by_view`]'s work, with `blocks` to list the range's free blocks in.
+    fn serve_by_view_with(
+        &mut self,
+        backend: &dyn Backend,
+        stream: StreamId,
+        size: u64,
+        range: SegmentId,
+        lacks: u64,
+        blocks: &mut Vec<FreeBlock>,
+    ) -> Option<BlockId> {
+        let need = size.next_multiple_of(self.page);
+        self.list_free_blocks(range, blocks);
         // Whether `[addr, addr + len)` lies in one free block.
-        let is_free = |&(addr, len): &(u64, u64)| holder(&blocks, addr).is_some_and(|(a, s, _)| a + s >= addr + len);
+        let is_free = |&(addr, len): &(u64, u64)| holder(blocks, addr).is_some_and(|(a, s, _)| a + s >= addr + len);
         let idle = self
             .views
             .iter()
             .position(|v| v.range == range && v.held.is_empty() && v.len == need && v.runs.iter().all(is_free));
         if let Some(v) = idle {
-            self.hold(v, size, stream, &blocks);
-            self.free_blocks = blocks;
+            self.hold(v, size, stream, blocks);
             return Some(self.views[v].block);
         }
-        let mut free = self.mapped_runs(range, &blocks);
+        let mut free = self.mapped_runs(range, blocks);
         let have: u64 = free.iter().map(|&(_, l)| l).sum();
         if need.saturating_sub(have) >= lacks {
-            self.free_blocks = blocks;
             return None;
         }
         if have < need {
             let growth = super::expand::Growth { seg: range, by: need - have };
             if let Err(e) = self.grow_in_place(backend, growth) {
                 self.last_error = Some(format!("growing the range for a view: {e}"));
-                self.free_blocks = blocks;
                 return None;
             }
-            self.list_free_blocks(range, &mut blocks);
-            free = self.mapped_runs(range, &blocks);
+            self.list_free_blocks(range, blocks);
+            free = self.mapped_runs(range, blocks);
         }
         // The first wholly free mappings, in address order, until they hold `need` bytes.
         let seg = &self.segments[range];
@@ -187,7 +199,6 @@ impl Heap {
             Err(e) => {
                 self.note(Note::BackendError);
                 self.last_error = Some(format!("a view of {} mappings ({need} bytes): {e}", maps.len()));
-                self.free_blocks = blocks;
                 return None;
             }
         };
@@ -196,8 +207,7 @@ impl Heap {
         b.view = true;
         let block = self.new_block(b);
         self.views.push(View { addr, runs: runs.into(), len: need, span, range, block, held: Vec::new() });
-        self.hold(self.views.len() - 1, size, stream, &blocks);
-        self.free_blocks = blocks;
+        self.hold(self.views.len() - 1, size, stream, blocks);
         Some(block)
     }
 

@@ -758,22 +758,21 @@ impl Heap {
     /// The buffer of block `i` was dropped: stop counting it as allocated, and either return it
     /// to the free index or wait for the other streams that used it.
     pub(crate) fn free(&mut self, backend: &dyn Backend, i: BlockId, ctx: Option<Context>) {
-        let (pool, size, requested, uses, lent_to, used_by_owner) = {
+        let (pool, size, requested, uses, lent_to) = {
             let b = &mut self.blocks[i];
             debug_assert_eq!(b.state, BlockState::Allocated);
-            let (uses, lent_to, used_by_owner) = b
+            let (uses, lent_to) = b
                 .extra
                 .take()
-                .map(|e| (e.uses, e.lent_to.map(|to| (to, e.from_range)), e.used_by_owner))
+                .map(|e| (e.uses, e.lent_to.map(|to| (to, e.from_range, e.used_by_owner))))
                 .unwrap_or_default();
             b.ctx = None;
             // The bytes asked for stay on the block while it waits for other streams (a
             // snapshot shows them, as PyTorch's does); `deactivate` clears them.
-            (b.pool, b.size, b.requested, uses, lent_to, used_by_owner)
+            (b.pool, b.size, b.requested, uses, lent_to)
         };
         let (uses, handed_back, clean) = self.hand_back(backend, i, uses, lent_to);
-        let clean = clean && !used_by_owner;
-        let lent_to = lent_to.map(|(to, _)| to);
+        let lent_to = lent_to.map(|(to, _, _)| to);
         let mut waiting = 0;
         for s in uses {
             let raw = self.streams[s.index()].raw;

@@ -398,24 +398,25 @@ impl Heap {
     /// so that the block goes back to its owner at once instead of waiting for an event on the
     /// borrower to complete (until the device has passed it the block is out of everyone's
     /// reach, and the owner may reserve memory anew meanwhile). Returns the streams still to
-    /// wait for, whether the block went back to its owner, and whether it went back with the
-    /// borrower's work done (the borrower idle: unless the owner's stream used it too, which
-    /// the caller checks, it then joins the owner's free blocks without making them unsettled,
+    /// wait for, whether the block went back to its owner, and whether it went back with no
+    /// stream's work left on it (the borrower idle and the owner's stream never using it: it
+    /// then joins the owner's free blocks without making them unsettled,
     /// `StreamSlot::free_blocks_settled`); if the backend could not order the streams, the
-    /// free waits for the borrower's event as after `record_stream`.
+    /// free waits for the borrower's event as after `record_stream`. `lent_to`: the borrower,
+    /// whether the range lent it, and whether the owner's stream used it too.
     pub(super) fn hand_back(
         &mut self,
         backend: &dyn Backend,
         i: BlockId,
         mut uses: Vec<StreamId>,
-        lent_to: Option<(StreamId, bool)>,
+        lent_to: Option<(StreamId, bool, bool)>,
     ) -> (Vec<StreamId>, bool, bool) {
-        let Some((borrower, from_range)) = lent_to else { return (uses, false, false) };
+        let Some((borrower, from_range, used_by_owner)) = lent_to else { return (uses, false, false) };
         if self.idle(backend, borrower) {
             // Nothing the borrower queued can still touch the block, nor could the owner's
-            // work while it was lent.
+            // work while it was lent, unless the owner's stream used it (`record_stream`).
             uses.retain(|&s| s != borrower);
-            return (uses, true, true);
+            return (uses, true, !used_by_owner);
         }
         if from_range {
             // As after `record_stream`: reused once an event on the borrower completes, so
