@@ -223,7 +223,15 @@
 //! asking where no memory joined its free blocks since the stream was last seen idle (the work
 //! that used them was all queued before then, so none of it still runs): half the stream
 //! queries on `ensemble_streams`, no decision changed (`BENCHMARKS.md`, "Fewer stream
-//! queries"). Small requests keep their stream's small segments (a thread's parking
+//! queries"). And a loan comes back without asking whether its borrower is idle where the
+//! borrower was idle when last asked: one question, before another stream's request or a
+//! reserve, release or unmap could reach the memory, covers every loan the stream gave back
+//! since (the borrower's own requests need none: its later work runs after its earlier).
+//! Where that question finds the borrower busy after all, the owners' streams are ordered
+//! after it then, the one case where a stream waits for another's work it did not ask to
+//! follow; a stream that was busy when last asked keeps the event above. Replayed, 94% fewer
+//! stream queries on `ensemble_streams`, no decision changed (`BENCHMARKS.md`, "Loans given
+//! back unasked"). Small requests keep their stream's small segments (a thread's parking
 //! slot reuses those without the lock). Why: memory freed on one stream had served another
 //! only as a lent block over the limit, and the streams' large blocks lay in segments whose
 //! holes never merged. On 240 traces of random shapes on two to four streams that no rule had

@@ -118,7 +118,9 @@ pub struct AllocatorConfig {
     /// in place; with segments that do not grow, the stream holding the most large segments)
     /// while that stream has no work queued (or no memory joined its free blocks since it was
     /// last seen idle), the block lent. Memory then moves between streams as in the
-    /// `cudaMallocAsync` pool, and never makes one stream wait for another's work.
+    /// `cudaMallocAsync` pool, and makes one stream wait for another's work only where a
+    /// borrower idle when last asked has work queued when its returned loans are checked
+    /// (see the crate docs, "How the allocator works").
     /// `false` keeps each stream's memory to itself but for loans over the fragmentation
     /// limit, as PyTorch's allocator does (`share_idle_streams:false`). Default: `true`.
     pub share_idle_streams: bool,

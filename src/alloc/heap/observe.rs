@@ -19,6 +19,9 @@ pub(super) enum Note {
     WaitOver { addr: u64, requested: u64, stream: StreamId },
     /// No stream uses a dropped block any more: it leaves the active counters.
     Deactivate { size: u64, pool: Pool },
+    /// A free block is kept out of use (another stream's work may still use it, and that
+    /// stream could be neither waited for nor synchronized): it joins the active counters.
+    Strand { size: u64, pool: Pool },
     /// A free block that shares its segment with others starts (`true`) or stops being one:
     /// the inactive-split counters.
     SplitFree { size: u64, pool: Pool, counted: bool },
@@ -98,6 +101,10 @@ impl Heap {
             Note::Deactivate { size, pool } => {
                 st.active.dec(pool, 1);
                 st.active_bytes.dec(pool, size);
+            }
+            Note::Strand { size, pool } => {
+                st.active.inc(pool, 1);
+                st.active_bytes.inc(pool, size);
             }
             Note::SplitFree { size, pool, counted: true } => {
                 st.inactive_split.inc(pool, 1);

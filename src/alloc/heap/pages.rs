@@ -443,6 +443,7 @@ impl Heap {
     /// Releases everything cached: every fully free segment and, with `pages`, the pages under
     /// the other free blocks.
     pub(crate) fn release_cache(&mut self, backend: &dyn Backend, pages: bool) {
+        self.check_returns(backend, 0);
         self.synchronize_pending(backend);
         // Idle views hold no memory but their addresses: given back too (`alias.rs`).
         self.drop_views(backend, None, 0, u64::MAX);

@@ -36,11 +36,28 @@ pub(crate) struct StreamSlot {
     pub(crate) freed_at: u64,
     /// [`Heap::frees`] when the stream was last seen idle ([`Heap::idle`]).
     pub(crate) idle_at: u64,
+    /// What the backend said when last asked whether the stream was idle (false before it
+    /// was first asked): where it said idle, the stream's loans go back unasked
+    /// ([`Heap::hand_back`]).
+    pub(crate) last_idle: bool,
+    /// The streams (by bit) whose free blocks took loans of this stream back unasked since
+    /// it was last checked ([`Heap::check_returns`]).
+    pub(crate) returned_to: u64,
 }
 
 impl StreamSlot {
     pub(crate) fn new(raw: RawStream) -> Self {
-        StreamSlot { raw, last_alloc: 0, segments: [0; 2], growable: 0, borrowed_small: false, freed_at: 0, idle_at: 0 }
+        StreamSlot {
+            raw,
+            last_alloc: 0,
+            segments: [0; 2],
+            growable: 0,
+            borrowed_small: false,
+            freed_at: 0,
+            idle_at: 0,
+            last_idle: false,
+            returned_to: 0,
+        }
     }
 
     /// Whether no memory joined the stream's free blocks since it was last seen idle: then no
@@ -50,6 +67,16 @@ impl StreamSlot {
     pub(crate) fn free_blocks_settled(&self) -> bool {
         self.freed_at <= self.idle_at
     }
+}
+
+/// How many loans may go back unasked before the next is asked about at its free
+/// ([`Heap::hand_back`]): a bound on [`Heap::unchecked_loans`].
+const MAX_UNCHECKED: usize = 256;
+
+/// Stream `s`'s bit in [`Heap::unchecked`] and [`StreamSlot::returned_to`]; 0 from id 64 on
+/// (such streams' loans are asked about at their free).
+pub(super) fn stream_bit(s: StreamId) -> u64 {
+    1u64.checked_shl(s.0).unwrap_or(0)
 }
 
 impl Heap {
@@ -285,12 +312,15 @@ impl Heap {
     pub(super) fn idle(&mut self, backend: &dyn Backend, stream: StreamId) -> bool {
         match backend.stream_idle(self.streams[stream.index()].raw) {
             Ok(idle) => {
+                let slot = &mut self.streams[stream.index()];
                 if idle {
-                    self.streams[stream.index()].idle_at = self.frees;
+                    slot.idle_at = self.frees;
                 }
+                slot.last_idle = idle;
                 idle
             }
             Err(e) => {
+                self.streams[stream.index()].last_idle = false;
                 self.note(Note::BackendError);
                 self.last_error = Some(format!("querying whether stream {stream} is idle: {e}"));
                 false
@@ -404,6 +434,16 @@ impl Heap {
     /// `StreamSlot::free_blocks_settled`); if the backend could not order the streams, the
     /// free waits for the borrower's event as after `record_stream`. `lent_to`: the borrower,
     /// whether the range lent it, and whether the owner's stream used it too.
+    ///
+    /// Whether the borrower is idle is asked later where it was idle when last asked
+    /// ([`StreamSlot::last_idle`]): the block goes back at once, counted as unchecked, and
+    /// [`Heap::check_returns`] asks before anything else can reach it (a request of another
+    /// stream, a reserve, release or unmap, `empty_cache`). The borrower's own requests need
+    /// no answer: its work on the block was queued before the free, so its later work runs
+    /// after. One question then covers every loan the stream gave back since: on
+    /// `ensemble_streams` replayed as on CUDA, 190 questions a pass instead of 2,250, with the
+    /// same decisions (`BENCHMARKS.md`, "Loans given back unasked"). Where the answer is
+    /// "busy", the owners are ordered after the borrower then, as for a loan over the limit.
     pub(super) fn hand_back(
         &mut self,
         backend: &dyn Backend,
@@ -412,6 +452,20 @@ impl Heap {
         lent_to: Option<(StreamId, bool, bool)>,
     ) -> (Vec<StreamId>, bool, bool) {
         let Some((borrower, from_range, used_by_owner)) = lent_to else { return (uses, false, false) };
+        let owner = self.blocks[i].stream;
+        let (by, to) = (stream_bit(borrower), stream_bit(owner));
+        if by != 0 && to != 0 && self.streams[borrower.index()].last_idle {
+            if self.unchecked_loans.len() >= MAX_UNCHECKED {
+                // Asked now and then all the same, so that the list stays short.
+                self.check_returns(backend, !by);
+            }
+            let b = &self.blocks[i];
+            self.unchecked_loans.push((borrower, b.segment, b.addr, b.size));
+            self.streams[borrower.index()].returned_to |= to;
+            self.unchecked |= by;
+            uses.retain(|&s| s != borrower);
+            return (uses, true, !used_by_owner);
+        }
         if self.idle(backend, borrower) {
             // Nothing the borrower queued can still touch the block, nor could the owner's
             // work while it was lent, unless the owner's stream used it (`record_stream`).
@@ -423,12 +477,79 @@ impl Heap {
             // that the owner's work never waits for the borrower's.
             return (uses, false, false);
         }
-        let owner = self.blocks[i].stream;
         if !self.order_streams(backend, owner, borrower, "to take back a block it lent") {
             return (uses, false, false);
         }
         uses.retain(|&s| s != borrower);
         (uses, true, false)
+    }
+
+    /// Asks whether the streams that gave loans back unasked ([`Heap::hand_back`]), but those
+    /// in `except` (by bit), are idle now. Called before anything but the borrower's own
+    /// requests could reach those blocks: at a request of another stream (`except`: the
+    /// request's), before the heap grows, reclaims, lends over the limit or takes a segment
+    /// over ([`Heap::grow`]), and at `empty_cache` ([`Heap::release_cache`]). A stream found
+    /// busy has work queued since it was last seen idle that may still use the blocks it gave
+    /// back: their owners' streams are ordered after it (`Backend::order_after`), so that their
+    /// work, and that of any stream ordered after them to take their memory, waits for it
+    /// without the host blocking, and their free blocks count as unsettled. Where the backend
+    /// cannot order them, the host waits for the borrower (`Backend::synchronize`); where
+    /// that fails too, the error is noted (the context is then unusable).
+    pub(super) fn check_returns(&mut self, backend: &dyn Backend, except: u64) {
+        let mut todo = self.unchecked & !except;
+        while todo != 0 {
+            let borrower = StreamId(todo.trailing_zeros());
+            todo &= todo - 1;
+            self.unchecked &= !stream_bit(borrower);
+            let mut owners = std::mem::take(&mut self.streams[borrower.index()].returned_to);
+            let mut ordered = self.idle(backend, borrower);
+            if !ordered {
+                ordered = true;
+                while owners != 0 && ordered {
+                    let owner = StreamId(owners.trailing_zeros());
+                    owners &= owners - 1;
+                    ordered = self.order_streams(backend, owner, borrower, "to take back blocks it lent");
+                    self.note_freed(owner);
+                }
+            }
+            if !ordered {
+                if let Err(e) = backend.synchronize(self.streams[borrower.index()].raw) {
+                    self.note(Note::BackendError);
+                    self.last_error = Some(format!(
+                        "stream {borrower} gave back blocks it had borrowed and could be neither waited \
+                         for nor synchronized ({e}): the free memory around them is kept out of use"
+                    ));
+                    self.strand_loans(borrower);
+                }
+            }
+            self.unchecked_loans.retain(|l| l.0 != borrower);
+        }
+    }
+
+    /// Keeps the free blocks over the loans `borrower` gave back unasked out of use for good
+    /// (state `Stranded`, given back with their segments when the allocator ends), where its
+    /// work may still use them and the backend could neither order nor synchronize it. A block
+    /// that merged with its free neighbours takes them along; what the borrower's own later
+    /// requests took is its own to order.
+    fn strand_loans(&mut self, borrower: StreamId) {
+        self.settle();
+        let loans: Vec<_> = self.unchecked_loans.iter().filter(|l| l.0 == borrower).copied().collect();
+        for (_, seg, addr, size) in loans {
+            let mut next = self.segments[seg].head.filter(|_| self.segments[seg].live);
+            while let Some(b) = next {
+                let blk = &self.blocks[b];
+                next = blk.next;
+                if blk.addr >= addr + size {
+                    break;
+                }
+                if blk.addr + blk.size > addr && blk.state == BlockState::Free {
+                    let (size, pool) = (blk.size, blk.pool);
+                    self.unindex_free(b);
+                    self.blocks[b].state = BlockState::Stranded;
+                    self.note(Note::Strand { size, pool });
+                }
+            }
+        }
     }
 
     /// Orders stream `waiting`'s work after the work queued so far on stream `on` (on CUDA
