@@ -441,7 +441,7 @@ impl Heap {
     /// stream, a reserve, release or unmap, `empty_cache`). The borrower's own requests need
     /// no answer: its work on the block was queued before the free, so its later work runs
     /// after. One question then covers every loan the stream gave back since: on
-    /// `ensemble_streams` replayed as on CUDA, 190 questions a pass instead of 2,250, with the
+    /// `ensemble_streams` replayed as on CUDA, 135 questions a pass instead of 2,308, with the
     /// same decisions (`BENCHMARKS.md`, "Loans given back unasked"). Where the answer is
     /// "busy", the owners are ordered after the borrower then, as for a loan over the limit.
     pub(super) fn hand_back(
