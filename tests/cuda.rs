@@ -501,6 +501,37 @@ fn a_block_lent_from_the_range_and_freed_while_its_kernel_runs_waits_for_it() {
     assert_handed_over_after_the_kernel(&b, &alloc, &reused, (s1, s2), (n, iters, seed));
 }
 
+/// A loan of a stream that was idle when last asked goes back unasked, here while the
+/// borrower's kernel still writes it: the owner's next request asks then, finds the borrower
+/// busy and is ordered after it (`Heap::check_returns`). Proved by data, as above: the memory
+/// the owner gets holds the kernel's whole output, and its marker lands after the kernel.
+#[test]
+fn a_loan_given_back_unasked_while_its_kernel_runs_is_handed_on_after_it() {
+    let _device = shared_device();
+    let Some(b) = backend() else { return };
+    let alloc = CachingAllocator::new(b.clone());
+    let (s1, s2) = (alloc.default_stream(), alloc.new_stream().unwrap());
+    let (n, iters, seed) = (1u32 << 24, 1u32 << 18, 0x1e48);
+    let first = alloc.alloc::<u32>(&s1, n as usize).unwrap();
+    let addr = first.device_ptr();
+    drop(first);
+    // A first loan, freed while stream 2 is idle: asked about, and seen idle.
+    let idle = alloc.alloc::<u32>(&s2, n as usize).unwrap();
+    if idle.device_ptr() != addr {
+        eprintln!("skipped: no range to lend from ({:?} segments)", b.segments());
+        return;
+    }
+    drop(idle);
+    let mut lent = alloc.alloc::<u32>(&s2, n as usize).unwrap();
+    assert_eq!(lent.device_ptr(), addr, "the range's block, lent again");
+    let started = Instant::now();
+    let (cu2, _module) = spin_on(&b, s2, &mut lent, (n, iters, seed));
+    drop(lent);
+    let running = still_running(&cu2);
+    let reused = wait_for_the_block(&alloc, s1, n, addr, started, running);
+    assert_handed_over_after_the_kernel(&b, &alloc, &reused, (s1, s2), (n, iters, seed));
+}
+
 /// `to_vec` is ordered on the buffer's stream (here a non-blocking one, which the driver's
 /// plain synchronous copies do not wait for). Proved by data: the copy out reads the whole
 /// output of a kernel queued on the buffer's stream just before it.

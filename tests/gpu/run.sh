@@ -15,7 +15,7 @@
 #      cargo bench --features cuda --bench threads --no-run)
 #   mkdir -p .gpu && cp target/release/deps/cuda-<hash> .gpu/cuda_tests   # what `cargo test` printed
 #   cp target/release/deps/cuda-<other hash> .gpu/cuda_bench            # what `cargo bench` printed
-#   (both are named cuda-<hash>; `.gpu/cuda_tests --list` ends in "16 tests, 0 benchmarks")
+#   (both are named cuda-<hash>; `.gpu/cuda_tests --list` ends in "19 tests, 0 benchmarks")
 #   cp fixtures/user-bench/target/release/deps/threads-<hash> .gpu/threads_user
 #   cp fixtures/user-bench/target/fp/release/deps/threads-<hash> .gpu/threads_fp
 #   cp target/release/vramscope ../shared/tools/torch_replay.py ../shared/tools/torch_threads.py \
