@@ -478,27 +478,7 @@ fn a_segment_lent_by_a_stream_with_a_running_kernel_waits_for_it() {
 /// With `cuMemAlloc` segments there is no range: reported and skipped.
 #[test]
 fn a_block_lent_from_the_range_and_freed_while_its_kernel_runs_waits_for_it() {
-    let _device = shared_device();
-    let Some(b) = backend() else { return };
-    let alloc = CachingAllocator::new(b.clone());
-    let (s1, s2) = (alloc.default_stream(), alloc.new_stream().unwrap());
-    let (n, iters, seed) = (1u32 << 24, 1u32 << 18, 0x1e47);
-    let first = alloc.alloc::<u32>(&s1, n as usize).unwrap();
-    let addr = first.device_ptr();
-    drop(first);
-    let reserved = alloc.memory_reserved();
-    let mut lent = alloc.alloc::<u32>(&s2, n as usize).unwrap();
-    if lent.device_ptr() != addr {
-        eprintln!("skipped: no range to lend from ({:?} segments)", b.segments());
-        return;
-    }
-    assert_eq!(alloc.memory_reserved(), reserved, "lent, nothing reserved");
-    let started = Instant::now();
-    let (cu2, _module) = spin_on(&b, s2, &mut lent, (n, iters, seed));
-    drop(lent);
-    let running = still_running(&cu2);
-    let reused = wait_for_the_block(&alloc, s1, n, addr, started, running);
-    assert_handed_over_after_the_kernel(&b, &alloc, &reused, (s1, s2), (n, iters, seed));
+    lend_spin_and_take_back(0x1e47, false);
 }
 
 /// A loan of a stream that was idle when last asked goes back unasked, here while the
@@ -507,23 +487,32 @@ fn a_block_lent_from_the_range_and_freed_while_its_kernel_runs_waits_for_it() {
 /// the owner gets holds the kernel's whole output, and its marker lands after the kernel.
 #[test]
 fn a_loan_given_back_unasked_while_its_kernel_runs_is_handed_on_after_it() {
+    lend_spin_and_take_back(0x1e48, true);
+}
+
+/// The two tests above: stream 2 borrows the block stream 1 freed, the spin kernel writes it
+/// on stream 2, it is freed while the kernel runs, and stream 1's requests get it back only
+/// after the kernel. With `asked_idle`, a first loan freed while stream 2 is idle comes
+/// before, so that stream 2 was idle when last asked and the second goes back unasked.
+fn lend_spin_and_take_back(seed: u32, asked_idle: bool) {
     let _device = shared_device();
     let Some(b) = backend() else { return };
     let alloc = CachingAllocator::new(b.clone());
     let (s1, s2) = (alloc.default_stream(), alloc.new_stream().unwrap());
-    let (n, iters, seed) = (1u32 << 24, 1u32 << 18, 0x1e48);
+    let (n, iters) = (1u32 << 24, 1u32 << 18);
     let first = alloc.alloc::<u32>(&s1, n as usize).unwrap();
     let addr = first.device_ptr();
     drop(first);
-    // A first loan, freed while stream 2 is idle: asked about, and seen idle.
-    let idle = alloc.alloc::<u32>(&s2, n as usize).unwrap();
-    if idle.device_ptr() != addr {
+    let reserved = alloc.memory_reserved();
+    if asked_idle {
+        drop(alloc.alloc::<u32>(&s2, n as usize).unwrap());
+    }
+    let mut lent = alloc.alloc::<u32>(&s2, n as usize).unwrap();
+    if lent.device_ptr() != addr {
         eprintln!("skipped: no range to lend from ({:?} segments)", b.segments());
         return;
     }
-    drop(idle);
-    let mut lent = alloc.alloc::<u32>(&s2, n as usize).unwrap();
-    assert_eq!(lent.device_ptr(), addr, "the range's block, lent again");
+    assert_eq!(alloc.memory_reserved(), reserved, "lent, nothing reserved");
     let started = Instant::now();
     let (cu2, _module) = spin_on(&b, s2, &mut lent, (n, iters, seed));
     drop(lent);
