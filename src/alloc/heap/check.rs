@@ -28,7 +28,7 @@ pub(crate) fn check_heap(heap: &Heap) -> std::result::Result<(), String> {
     for &(borrower, seg, addr, size) in &heap.unchecked_loans {
         let s = &heap.segments[seg];
         if !s.live || addr < s.addr || addr + size > s.addr + s.size {
-            return Err(format!("unchecked loan {addr:#x}+{size} of stream {borrower} lies in no live segment"));
+            return Err(format!("unchecked loan {addr:#x}+{size} of stream {borrower} lies in no live segment ({seg:?} live {} at {:#x}+{})", s.live, s.addr, s.size));
         }
     }
     for (_, seg) in heap.segments.iter().filter(|(_, s)| s.live) {

@@ -214,6 +214,11 @@ impl Heap {
     /// (BENCHMARKS.md, "No hole unmapped on several streams"). The pages of holes still go back
     /// at `empty_cache` and before an out-of-memory error ([`Heap::release_cache`]).
     pub(super) fn reclaim(&mut self, backend: &dyn Backend, need: u64, limit: u64, exact: bool, alone: bool) {
+        // What is released or unmapped may hold loans given back unasked, the requesting
+        // stream's own too (`take` maps pages and may reclaim for them outside `grow`).
+        if self.unchecked != 0 {
+            self.check_returns(backend, 0);
+        }
         let before = self.reserved();
         let releasable = Releasable {
             largest: if alone { need.saturating_mul(RELEASE_SPAN) } else { u64::MAX },

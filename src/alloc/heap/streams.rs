@@ -454,11 +454,12 @@ impl Heap {
         let Some((borrower, from_range, used_by_owner)) = lent_to else { return (uses, false, false) };
         let owner = self.blocks[i].stream;
         let (by, to) = (stream_bit(borrower), stream_bit(owner));
+        if by != 0 && to != 0 && self.unchecked_loans.len() >= MAX_UNCHECKED && self.streams[borrower.index()].last_idle
+        {
+            // Asked now and then all the same, so that the list stays short.
+            self.check_returns(backend, !by);
+        }
         if by != 0 && to != 0 && self.streams[borrower.index()].last_idle {
-            if self.unchecked_loans.len() >= MAX_UNCHECKED {
-                // Asked now and then all the same, so that the list stays short.
-                self.check_returns(backend, !by);
-            }
             let b = &self.blocks[i];
             self.unchecked_loans.push((borrower, b.segment, b.addr, b.size));
             self.streams[borrower.index()].returned_to |= to;
@@ -487,14 +488,16 @@ impl Heap {
     /// Asks whether the streams that gave loans back unasked ([`Heap::hand_back`]), but those
     /// in `except` (by bit), are idle now. Called before anything but the borrower's own
     /// requests could reach those blocks: at a request of another stream (`except`: the
-    /// request's), before the heap grows, reclaims, lends over the limit or takes a segment
-    /// over ([`Heap::grow`]), and at `empty_cache` ([`Heap::release_cache`]). A stream found
+    /// request's), before the heap grows, lends over the limit or takes a segment over
+    /// ([`Heap::grow`]), before any reclaim (`Heap::reclaim`, which `take` may call too, to
+    /// map pages), and at `empty_cache` ([`Heap::release_cache`]). A stream found
     /// busy has work queued since it was last seen idle that may still use the blocks it gave
     /// back: their owners' streams are ordered after it (`Backend::order_after`), so that their
     /// work, and that of any stream ordered after them to take their memory, waits for it
     /// without the host blocking, and their free blocks count as unsettled. Where the backend
     /// cannot order them, the host waits for the borrower (`Backend::synchronize`); where
-    /// that fails too, the error is noted (the context is then unusable).
+    /// that fails too, the error is noted and the free blocks over its loans are kept out of
+    /// use ([`Heap::strand_loans`]).
     pub(super) fn check_returns(&mut self, backend: &dyn Backend, except: u64) {
         let mut todo = self.unchecked & !except;
         while todo != 0 {
