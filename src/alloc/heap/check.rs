@@ -15,20 +15,19 @@ pub(crate) fn check_heap(heap: &Heap) -> std::result::Result<(), String> {
     let (mut oversize_segments, mut oversize_allocations) = (0u64, 0u64);
     let mut ranges: Vec<(u64, u64)> = Vec::new();
     // Loans given back unasked (`Heap::check_returns`): a stream's bit is set exactly where
-    // loans of it are listed and their owners noted, each listed loan inside a live segment.
-    let listed = heap.unchecked_loans.iter().fold(0u64, |m, l| m | super::streams::stream_bit(l.0));
-    let noted =
-        heap.streams.iter().enumerate().filter(|(_, s)| s.returned_to != 0).fold(0u64, |m, (i, _)| m | (1 << i));
-    if listed != heap.unchecked || noted != heap.unchecked {
-        return Err(format!(
-            "unchecked loans: streams {:#b} marked, {listed:#b} listed, {noted:#b} with owners",
-            heap.unchecked
-        ));
+    // loans of it are listed, each listed loan inside a live segment, owned by another stream.
+    let listed = heap.unchecked_loans.iter().fold(0u64, |m, l| m | super::streams::stream_bit(l.borrower));
+    if listed != heap.unchecked {
+        return Err(format!("unchecked loans: streams {:#b} marked, {listed:#b} listed", heap.unchecked));
     }
-    for &(borrower, seg, addr, size) in &heap.unchecked_loans {
-        let s = &heap.segments[seg];
-        if !s.live || addr < s.addr || addr + size > s.addr + s.size {
-            return Err(format!("unchecked loan {addr:#x}+{size} of stream {borrower} lies in no live segment ({seg:?} live {} at {:#x}+{})", s.live, s.addr, s.size));
+    for l in &heap.unchecked_loans {
+        let s = &heap.segments[l.segment];
+        if !s.live || l.addr < s.addr || l.addr + l.size > s.addr + s.size || l.owner == l.borrower {
+            return Err(format!(
+                "unchecked loan {:#x}+{} of stream {} (owner {}) lies in no live segment of another \
+                 stream ({:?} live {} at {:#x}+{})",
+                l.addr, l.size, l.borrower, l.owner, l.segment, s.live, s.addr, s.size
+            ));
         }
     }
     for (_, seg) in heap.segments.iter().filter(|(_, s)| s.live) {

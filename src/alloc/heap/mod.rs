@@ -274,9 +274,9 @@ pub(crate) struct Heap {
     /// The streams (by bit, ids below 64) that gave back loans without being asked whether
     /// they were idle, not yet checked ([`Heap::check_returns`]).
     unchecked: u64,
-    /// Those loans: borrower, segment, address and size (kept out of use if the borrower can
-    /// be neither waited for nor synchronized; see [`Heap::check_returns`]).
-    unchecked_loans: Vec<(StreamId, SegmentId, u64, u64)>,
+    /// Those loans (their owners are ordered after a borrower found busy; kept out of use if
+    /// it can be neither waited for nor synchronized; see [`Heap::check_returns`]).
+    unchecked_loans: Vec<streams::UncheckedLoan>,
     /// A buffer for the free blocks of a range that a view is looked for in (`alias.rs`).
     free_blocks: Vec<alias::FreeBlock>,
     /// Memory the program allocated itself, recorded by address, in order (an unmapped range

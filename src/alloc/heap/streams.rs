@@ -40,9 +40,6 @@ pub(crate) struct StreamSlot {
     /// was first asked): where it said idle, the stream's loans go back unasked
     /// ([`Heap::hand_back`]).
     pub(crate) last_idle: bool,
-    /// The streams (by bit) whose free blocks took loans of this stream back unasked since
-    /// it was last checked ([`Heap::check_returns`]).
-    pub(crate) returned_to: u64,
 }
 
 impl StreamSlot {
@@ -56,7 +53,6 @@ impl StreamSlot {
             freed_at: 0,
             idle_at: 0,
             last_idle: false,
-            returned_to: 0,
         }
     }
 
@@ -73,8 +69,21 @@ impl StreamSlot {
 /// ([`Heap::hand_back`]): a bound on [`Heap::unchecked_loans`].
 const MAX_UNCHECKED: usize = 256;
 
-/// Stream `s`'s bit in [`Heap::unchecked`] and [`StreamSlot::returned_to`]; 0 from id 64 on
-/// (such streams' loans are asked about at their free).
+/// A loan given back unasked ([`Heap::hand_back`]), until its borrower is checked
+/// ([`Heap::check_returns`]).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct UncheckedLoan {
+    pub(super) borrower: StreamId,
+    /// The stream whose free blocks took it back (the block's, which may differ from its
+    /// segment's).
+    pub(super) owner: StreamId,
+    pub(super) segment: SegmentId,
+    pub(super) addr: u64,
+    pub(super) size: u64,
+}
+
+/// Stream `s`'s bit in [`Heap::unchecked`]; 0 from id 64 on (such streams' loans, and loans
+/// to such streams, are asked about at their free).
 pub(super) fn stream_bit(s: StreamId) -> u64 {
     1u64.checked_shl(s.0).unwrap_or(0)
 }
@@ -461,8 +470,13 @@ impl Heap {
         }
         if by != 0 && to != 0 && self.streams[borrower.index()].last_idle {
             let b = &self.blocks[i];
-            self.unchecked_loans.push((borrower, b.segment, b.addr, b.size));
-            self.streams[borrower.index()].returned_to |= to;
+            self.unchecked_loans.push(UncheckedLoan {
+                borrower,
+                owner,
+                segment: b.segment,
+                addr: b.addr,
+                size: b.size,
+            });
             self.unchecked |= by;
             uses.retain(|&s| s != borrower);
             return (uses, true, !used_by_owner);
@@ -504,7 +518,9 @@ impl Heap {
             let borrower = StreamId(todo.trailing_zeros());
             todo &= todo - 1;
             self.unchecked &= !stream_bit(borrower);
-            let mut owners = std::mem::take(&mut self.streams[borrower.index()].returned_to);
+            let mut owners = (self.unchecked_loans.iter())
+                .filter(|l| l.borrower == borrower)
+                .fold(0, |m, l| m | stream_bit(l.owner));
             let mut ordered = self.idle(backend, borrower);
             if !ordered {
                 ordered = true;
@@ -525,7 +541,7 @@ impl Heap {
                     self.strand_loans(borrower);
                 }
             }
-            self.unchecked_loans.retain(|l| l.0 != borrower);
+            self.unchecked_loans.retain(|l| l.borrower != borrower);
         }
     }
 
@@ -536,8 +552,8 @@ impl Heap {
     /// requests took is its own to order.
     fn strand_loans(&mut self, borrower: StreamId) {
         self.settle();
-        let loans: Vec<_> = self.unchecked_loans.iter().filter(|l| l.0 == borrower).copied().collect();
-        for (_, seg, addr, size) in loans {
+        let loans: Vec<_> = self.unchecked_loans.iter().filter(|l| l.borrower == borrower).copied().collect();
+        for UncheckedLoan { segment: seg, addr, size, .. } in loans {
             let mut next = self.segments[seg].head.filter(|_| self.segments[seg].live);
             while let Some(b) = next {
                 let blk = &self.blocks[b];
