@@ -22,7 +22,10 @@
 //! rounded, and only while no free waits for another stream's events: just where the heap's own
 //! shortcut for the block freed last would hand out that very block. So on one thread every
 //! request gets the block it would get without parking, and the heap's decisions (segments,
-//! splits, peaks) are the same: `tests/replay.rs` replays every fixture trace both ways and
+//! splits, peaks) are the same. What a trip through the lock would have changed in the
+//! heap's state of its stream (its free blocks unsettled, the stream marked as allocating) the
+//! pull passes on ([`Trips::streams`]); no locked operation comes between, so it decides
+//! alike: `tests/replay.rs` replays every fixture trace both ways and
 //! compares every statistic, `tests/invariants.rs` compares the addresses handed out under
 //! random operations.
 //!
@@ -108,6 +111,10 @@ pub(crate) struct Slot {
     trips: [[AtomicU64; 3]; 2],
     /// Round trips of oversize blocks. Written by the owner only.
     oversize_trips: AtomicU64,
+    /// The streams (a bit per id) whose blocks made round trips the pull has not yet passed
+    /// on ([`Trips::streams`]). The owner sets a bit (`fetch_or`, only where a load found it
+    /// clear, so once between two pulls); the pull swaps the word out.
+    trip_streams: AtomicU64,
     /// The entry value of the block the owner freed last while it stays parked (0 once taken
     /// or once a later free went through the lock). Written by the owner only.
     last: AtomicU64,
@@ -128,6 +135,7 @@ impl Default for Slot {
             entries: Default::default(),
             trips: Default::default(),
             oversize_trips: AtomicU64::new(0),
+            trip_streams: AtomicU64::new(0),
             last: AtomicU64::new(0),
             log: std::array::from_fn(|_| Default::default()),
             head: AtomicU64::new(0),
@@ -267,11 +275,13 @@ pub(crate) enum Pulled {
 }
 
 /// Round trips made since the last pull, for the statistics: per pool, blocks, bytes and bytes
-/// requested, and oversize blocks.
+/// requested, and oversize blocks; and the streams that made them, by bit, for what the heap
+/// keeps per stream (`Heap::note_round_trips`).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Trips {
     pub(crate) pools: [[u64; 3]; 2],
     pub(crate) oversize: u64,
+    pub(crate) streams: u64,
 }
 
 impl Parking {
@@ -376,6 +386,9 @@ impl Parking {
             let over = slot.oversize_trips.load(Relaxed);
             trips.oversize += over.wrapping_sub(listed.merged_oversize);
             listed.merged_oversize = over;
+            if slot.trip_streams.load(Relaxed) != 0 {
+                trips.streams |= slot.trip_streams.swap(0, Relaxed);
+            }
         }
         // A slot whose owner had gone before the pull has no one to park in it again: just
         // emptied, it goes. (One that went during the pull is emptied by the next.)
@@ -528,6 +541,8 @@ pub(crate) fn take(allocator: u64, stream: StreamId, requested: u64, recording: 
         if p.requested != requested || p.stream != stream || !p.class.reusable {
             return None;
         }
+        // The stream's bit, for `Trips::streams`; a stream past the 64th goes through the lock.
+        let bit = 1u64.checked_shl(stream.0).filter(|_| stream.0 < 64)?;
         b.credit = CREDIT;
         let ctx = match recording {
             Recording::Off => None,
@@ -557,6 +572,9 @@ pub(crate) fn take(allocator: u64, stream: StreamId, requested: u64, recording: 
         Slot::bump(&t[2], p.requested);
         if p.class.oversize {
             Slot::bump(&s.oversize_trips, 1);
+        }
+        if s.trip_streams.load(Relaxed) & bit == 0 {
+            s.trip_streams.fetch_or(bit, Relaxed);
         }
         Some(Took::Block(p))
     })

@@ -412,12 +412,6 @@ impl Heap {
         if !self.pending.is_empty() {
             self.process_pending(backend);
         }
-        // Loans other streams gave back unasked are checked before this request can take
-        // their memory (`Heap::check_returns`); the stream's own need no answer.
-        let own = streams::stream_bit(stream);
-        if self.unchecked & !own != 0 {
-            self.check_returns(backend, own);
-        }
         let pool = self.pool_for(size, stream);
         self.streams[stream.index()].last_alloc = self.grows;
         let block = match self.hot {
@@ -431,6 +425,16 @@ impl Heap {
                 hot
             }
             _ => {
+                // Loans other streams gave back unasked are checked before this request can
+                // take their memory (`Heap::check_returns`); the stream's own need no answer.
+                // Not for the block freed last: it is the stream's own, freed with no other
+                // stream's use and never merged, so a loan cannot lie in it; and a block a
+                // thread parked is taken back without the lock just where this shortcut
+                // would hand it out, so asking here would make parking visible.
+                let own = streams::stream_bit(stream);
+                if self.unchecked & !own != 0 {
+                    self.check_returns(backend, own);
+                }
                 // The block freed last may be about to become a whole segment that this request
                 // takes over from its stream; see `Heap::deferred_hot`.
                 let deferred = self.deferred_hot(pool, stream, size);

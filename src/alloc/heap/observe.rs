@@ -62,6 +62,18 @@ impl Heap {
             st.requested_bytes.add_round_trips(pool, requested);
         }
         st.oversize_allocations.allocated += t.oversize;
+        // Each round trip was a free and an allocation of the block freed last on its stream
+        // (the heap's shortcut): the free made the stream's free blocks unsettled and the
+        // allocation marked the stream as allocating, which later decisions read (lending
+        // from its range, taking its segments over). No locked operation came between the
+        // trips and this pull, so noting them now decides as noting them then.
+        let mut streams = t.streams;
+        while streams != 0 {
+            let s = StreamId(streams.trailing_zeros());
+            streams &= streams - 1;
+            self.note_freed(s);
+            self.streams[s.index()].last_alloc = self.grows;
+        }
     }
 
     /// Counts and records `n`. Always inlined: each caller names one kind of note, so the
