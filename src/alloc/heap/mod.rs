@@ -1699,11 +1699,14 @@ mod tests {
         crate::alloc::heap::check_heap(&h).unwrap();
     }
 
-    #[test]
-    fn loans_given_back_unasked_stay_out_of_use_where_their_stream_cannot_be_waited_for() {
-        // Found by `tests/shadow_model.rs` (1,000 cases of up to 3,000 operations, waits
-        // failing at random) in the first version of `Heap::check_returns`, which only noted
-        // the error: another stream was then handed memory the borrower's work still used.
+    /// Stream 1 borrows 8 MiB of stream 0's 12 MiB free block twice: seen idle at its first
+    /// loan's free, it gives its second back unasked while its work runs (with `elsewhere`,
+    /// the loan was recorded on stream 2 too, and so waits for its event). Then every wait
+    /// fails. Returns the heap, its backend, the loans' address, the block that holds it now
+    /// (the second loan's, or the free block it merged into) and the streams.
+    fn unasked_loan_then_waits_fail(
+        elsewhere: bool,
+    ) -> (Heap, crate::backend::FaultyBackend<SimBackend>, u64, BlockId, [StreamId; 3]) {
         use crate::backend::{FaultPlan, FaultyBackend};
         let events = SimBackend::with_events(1 << 40, EventMode::Manual);
         let sim = FaultyBackend::new(events, FaultPlan::Never);
@@ -1715,26 +1718,64 @@ mod tests {
         h.settle();
         let s1 = h.add_stream(sim.create_stream().unwrap()).unwrap();
         let s2 = h.add_stream(sim.create_stream().unwrap()).unwrap();
-        // Stream 1 is seen idle at its first loan's free; its second goes back unasked while
-        // its work runs.
+        let mut loan = a.block;
         for busy in [false, true] {
             let b = h.alloc(&sim, s1, 8 << 20, None).unwrap();
             assert_eq!((b.addr, b.lent), (a.addr, true));
+            if busy && elsewhere {
+                h.record_stream(b.block, s2);
+            }
             if busy {
                 make_busy(&h, sim.inner(), s1);
             }
             h.free(&sim, b.block, None);
+            // Given back unasked, the loan merges into the free block it came from, unless it
+            // still waits for stream 2's event.
+            loan = if elsewhere { b.block } else { a.block };
         }
+        assert_eq!(h.blocks[loan].addr, a.addr);
         assert_eq!(h.unchecked, 1 << 1);
+        sim.set_wait_plan(FaultPlan::From(0));
+        (h, sim, a.addr, loan, [s, s1, s2])
+    }
+
+    #[test]
+    fn loans_given_back_unasked_stay_out_of_use_where_their_stream_cannot_be_waited_for() {
+        // Found by `tests/shadow_model.rs` (1,000 cases of up to 3,000 operations, waits
+        // failing at random) in the first version of `Heap::check_returns`, which only noted
+        // the error: another stream was then handed memory the borrower's work still used.
+        let (mut h, sim, addr, loan, [_, _, s2]) = unasked_loan_then_waits_fail(false);
         // Stream 2's request asks: stream 1 is busy, and neither ordering stream 0 after it
         // nor synchronizing it works. The memory stream 1 gave back stays out of use.
-        sim.set_wait_plan(FaultPlan::From(0));
         let c = h.alloc(&sim, s2, 8 << 20, None).unwrap();
-        assert_ne!(c.addr, a.addr, "not the memory stream 1's work may still use");
-        assert_eq!(h.blocks[a.block].state, BlockState::Stranded);
+        assert_ne!(c.addr, addr, "not the memory stream 1's work may still use");
+        assert_eq!(h.blocks[loan].state, BlockState::Stranded);
         assert!(h.stats.num_backend_errors >= 2, "the failed order and synchronize are noted");
         assert_eq!((h.unchecked, h.unchecked_loans.len()), (0, 0));
         h.free(&sim, c.block, None);
+        h.settle();
+        crate::alloc::heap::check_heap(&h).unwrap();
+    }
+
+    #[test]
+    fn a_loan_given_back_unasked_and_waiting_for_another_stream_stays_out_of_use_too() {
+        // Found by `tests/shadow_model.rs` in CI (20,000 cases, waits failing at random): a
+        // loan also used on another stream went back unasked still waiting for that stream's
+        // event; the borrower could then be neither waited for nor synchronized, and only
+        // free blocks were kept out of use, so the wait ended among the owner's free blocks.
+        let (mut h, sim, addr, loan, [s, _, s2]) = unasked_loan_then_waits_fail(true);
+        assert_eq!(h.blocks[loan].state, BlockState::PendingFree);
+        let c = h.alloc(&sim, s2, 8 << 20, None).unwrap();
+        assert_eq!(h.blocks[loan].state, BlockState::Stranded);
+        // Stream 2's event completes: the block stays out of use, even for its owner.
+        sim.set_wait_plan(crate::backend::FaultPlan::Never);
+        sim.inner().complete_events();
+        let d = h.alloc(&sim, s, 8 << 20, None).unwrap();
+        assert_ne!(d.addr, addr, "not the memory stream 1's work may still use");
+        assert_eq!(h.blocks[loan].state, BlockState::Stranded);
+        for x in [c, d] {
+            h.free(&sim, x.block, None);
+        }
         h.settle();
         crate::alloc::heap::check_heap(&h).unwrap();
     }
