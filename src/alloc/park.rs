@@ -112,8 +112,13 @@ pub(crate) struct Slot {
     /// Round trips of oversize blocks. Written by the owner only.
     oversize_trips: AtomicU64,
     /// The streams (a bit per id) whose blocks made round trips the pull has not yet passed
-    /// on ([`Trips::streams`]). The owner sets a bit (`fetch_or`, only where a load found it
-    /// clear, so once between two pulls); the pull swaps the word out.
+    /// on ([`Trips::streams`]). The owner sets a bit with a load and a store (no locked
+    /// instruction, and only where the load found it clear: once between two pulls); the pull
+    /// swaps the word out. Where the two race, bits the pull took may be stored again and
+    /// passed on twice: a stream's free blocks noted unsettled once more and its allocating
+    /// noted again, which only makes later decisions more careful (asking whether it is idle
+    /// before lending its free blocks, waiting longer to take its segments over). On one
+    /// thread there is no race, and the heap decides as without parking.
     trip_streams: AtomicU64,
     /// The entry value of the block the owner freed last while it stays parked (0 once taken
     /// or once a later free went through the lock). Written by the owner only.
@@ -542,7 +547,7 @@ pub(crate) fn take(allocator: u64, stream: StreamId, requested: u64, recording: 
             return None;
         }
         // The stream's bit, for `Trips::streams`; a stream past the 64th goes through the lock.
-        let bit = 1u64.checked_shl(stream.0).filter(|_| stream.0 < 64)?;
+        let bit = 1u64.checked_shl(stream.0)?;
         b.credit = CREDIT;
         let ctx = match recording {
             Recording::Off => None,
@@ -573,8 +578,9 @@ pub(crate) fn take(allocator: u64, stream: StreamId, requested: u64, recording: 
         if p.class.oversize {
             Slot::bump(&s.oversize_trips, 1);
         }
-        if s.trip_streams.load(Relaxed) & bit == 0 {
-            s.trip_streams.fetch_or(bit, Relaxed);
+        let streams = s.trip_streams.load(Relaxed);
+        if streams & bit == 0 {
+            s.trip_streams.store(streams | bit, Relaxed);
         }
         Some(Took::Block(p))
     })
