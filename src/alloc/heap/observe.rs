@@ -67,10 +67,7 @@ impl Heap {
         // allocation marked the stream as allocating, which later decisions read (lending
         // from its range, taking its segments over). No locked operation came between the
         // trips and this pull, so noting them now decides as noting them then.
-        let mut streams = t.streams;
-        while streams != 0 {
-            let s = StreamId(streams.trailing_zeros());
-            streams &= streams - 1;
+        for s in super::streams::streams_in(t.streams) {
             self.note_freed(s);
             self.streams[s.index()].last_alloc = self.grows;
         }

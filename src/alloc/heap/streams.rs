@@ -88,6 +88,15 @@ pub(super) fn stream_bit(s: StreamId) -> u64 {
     1u64.checked_shl(s.0).unwrap_or(0)
 }
 
+/// The streams whose bits ([`stream_bit`]) are set in `mask`, lowest id first.
+pub(super) fn streams_in(mut mask: u64) -> impl Iterator<Item = StreamId> {
+    std::iter::from_fn(move || {
+        let s = (mask != 0).then(|| StreamId(mask.trailing_zeros()))?;
+        mask &= mask - 1;
+        Some(s)
+    })
+}
+
 impl Heap {
     /// Completes the pending frees whose events are done. Never blocks.
     ///
@@ -463,12 +472,12 @@ impl Heap {
         let Some((borrower, from_range, used_by_owner)) = lent_to else { return (uses, false, false) };
         let owner = self.blocks[i].stream;
         let (by, to) = (stream_bit(borrower), stream_bit(owner));
-        if by != 0 && to != 0 && self.unchecked_loans.len() >= MAX_UNCHECKED && self.streams[borrower.index()].last_idle
-        {
-            // Asked now and then all the same, so that the list stays short.
-            self.check_returns(backend, !by);
-        }
         if by != 0 && to != 0 && self.streams[borrower.index()].last_idle {
+            if self.unchecked_loans.len() >= MAX_UNCHECKED {
+                // Asked now and then all the same, so that the list stays short (the
+                // borrower's own loans need no answer: it stays idle when last asked).
+                self.check_returns(backend, !by);
+            }
             let b = &self.blocks[i];
             self.unchecked_loans.push(UncheckedLoan {
                 borrower,
@@ -513,22 +522,20 @@ impl Heap {
     /// that fails too, the error is noted and the free blocks over its loans are kept out of
     /// use ([`Heap::strand_loans`]).
     pub(super) fn check_returns(&mut self, backend: &dyn Backend, except: u64) {
-        let mut todo = self.unchecked & !except;
-        while todo != 0 {
-            let borrower = StreamId(todo.trailing_zeros());
-            todo &= todo - 1;
+        for borrower in streams_in(self.unchecked & !except) {
             self.unchecked &= !stream_bit(borrower);
-            let mut owners = (self.unchecked_loans.iter())
+            let owners = (self.unchecked_loans.iter())
                 .filter(|l| l.borrower == borrower)
                 .fold(0, |m, l| m | stream_bit(l.owner));
             let mut ordered = self.idle(backend, borrower);
             if !ordered {
                 ordered = true;
-                while owners != 0 && ordered {
-                    let owner = StreamId(owners.trailing_zeros());
-                    owners &= owners - 1;
+                for owner in streams_in(owners) {
                     ordered = self.order_streams(backend, owner, borrower, "to take back blocks it lent");
                     self.note_freed(owner);
+                    if !ordered {
+                        break;
+                    }
                 }
             }
             if !ordered {
