@@ -4,7 +4,9 @@
 # kind, three rounds, printing the median of each replay's warm passes after the second:
 # "ROUND TRACE BACKEND SEGMENTS NS_PER_OP". The sim calls no driver, so what moves it between
 # rounds is the host alone (2026-12-02: up to 2.3 times from one round to the next on an H200
-# host; log fixtures/torch/runs/2026-12-02-h200-host-speed.txt). Pack, here:
+# host; log fixtures/torch/runs/2026-12-02-h200-host-speed.txt). sim_vs_cuda.sh is the same
+# check on four other traces, 20 warm passes each; here each trace's passes are sized to span
+# about as long as run.sh's replays do. Pack, here:
 #   RUSTFLAGS= CARGO_TARGET_DIR=target/user cargo build --release --features cuda -p vramscope-cli
 #   mkdir -p .gpu/probe && cp target/user/release/vramscope .gpu/ && cp tests/gpu/host_speed.sh \
 #     fixtures/torch/{gru_tbptt,staggered_buffers,tts_autoregressive,gpt2_train}.trace.json.gz .gpu/probe/
