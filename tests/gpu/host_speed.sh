@@ -5,8 +5,8 @@
 # "ROUND TRACE BACKEND SEGMENTS NS_PER_OP". The sim calls no driver, so what moves it between
 # rounds is the host alone (2026-12-02: up to 2.3 times from one round to the next on an H200
 # host; log fixtures/torch/runs/2026-12-02-h200-host-speed.txt). sim_vs_cuda.sh is the same
-# check on four other traces, 20 warm passes each; here each trace's passes are sized to span
-# about as long as run.sh's replays do. Pack, here:
+# check on four other traces, 20 warm passes each; here each replay spans 140,000 to 680,000
+# operations (run.sh: about 300,000). Pack, here:
 #   RUSTFLAGS= CARGO_TARGET_DIR=target/user cargo build --release --features cuda -p vramscope-cli
 #   mkdir -p .gpu/probe && cp target/user/release/vramscope .gpu/ && cp tests/gpu/host_speed.sh \
 #     fixtures/torch/{gru_tbptt,staggered_buffers,tts_autoregressive,gpt2_train}.trace.json.gz .gpu/probe/
