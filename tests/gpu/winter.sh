@@ -3,18 +3,10 @@
 # programs nobody here had seen, written on 2026-12-02) into .gpu/winter (gzipped copies under
 # $OUT/winter), then runs the CUDA suite and replays them through the whole table with run.sh
 # (vramscope with each segment kind, recording off and default, PyTorch, the pool, cudaMalloc,
-# three rounds; the multi-stream one also on its own streams), in one command. Stage .gpu as
-# run.sh's top says (cuda_tests, vramscope built as users build it, torch_replay.py, paired.py,
-# table.py, torch_streams.py, run.sh), copy this script there, and with the `device` tool
-# (carry [".gpu"]) run `bash .gpu/winter.sh > $OUT/log.txt 2>&1`; then, here,
-# `python3 tests/gpu/table.py log.txt`.
-set -u
-cd "$(dirname "$0")/.."
-mkdir -p .gpu/winter
-t0=$(date +%s)
-timeout 240 env OUT=.gpu/winter python3 fixtures/torch/workloads.py moco_queue linear_attn_varlen \
-  tts_autoregressive vae_decode_varres three_stream_serving train_eval_interleaved 2>&1 | grep -v Warning
-echo "recorded in $(( $(date +%s) - t0 )) s"
-mkdir -p "$OUT/winter" && for f in .gpu/winter/*.trace.json; do gzip -9 -n -c "$f" > "$OUT/winter/$(basename "$f").gz"; done
-TRACES=winter ROUNDS=3 PARTS="tests traces" timeout $(( 585 - ($(date +%s) - t0) )) bash .gpu/run.sh
-echo "total $(( $(date +%s) - t0 )) s"
+# three rounds; the multi-stream one also on its own streams), in one command: heldout.sh with
+# these names. Stage .gpu as run.sh's top says (cuda_tests, vramscope built as users build it,
+# torch_replay.py, paired.py, table.py, torch_streams.py, run.sh), copy this script and
+# heldout.sh there, and with the `device` tool (carry [".gpu"]) run
+# `bash .gpu/winter.sh > $OUT/log.txt 2>&1`; then, here, `python3 tests/gpu/table.py log.txt`.
+PARTS="tests traces" exec bash "$(dirname "$0")/heldout.sh" winter moco_queue linear_attn_varlen \
+  tts_autoregressive vae_decode_varres three_stream_serving train_eval_interleaved
