@@ -448,6 +448,32 @@ fn winter_traces_settle_against_the_better_peak() {
     );
 }
 
+/// Six more workloads nobody here had seen (`ADVENT` in fixtures/torch/workloads.py: written on
+/// 2026-12-03, fortieth session, the rule that judged them set before they were recorded, then
+/// recorded and replayed once on an H200 with the code of 18eb736; all six held out,
+/// fixtures/torch/README.md). Against the better of PyTorch's caching allocator and the pool
+/// (`torch_replay.py` in the same command, rounded up; `fsdp_layer_gather` against both on its
+/// own two streams, `torch_streams.py`; logs `fixtures/torch/runs/2026-12-03-h200-advent*.log`,
+/// whose vramscope rows the sim gives byte for byte, call for call), virtual segments meet the
+/// target on all six and `cuMemAlloc` ones within 1% on four, held to what the GPU measured on
+/// the other two. `fsdp_layer_gather` calls the backend twice in its second warm pass with
+/// either kind (pages mapped; a segment given back and one reserved), none after; the others
+/// none after the first.
+#[test]
+fn advent_traces_settle_against_the_better_peak() {
+    settle_by_against_the_better_peak(
+        &[
+            ("chunked_vocab_loss", 1.0129, None, Some(1.0977), 2),
+            ("fsdp_layer_gather", 1.2223, None, None, 2),
+            ("lbfgs_fit", 1.2983, None, None, 2),
+            ("quant_dequant_serving", 1.1943, None, Some(1.2853), 2),
+            ("ssm_scan_varlen", 1.2340, None, None, 2),
+            ("swin_window_varres", 1.2280, None, None, 2),
+        ],
+        4,
+    );
+}
+
 /// PyTorch's `max_split_size_mb:128` (blocks of at least 128 MiB are not split, and serve only
 /// requests within 20 MiB of their size), on every single-stream fixture trace, with both
 /// segment kinds on a backend whose segment calls are costly: none calls the backend in its
@@ -860,8 +886,8 @@ fn unseen_workloads_fragment_no_more_than_pytorch_caching() {
     }
 }
 
-/// Every trace of the fixtures, the eleven recorded on 2026-11-24 included (five of them held out
-/// from tuning), replays on the sim backend with the allocator's invariants intact, nothing
+/// Every trace of the fixtures (66 since 2026-12-03, the held-out ones included) replays on the
+/// sim backend with the allocator's invariants intact, nothing
 /// skipped and every buffer given back, and its peak of live bytes is the one worked out here
 /// from the JSON itself, independently of the replay's reader.
 #[test]
@@ -890,7 +916,7 @@ fn every_fixture_trace_replays_with_its_true_peak() {
         assert!(r.peak_reserved_bytes >= peak, "{name}");
         seen += 1;
     }
-    assert!(seen >= 13, "the fixtures hold 13 traces, found {seen}");
+    assert!(seen >= 66, "the fixtures hold 66 traces, found {seen}");
 }
 
 /// Parking (the recording off: a thread's dropped block waits in its own slot, taken back
@@ -927,7 +953,7 @@ fn parking_changes_no_decision_of_the_heap() {
         }
         seen += 1;
     }
-    assert!(seen >= 8);
+    assert!(seen >= 66, "the fixtures hold 66 traces, found {seen}");
 }
 
 /// Random shapes on one stream with virtual segments (the default kind), where segments are
