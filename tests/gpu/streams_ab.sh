@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # On the device machine: two builds of the CLI side by side on the five fixture traces on
-# several streams (interleaved, the order flipped each round), recording off and default, both
-# segment kinds, each round followed by torch_streams.py (PyTorch and the pool on the traces'
-# own streams), three rounds. Used for "Loans given back unasked" (BENCHMARKS.md). Here, first:
+# several streams (or on those NAMES lists), interleaved, the order flipped each round,
+# recording off and default, both segment kinds, each round followed by torch_streams.py
+# (PyTorch and the pool on the traces' own streams), three rounds. Used for "Loans given back unasked" (BENCHMARKS.md). Here, first:
 #   git worktree add /tmp/base <base commit>
 #   (cd /tmp/base && RUSTFLAGS= CARGO_TARGET_DIR=/work/main/target/userbase \
 #      cargo build --release --features cuda -p vramscope-cli)
@@ -14,8 +14,9 @@
 set -u
 cd "$(dirname "$0")"
 mkdir -p traces
-for f in ../../fixtures/torch/{ensemble_streams,pipeline_streams,ema_side_stream,grad_buckets_streams,prefetch_side_stream}.trace.json.gz; do
-  gunzip -c "$f" > "traces/$(basename "$f" .gz)"
+# NAMES: the fixture traces to replay (default the five above).
+for n in ${NAMES:-ensemble_streams pipeline_streams ema_side_stream grad_buckets_streams prefetch_side_stream}; do
+  gunzip -c "../../fixtures/torch/$n.trace.json.gz" > "traces/$n.trace.json"
 done
 for round in 1 2 3; do
   if [ $((round % 2)) = 1 ]; then order="base new"; else order="new base"; fi

@@ -15,6 +15,26 @@ impl Heap {
         }
     }
 
+    /// Block `i`'s [`Extra`], made where it has none (a spare one where there is: see
+    /// `Heap::spare_extras`).
+    #[inline]
+    pub(super) fn extra_mut(&mut self, i: BlockId) -> &mut Extra {
+        let spare = &mut self.spare_extras;
+        self.blocks[i].extra.get_or_insert_with(|| spare.pop().unwrap_or_default())
+    }
+
+    /// Keeps an [`Extra`] a block no longer needs for the next one, emptied as new (its `uses`
+    /// keeping their capacity), up to [`SPARE_EXTRAS`] of them.
+    #[inline]
+    pub(super) fn recycle_extra(&mut self, mut e: Box<Extra>) {
+        if self.spare_extras.len() < SPARE_EXTRAS {
+            let mut uses = std::mem::take(&mut e.uses);
+            uses.clear();
+            *e = Extra { uses, ..Extra::default() };
+            self.spare_extras.push(e);
+        }
+    }
+
     /// A slot for a new segment (a released one's, or a new one).
     pub(super) fn new_segment(&mut self, seg: Segment) -> SegmentId {
         if let Some(s) = self.free_segment_slots.pop() {
@@ -27,8 +47,10 @@ impl Heap {
 
     #[inline]
     pub(super) fn drop_block(&mut self, i: BlockId) {
+        if let Some(e) = self.blocks[i].extra.take() {
+            self.recycle_extra(e);
+        }
         let b = &mut self.blocks[i];
-        b.extra = None;
         b.prev = None;
         b.next = None;
         self.free_slots.push(i);

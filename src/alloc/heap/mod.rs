@@ -45,6 +45,9 @@ pub(crate) const MIN_BLOCK: u64 = 512;
 pub(crate) const SMALL_SIZE: u64 = 1 << 20;
 /// Segment size of the small pool.
 pub(crate) const SMALL_SEGMENT: u64 = 2 << 20;
+/// How many emptied [`Extra`]s the heap keeps for reuse (`Heap::spare_extras`): 88 bytes each
+/// on x86-64, with what their `uses` hold.
+const SPARE_EXTRAS: usize = 256;
 /// Segment size for large requests below [`MIN_LARGE_ALLOC`].
 pub(crate) const LARGE_SEGMENT: u64 = 20 << 20;
 /// Large requests of at least this get a segment of their own size.
@@ -196,6 +199,13 @@ pub(crate) struct Heap {
     can_unmap: bool,
     blocks: Slots<BlockId, Block>,
     free_slots: Vec<BlockId>,
+    /// Emptied [`Extra`]s kept for the next block that needs one (at most [`SPARE_EXTRAS`]),
+    /// with the capacity of their `uses`: a block lent or used on another stream gets one at
+    /// every allocation and gives it back at its free, two heap allocations and two frees a
+    /// pair otherwise (see [`Heap::extra_mut`]). Boxed as in [`Block::extra`], so that they
+    /// move between the two without a copy or an allocation.
+    #[allow(clippy::vec_box)]
+    spare_extras: Vec<Box<Extra>>,
     segments: Slots<SegmentId, Segment>,
     free_segment_slots: Vec<SegmentId>,
     free: FreeIndex,
@@ -349,6 +359,7 @@ impl Heap {
             free_blocks: Vec::new(),
             blocks: Slots::new(),
             free_slots: Vec::new(),
+            spare_extras: Vec::new(),
             segments: Slots::new(),
             free_segment_slots: Vec::new(),
             free: FreeIndex::new(),
@@ -781,51 +792,25 @@ impl Heap {
     /// The buffer of block `i` was dropped: stop counting it as allocated, and either return it
     /// to the free index or wait for the other streams that used it.
     pub(crate) fn free(&mut self, backend: &dyn Backend, i: BlockId, ctx: Option<Context>) {
-        let (pool, size, requested, uses, lent_to) = {
+        let (pool, size, requested, extra) = {
             let b = &mut self.blocks[i];
             debug_assert_eq!(b.state, BlockState::Allocated);
-            let (uses, lent_to) = b
-                .extra
-                .take()
-                .map(|e| (e.uses, e.lent_to.map(|to| (to, e.from_range, e.used_by_owner))))
-                .unwrap_or_default();
             b.ctx = None;
             // The bytes asked for stay on the block while it waits for other streams (a
             // snapshot shows them, as PyTorch's does); `deactivate` clears them.
-            (b.pool, b.size, b.requested, uses, lent_to)
+            (b.pool, b.size, b.requested, b.extra.take())
         };
-        let (uses, handed_back, clean) = self.hand_back(backend, i, uses, lent_to);
-        let lent_to = lent_to.map(|(to, _, _)| to);
-        let mut waiting = 0;
-        for s in uses {
-            let raw = self.streams[s.index()].raw;
-            match backend.record_event(raw) {
-                Ok(event) => {
-                    let seq = self.events_recorded;
-                    self.events_recorded += 1;
-                    self.pending.push(PendingEvent { event, block: i, stream: s, seq, asked: 0 });
-                    waiting += 1;
+        let (handed_back, clean, lent_to, waiting) = match extra {
+            None => (false, false, None, 0),
+            Some(e) => match self.free_used_elsewhere(backend, i, e) {
+                Ok(done) => done,
+                Err(lent_to) => {
+                    let (addr, stream) = (self.blocks[i].addr, lent_to.unwrap_or(self.blocks[i].stream));
+                    self.note(Note::Release { addr, size, requested, pool, stream, ctx, waiting: true });
+                    return;
                 }
-                Err(e) => {
-                    // Without an event, wait for the stream itself before reuse.
-                    self.note(Note::BackendError);
-                    if let Err(e2) = backend.synchronize(raw) {
-                        self.last_error = Some(format!(
-                            "block {:#x}: recording an event failed ({e}) and so did synchronizing ({e2}); \
-                             the block is kept out of use",
-                            self.blocks[i].addr
-                        ));
-                        self.blocks[i].state = BlockState::Stranded;
-                        // The events recorded for its earlier streams are still pending and
-                        // count down as they complete (the block stays out of use).
-                        self.blocks[i].pending_events = waiting;
-                        let (addr, stream) = (self.blocks[i].addr, lent_to.unwrap_or(self.blocks[i].stream));
-                        self.note(Note::Release { addr, size, requested, pool, stream, ctx, waiting: true });
-                        return;
-                    }
-                }
-            }
-        }
+            },
+        };
         let b = &mut self.blocks[i];
         let (addr, stream) = (b.addr, lent_to.unwrap_or(b.stream));
         if waiting > 0 {
@@ -848,6 +833,54 @@ impl Heap {
             // temporary); any other operation merges it first.
             self.hot = Some(i);
         }
+    }
+
+    /// [`Heap::free`]'s part for a block with an [`Extra`] (lent, or used on other streams):
+    /// gives a loan back ([`Heap::hand_back`]) and records an event on each stream still to
+    /// wait for. Returns whether the block went back to its owner, whether cleanly, the
+    /// borrower, and the events to wait for; `Err(borrower)` where the block is kept out of
+    /// use (no event could be recorded and the stream not synchronized). Apart from `free` so
+    /// that a block without one, most of them, runs none of it.
+    #[inline(never)]
+    fn free_used_elsewhere(
+        &mut self,
+        backend: &dyn Backend,
+        i: BlockId,
+        mut extra: Box<Extra>,
+    ) -> Result<(bool, bool, Option<StreamId>, u32), Option<StreamId>> {
+        let lent = extra.lent_to.map(|to| (to, extra.from_range, extra.used_by_owner));
+        let (handed_back, clean) = self.hand_back(backend, i, &mut extra.uses, lent);
+        let lent_to = lent.map(|(to, _, _)| to);
+        let mut waiting = 0;
+        for &s in &extra.uses {
+            let raw = self.streams[s.index()].raw;
+            match backend.record_event(raw) {
+                Ok(event) => {
+                    let seq = self.events_recorded;
+                    self.events_recorded += 1;
+                    self.pending.push(PendingEvent { event, block: i, stream: s, seq, asked: 0 });
+                    waiting += 1;
+                }
+                Err(e) => {
+                    // Without an event, wait for the stream itself before reuse.
+                    self.note(Note::BackendError);
+                    if let Err(e2) = backend.synchronize(raw) {
+                        self.last_error = Some(format!(
+                            "block {:#x}: recording an event failed ({e}) and so did synchronizing ({e2}); \
+                             the block is kept out of use",
+                            self.blocks[i].addr
+                        ));
+                        self.blocks[i].state = BlockState::Stranded;
+                        // The events recorded for its earlier streams are still pending and
+                        // count down as they complete (the block stays out of use).
+                        self.blocks[i].pending_events = waiting;
+                        return Err(lent_to);
+                    }
+                }
+            }
+        }
+        self.recycle_extra(extra);
+        Ok((handed_back, clean, lent_to, waiting))
     }
 
     /// Merges the block kept aside by the last free, if any, as freeing it at once would have:
@@ -1063,7 +1096,7 @@ impl Heap {
     }
 
     pub(crate) fn set_tensor_meta(&mut self, b: BlockId, meta: TensorMeta) {
-        self.blocks[b].extra.get_or_insert_with(Box::default).meta = Some(meta);
+        self.extra_mut(b).meta = Some(meta);
     }
 }
 
@@ -1108,6 +1141,28 @@ mod tests {
         assert_eq!(h.round_size(5 << 20), Some(5 << 20), "already on a division");
         assert_eq!(h.round_size((4 << 20) + 1), Some(5 << 20));
         assert_eq!(h.round_size(8 << 20), Some(8 << 20));
+    }
+
+    #[test]
+    fn an_extra_given_back_comes_again_as_new_and_few_are_kept() {
+        let (mut h, _) = heap("");
+        let used = || {
+            Box::new(Extra {
+                uses: vec![StreamId(1), StreamId(2), StreamId(3)],
+                lent_to: Some(StreamId(1)),
+                from_range: true,
+                used_by_owner: true,
+                meta: Some(TensorMeta { dtype: "float32".into(), shape: vec![2, 3] }),
+            })
+        };
+        h.recycle_extra(used());
+        let e = h.spare_extras.pop().expect("kept");
+        assert!(e.uses.is_empty() && e.uses.capacity() >= 3, "emptied, its capacity kept");
+        assert_eq!((e.lent_to, e.from_range, e.used_by_owner, e.meta.is_none()), (None, false, false, true));
+        for _ in 0..SPARE_EXTRAS + 5 {
+            h.recycle_extra(used());
+        }
+        assert_eq!(h.spare_extras.len(), SPARE_EXTRAS);
     }
 
     #[test]

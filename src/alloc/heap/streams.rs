@@ -203,13 +203,12 @@ impl Heap {
     }
 
     pub(crate) fn record_stream(&mut self, i: BlockId, stream: StreamId) {
-        let b = &mut self.blocks[i];
-        if b.stream != stream {
-            let uses = &mut b.extra.get_or_insert_with(Box::default).uses;
+        if self.blocks[i].stream != stream {
+            let uses = &mut self.extra_mut(i).uses;
             if !uses.contains(&stream) {
                 uses.push(stream);
             }
-        } else if let Some(e) = b.extra.as_mut().filter(|e| e.lent_to.is_some_and(|to| to != stream)) {
+        } else if let Some(e) = self.blocks[i].extra.as_mut().filter(|e| e.lent_to.is_some_and(|to| to != stream)) {
             // A loan used on its owner's stream: nothing to wait for before the owner reuses
             // it, but its owner's free blocks are not settled by its return (`hand_back`).
             e.used_by_owner = true;
@@ -291,7 +290,7 @@ impl Heap {
     /// ([`Heap::hand_back`]); its allocation and free are recorded on `stream`.
     pub(super) fn lend(&mut self, i: BlockId, stream: StreamId, from_range: bool) {
         self.record_stream(i, stream);
-        let extra = self.blocks[i].extra.get_or_insert_with(Box::default);
+        let extra = self.extra_mut(i);
         extra.lent_to = Some(stream);
         extra.from_range = from_range;
     }
@@ -445,8 +444,9 @@ impl Heap {
     /// (`Backend::order_after`: on CUDA the owner waits for an event, the host does not block),
     /// so that the block goes back to its owner at once instead of waiting for an event on the
     /// borrower to complete (until the device has passed it the block is out of everyone's
-    /// reach, and the owner may reserve memory anew meanwhile). Returns the streams still to
-    /// wait for, whether the block went back to its owner, and whether it went back with no
+    /// reach, and the owner may reserve memory anew meanwhile). Leaves in `uses` the streams
+    /// still to wait for, and returns whether the block went back to its owner, and whether it
+    /// went back with no
     /// stream's work left on it (the borrower idle and the owner's stream never using it: it
     /// then joins the owner's free blocks without making them unsettled,
     /// `StreamSlot::free_blocks_settled`); if the backend could not order the streams, the
@@ -466,10 +466,10 @@ impl Heap {
         &mut self,
         backend: &dyn Backend,
         i: BlockId,
-        mut uses: Vec<StreamId>,
+        uses: &mut Vec<StreamId>,
         lent_to: Option<(StreamId, bool, bool)>,
-    ) -> (Vec<StreamId>, bool, bool) {
-        let Some((borrower, from_range, used_by_owner)) = lent_to else { return (uses, false, false) };
+    ) -> (bool, bool) {
+        let Some((borrower, from_range, used_by_owner)) = lent_to else { return (false, false) };
         let owner = self.blocks[i].stream;
         let (by, to) = (stream_bit(borrower), stream_bit(owner));
         if by != 0 && to != 0 && self.streams[borrower.index()].last_idle {
@@ -488,24 +488,24 @@ impl Heap {
             });
             self.unchecked |= by;
             uses.retain(|&s| s != borrower);
-            return (uses, true, !used_by_owner);
+            return (true, !used_by_owner);
         }
         if self.idle(backend, borrower) {
             // Nothing the borrower queued can still touch the block, nor could the owner's
             // work while it was lent, unless the owner's stream used it (`record_stream`).
             uses.retain(|&s| s != borrower);
-            return (uses, true, !used_by_owner);
+            return (true, !used_by_owner);
         }
         if from_range {
             // As after `record_stream`: reused once an event on the borrower completes, so
             // that the owner's work never waits for the borrower's.
-            return (uses, false, false);
+            return (false, false);
         }
         if !self.order_streams(backend, owner, borrower, "to take back a block it lent") {
-            return (uses, false, false);
+            return (false, false);
         }
         uses.retain(|&s| s != borrower);
-        (uses, true, false)
+        (true, false)
     }
 
     /// Asks whether the streams that gave loans back unasked ([`Heap::hand_back`]), but those
