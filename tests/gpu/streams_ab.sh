@@ -2,7 +2,8 @@
 # On the device machine: two builds of the CLI side by side on the five fixture traces on
 # several streams (or on those NAMES lists), interleaved, the order flipped each round,
 # recording off and default, both segment kinds, each round followed by torch_streams.py
-# (PyTorch and the pool on the traces' own streams), three rounds. Used for "Loans given back unasked" (BENCHMARKS.md). Here, first:
+# (PyTorch and the pool on the traces' own streams), three rounds. Used for "Loans given back
+# unasked" and "Extras kept for the next block" (BENCHMARKS.md). Here, first:
 #   git worktree add /tmp/base <base commit>
 #   (cd /tmp/base && RUSTFLAGS= CARGO_TARGET_DIR=/work/main/target/userbase \
 #      cargo build --release --features cuda -p vramscope-cli)
