@@ -824,6 +824,8 @@ struct SyncLog {
     /// While set, every event query says the event is not done yet (a query that lags the
     /// stream), whatever the streams did.
     stale_queries: std::sync::atomic::AtomicBool,
+    /// Calls of `stream_idle`.
+    idle_queries: std::sync::atomic::AtomicU64,
 }
 
 impl SyncLog {
@@ -833,6 +835,7 @@ impl SyncLog {
             ordered: Default::default(),
             fail_order: Default::default(),
             stale_queries: Default::default(),
+            idle_queries: Default::default(),
         })
     }
 
@@ -894,6 +897,7 @@ unsafe impl vramscope::backend::Backend for SyncLog {
         self.sim.synchronize(stream)
     }
     fn stream_idle(&self, stream: RawStream) -> Result<bool, vramscope::error::BackendError> {
+        self.idle_queries.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.sim.stream_idle(stream)
     }
     fn order_after(&self, waiting: RawStream, on: RawStream) -> Result<(), vramscope::error::BackendError> {
@@ -902,6 +906,34 @@ unsafe impl vramscope::backend::Backend for SyncLog {
         }
         self.ordered.lock().unwrap().push((waiting, on));
         self.sim.order_after(waiting, on)
+    }
+}
+
+/// Every question whether a stream is idle is counted where the backend sees it: replayed on
+/// its three streams, `pipeline_streams` asks in every warm pass (to lend the range's memory and
+/// take loans back), and the statistics count exactly the backend's calls; `resnet_train`, on
+/// one stream, asks none.
+#[test]
+fn stream_queries_are_counted_as_the_backend_sees_them() {
+    use vramscope::replay::{replay, ReplayOptions, Trace};
+    for (name, streams) in [("pipeline_streams", 3), ("resnet_train", 1)] {
+        let path = format!("{}/fixtures/torch/{name}.trace.json.gz", env!("CARGO_MANIFEST_DIR"));
+        let trace = Trace::from_file(path).unwrap();
+        let backend = SyncLog::new(SimBackend::new(1 << 40).with_costly_segments(true));
+        let alloc = CachingAllocator::new(backend.clone());
+        let mut opts = ReplayOptions::default();
+        opts.warm_passes = 3;
+        let r = replay(&alloc, &trace, &opts).unwrap();
+        assert_eq!(r.streams, streams, "{name}");
+        let asked = backend.idle_queries.load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(alloc.stats().num_stream_queries, asked, "{name}: the statistics against the backend");
+        assert_eq!(alloc.stats().to_pytorch_map()["num_stream_queries"], asked, "{name}");
+        assert!(r.warm_stream_queries.iter().sum::<u64>() <= asked, "{name}: {r:?}");
+        if streams > 1 {
+            assert!(r.warm_stream_queries.iter().all(|&q| q > 0), "{name}: {:?}", r.warm_stream_queries);
+        } else {
+            assert_eq!((asked, r.warm_stream_queries), (0, vec![0; 3]), "{name}");
+        }
     }
 }
 

@@ -559,6 +559,12 @@ fn run(cli: Cli) -> Result<(), Failure> {
                         if calls[last] == 1 { "" } else { "s" }
                     ),
                 };
+                if let (true, Some(q)) = (report.streams > 1, report.warm_stream_queries.last()) {
+                    let _ = writeln!(
+                        text,
+                        "stream queries   {q} in the last warm pass (whether a stream is idle, to lend memory)"
+                    );
+                }
                 let _ = match report.fragmentation_limit {
                     Some(f) => writeln!(text, "limit in force   {f:.2}x peak allocated"),
                     None => writeln!(text, "limit in force   none"),

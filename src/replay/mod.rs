@@ -87,6 +87,10 @@ pub struct ReplayReport {
     /// reserved and released, pages mapped and unmapped. A replay has settled from the first
     /// pass after which every count is 0.
     pub warm_device_calls: Vec<u64>,
+    /// Questions to the backend whether a stream's work is done, in each warm pass
+    /// ([`MemoryStats::num_stream_queries`]: on CUDA a `cuStreamQuery`, about half a
+    /// microsecond, in the pass's time); 0 on one stream.
+    pub warm_stream_queries: Vec<u64>,
     /// The fragmentation limit in force at the end (it rises from the configured one when
     /// holding to it churns); `None` without a limit.
     pub fragmentation_limit: Option<f64>,
@@ -189,6 +193,7 @@ pub fn replay(alloc: &CachingAllocator, trace: &Trace, options: &ReplayOptions) 
     let mut warm = Vec::with_capacity(options.warm_passes);
     let (mut warm_device_allocs, mut warm_device_maps) = (0, 0);
     let mut warm_device_calls = Vec::with_capacity(options.warm_passes);
+    let mut warm_stream_queries = Vec::with_capacity(options.warm_passes);
     let maps = |m: &MemoryStats| m.num_device_map + m.num_device_unmap;
     for _ in 0..options.warm_passes {
         let a = alloc.stats();
@@ -197,6 +202,7 @@ pub fn replay(alloc: &CachingAllocator, trace: &Trace, options: &ReplayOptions) 
         warm_device_allocs = b.num_device_alloc - a.num_device_alloc;
         warm_device_maps = maps(&b) - maps(&a);
         warm_device_calls.push(b.backend_memory_calls() - a.backend_memory_calls());
+        warm_stream_queries.push(b.num_stream_queries - a.num_stream_queries);
     }
     let ops = enc.ops.len().max(1) as f64;
     let warm_ns_per_op: Vec<f64> = warm.iter().map(|w| w / ops).collect();
@@ -223,6 +229,7 @@ pub fn replay(alloc: &CachingAllocator, trace: &Trace, options: &ReplayOptions) 
         device_maps: maps(&after) - maps(&before),
         warm_device_maps,
         warm_device_calls,
+        warm_stream_queries,
         fragmentation_limit: alloc.fragmentation_limit(),
         alloc_retries: after.num_alloc_retries - before.num_alloc_retries,
     })

@@ -327,6 +327,7 @@ impl Heap {
     /// Whether all work queued so far on `stream` is done (`Backend::stream_idle`; an error
     /// counts as busy, and is noted).
     pub(super) fn idle(&mut self, backend: &dyn Backend, stream: StreamId) -> bool {
+        self.stats.num_stream_queries += 1;
         match backend.stream_idle(self.streams[stream.index()].raw) {
             Ok(idle) => {
                 let slot = &mut self.streams[stream.index()];
