@@ -447,9 +447,8 @@ impl Heap {
     /// borrower to complete (until the device has passed it the block is out of everyone's
     /// reach, and the owner may reserve memory anew meanwhile). Leaves in `uses` the streams
     /// still to wait for, and returns whether the block went back to its owner, and whether it
-    /// went back with no
-    /// stream's work left on it (the borrower idle and the owner's stream never using it: it
-    /// then joins the owner's free blocks without making them unsettled,
+    /// went back with no stream's work left on it (the borrower idle and the owner's stream
+    /// never using it: it then joins the owner's free blocks without making them unsettled,
     /// `StreamSlot::free_blocks_settled`); if the backend could not order the streams, the
     /// free waits for the borrower's event as after `record_stream`. `lent_to`: the borrower,
     /// whether the range lent it, and whether the owner's stream used it too.
