@@ -568,7 +568,7 @@ mod tests {
             *v = i as u64 * 3 + 1;
         }
         let map = st.to_pytorch_map();
-        assert_eq!(map.len(), 9 * 3 * 4 + 2 * 4 + 11, "every figure has a distinct name");
+        assert_eq!(map.len(), 9 * 3 * 4 + 2 * 4 + 12, "every figure has a distinct name");
         assert_eq!(map["reserved_bytes.large_pool.peak"], st.reserved_bytes.large_pool.peak);
         assert_eq!(MemoryStats::from_pytorch_map(&map), st);
         let mut odd = map.clone();
