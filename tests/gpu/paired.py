@@ -13,7 +13,10 @@ recording off and default; `vramscope replay --backend cuda`, as run.sh ran them
 PyTorch's caching allocator, the cudaMallocAsync pool and cudaMalloc with the very code of
 ../shared/tools/torch_replay.py (its C++ source, its `encode` and its per-trace loop body are
 read from that file, not copied, so it is timed as that script times it: the median of 3 warm
-replays). Odd rounds run vramscope first, even rounds PyTorch first. It prints what run.sh
+replays). A trace on several streams is also replayed through PyTorch and the pool on its
+own streams with the code of torch_streams.py (read from that file likewise) right after
+PyTorch's one-stream replay, its JSON line marked `paired_round`, so that its time too is
+compared round by round. Odd rounds run vramscope first, even rounds PyTorch first. It prints what run.sh
 printed (`== replay ...` then vramscope's JSON; torch_replay.py's JSON line per trace) and a
 first line `== paired`, so that table.py compares each round's pair and reports the median of
 the rounds' ratios.
@@ -46,6 +49,34 @@ def torch_replay_parts():
     exec(compile(ast.Module(body=keep, type_ignores=[]), path, "exec"), scope)
     body = compile(ast.Module(body=loops[0].body, type_ignores=[]), path, "exec")
     return scope["src"], scope["encode"], body
+
+
+def torch_streams_parts():
+    """torch_streams.py's C++ source, its `encode` and its per-trace loop body wrapped in a loop
+    over the one trace named `path` (the body `continue`s past one-stream traces), taken from
+    the file itself as `torch_replay_parts` takes torch_replay.py's; `None` where the file is
+    not beside this one."""
+    path = os.path.join(HERE, "torch_streams.py")
+    if not os.path.exists(path):
+        return None
+    tree = ast.parse(open(path).read(), path)
+    keep = [n for n in tree.body
+            if (isinstance(n, ast.Assign) and any(getattr(t, "id", "") == "src" for t in n.targets))
+            or (isinstance(n, ast.FunctionDef) and n.name == "encode")]
+    loops = [n for n in tree.body if isinstance(n, ast.For) and getattr(n.target, "id", "") == "f"]
+    if len(keep) != 2 or len(loops) != 1:
+        sys.exit(f"{path}: expected its `src`, `encode` and one loop over traces `f`; the file has changed")
+    scope = {}
+    exec(compile(ast.Module(body=keep, type_ignores=[]), path, "exec"), scope)
+    one = ast.For(target=ast.Name("f", ast.Store()), iter=ast.List([ast.Name("path", ast.Load())], ast.Load()),
+                  body=loops[0].body, orelse=[])
+    body = compile(ast.fix_missing_locations(ast.Module(body=[one], type_ignores=[])), path, "exec")
+    return scope["src"], scope["encode"], body
+
+
+def streams_of(path):
+    """How many streams a trace allocates on."""
+    return len({e[3] if len(e) > 3 else 0 for e in json.load(open(path))["events"]})
 
 
 def torch_side(ext, encode, body, path):
@@ -82,25 +113,52 @@ def vramscope_side(path, warm, round_):
                 print(out.strip(), flush=True)
 
 
+def streams_side(parts, path, round_):
+    """torch_streams.py's replay of a trace on its own streams (PyTorch and the pool), its
+    JSON line marked with the round, so that table.py pairs it with vramscope's replays of the
+    same round, seconds apart, as it pairs torch_replay.py's on one stream."""
+    ext, encode, body = parts
+    print(f"== torch streams {os.path.basename(path)} {round_}", flush=True)
+    lines = []
+    scope = {"path": path, "ext": ext, "encode": encode, "torch": torch, "json": json, "os": os, "passes": 5,
+             "print": lambda line, **_: lines.append(line)}
+    exec(body, scope)
+    for line in lines:
+        d = json.loads(line)
+        d["paired_round"] = round_
+        print(json.dumps(d), flush=True)
+    torch.cuda.empty_cache()
+
+
 def main():
     folder = sys.argv[1]
     rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 3
     src, encode, body = torch_replay_parts()
     ext = load_inline("replay_ext", cpp_sources=src, functions=["replay_torch", "replay_async", "replay_malloc", "pair_bench"],
                       with_cuda=True, extra_cflags=["-O2"], verbose=False)
+    streams = torch_streams_parts()
+    if streams:
+        s_src, s_encode, s_body = streams
+        s_ext = load_inline("stream_replay_ext", cpp_sources=s_src, functions=["torch_passes", "pool_passes"],
+                            with_cuda=True, extra_cflags=["-O2"], verbose=False)
+        streams = (s_ext, s_encode, s_body)
     torch.cuda.init()
     traces = sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".trace.json"))
     warm = {path: warm_passes(path) for path in traces}
+    several = {path for path in traces if streams and streams_of(path) > 1}
     print("== paired", flush=True)
     for round_ in range(1, rounds + 1):
         for path in traces:
+            def pytorch():
+                print(f"== torch {os.path.basename(path)} {round_}", flush=True)
+                torch_side(ext, encode, body, path)
+                if path in several:
+                    streams_side(streams, path, round_)
             if round_ % 2:
                 vramscope_side(path, warm[path], round_)
-                print(f"== torch {os.path.basename(path)} {round_}", flush=True)
-                torch_side(ext, encode, body, path)
+                pytorch()
             else:
-                print(f"== torch {os.path.basename(path)} {round_}", flush=True)
-                torch_side(ext, encode, body, path)
+                pytorch()
                 vramscope_side(path, warm[path], round_)
 
 

@@ -64,7 +64,8 @@ echo "== traces: share $SHARD, $(ls traces | wc -l) traces"
 # of milliseconds), so that one replay spans more than a moment of the host's speed.
 timeout 1800 python3 paired.py traces "${ROUNDS:-3}" 2>&1 | grep -v Warning
 # The traces on several streams, through PyTorch and the pool on those streams (peaks and
-# driver calls; their time is not like for like).
+# driver calls; their time, paired round by round with vramscope's, comes from paired.py,
+# which replays them on their streams too).
 for round in $(seq "${ROUNDS:-3}"); do
   [ -f torch_streams.py ] && timeout 120 python3 torch_streams.py traces 2>&1 | grep -v Warning
 done

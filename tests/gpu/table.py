@@ -5,7 +5,9 @@ are `malloc`/`virtual` (segment kind) x `off`/`fast` (recording off, default rec
 run a round; PyTorch and the cudaMallocAsync pool are torch_replay.py's, one run a round (one
 stream: compare multi-stream traces on peak and calls, not time), and for traces on several
 streams torch_streams.py's too (PyTorch and the pool on the trace's own streams), whose peaks
-are then the ones the target compares with. Then issue 22's targets per trace and segment
+are then the ones the target compares with, and whose time too where paired.py replayed them
+in each round ("own streams: " and the rounds' ratios; "own streams, unpaired" in older logs,
+medians of separate commands). Then issue 22's targets per trace and segment
 kind (no driver call after the second warm pass, the peak, both times), on medians of the
 rounds (the host's speed changes between runs). The pair: one cached allocation and free,
 ns (divan medians of `benches/cuda.rs`; PyTorch's from torch_threads.py at one thread). The
@@ -125,7 +127,18 @@ def targets(names, runs, torch, same, paired):
             good = peak <= best * slack
             cells.append(f"{peak / best:.3f}" + ("" if good else " **missed**"))
             ok.append(good)
-            if off[0].get("streams", 1) > 1:
+            rounds = sorted((t for t in same.get(name, []) if "paired_round" in t), key=lambda t: t["paired_round"])
+            if off[0].get("streams", 1) > 1 and paired and len(off) == len(fast) == len(rounds):
+                # Like for like and paired: PyTorch on the trace's own streams in the same
+                # round as vramscope's replays, seconds apart (paired.py, since 2026-12-03).
+                for rs, bound in ((off, 0.5), (fast, 1.0)):
+                    ratios = [r["ns_per_op"] / t["torch_warm_ns_op"] for r, t in zip(rs, rounds)]
+                    m = median(ratios)
+                    good = m <= bound
+                    cells.append(f"{m:.2f} (own streams: {', '.join(f'{x:.2f}' for x in ratios)})"
+                                 + ("" if good else " **missed**"))
+                    ok.append(good)
+            elif off[0].get("streams", 1) > 1:
                 # Like for like where torch_streams.py replayed the trace on its own streams
                 # (its time is measured as torch_replay.py's is, but in a command of its own
                 # after paired.py's: the medians of each side, not paired rounds).
