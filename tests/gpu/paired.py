@@ -34,10 +34,11 @@ from torch.utils.cpp_extension import load_inline
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def torch_replay_parts():
-    """torch_replay.py's C++ source, its `encode` and its per-trace loop body (compiled), taken
-    from the file itself: the loop body replays the trace named `f` and prints its JSON line."""
-    path = os.path.join(HERE, "torch_replay.py")
+def script_parts(name):
+    """The file `name` beside this one, its C++ source `src`, its `encode` (defined) and its one
+    loop over traces `f` (the AST node): what this script runs of torch_replay.py and
+    torch_streams.py, read from the files themselves rather than copied."""
+    path = os.path.join(HERE, name)
     tree = ast.parse(open(path).read(), path)
     keep = [n for n in tree.body
             if (isinstance(n, ast.Assign) and any(getattr(t, "id", "") == "src" for t in n.targets))
@@ -47,48 +48,39 @@ def torch_replay_parts():
         sys.exit(f"{path}: expected its `src`, `encode` and one loop over traces `f`; the file has changed")
     scope = {}
     exec(compile(ast.Module(body=keep, type_ignores=[]), path, "exec"), scope)
-    body = compile(ast.Module(body=loops[0].body, type_ignores=[]), path, "exec")
-    return scope["src"], scope["encode"], body
+    return path, scope["src"], scope["encode"], loops[0]
+
+
+def torch_replay_parts():
+    """torch_replay.py's C++ source, its `encode` and its per-trace loop body (compiled): the
+    loop body replays the trace named `f` and prints its JSON line."""
+    path, src, encode, loop = script_parts("torch_replay.py")
+    return src, encode, compile(ast.Module(body=loop.body, type_ignores=[]), path, "exec")
 
 
 def torch_streams_parts():
     """torch_streams.py's C++ source, its `encode` and its per-trace loop body wrapped in a loop
-    over the one trace named `path` (the body `continue`s past one-stream traces), taken from
-    the file itself as `torch_replay_parts` takes torch_replay.py's; `None` where the file is
-    not beside this one."""
-    path = os.path.join(HERE, "torch_streams.py")
-    if not os.path.exists(path):
+    over the one trace named `path` (the body `continue`s past one-stream traces); `None` where
+    the file is not beside this one."""
+    if not os.path.exists(os.path.join(HERE, "torch_streams.py")):
         return None
-    tree = ast.parse(open(path).read(), path)
-    keep = [n for n in tree.body
-            if (isinstance(n, ast.Assign) and any(getattr(t, "id", "") == "src" for t in n.targets))
-            or (isinstance(n, ast.FunctionDef) and n.name == "encode")]
-    loops = [n for n in tree.body if isinstance(n, ast.For) and getattr(n.target, "id", "") == "f"]
-    if len(keep) != 2 or len(loops) != 1:
-        sys.exit(f"{path}: expected its `src`, `encode` and one loop over traces `f`; the file has changed")
-    scope = {}
-    exec(compile(ast.Module(body=keep, type_ignores=[]), path, "exec"), scope)
+    path, src, encode, loop = script_parts("torch_streams.py")
     one = ast.For(target=ast.Name("f", ast.Store()), iter=ast.List([ast.Name("path", ast.Load())], ast.Load()),
-                  body=loops[0].body, orelse=[])
-    body = compile(ast.fix_missing_locations(ast.Module(body=[one], type_ignores=[])), path, "exec")
-    return scope["src"], scope["encode"], body
+                  body=loop.body, orelse=[])
+    return src, encode, compile(ast.fix_missing_locations(ast.Module(body=[one], type_ignores=[])), path, "exec")
 
 
-def streams_of(path):
-    """How many streams a trace allocates on."""
-    return len({e[3] if len(e) > 3 else 0 for e in json.load(open(path))["events"]})
+def passes_and_streams(path):
+    """vramscope's warm passes for a trace (at least 5, and about 300,000 operations in all) and
+    how many streams it allocates on, from one read of it."""
+    events = json.load(open(path))["events"]
+    return max(5, min(1000, 300000 // max(len(events), 1))), len({e[3] if len(e) > 3 else 0 for e in events})
 
 
 def torch_side(ext, encode, body, path):
     """torch_replay.py's loop body for one trace: its calls, its timing, its JSON line."""
     exec(body, {"f": path, "ext": ext, "encode": encode, "torch": torch, "json": json, "os": os})
     torch.cuda.empty_cache()  # nothing of PyTorch's cache stays reserved while vramscope runs
-
-
-def warm_passes(path):
-    """vramscope's warm passes for a trace: at least 5, and about 300,000 operations in all."""
-    n = len(json.load(open(path))["events"])
-    return max(5, min(1000, 300000 // max(n, 1)))
 
 
 def vramscope_side(path, warm, round_):
@@ -144,8 +136,9 @@ def main():
         streams = (s_ext, s_encode, s_body)
     torch.cuda.init()
     traces = sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".trace.json"))
-    warm = {path: warm_passes(path) for path in traces}
-    several = {path for path in traces if streams and streams_of(path) > 1}
+    facts = {path: passes_and_streams(path) for path in traces}
+    warm = {path: facts[path][0] for path in traces}
+    several = {path for path in traces if streams and facts[path][1] > 1}
     print("== paired", flush=True)
     for round_ in range(1, rounds + 1):
         for path in traces:

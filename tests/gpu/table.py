@@ -127,18 +127,22 @@ def targets(names, runs, torch, same, paired):
             good = peak <= best * slack
             cells.append(f"{peak / best:.3f}" + ("" if good else " **missed**"))
             ok.append(good)
-            rounds = sorted((t for t in same.get(name, []) if "paired_round" in t), key=lambda t: t["paired_round"])
-            if off[0].get("streams", 1) > 1 and paired and len(off) == len(fast) == len(rounds):
-                # Like for like and paired: PyTorch on the trace's own streams in the same
-                # round as vramscope's replays, seconds apart (paired.py, since 2026-12-03).
+            several = off[0].get("streams", 1) > 1
+            # A paired log's PyTorch side of each round: torch_replay.py's on one stream, or for
+            # a trace on several streams torch_streams.py's on them, run by paired.py in the
+            # same round as vramscope's replays, seconds apart (since 2026-12-03).
+            sides = (sorted((t for t in same.get(name, []) if "paired_round" in t), key=lambda t: t["paired_round"])
+                     if several else ts)
+            if paired and len(off) == len(fast) == len(sides):
+                label = "own streams: " if several else ""
                 for rs, bound in ((off, 0.5), (fast, 1.0)):
-                    ratios = [r["ns_per_op"] / t["torch_warm_ns_op"] for r, t in zip(rs, rounds)]
+                    ratios = [r["ns_per_op"] / t["torch_warm_ns_op"] for r, t in zip(rs, sides)]
                     m = median(ratios)
                     good = m <= bound
-                    cells.append(f"{m:.2f} (own streams: {', '.join(f'{x:.2f}' for x in ratios)})"
+                    cells.append(f"{m:.2f} ({label}{', '.join(f'{x:.2f}' for x in ratios)})"
                                  + ("" if good else " **missed**"))
                     ok.append(good)
-            elif off[0].get("streams", 1) > 1:
+            elif several:
                 # Like for like where torch_streams.py replayed the trace on its own streams
                 # (its time is measured as torch_replay.py's is, but in a command of its own
                 # after paired.py's: the medians of each side, not paired rounds).
@@ -149,13 +153,6 @@ def targets(names, runs, torch, same, paired):
                     m = median([r["ns_per_op"] for r in rs]) / median(torch_ns)
                     good = m <= bound
                     cells.append(f"{m:.2f} (own streams, unpaired)" + ("" if good else " **missed**"))
-                    ok.append(good)
-            elif paired and len(off) == len(fast) == len(ts):
-                for rs, bound in ((off, 0.5), (fast, 1.0)):
-                    ratios = [r["ns_per_op"] / t["torch_warm_ns_op"] for r, t in zip(rs, ts)]
-                    m = median(ratios)
-                    good = m <= bound
-                    cells.append(f"{m:.2f} ({', '.join(f'{x:.2f}' for x in ratios)})" + ("" if good else " **missed**"))
                     ok.append(good)
             else:
                 torch_ns = median([t["torch_warm_ns_op"] for t in ts])
