@@ -242,7 +242,8 @@
 //! PyTorch's and the pool's on the traces' streams on 9 of the 12 on several streams (the
 //! run before, on 24 others: 1 of 12), every replay as the sim said (`BENCHMARKS.md`,
 //! "Several streams in one range"). Each idle check is a driver call (`cuStreamQuery`, no
-//! wait); on the H200 the four fixtures on several streams replayed about as fast as before,
+//! wait; [`MemoryStats::num_stream_queries`](crate::alloc::MemoryStats::num_stream_queries)
+//! counts them); on the H200 the four fixtures on several streams replayed about as fast as before,
 //! within the host's noise (`pipeline_streams`, three streams, recording off: 221 ns per
 //! operation before; 495 in the run, 229 in a rerun minutes later).
 //!
@@ -325,8 +326,8 @@
 //! "Six workloads nobody had seen, on the code as it stands"), and six more the next day, peaks
 //! 0.78 to 0.997 (`BENCHMARKS.md`, "Six more nobody had seen"); over all 66 fixture traces
 //! on the H200 since, every target on 65, the miss `pipeline_streams`' time on its three
-//! streams (0.61 of PyTorch's there; "The whole table with 66 traces"). Where a pass starts from another
-//! layout than the last (the block
+//! streams (0.61 of PyTorch's there; "The whole table with 66 traces"). Where a pass starts
+//! from another layout than the last (the block
 //! freed last at its end is handed to the next pass's first request of its size where it
 //! lies), a view may be made again: 1 of 300 synthetic traces of random shapes called the
 //! driver in its third warm pass that way.
