@@ -224,14 +224,17 @@
 //! that used them was all queued before then, so none of it still runs): half the stream
 //! queries on `ensemble_streams`, no decision changed (`BENCHMARKS.md`, "Fewer stream
 //! queries"). And a loan comes back without asking whether its borrower is idle where the
-//! borrower was idle when last asked: one question, before another stream's request or a
-//! reserve, release or unmap could reach the memory, covers every loan the stream gave back
-//! since (the borrower's own requests need none: its later work runs after its earlier).
-//! Where that question finds the borrower busy after all, the owners' streams are ordered
-//! after it then, the one case where a stream waits for another's work it did not ask to
-//! follow; a stream that was busy when last asked keeps the event above. Replayed, 94% fewer
-//! stream queries on `ensemble_streams`, no decision changed (`BENCHMARKS.md`, "Loans given
-//! back unasked"). Small requests keep their stream's small segments (a thread's parking
+//! borrower was idle when last asked: one question, before another stream's request takes
+//! memory a loan lies in or a reserve, release or unmap could reach it, covers every loan the
+//! stream gave back since (the borrower's own requests need none: its later work runs after
+//! its earlier), and so does any "idle" answer about it. Where that question finds the
+//! borrower busy after all, the owners' streams are ordered after it then, the one case where
+//! a stream waits for another's work it did not ask to follow; a stream that was busy when
+//! last asked keeps the event above. Replayed, 94% fewer stream queries on `ensemble_streams`,
+//! no decision changed (`BENCHMARKS.md`, "Loans given back unasked"); asked only where the
+//! block a request takes overlaps such a loan (not at every request of another stream), 22%
+//! fewer again over the 132 fixture rows, `fsdp_layer_gather` 945 to 672 a pass, no decision
+//! changed ("Asked only where a request takes a loan"). Small requests keep their stream's small segments (a thread's parking
 //! slot reuses those without the lock). Why: memory freed on one stream had served another
 //! only as a lent block over the limit, and the streams' large blocks lay in segments whose
 //! holes never merged. On 240 traces of random shapes on two to four streams that no rule had
@@ -325,8 +328,11 @@
 //! default segments, peaks 0.81 to 0.91 of the better of PyTorch's and the pool's (`BENCHMARKS.md`,
 //! "Six workloads nobody had seen, on the code as it stands"), and six more the next day, peaks
 //! 0.78 to 0.997 (`BENCHMARKS.md`, "Six more nobody had seen"); over all 66 fixture traces
-//! on the H200 since, every target on 65, the miss `pipeline_streams`' time on its three
-//! streams (0.61 of PyTorch's there; "The whole table with 66 traces"). Where a pass starts
+//! on the H200 since, every target on 65 and then 64: the misses time on several streams
+//! with the recording off, `pipeline_streams` 0.61 of PyTorch's on its three streams, then
+//! `ensemble_streams` 0.62 and `three_stream_serving` 0.52 with those rounds paired, whose
+//! rounds spanned 0.56–0.76 and 0.26–0.72 ("The whole table with 66 traces", "The whole table
+//! with several streams paired"): that target sits within the host's noise. Where a pass starts
 //! from another layout than the last (the block
 //! freed last at its end is handed to the next pass's first request of its size where it
 //! lies), a view may be made again: 1 of 300 synthetic traces of random shapes called the

@@ -63,12 +63,10 @@ echo "== traces: share $SHARD, $(ls traces | wc -l) traces"
 # ratios. vramscope's warm passes: at least 5, and about 300,000 operations in all (some tens
 # of milliseconds), so that one replay spans more than a moment of the host's speed.
 timeout 1800 python3 paired.py traces "${ROUNDS:-3}" 2>&1 | grep -v Warning
-# The traces on several streams, through PyTorch and the pool on those streams (peaks and
-# driver calls; their time, paired round by round with vramscope's, comes from paired.py,
-# which replays them on their streams too).
-for round in $(seq "${ROUNDS:-3}"); do
-  [ -f torch_streams.py ] && timeout 120 python3 torch_streams.py traces 2>&1 | grep -v Warning
-done
+# The traces on several streams go through PyTorch and the pool on those streams too, in
+# paired.py's rounds (torch_streams.py's code, read from that file): their peaks, and their
+# time paired with vramscope's. Until 2026-12-03 torch_streams.py also ran here, three times
+# after paired.py, for peaks that paired.py's rounds now give.
 fi
 if part pair && [ -x cuda_bench ]; then
   echo "== pair bench"; timeout 200 ./cuda_bench --bench 2>&1 | grep -v "^$"

@@ -111,6 +111,10 @@ impl Heap {
         if !self.alias_pages || size <= super::SMALL_SIZE || !self.may_grow_in_place(pool, stream) {
             return None;
         }
+        // A view may take any of the range's free mappings, loans given back unasked among
+        // them: every other stream's are asked about first (`Heap::find_checked` asks only
+        // about those in the block it takes).
+        self.check_others(backend, stream);
         self.settle();
         let g = self.growth_plan(stream, size)?;
         self.serve_by_view(backend, stream, size, g.seg, g.by)

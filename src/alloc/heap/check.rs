@@ -20,6 +20,17 @@ pub(crate) fn check_heap(heap: &Heap) -> std::result::Result<(), String> {
     if listed != heap.unchecked {
         return Err(format!("unchecked loans: streams {:#b} marked, {listed:#b} listed", heap.unchecked));
     }
+    for (i, slot) in heap.streams.iter().enumerate() {
+        let owed = (heap.unchecked_loans.iter())
+            .filter(|l| l.owner.index() == i)
+            .fold(0u64, |m, l| m | super::streams::stream_bit(l.borrower));
+        if owed != slot.owed_by {
+            return Err(format!(
+                "loans given back unasked to stream {i}: {:#b} marked, {owed:#b} listed",
+                slot.owed_by
+            ));
+        }
+    }
     for l in &heap.unchecked_loans {
         let s = &heap.segments[l.segment];
         if !s.live || l.addr < s.addr || l.addr + l.size > s.addr + s.size || l.owner == l.borrower {

@@ -436,16 +436,6 @@ impl Heap {
                 hot
             }
             _ => {
-                // Loans other streams gave back unasked are checked before this request can
-                // take their memory (`Heap::check_returns`); the stream's own need no answer.
-                // Not for the block freed last: it is the stream's own, freed with no other
-                // stream's use and never merged, so a loan cannot lie in it; and a block a
-                // thread parked is taken back without the lock just where this shortcut
-                // would hand it out, so asking here would make parking visible.
-                let own = streams::stream_bit(stream);
-                if self.unchecked & !own != 0 {
-                    self.check_returns(backend, own);
-                }
                 // The block freed last may be about to become a whole segment that this request
                 // takes over from its stream; see `Heap::deferred_hot`.
                 let deferred = self.deferred_hot(pool, stream, size);
@@ -454,7 +444,13 @@ impl Heap {
                 }
                 // Whether the block comes from another stream's range (`Heap::serve_from_range`).
                 let mut ranged = false;
-                let found = match self.find_free(pool, stream, size, true) {
+                // Loans other streams gave back unasked are asked about before this request
+                // takes their memory (`Heap::find_checked`); the stream's own need no answer.
+                // Not for the block freed last: it is the stream's own, freed with no other
+                // stream's use and never merged, so a loan cannot lie in it; and a block a
+                // thread parked is taken back without the lock just where this shortcut
+                // would hand it out, so asking here would make parking visible.
+                let found = match self.find_checked(backend, pool, (stream, stream), size, &mut false) {
                     Some(i) => {
                         // Merging the block freed last changes only its own stream's blocks.
                         self.settle();
@@ -1726,6 +1722,45 @@ mod tests {
         assert!(f.lent);
         assert!(h.streams[s.index()].free_blocks_settled());
         for g in [big, e, f] {
+            h.free(&sim, g.block, None);
+        }
+        h.settle();
+        crate::alloc::heap::check_heap(&h).unwrap();
+    }
+
+    #[test]
+    fn a_request_asks_about_a_loan_given_back_unasked_only_where_it_takes_it() {
+        let (mut h, sim) = heap_with("fragmentation_limit:off", SimBackend::with_events(1 << 40, EventMode::Manual));
+        let s = StreamId(0);
+        // Stream 0's range: an 8 MiB hole, a live block, a 20 MiB hole, a live block.
+        let [a, b, c, d] = [8u64, 2, 20, 2].map(|mib| h.alloc(&sim, s, mib << 20, None).unwrap());
+        h.free(&sim, a.block, None);
+        h.free(&sim, c.block, None);
+        h.settle();
+        let s1 = h.add_stream(sim.create_stream().unwrap()).unwrap();
+        // Stream 1 borrows the 8 MiB hole; idle when asked at its first free, its next loan goes
+        // back unasked while its work runs.
+        let first = h.alloc(&sim, s1, 8 << 20, None).unwrap();
+        assert_eq!((first.addr, first.lent), (a.addr, true));
+        h.free(&sim, first.block, None);
+        let loan = h.alloc(&sim, s1, 8 << 20, None).unwrap();
+        assert_eq!(loan.addr, a.addr);
+        make_busy(&h, &sim, s1);
+        h.free(&sim, loan.block, None);
+        assert_eq!(h.unchecked, 1 << 1);
+        // Stream 0's request that the 20 MiB hole serves takes none of the loan: no question.
+        let asked = h.stats.num_stream_queries;
+        let far = h.alloc(&sim, s, 16 << 20, None).unwrap();
+        assert_eq!(far.addr, c.addr);
+        assert_eq!((h.stats.num_stream_queries, h.unchecked), (asked, 1 << 1), "not asked");
+        // The request that takes the loan's memory asks, finds stream 1 busy, and orders stream
+        // 0 after it.
+        let near = h.alloc(&sim, s, 8 << 20, None).unwrap();
+        assert_eq!(near.addr, a.addr);
+        assert_eq!((h.stats.num_stream_queries, h.unchecked), (asked + 1, 0), "asked once");
+        assert!(!h.streams[s1.index()].last_idle);
+        assert!(!h.streams[s.index()].free_blocks_settled(), "stream 0 ordered after stream 1");
+        for g in [b, d, far, near] {
             h.free(&sim, g.block, None);
         }
         h.settle();

@@ -40,6 +40,9 @@ pub(crate) struct StreamSlot {
     /// was first asked): where it said idle, the stream's loans go back unasked
     /// ([`Heap::hand_back`]).
     pub(crate) last_idle: bool,
+    /// The streams (by bit, [`stream_bit`]) with loans given back unasked into this stream's
+    /// free blocks, not yet asked about ([`Heap::hand_back`], [`Heap::find_checked`]).
+    pub(crate) owed_by: u64,
 }
 
 impl StreamSlot {
@@ -53,6 +56,7 @@ impl StreamSlot {
             freed_at: 0,
             idle_at: 0,
             last_idle: false,
+            owed_by: 0,
         }
     }
 
@@ -335,6 +339,11 @@ impl Heap {
                     slot.idle_at = self.frees;
                 }
                 slot.last_idle = idle;
+                if idle && self.unchecked & stream_bit(stream) != 0 {
+                    // The answer covers the loans it gave back unasked, whatever asked: its
+                    // work queued before them is done.
+                    self.forget_loans_of(stream);
+                }
                 idle
             }
             Err(e) => {
@@ -412,7 +421,14 @@ impl Heap {
         }
         self.streams[owner.index()].last_alloc = self.grows;
         self.settle();
-        if let Some(b) = self.find_free(Pool::Large, owner, size, true) {
+        let mut busy = false;
+        let found = self.find_checked(backend, Pool::Large, (owner, stream), size, &mut busy);
+        // A borrower found busy just now ordered the owner after it: lent only while the owner
+        // is idle then (so that the borrower's work is done), as above.
+        if busy && !self.idle(backend, owner) {
+            return Ok(None);
+        }
+        if let Some(b) = found {
             return Ok(Some(Grown::Free(b)));
         }
         // Growing orders `stream` after the owner's work (below): only while the owner has
@@ -487,6 +503,7 @@ impl Heap {
                 size: b.size,
             });
             self.unchecked |= by;
+            self.streams[owner.index()].owed_by |= by;
             uses.retain(|&s| s != borrower);
             return (true, !used_by_owner);
         }
@@ -510,18 +527,20 @@ impl Heap {
 
     /// Asks whether the streams that gave loans back unasked ([`Heap::hand_back`]), but those
     /// in `except` (by bit), are idle now. Called before anything but the borrower's own
-    /// requests could reach those blocks: at a request of another stream (`except`: the
-    /// request's), before the heap grows, lends over the limit or takes a segment over
-    /// ([`Heap::grow`]), before any reclaim (`Heap::reclaim`, which `take` may call too, to
-    /// map pages), and at `empty_cache` ([`Heap::release_cache`]). A stream found
+    /// requests could reach those blocks: where a request of another stream would take memory
+    /// a loan lies in ([`Heap::find_checked`]: only the borrowers of those loans) or a view
+    /// could ([`Heap::check_others`]), before the heap grows, lends over the limit or takes a
+    /// segment over ([`Heap::grow`]), before any reclaim (`Heap::reclaim`, which `take` may
+    /// call too, to map pages), and at `empty_cache` ([`Heap::release_cache`]). A stream found
     /// busy has work queued since it was last seen idle that may still use the blocks it gave
     /// back: their owners' streams are ordered after it (`Backend::order_after`), so that their
     /// work, and that of any stream ordered after them to take their memory, waits for it
     /// without the host blocking, and their free blocks count as unsettled. Where the backend
     /// cannot order them, the host waits for the borrower (`Backend::synchronize`); where
     /// that fails too, the error is noted and the free blocks over its loans are kept out of
-    /// use ([`Heap::strand_loans`]).
-    pub(super) fn check_returns(&mut self, backend: &dyn Backend, except: u64) {
+    /// use ([`Heap::strand_loans`]). Returns whether every stream asked about was idle.
+    pub(super) fn check_returns(&mut self, backend: &dyn Backend, except: u64) -> bool {
+        let mut all_idle = true;
         for borrower in streams_in(self.unchecked & !except) {
             self.unchecked &= !stream_bit(borrower);
             let owners = (self.unchecked_loans.iter())
@@ -529,6 +548,7 @@ impl Heap {
                 .fold(0, |m, l| m | stream_bit(l.owner));
             let mut ordered = self.idle(backend, borrower);
             if !ordered {
+                all_idle = false;
                 ordered = true;
                 for owner in streams_in(owners) {
                     ordered = self.order_streams(backend, owner, borrower, "to take back blocks it lent");
@@ -548,7 +568,110 @@ impl Heap {
                     self.strand_loans(borrower);
                 }
             }
-            self.unchecked_loans.retain(|l| l.borrower != borrower);
+            self.forget_loans_of(borrower);
+        }
+        all_idle
+    }
+
+    /// Drops `borrower`'s loans given back unasked from the list and the marks, once asked
+    /// about (or kept out of use).
+    fn forget_loans_of(&mut self, borrower: StreamId) {
+        let bit = stream_bit(borrower);
+        let owners =
+            (self.unchecked_loans.iter()).filter(|l| l.borrower == borrower).fold(0, |m, l| m | stream_bit(l.owner));
+        self.unchecked_loans.retain(|l| l.borrower != borrower);
+        for owner in streams_in(owners) {
+            self.streams[owner.index()].owed_by &= !bit;
+        }
+        self.unchecked &= !bit;
+    }
+
+    /// The borrowers (by bit, `requester` aside) whose loans given back unasked
+    /// ([`Heap::hand_back`]) overlap the first `size` bytes of free block `b`: what a request
+    /// of `requester` would take of it ([`Heap::take`] hands out a block's front). Only those
+    /// borrowers need asking before it does: the rest of the block stays free, and their other
+    /// loans lie elsewhere.
+    pub(super) fn owed_in(&self, b: BlockId, size: u64, requester: StreamId) -> u64 {
+        let blk = &self.blocks[b];
+        let (segment, lo, hi) = (blk.segment, blk.addr, blk.addr + size.min(blk.size));
+        // Only the borrowers marked on the block's stream can have loans in it; the latest
+        // loans first (a request often takes what was given back last), until all are found.
+        let marked = self.streams[blk.stream.index()].owed_by & !stream_bit(requester);
+        if marked == 0 {
+            return 0;
+        }
+        let mut owed = 0;
+        for l in self.unchecked_loans.iter().rev() {
+            if l.segment == segment && l.addr < hi && lo < l.addr + l.size {
+                owed |= stream_bit(l.borrower) & marked;
+                if owed == marked {
+                    break;
+                }
+            }
+        }
+        owed
+    }
+
+    /// Best fit among `owner`'s free blocks of `pool` for a request of `size` bytes on
+    /// `requester` ([`Heap::find_free`]), once the borrowers whose loans given back unasked lie
+    /// in what the request would take of it are asked about ([`Heap::check_returns`]): a
+    /// request asks only where it would take such memory. Until 2026-12-03 every request of
+    /// another stream asked about every such loan, wherever it lay and whatever it took: on
+    /// `fsdp_layer_gather` replayed as on CUDA, 945 queries a warm pass, 672 since, with the
+    /// same decisions on all 132 fixture rows (`BENCHMARKS.md`, "Asked only where a request
+    /// takes a loan").
+    ///
+    /// An answer may change the free blocks (where a borrower can be neither waited for nor
+    /// synchronized, its loans are kept out of use, [`Heap::strand_loans`]): the best fit is
+    /// then found again, until one needs no question (each round asks about other borrowers,
+    /// so at most one round per stream). `busy` is set where a borrower asked about was busy
+    /// (`owner`'s stream is then ordered after it, and its free blocks are unsettled).
+    #[inline]
+    pub(super) fn find_checked(
+        &mut self,
+        backend: &dyn Backend,
+        pool: Pool,
+        (owner, requester): (StreamId, StreamId),
+        size: u64,
+        busy: &mut bool,
+    ) -> Option<BlockId> {
+        let b = self.find_free(pool, owner, size, true)?;
+        if self.streams[owner.index()].owed_by & !stream_bit(requester) == 0 {
+            // No loan given back unasked lies in `owner`'s free blocks: the common case.
+            return Some(b);
+        }
+        self.find_asking(backend, pool, (owner, requester), size, b, busy)
+    }
+
+    /// [`Heap::find_checked`] where loans given back unasked lie in the owner's free blocks:
+    /// asks about those in `b` (its best fit), then finds again, until a fit needs no question.
+    #[inline(never)]
+    fn find_asking(
+        &mut self,
+        backend: &dyn Backend,
+        pool: Pool,
+        (owner, requester): (StreamId, StreamId),
+        size: u64,
+        mut b: BlockId,
+        busy: &mut bool,
+    ) -> Option<BlockId> {
+        loop {
+            let owed = self.owed_in(b, size, requester);
+            if owed == 0 {
+                return Some(b);
+            }
+            *busy |= !self.check_returns(backend, !owed);
+            b = self.find_free(pool, owner, size, true)?;
+        }
+    }
+
+    /// Asks about the loans given back unasked by every stream but `requester`
+    /// ([`Heap::check_returns`]), before a request of `requester` reaches free blocks by a way
+    /// other than [`Heap::find_checked`] (a view of its range's free mappings).
+    pub(super) fn check_others(&mut self, backend: &dyn Backend, requester: StreamId) {
+        let own = stream_bit(requester);
+        if self.unchecked & !own != 0 {
+            self.check_returns(backend, own);
         }
     }
 
