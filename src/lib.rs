@@ -209,46 +209,44 @@
 //! an H200, 248 of 248 replays of 124 traces on several streams as the sim said
 //! (`BENCHMARKS.md`, "One range grows beside other streams").
 //!
-//! Since 2026-11-28 the other streams' large requests use that range too, while the stream
-//! that holds it is idle (no work queued: `cuStreamQuery`): a large request that none of its
-//! stream's own free blocks fits is served as a request of the range's stream (its best fit,
-//! else the range grown by what its free end lacks) and the block lent to the requesting
-//! stream. Freed while the borrower is idle, the block is back in the range at once; freed
-//! while the borrower's work runs, it waits for an event on the borrower, as after
-//! `record_stream`, so the range's stream never waits for another's work. While the range's
-//! stream has work queued, the request goes its own way as before (a segment of its stream,
-//! or a block lent over the limit), so no stream is made to wait for work it did not ask to
-//! follow; the `cudaMallocAsync` pool reuses another stream's memory on the same condition
-//! (its free complete). Since 2026-12-02 a free block of the range's stream is lent without
-//! asking where no memory joined its free blocks since the stream was last seen idle (the work
-//! that used them was all queued before then, so none of it still runs): half the stream
-//! queries on `ensemble_streams`, no decision changed (`BENCHMARKS.md`, "Fewer stream
-//! queries"). And a loan comes back without asking whether its borrower is idle where the
-//! borrower was idle when last asked: one question, before another stream's request takes
-//! memory a loan lies in or a reserve, release or unmap could reach it, covers every loan the
-//! stream gave back since (the borrower's own requests need none: its later work runs after
-//! its earlier), and so does any "idle" answer about it. Where that question finds the
-//! borrower busy after all, the owners' streams are ordered after it then, the one case where
-//! a stream waits for another's work it did not ask to follow; a stream that was busy when
-//! last asked keeps the event above. Replayed, 94% fewer stream queries on `ensemble_streams`,
-//! no decision changed (`BENCHMARKS.md`, "Loans given back unasked"); asked only where the
-//! block a request takes overlaps such a loan (not at every request of another stream), 22%
-//! fewer again over the 132 fixture rows, `fsdp_layer_gather` 945 to 672 a pass, no decision
-//! changed ("Asked only where a request takes a loan"). Small requests keep their stream's small segments (a thread's parking
-//! slot reuses those without the lock). Why: memory freed on one stream had served another
-//! only as a lent block over the limit, and the streams' large blocks lay in segments whose
-//! holes never merged. On 240 traces of random shapes on two to four streams that no rule had
-//! been tried on, replayed as on CUDA, the geometric mean of peak over live fell from 1.179
-//! and 1.200 to 1.046 and 1.054, lower on every one of the 240; warm driver calls fell from
-//! 861 to 75, and no replay called the driver after its second warm pass (15 had). On an
-//! H200, on 24 traces generated for the run, virtual segments reserved at most the better of
-//! PyTorch's and the pool's on the traces' streams on 9 of the 12 on several streams (the
-//! run before, on 24 others: 1 of 12), every replay as the sim said (`BENCHMARKS.md`,
-//! "Several streams in one range"). Each idle check is a driver call (`cuStreamQuery`, no
-//! wait; [`MemoryStats::num_stream_queries`](crate::alloc::MemoryStats::num_stream_queries)
-//! counts them); on the H200 the four fixtures on several streams replayed about as fast as before,
-//! within the host's noise (`pipeline_streams`, three streams, recording off: 221 ns per
-//! operation before; 495 in the run, 229 in a rerun minutes later).
+//! Since 2026-11-28 the other streams' large requests use that range too, while the stream that
+//! holds it is idle (no work queued: `cuStreamQuery`): a large request that none of its stream's
+//! own free blocks fits is served as a request of the range's stream (its best fit, else the range
+//! grown by what its free end lacks) and the block lent to the requesting stream. Freed while the
+//! borrower is idle, the block is back in the range at once; freed while the borrower's work runs,
+//! it waits for an event on the borrower, as after `record_stream`, so the range's stream never
+//! waits for another's work. While the range's stream has work queued, the request goes its own way
+//! as before (a segment of its stream, or a block lent over the limit), so no stream is made to
+//! wait for work it did not ask to follow; the `cudaMallocAsync` pool reuses another stream's
+//! memory on the same condition (its free complete). Since 2026-12-02 a free block of the range's
+//! stream is lent without asking where no memory joined its free blocks since the stream was last
+//! seen idle (the work that used them was all queued before then, so none of it still runs): half
+//! the stream queries on `ensemble_streams`, no decision changed (`BENCHMARKS.md`, "Fewer stream
+//! queries"). And a loan comes back without asking whether its borrower is idle where the borrower
+//! was idle when last asked: one question, before another stream's request takes memory a loan lies
+//! in or a reserve, release or unmap could reach it, covers every loan the stream gave back since
+//! (the borrower's own requests need none: its later work runs after its earlier), and so does any
+//! "idle" answer about it. Where that question finds the borrower busy after all, the owners'
+//! streams are ordered after it then, the one case where a stream waits for another's work it did
+//! not ask to follow; a stream that was busy when last asked keeps the event above. Replayed, 94%
+//! fewer stream queries on `ensemble_streams`, no decision changed (`BENCHMARKS.md`, "Loans given
+//! back unasked"); asked only where the block a request takes overlaps such a loan (not at every
+//! request of another stream), 22% fewer again over the 132 fixture rows, `fsdp_layer_gather` 945
+//! to 672 a pass, no decision changed ("Asked only where a request takes a loan"). Small requests
+//! keep their stream's small segments (a thread's parking slot reuses those without the lock). Why:
+//! memory freed on one stream had served another only as a lent block over the limit, and the
+//! streams' large blocks lay in segments whose holes never merged. On 240 traces of random shapes
+//! on two to four streams that no rule had been tried on, replayed as on CUDA, the geometric mean
+//! of peak over live fell from 1.179 and 1.200 to 1.046 and 1.054, lower on every one of the 240;
+//! warm driver calls fell from 861 to 75, and no replay called the driver after its second warm
+//! pass (15 had). On an H200, on 24 traces generated for the run, virtual segments reserved at most
+//! the better of PyTorch's and the pool's on the traces' streams on 9 of the 12 on several streams
+//! (the run before, on 24 others: 1 of 12), every replay as the sim said (`BENCHMARKS.md`, "Several
+//! streams in one range"). Each idle check is a driver call (`cuStreamQuery`, no wait;
+//! [`MemoryStats::num_stream_queries`](crate::alloc::MemoryStats::num_stream_queries) counts them);
+//! on the H200 the four fixtures on several streams replayed about as fast as before, within the
+//! host's noise (`pipeline_streams`, three streams, recording off: 221 ns per operation before; 495
+//! in the run, 229 in a rerun minutes later).
 //!
 //! With `cuMemAlloc` segments, which do not grow, the same rule takes the stream holding the
 //! most large segments as the one whose cache serves the others while it is idle (the home
@@ -295,48 +293,48 @@
 //! judged the rule (BENCHMARKS.md, "Nine workloads nobody had seen, and a rule judged on
 //! them"); not built.
 //!
-//! What no policy of this kind can reach with one address per page: once it makes no driver
-//! call in a pass, every block of the pass lies at one address in memory that does not change,
-//! a fixed layout, and some passes fit no fixed layout in their peak of live bytes.
-//! `staggered_buffers` (three 256 MiB buffers of staggered lifetimes, and scratch tensors
-//! filling what they leave of 1 GiB) needs 1.25 GiB in any, searched exhaustively; the
-//! `cudaMallocAsync` pool holds 1 GiB by mapping memory in every pass. So where the range
-//! would grow for a request over 1 MiB that none of its holes fits, it serves the request
-//! instead from its wholly free mappings (a 2 MiB page each for growths under 128 MiB, coarser
-//! for larger ones), wherever they lie, mapped once more in order at addresses of their own (a
-//! *view*), if that maps fewer new bytes than growing would ([`AllocatorConfig::alias_pages`],
-//! on by default). While the buffer lives the memory it uses is held out of the range's holes
-//! (of the view's last mapping, only what it needs); freed, it goes back, and the view is kept
-//! for the next request of its size in pages whose memory is all free again, which takes it
-//! with no driver call. Why it settles: a pass that repeats the last from the same layout
-//! finds at each request the holes it found before and the view made for it then. A view
-//! reserves nothing (reserved memory counts the range's memory once), and a snapshot shows it
-//! as a segment of its own at the buffer's address, its memory left out of the range. On an
-//! H200, against PyTorch's allocator and the pool measured in the same session, the default
-//! segments reserved at most the better of their peaks on all 54 fixture traces (15 missed it
-//! without views; the five on several streams judged against both replaying them on the same
-//! streams), `staggered_buffers` 1.000 times its live peak instead of 1.500, and none called
-//! the driver after its second warm pass (one, `gru_tbptt`, in its second); in the median of
-//! three rounds, warm time with recording off was under half of PyTorch's on 48 and 47 of 49
-//! one-stream traces in two runs (the one or two over it, 0.53 to 0.57, a different few in each
-//! run), and with the default recording under PyTorch's on all 49. The cost is in the cold
-//! pass (small growths mapped a page at a time, views mapping each of their mappings again):
-//! 3.8 times the time per operation of PyTorch's expandable segments, which map 20 MiB at a
-//! time, since views map whole mappings (4.8 times when the range mapped every page alone; `BENCHMARKS.md`, "Views of whole
-//! mappings", "The whole table with 54 traces, views on" and "Views of the range's free
-//! pages"). Six workloads written later and replayed once, unseen, met every target with the
-//! default segments, peaks 0.81 to 0.91 of the better of PyTorch's and the pool's (`BENCHMARKS.md`,
-//! "Six workloads nobody had seen, on the code as it stands"), and six more the next day, peaks
-//! 0.78 to 0.997 (`BENCHMARKS.md`, "Six more nobody had seen"); over all 66 fixture traces
-//! on the H200 since, every target on 65 and then 64: the misses time on several streams
-//! with the recording off, `pipeline_streams` 0.61 of PyTorch's on its three streams, then
-//! `ensemble_streams` 0.62 and `three_stream_serving` 0.52 with those rounds paired, whose
-//! rounds spanned 0.56–0.76 and 0.26–0.72 ("The whole table with 66 traces", "The whole table
-//! with several streams paired"): that target sits within the host's noise. Where a pass starts
-//! from another layout than the last (the block
-//! freed last at its end is handed to the next pass's first request of its size where it
-//! lies), a view may be made again: 1 of 300 synthetic traces of random shapes called the
-//! driver in its third warm pass that way.
+//! What no policy of this kind can reach with one address per page: once it makes no driver call in
+//! a pass, every block of the pass lies at one address in memory that does not change, a fixed
+//! layout, and some passes fit no fixed layout in their peak of live bytes. `staggered_buffers`
+//! (three 256 MiB buffers of staggered lifetimes, and scratch tensors filling what they leave of 1
+//! GiB) needs 1.25 GiB in any, searched exhaustively; the `cudaMallocAsync` pool holds 1 GiB by
+//! mapping memory in every pass. So where the range would grow for a request over 1 MiB that none
+//! of its holes fits, it serves the request instead from its wholly free mappings (a 2 MiB page
+//! each for growths under 128 MiB, coarser for larger ones), wherever they lie, mapped once more in
+//! order at addresses of their own (a *view*), if that maps fewer new bytes than growing would
+//! ([`AllocatorConfig::alias_pages`], on by default). While the buffer lives the memory it uses is
+//! held out of the range's holes (of the view's last mapping, only what it needs); freed, it goes
+//! back, and the view is kept for the next request of its size in pages whose memory is all free
+//! again, which takes it with no driver call. Why it settles: a pass that repeats the last from the
+//! same layout finds at each request the holes it found before and the view made for it then. A
+//! view reserves nothing (reserved memory counts the range's memory once), and a snapshot shows it
+//! as a segment of its own at the buffer's address, its memory left out of the range. On an H200,
+//! against PyTorch's allocator and the pool measured in the same session, the default segments
+//! reserved at most the better of their peaks on all 54 fixture traces (15 missed it without views;
+//! the five on several streams judged against both replaying them on the same streams),
+//! `staggered_buffers` 1.000 times its live peak instead of 1.500, and none called the driver after
+//! its second warm pass (one, `gru_tbptt`, in its second); in the median of three rounds, warm time
+//! with recording off was under half of PyTorch's on 48 and 47 of 49 one-stream traces in two runs
+//! (the one or two over it, 0.53 to 0.57, a different few in each run), and with the default
+//! recording under PyTorch's on all 49. The cost is in the cold pass (small growths mapped a page
+//! at a time, views mapping each of their mappings again): 3.8 times the time per operation of
+//! PyTorch's expandable segments, which map 20 MiB at a time, since views map whole mappings (4.8
+//! times when the range mapped every page alone; `BENCHMARKS.md`, "Views of whole mappings", "The
+//! whole table with 54 traces, views on" and "Views of the range's free pages"). Six workloads
+//! written later and replayed once, unseen, met every target with the default segments, peaks 0.81
+//! to 0.91 of the better of PyTorch's and the pool's (`BENCHMARKS.md`, "Six workloads nobody had
+//! seen, on the code as it stands"), and six more the next day, peaks 0.78 to 0.997
+//! (`BENCHMARKS.md`, "Six more nobody had seen"); over all 66 fixture traces on the H200 since,
+//! every target on 65 and then 64: the misses time on several streams with the recording off,
+//! `pipeline_streams` 0.61 of PyTorch's on its three streams, then `ensemble_streams` 0.62 and
+//! `three_stream_serving` 0.52 with those rounds paired, whose rounds spanned 0.56–0.76 and
+//! 0.26–0.72 ("The whole table with 66 traces", "The whole table with several streams paired"). The
+//! host's speed changes 2x in phases; compared by each side's fastest tenth of passes, six of the
+//! seven take 0.29–0.44 of PyTorch's time and `pipeline_streams` 0.50, at the target's edge ("The
+//! host's two speeds are phases"). Where a pass starts from another layout than the last (the block
+//! freed last at its end is handed to the next pass's first request of its size where it lies), a
+//! view may be made again: 1 of 300 synthetic traces of random shapes called the driver in its
+//! third warm pass that way.
 //!
 //! PyTorch's `max_split_size_mb` ([`AllocatorConfig::max_split_size`]) keeps blocks of at
 //! least that size whole for requests of about their size (within 20 MiB), as in PyTorch,

@@ -16,7 +16,8 @@ read from that file, not copied, so it is timed as that script times it: the med
 replays). A trace on several streams is also replayed through PyTorch and the pool on its
 own streams with the code of torch_streams.py (read from that file likewise) right after
 PyTorch's one-stream replay, its JSON line marked `paired_round`, so that its time too is
-compared round by round. Odd rounds run vramscope first, even rounds PyTorch first. It prints what run.sh
+compared round by round; with as many warm passes as vramscope's (the median of those, as
+vramscope's). Odd rounds run vramscope first, even rounds PyTorch first. It prints what run.sh
 printed (`== replay ...` then vramscope's JSON; torch_replay.py's JSON line per trace) and a
 first line `== paired`, so that table.py compares each round's pair and reports the median of
 the rounds' ratios.
@@ -105,14 +106,17 @@ def vramscope_side(path, warm, round_):
                 print(out.strip(), flush=True)
 
 
-def streams_side(parts, path, round_):
+def streams_side(parts, path, round_, warm):
     """torch_streams.py's replay of a trace on its own streams (PyTorch and the pool), its
     JSON line marked with the round, so that table.py pairs it with vramscope's replays of the
-    same round, seconds apart, as it pairs torch_replay.py's on one stream."""
+    same round, seconds apart, as it pairs torch_replay.py's on one stream. As many warm passes
+    as vramscope's (`warm`: about 300,000 operations): until 2026-12-03 three (torch_streams.py's
+    default of 5 passes), which on `pipeline_streams` (401 operations) timed a few hundred
+    microseconds, and its rounds' ratios spanned 0.25 to 0.88."""
     ext, encode, body = parts
     print(f"== torch streams {os.path.basename(path)} {round_}", flush=True)
     lines = []
-    scope = {"path": path, "ext": ext, "encode": encode, "torch": torch, "json": json, "os": os, "passes": 5,
+    scope = {"path": path, "ext": ext, "encode": encode, "torch": torch, "json": json, "os": os, "passes": warm + 1,
              "print": lambda line, **_: lines.append(line)}
     exec(body, scope)
     for line in lines:
@@ -146,7 +150,7 @@ def main():
                 print(f"== torch {os.path.basename(path)} {round_}", flush=True)
                 torch_side(ext, encode, body, path)
                 if path in several:
-                    streams_side(streams, path, round_)
+                    streams_side(streams, path, round_, warm[path])
             if round_ % 2:
                 vramscope_side(path, warm[path], round_)
                 pytorch()

@@ -11,7 +11,9 @@
 # `cudaFreeAsync` on the stream the trace names, with the pool's default reuse policies (which
 # let a stream reuse memory freed on another once the free has completed). Each prints one
 # JSON line per trace: peak reserved, and segments reserved (PyTorch's `segment.all.allocated`: its `cudaMalloc` calls) in each
-# warm pass. The host time per operation is printed too, but it is not like for like with
+# warm pass. The host time per operation is printed too (the median of the warm passes, and
+# each warm pass's: the device host's speed changes within a process, BENCHMARKS.md, "The
+# host's two speeds are phases"), but it is not like for like with
 # vramscope's replay unless both ran the same streams: compare peaks and calls.
 import os, sys, json, glob
 import torch
@@ -138,7 +140,8 @@ for f in sorted(glob.glob(os.path.join(sys.argv[1], "*.trace.json"))):
     st = torch.cuda.memory_stats()
     res.update(torch_peak_reserved=st["reserved_bytes.all.peak"],
                torch_segments_per_pass=[b - a for a, b in zip([before] + calls, calls)],
-               torch_warm_ns_op=round(sorted(t[2::2])[len(t[2::2]) // 2] / len(op), 1))
+               torch_warm_ns_op=round(sorted(t[2::2])[len(t[2::2]) // 2] / len(op), 1),
+               torch_warm_ns_op_passes=[round(x / len(op), 1) for x in t[2::2]])
     torch.cuda.empty_cache()
     a = ext.pool_passes(op, slot, size, stream, n, ns, passes)
     if len(a) == 1:
