@@ -543,9 +543,7 @@ impl Heap {
         let mut all_idle = true;
         for borrower in streams_in(self.unchecked & !except) {
             self.unchecked &= !stream_bit(borrower);
-            let owners = (self.unchecked_loans.iter())
-                .filter(|l| l.borrower == borrower)
-                .fold(0, |m, l| m | stream_bit(l.owner));
+            let owners = self.loan_owners(borrower);
             let mut ordered = self.idle(backend, borrower);
             if !ordered {
                 all_idle = false;
@@ -573,12 +571,16 @@ impl Heap {
         all_idle
     }
 
+    /// The streams (by bit) whose free blocks took back loans `borrower` gave back unasked.
+    fn loan_owners(&self, borrower: StreamId) -> u64 {
+        (self.unchecked_loans.iter()).filter(|l| l.borrower == borrower).fold(0, |m, l| m | stream_bit(l.owner))
+    }
+
     /// Drops `borrower`'s loans given back unasked from the list and the marks, once asked
     /// about (or kept out of use).
     fn forget_loans_of(&mut self, borrower: StreamId) {
         let bit = stream_bit(borrower);
-        let owners =
-            (self.unchecked_loans.iter()).filter(|l| l.borrower == borrower).fold(0, |m, l| m | stream_bit(l.owner));
+        let owners = self.loan_owners(borrower);
         self.unchecked_loans.retain(|l| l.borrower != borrower);
         for owner in streams_in(owners) {
             self.streams[owner.index()].owed_by &= !bit;
