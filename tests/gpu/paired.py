@@ -17,7 +17,9 @@ replays). A trace on several streams is also replayed through PyTorch and the po
 own streams with the code of torch_streams.py (read from that file likewise) right after
 PyTorch's one-stream replay, its JSON line marked `paired_round`, so that its time too is
 compared round by round; with as many warm passes as vramscope's (the median of those, as
-vramscope's). Odd rounds run vramscope first, even rounds PyTorch first. It prints what run.sh
+vramscope's). A one-stream trace goes through torch_streams.py's PyTorch passes too (on its one
+stream, no pool), so that table.py can set each side's fastest tenth of passes beside the
+medians for every trace (since 2026-12-03, forty-second session). Odd rounds run vramscope first, even rounds PyTorch first. It prints what run.sh
 printed (`== replay ...` then vramscope's JSON; torch_replay.py's JSON line per trace) and a
 first line `== paired`, so that table.py compares each round's pair and reports the median of
 the rounds' ratios.
@@ -61,8 +63,8 @@ def torch_replay_parts():
 
 def torch_streams_parts():
     """torch_streams.py's C++ source, its `encode` and its per-trace loop body wrapped in a loop
-    over the one trace named `path` (the body `continue`s past one-stream traces); `None` where
-    the file is not beside this one."""
+    over the one trace named `path` (run with `one_stream_too`, it replays one-stream traces
+    too, PyTorch's passes only); `None` where the file is not beside this one."""
     if not os.path.exists(os.path.join(HERE, "torch_streams.py")):
         return None
     path, src, encode, loop = script_parts("torch_streams.py")
@@ -71,11 +73,10 @@ def torch_streams_parts():
     return src, encode, compile(ast.fix_missing_locations(ast.Module(body=[one], type_ignores=[])), path, "exec")
 
 
-def passes_and_streams(path):
-    """vramscope's warm passes for a trace (at least 5, and about 300,000 operations in all) and
-    how many streams it allocates on, from one read of it."""
+def warm_passes(path):
+    """vramscope's warm passes for a trace: at least 5, and about 300,000 operations in all."""
     events = json.load(open(path))["events"]
-    return max(5, min(1000, 300000 // max(len(events), 1))), len({e[3] if len(e) > 3 else 0 for e in events})
+    return max(5, min(1000, 300000 // max(len(events), 1)))
 
 
 def torch_side(ext, encode, body, path):
@@ -107,9 +108,9 @@ def vramscope_side(path, warm, round_):
 
 
 def streams_side(parts, path, round_, warm):
-    """torch_streams.py's replay of a trace on its own streams (PyTorch and the pool), its
-    JSON line marked with the round, so that table.py pairs it with vramscope's replays of the
-    same round, seconds apart, as it pairs torch_replay.py's on one stream. As many warm passes
+    """torch_streams.py's replay of a trace on its own streams (PyTorch and the pool; on one
+    stream PyTorch only), its JSON line marked with the round, so that table.py pairs it with
+    vramscope's replays of the same round, seconds apart. As many warm passes
     as vramscope's (`warm`: about 300,000 operations): until 2026-12-03 three (torch_streams.py's
     default of 5 passes), which on `pipeline_streams` (401 operations) timed a few hundred
     microseconds, and its rounds' ratios spanned 0.25 to 0.88."""
@@ -117,7 +118,7 @@ def streams_side(parts, path, round_, warm):
     print(f"== torch streams {os.path.basename(path)} {round_}", flush=True)
     lines = []
     scope = {"path": path, "ext": ext, "encode": encode, "torch": torch, "json": json, "os": os, "passes": warm + 1,
-             "print": lambda line, **_: lines.append(line)}
+             "one_stream_too": True, "print": lambda line, **_: lines.append(line)}
     exec(body, scope)
     for line in lines:
         d = json.loads(line)
@@ -140,16 +141,14 @@ def main():
         streams = (s_ext, s_encode, s_body)
     torch.cuda.init()
     traces = sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".trace.json"))
-    facts = {path: passes_and_streams(path) for path in traces}
-    warm = {path: facts[path][0] for path in traces}
-    several = {path for path in traces if streams and facts[path][1] > 1}
+    warm = {path: warm_passes(path) for path in traces}
     print("== paired", flush=True)
     for round_ in range(1, rounds + 1):
         for path in traces:
             def pytorch():
                 print(f"== torch {os.path.basename(path)} {round_}", flush=True)
                 torch_side(ext, encode, body, path)
-                if path in several:
+                if streams:
                     streams_side(streams, path, round_, warm[path])
             if round_ % 2:
                 vramscope_side(path, warm[path], round_)

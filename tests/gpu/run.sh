@@ -3,7 +3,8 @@
 # them), then every fixture trace replayed through vramscope with each segment kind, recording
 # off and with the default recording, then through PyTorch's caching allocator, cudaMallocAsync
 # and cudaMalloc (the code of ../shared/tools/torch_replay.py), each trace's two sides back to
-# back (paired.py), in three rounds; then the pair (one
+# back (paired.py, which also times PyTorch pass by pass with torch_streams.py's code, on the
+# trace's own streams or its one), in three rounds; then the pair (one
 # allocation and free, cached) and the threads (1 to 16 threads, each on its own stream or all
 # on one), vramscope as users build and with frame pointers, beside PyTorch's allocator
 # (../shared/tools/torch_threads.py). table.py prints the whole table from this log. Here, first:

@@ -5,6 +5,9 @@
 #
 #   python3 torch_streams.py DIR [PASSES]   # every DIR/*.trace.json with more than one stream
 #
+# (paired.py runs its per-trace loop on one-stream traces too, PyTorch's passes only, for
+# their time pass by pass.)
+#
 # PyTorch: `raw_alloc_with_stream` on the stream the trace names (trace stream 0 is the default
 # stream, the others streams of their own), `raw_delete` (the block goes back to the pool of
 # the stream it was allocated on, as in the recorded program). The pool: `cudaMallocAsync` and
@@ -126,10 +129,14 @@ def encode(events):
 
 
 passes = int(sys.argv[2]) if len(sys.argv) > 2 else 5
+# paired.py sets this to time PyTorch pass by pass on one-stream traces too (on their one
+# stream, the default one, as torch_replay.py's replay: `raw_alloc_with_stream` there is
+# `raw_alloc`), so that their fastest tenth is compared as on several streams.
+one_stream_too = False
 for f in sorted(glob.glob(os.path.join(sys.argv[1], "*.trace.json"))):
     ev = json.load(open(f))["events"]
     op, slot, size, stream, n, ns, peak, sum_peaks = encode(ev)
-    if ns < 2:
+    if ns < 2 and not one_stream_too:
         continue
     res = dict(trace=os.path.basename(f), ops=len(op), streams=ns, peak_live=peak,
                sum_of_stream_peaks=sum_peaks)
@@ -143,8 +150,12 @@ for f in sorted(glob.glob(os.path.join(sys.argv[1], "*.trace.json"))):
                torch_warm_ns_op=round(sorted(t[2::2])[len(t[2::2]) // 2] / len(op), 1),
                torch_warm_ns_op_passes=[round(x / len(op), 1) for x in t[2::2]])
     torch.cuda.empty_cache()
-    a = ext.pool_passes(op, slot, size, stream, n, ns, passes)
-    if len(a) == 1:
+    # On one stream only PyTorch's passes: their time beside vramscope's (paired.py); the
+    # pool's peak there is torch_replay.py's.
+    a = ext.pool_passes(op, slot, size, stream, n, ns, passes) if ns > 1 else []
+    if not a:
+        pass
+    elif len(a) == 1:
         res.update(pool_error="cudaMallocAsync failed")
     else:
         res.update(pool_peak_reserved=int(a[-1]), pool_warm_ns_op=round(sorted(a[2::2])[len(a[2::2]) // 2] / len(op), 1))
