@@ -152,11 +152,9 @@ for f in sorted(glob.glob(os.path.join(sys.argv[1], "*.trace.json"))):
     torch.cuda.empty_cache()
     # On one stream only PyTorch's passes: their time beside vramscope's (paired.py); the
     # pool's peak there is torch_replay.py's.
-    a = ext.pool_passes(op, slot, size, stream, n, ns, passes) if ns > 1 else []
-    if not a:
-        pass
-    elif len(a) == 1:
+    a = ext.pool_passes(op, slot, size, stream, n, ns, passes) if ns > 1 else None
+    if a is not None and len(a) == 1:
         res.update(pool_error="cudaMallocAsync failed")
-    else:
+    elif a is not None:
         res.update(pool_peak_reserved=int(a[-1]), pool_warm_ns_op=round(sorted(a[2::2])[len(a[2::2]) // 2] / len(op), 1))
     print(json.dumps(res), flush=True)
