@@ -323,8 +323,9 @@
 //! whole table with 54 traces, views on" and "Views of the range's free pages"). Six workloads
 //! written later and replayed once, unseen, met every target with the default segments, peaks 0.81
 //! to 0.91 of the better of PyTorch's and the pool's (`BENCHMARKS.md`, "Six workloads nobody had
-//! seen, on the code as it stands"), and six more the next day, peaks 0.78 to 0.997
-//! (`BENCHMARKS.md`, "Six more nobody had seen"); over all 66 fixture traces on the H200 since,
+//! seen, on the code as it stands"), six more the next day, peaks 0.78 to 0.997
+//! (`BENCHMARKS.md`, "Six more nobody had seen"), and six more after that, peaks 0.77 to 0.92
+//! ("Six more nobody had seen, on the final code"); over all 66 fixture traces on the H200 since,
 //! every target on 65 and then 64: the misses time on several streams with the recording off,
 //! `pipeline_streams` 0.61 of PyTorch's on its three streams, then `ensemble_streams` 0.62 and
 //! `three_stream_serving` 0.52 with those rounds paired, whose rounds spanned 0.56–0.76 and
