@@ -324,21 +324,20 @@
 //! written later and replayed once, unseen, met every target with the default segments, peaks 0.81
 //! to 0.91 of the better of PyTorch's and the pool's (`BENCHMARKS.md`, "Six workloads nobody had
 //! seen, on the code as it stands"), six more the next day, peaks 0.78 to 0.997
-//! (`BENCHMARKS.md`, "Six more nobody had seen"), and six more after that, peaks 0.77 to 0.92
-//! ("Six more nobody had seen, on the final code"); over all 66 fixture traces on the H200 since,
-//! every target on 65 and then 64: the misses time on several streams with the recording off,
-//! `pipeline_streams` 0.61 of PyTorch's on its three streams, then `ensemble_streams` 0.62 and
-//! `three_stream_serving` 0.52 with those rounds paired, whose rounds spanned 0.56–0.76 and
-//! 0.26–0.72 ("The whole table with 66 traces", "The whole table with several streams paired"),
-//! then 65 again, `pipeline_streams` 0.55 (rounds 0.27, 0.65, 0.55; "The whole table, PyTorch
-//! pass by pass on every trace"). The host's speed changes 2x in phases; compared by each side's
-//! fastest tenth of passes, six of the seven take 0.29–0.44 of PyTorch's time and
-//! `pipeline_streams` 0.50, at the target's edge ("The host's two speeds are phases"), and in the
-//! latest run 63 of the 66 take at most half ("The whole table, PyTorch pass by pass on every
-//! trace"). Where a pass starts from another layout than the last (the block
-//! freed last at its end is handed to the next pass's first request of its size where it lies), a
-//! view may be made again: 1 of 300 synthetic traces of random shapes called the driver in its
-//! third warm pass that way.
+//! (`BENCHMARKS.md`, "Six more nobody had seen"), and six more after that, peaks 0.77 to
+//! 0.92 ("Six more nobody had seen, forty-second session"); over all 66 fixture traces on the
+//! H200 since, every target on 65 and then 64: the misses time on several streams with the
+//! recording off, `pipeline_streams` 0.61 of PyTorch's on its three streams, then
+//! `ensemble_streams` 0.62 and `three_stream_serving` 0.52 with those rounds paired, whose
+//! rounds spanned 0.56–0.76 and 0.26–0.72 ("The whole table with 66 traces", "The whole table
+//! with several streams paired"), then 65 again, `pipeline_streams` 0.55 (rounds 0.27, 0.65,
+//! 0.55; "The whole table, PyTorch pass by pass on every trace"). The host's speed changes 2x in
+//! phases; compared by each side's fastest tenth of passes, six of the seven take 0.29–0.44 of
+//! PyTorch's time and `pipeline_streams` 0.50, at the target's edge ("The host's two speeds are
+//! phases"), and in the latest run 63 of the 66 take at most half. Where a pass starts from
+//! another layout than the last (the block freed last at its end is handed to the next pass's
+//! first request of its size where it lies), a view may be made again: 1 of 300 synthetic traces
+//! of random shapes called the driver in its third warm pass that way.
 //!
 //! PyTorch's `max_split_size_mb` ([`AllocatorConfig::max_split_size`]) keeps blocks of at
 //! least that size whole for requests of about their size (within 20 MiB), as in PyTorch,
