@@ -1,13 +1,18 @@
 //! The index of free blocks: best fit in constant time for the common cases.
 //!
 //! Free blocks are kept per (stream, pool) in size-class bins: exact classes for every multiple
-//! of 512 bytes below 1 MiB, then 64 classes per power of two. Each bin is an intrusive doubly
+//! of 512 bytes up to 1 MiB, then 64 classes per power of two. Each bin is an intrusive doubly
 //! linked list (links stored here, by block index), and a two-level bitmap finds the next
 //! non-empty bin. Insertion and removal are O(1); a lookup takes the head of an exact bin, or
 //! scans one or two log-spaced bins for the smallest block that fits, so the result is the
-//! same best fit a sorted set would give (ties broken by the lowest order key: the heap's
-//! `Heap::order_key`, the segment's place in reservation order then the block's offset, so
-//! that no address the backend chose decides).
+//! same best fit a sorted set would give. Ties: in a log-spaced bin the lowest order key (the
+//! heap's `Heap::order_key`, the segment's place in reservation order then the block's
+//! offset); in an exact bin the block inserted last (the most recently freed of that size),
+//! where PyTorch takes the lowest address. Neither depends on an address the backend chose.
+//! With this and the heap's shortcut for the block freed last set aside (a scratch build), the
+//! sim replaying as on CUDA with PyTorch's rules alone reserves what PyTorch's rules give,
+//! byte for byte, on all 64 single-stream fixture traces (`tests/gpu/torch_model.py`;
+//! `BENCHMARKS.md`, "The whole table, PyTorch pass by pass on every trace").
 
 use super::ids::BlockId;
 
@@ -144,7 +149,8 @@ struct Entry {
     prev: Option<BlockId>,
     next: Option<BlockId>,
     size: u64,
-    /// Among blocks of one size, the lowest key is taken first.
+    /// Among blocks of one size in a log-spaced class, the lowest key is taken first (an exact
+    /// class hands out the block inserted last).
     key: u64,
     /// `stream * 2 + pool`; `None` when the block is not in the index.
     bin: Option<u32>,

@@ -18,7 +18,7 @@ here). One stream: a trace on several streams is modelled on one, as torch_repla
 What it is for: ground truth for `vramscope replay --backend sim-cuda --config
 fragmentation_limit:off,release_pages:false` (PyTorch's rules without the fragmentation limit)
 and for what PyTorch's allocator reserves, computed apart from both. It equals PyTorch's peak
-on the H200 to the byte on 58 of the 66 fixture traces; where it differs, likely the GPU's
+on the H200 to the byte on 63 of the 72 fixture traces; where it differs, likely the GPU's
 addresses decided: PyTorch breaks ties between free blocks of one size by address, and the
 driver chooses the addresses (BENCHMARKS.md, "The whole table, PyTorch pass by pass on every
 trace").

@@ -110,10 +110,12 @@ impl Heap {
 
     /// Where block `i` stands among free blocks of its size: its segment's place in
     /// reservation order, then its offset in the segment. Best fit takes the lowest of equal
-    /// sizes, and reclaim releases in this order among equals: decisions then never depend on
-    /// the addresses the backend chose. `cuMemAlloc` reuses freed addresses where the sim
-    /// hands out new ones, and ties broken by address made the same trace's peak differ
-    /// between the two by up to 5% (`BENCHMARKS.md`, "Six workloads nobody had seen").
+    /// sizes above 1 MiB (up to it the index's classes are exact and hand out the block of that
+    /// size freed last: `FreeIndex::find`), and reclaim releases in this order among equals:
+    /// decisions then never depend on the addresses the backend chose. `cuMemAlloc` reuses
+    /// freed addresses where the sim hands out new ones, and ties broken by address made the
+    /// same trace's peak differ between the two by up to 5% (`BENCHMARKS.md`, "Six workloads
+    /// nobody had seen").
     pub(super) fn order_key(&self, i: BlockId) -> u64 {
         let b = &self.blocks[i];
         let seg = &self.segments[b.segment];
