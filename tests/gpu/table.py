@@ -45,16 +45,16 @@ def tenth(xs):
 
 
 def fastest_tenth(rs, sides):
-    """Where both sides give every warm pass's time (vramscope's replay, and torch_streams.py
-    since 2026-12-03): "; fastest tenth R", R the median over rounds of the ratio of their
-    fastest tenth's bound. The device host runs a process at two speeds about 2x apart in
+    """Where both sides give every warm pass's time in every round (vramscope's replay, and
+    torch_streams.py since 2026-12-03): the median over rounds of the ratio of their fastest
+    tenth's bound, else None. The device host runs a process at two speeds about 2x apart in
     phases of seconds (BENCHMARKS.md, "The host's two speeds are phases"); the fastest tenth of
     hundreds of passes is each side in the fast phase, where a median mixes them. Shown beside
     the medians, which the targets are judged on."""
-    if not all("torch_warm_ns_op_passes" in t and r.get("warm_ns_per_op") for r, t in zip(rs, sides)):
-        return ""
-    ratios = [tenth(r["warm_ns_per_op"]) / tenth(t["torch_warm_ns_op_passes"]) for r, t in zip(rs, sides)]
-    return f"; fastest tenth {median(ratios):.2f}"
+    if len(rs) != len(sides) or not all(
+            "torch_warm_ns_op_passes" in t and r.get("warm_ns_per_op") for r, t in zip(rs, sides)):
+        return None
+    return median([tenth(r["warm_ns_per_op"]) / tenth(t["torch_warm_ns_op_passes"]) for r, t in zip(rs, sides)])
 
 
 def warm_segments(per_pass):
@@ -167,11 +167,12 @@ def targets(names, runs, torch, same, paired):
                     ratios = [r["ns_per_op"] / t["torch_warm_ns_op"] for r, t in zip(rs, sides)]
                     m = median(ratios)
                     good = m <= bound
-                    tenth_cell = fastest_tenth(rs, by_pass) if len(by_pass) == len(rs) else ""
-                    if tenth_cell:
-                        tenth_met.setdefault((seg, bound), []).append(float(tenth_cell.split()[-1]) <= bound)
+                    t10 = fastest_tenth(rs, by_pass)
+                    if t10 is not None:
+                        tenth_met.setdefault((seg, bound), []).append(t10 <= bound)
                     cells.append(f"{m:.2f} ({label}{', '.join(f'{x:.2f}' for x in ratios)}"
-                                 + tenth_cell + ")" + ("" if good else " **missed**"))
+                                 + ("" if t10 is None else f"; fastest tenth {t10:.2f}") + ")"
+                                 + ("" if good else " **missed**"))
                     ok.append(good)
             elif several:
                 # Like for like where torch_streams.py replayed the trace on its own streams
