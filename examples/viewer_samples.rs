@@ -2,7 +2,7 @@
 //! memory viewer draws: allocations in scopes and described as tensors, frees that wait for
 //! another stream (`free_requested` long before `free_completed`), segments created and given
 //! back by `empty_cache`, pages mapped and unmapped under a segment, and an out-of-memory
-//! error. `tools/memoryviz/check.sh` loads them in PyTorch's own `MemoryViz.js`.
+//! error. `tools/memoryviz/check.py` loads them in PyTorch's own `MemoryViz.js`.
 //!
 //! `cargo run --example viewer_samples -- DIR` (default `target/vramscope/viewer_samples`)
 

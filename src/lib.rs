@@ -643,7 +643,9 @@
 //! [`fast_fallbacks`]: record::fast_fallbacks
 //! [`Snapshot::stack_capture`]: snapshot::Snapshot::stack_capture
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs, unreachable_pub)]
+#![warn(rustdoc::broken_intra_doc_links, rustdoc::private_intra_doc_links, rustdoc::bare_urls)]
 
 mod alloc;
 pub mod backend;

@@ -607,6 +607,21 @@ impl LeakLimits {
     }
 }
 
+/// What usually keeps a leak candidate's memory alive, in the words of the language its sites
+/// are written in: Python's containers for a PyTorch program, Rust's for a Rust one.
+fn advice(sites: &[&str]) -> &'static str {
+    let python = sites.iter().any(|s| s.contains(".py:"));
+    let rust = sites.iter().any(|s| s.contains(".rs:") || s.contains("::"));
+    match (python, rust) {
+        (true, false) => "a list, dict or cache that is never emptied, a hook or closure, a tensor with its graph.\n",
+        (false, true) => {
+            "a Vec, map or cache that is never cleared, a clone of an Arc held elsewhere, a buffer\n\
+             moved into a struct that outlives the step, or mem::forget.\n"
+        }
+        _ => "a collection or cache that is never emptied, or a reference held by something long-lived.\n",
+    }
+}
+
 /// `text` in lines of at most `width` columns, broken between words (a word longer than
 /// `width` stands alone on its line), each ended by a newline.
 fn fill(text: &str, width: usize) -> String {
@@ -698,10 +713,8 @@ impl LeakCandidate {
                 s.push_str(&format!("  in scope {}\n", c.scope));
             }
         }
-        s.push_str(
-            "\nEach line named allocated memory that stays alive; what keeps it is where its results go:\n\
-             a list, dict or cache that is never emptied, a hook or closure, a tensor with its graph.\n",
-        );
+        s.push_str("\nEach line named allocated memory that stays alive; what keeps it is where its results go:\n");
+        s.push_str(advice(&candidates.iter().map(|c| c.site.as_str()).collect::<Vec<_>>()));
         s
     }
 }
@@ -709,6 +722,16 @@ impl LeakCandidate {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn advice_speaks_the_language_of_the_sites() {
+        let py = advice(&["train.py:12 (step)"]);
+        let rs = advice(&["src/main.rs:40 (app::step)"]);
+        assert!(py.contains("list, dict") && !py.contains("Vec"), "{py}");
+        assert!(rs.contains("Vec") && !rs.contains("dict"), "{rs}");
+        let mixed = advice(&["train.py:12 (step)", "src/main.rs:40 (app::step)"]);
+        assert!(!mixed.contains("dict") && !mixed.contains("Vec"), "{mixed}");
+    }
 
     #[test]
     fn repeats_count_a_pattern_after_a_first_step_and_nothing_without_one() {
