@@ -1081,7 +1081,7 @@ fn a_free_block_of_another_streams_segment_is_lent_and_given_back_in_stream_orde
 /// must borrow again it reserves a segment of its own: lent every block it ever asks for, each
 /// allocation and free would order two streams under the lock. Many threads each allocating on
 /// their own stream made 1.1 M pairs a second at 16 threads against 40 M on one stream (H200
-/// host, 2026-11-27, BENCHMARKS.md "Threads on their own streams again"). A stream made for one
+/// host, BENCHMARKS.md "Threads on their own streams again"). A stream made for one
 /// request still borrows (`streams_created_without_end_hold_a_bounded_cache`), and a stream
 /// that holds a small segment borrows where its own have no free block that fits.
 #[test]

@@ -65,7 +65,7 @@ fn pytorch_like_configuration_reproduces_pytorch_peaks() {
 /// On a backend whose segment calls are costly (CUDA: tens of microseconds each, and
 /// `cuMemFree` synchronizes the device), the default configuration lets the fragmentation limit
 /// rise on churn until warm passes call the backend no more, and still reserves no more than
-/// PyTorch's caching allocator or CUDA's pool did on the recorded runs (issue 3's memory target:
+/// PyTorch's caching allocator or CUDA's pool did on the recorded runs (the allocator's memory target:
 /// resnet_train 1.209x and 1.121x, leaky_train 1.082x and 1.684x), but on one row: with
 /// segments that grow in place, `leaky_train` reserves 1.1125 times its peak, not 1.082, since
 /// the free end of a growing range is taken last (`Heap::is_wilderness`): its first small
@@ -92,11 +92,11 @@ fn costly_segments_settle_without_warm_backend_calls() {
     }
 }
 
-/// The six traces of 2026-11-24 (two of them held out of tuning: `llm_generate_kv`,
+/// The six traces (two of them held out of tuning: `llm_generate_kv`,
 /// `unet_diffusion`), with both segment kinds, on a backend whose segment calls are costly: the
 /// limit settles within the first warm pass, so the second calls the backend no more, and peak
 /// reserved stays at most PyTorch's caching allocator's on the same trace (`torch_replay.py` on
-/// an H100 on 2026-11-24, peak reserved over peak live, BENCHMARKS.md). `pipeline_streams` is
+/// an H100, peak reserved over peak live, BENCHMARKS.md). `pipeline_streams` is
 /// left out of the peak comparison: PyTorch's replay runs it on one stream.
 ///
 /// With segments that grow in place (pages), peak reserved is also at most the pool's
@@ -141,12 +141,12 @@ fn settle_by_the_third_warm_pass(traces: &[(&str, f64, f64)]) {
     }
 }
 
-/// The five traces recorded later on 2026-11-24 (`gpt2_generate`, `gan_train` and
+/// The five traces recorded later (`gpt2_generate`, `gan_train` and
 /// `encoder_serving` held out of tuning), with both segment kinds on a backend whose segment
 /// calls are costly: none calls the backend in its third warm pass. Segments that grow in
 /// place reserve at most PyTorch's caching allocator's peak on each (`torch_replay.py` on an
 /// H100, peak reserved over peak live, in the same command as the recording:
-/// `fixtures/torch/runs/2026-11-24-h100-workloads-later.log`), and at most the pool's (same
+/// `docs/lab/runs/h100-workloads-later.log`), and at most the pool's (same
 /// log) but on `gnn_random_graphs` and `encoder_serving`, where they miss it (BENCHMARKS.md).
 #[test]
 fn later_traces_settle_by_the_third_warm_pass() {
@@ -159,12 +159,12 @@ fn later_traces_settle_by_the_third_warm_pass() {
     ]);
 }
 
-/// Six traces of workloads nobody here had seen (recorded on 2026-11-27 and replayed once on an
+/// Six traces of workloads nobody here had seen (replayed once on an
 /// H200 with the code that preceded them; all six held out of tuning, fixtures/torch/README.md):
 /// with both segment kinds on a backend whose segment calls are costly, none calls the backend
 /// in its third warm pass (on the GPU, with that code, none called after its first). Segments
 /// that grow in place reserve at most PyTorch's peak on each (`torch_replay.py` in the same
-/// command, peak reserved over peak live: `fixtures/torch/runs/2026-11-27-h200-unseen.log`),
+/// command, peak reserved over peak live: `docs/lab/runs/h200-unseen.log`),
 /// and at most the pool's (on `lstm_packed` since the free end of a growing range is taken
 /// last: 1.112 against the pool's 1.130, which maps memory in every warm pass, its warm passes'
 /// allocations lying in 1.47 times the pages it holds, same log; 1.249 before; on
@@ -184,14 +184,14 @@ fn unseen_traces_settle_by_the_third_warm_pass() {
 }
 
 /// Seven more workloads nobody here had seen (written, recorded and replayed once on an H200 on
-/// 2026-11-27, twenty-first session, against the code of e7f3968; all seven held out of tuning,
+/// against the code of e7f3968; all seven held out of tuning,
 /// fixtures/torch/README.md): with both segment kinds on a backend whose segment calls are
 /// costly, none calls the backend after its second warm pass (on the GPU none called after its
 /// second, as the sim had said, call for call). Against the better of PyTorch's caching
 /// allocator and the pool (`torch_replay.py` in the same command, peak reserved over peak live,
 /// rounded up; `grad_buckets_streams` on its two streams, `torch_streams.py`; log
-/// `fixtures/torch/runs/2026-11-27-h200-fresh.log`), `cuMemAlloc` segments reserve at most 1%
-/// more (issue 22's target for the kind that is not the default) and segments that grow in
+/// `docs/lab/runs/h200-fresh.log`), `cuMemAlloc` segments reserve at most 1%
+/// more (the allocator's target for the kind that is not the default) and segments that grow in
 /// place at most as much, but on two traces, which the GPU measured missing it and which are
 /// held here to no more than it measured: `activation_offload` (1.0225 against PyTorch's
 /// 1.0162; 1.0263 since the free end of a growing range is taken last, BENCHMARKS.md, "The free
@@ -216,7 +216,7 @@ fn fresh_traces_settle_by_the_third_warm_pass() {
 /// `cuMemAlloc` segments reserved where they missed it)` with both segment kinds on a costly
 /// sim, three warm passes: the third calls the backend for no memory, and each kind reserves
 /// at most what it missed by, or else the better peak (virtual) or 1% more (`cuMemAlloc`,
-/// issue 22's target for the kind that is not the default).
+/// the allocator's target for the kind that is not the default).
 fn settle_against_the_better_peak(traces: &[(&str, f64, Option<f64>, Option<f64>)]) {
     let traces: Vec<SettleRow> =
         traces.iter().map(|&(name, best, grown, malloc)| (name, best, grown, malloc, 2)).collect();
@@ -248,14 +248,14 @@ fn settle_by_against_the_better_peak(traces: &[SettleRow], warm: usize) {
 }
 
 /// Six workloads written after the free end of a growing range was made the last choice
-/// (`NEWEST` in fixtures/torch/workloads.py; recorded and replayed once on an H200 on
-/// 2026-11-27, twenty-second session; all six held out): with both segment kinds on a backend
+/// (`NEWEST` in fixtures/torch/workloads.py; recorded and replayed once on an H200;
+/// all six held out): with both segment kinds on a backend
 /// whose segment calls are costly, none calls the backend after its second warm pass (on the
 /// GPU none called in any warm pass but one `cuMemAlloc` in the first of `chunked_prefill`,
 /// as the sim said, 24 of 24 runs byte for byte). Against the better of PyTorch's caching
 /// allocator and the pool (`torch_replay.py` in the same command, peak reserved over peak live,
 /// rounded up; `ema_side_stream` on its two streams, `torch_streams.py`; log
-/// `fixtures/torch/runs/2026-11-27-h200-run-sh-5.log`), each kind is held to the target where
+/// `docs/lab/runs/h200-run-sh-5.log`), each kind is held to the target where
 /// the GPU met it and to what the GPU measured where it missed: virtual segments on
 /// `progressive_unfreeze` (1.0460 against PyTorch's 1.0349) and `ema_side_stream` (1.1951
 /// against the pool's 1.0378), `cuMemAlloc` ones on four.
@@ -272,20 +272,20 @@ fn newest_traces_settle_by_the_third_warm_pass() {
 }
 
 /// Nine workloads nobody here had seen (`DECEMBER` in fixtures/torch/workloads.py: written on
-/// 2026-12-01, thirty-second session, to judge a placement rule set before they were recorded,
+/// to judge a placement rule set before they were recorded,
 /// then recorded and replayed once on an H200 against the code of c02a72f; all nine held out,
 /// fixtures/torch/README.md). Against the better of PyTorch's caching allocator and the pool
 /// (`torch_replay.py` in the same command, peak reserved over peak live, rounded up; log
-/// `fixtures/torch/runs/2026-12-01-h200-december.log`, whose vramscope rows the sim gives byte
+/// `docs/lab/runs/h200-december.log`, whose vramscope rows the sim gives byte
 /// for byte and call for call), each kind is held to the target where the GPU met it
-/// (virtual segments at most the better peak, `cuMemAlloc` ones at most 1% more: issue 22's
+/// (virtual segments at most the better peak, `cuMemAlloc` ones at most 1% more: the
 /// targets) and to what the GPU measured where it missed: both kinds on `dqn_replay_growing`,
 /// `nerf_rays` and `wavenet_varlen`, where the pool maps memory in every warm pass (its warm
 /// allocations lie in 1.13 to 1.57 times the pages it holds: `...-december-pool-pages.log`).
 /// Every replay makes no backend call after its second warm pass but one: with `cuMemAlloc`
 /// segments `nerf_rays` calls in its third and fourth (10 and 4 calls: each step's largest
 /// blocks are of a new size, larger than the cached segment a reclaim gives back for them; a
-/// miss of issue 22's settling target, BENCHMARKS.md), and none from its fifth.
+/// miss of the allocator's settling target, BENCHMARKS.md), and none from its fifth.
 #[test]
 fn december_traces_settle_against_the_better_peak() {
     settle_by_against_the_better_peak(
@@ -353,7 +353,7 @@ fn least_fixed_height(blocks: &[(u64, usize, usize)]) -> u64 {
 /// allocator that makes no backend call in a pass and maps each page at one address reserves at
 /// least 1.25 times live once it settles; the `cudaMallocAsync` pool, mapping in every pass,
 /// reserved exactly the live peak on the GPU and PyTorch's allocator 2.25 times it
-/// (`fixtures/torch/runs/2026-12-01-h200-staggered.log`). Issue 22's peak target (at most the
+/// (`docs/lab/runs/h200-staggered.log`). The allocator's peak target (at most the
 /// better of the two, with no warm driver call after the second warm pass) cannot be met here
 /// by either segment kind as built: both settle at 1.5 (as on the GPU), above the bound.
 #[test]
@@ -400,11 +400,11 @@ fn staggered_buffers_fit_no_fixed_layout_in_their_live_peak() {
 }
 
 /// Six workloads written to judge a model of aliasing on growth on data nobody had seen
-/// (`ALIASING` in fixtures/torch/workloads.py: written on 2026-12-01, thirty-third session,
+/// (`ALIASING` in fixtures/torch/workloads.py: written
 /// with the rule that judged the model set before they were recorded; recorded and replayed
 /// once on an H200; held out, fixtures/torch/README.md). Against the better of PyTorch's caching
 /// allocator and the pool (`torch_replay.py` in the same command, rounded up;
-/// `tests/gpu/targets-aliasing-6.json`; log `fixtures/torch/runs/2026-12-01-h200-aliasing-six.log`,
+/// `tests/gpu/targets-aliasing-6.json`; log `docs/lab/runs/h200-aliasing-six.log`,
 /// whose vramscope rows the sim gives to the fourth decimal, call for call), virtual segments
 /// meet the target on all six and `cuMemAlloc` ones are within 1% of it on five, held to what
 /// the GPU measured on `beam_fork_serving` (1.2290 against the pool's 1.1483). No replay calls
@@ -425,11 +425,11 @@ fn aliasing_traces_settle_against_the_better_peak() {
 }
 
 /// Six workloads nobody here had seen (`WINTER` in fixtures/torch/workloads.py: written on
-/// 2026-12-02, thirty-ninth session, the rule that judged them set before they were recorded,
+/// the rule that judged them set before they were recorded,
 /// then recorded and replayed once on an H200 with the code of 0fb08d9; all six held out,
 /// fixtures/torch/README.md). Against the better of PyTorch's caching allocator and the pool
 /// (`torch_replay.py` in the same command, rounded up; `three_stream_serving` against both on its
-/// own four streams, `torch_streams.py`; log `fixtures/torch/runs/2026-12-02-h200-winter.log`,
+/// own four streams, `torch_streams.py`; log `docs/lab/runs/h200-winter.log`,
 /// whose vramscope rows the sim gives byte for byte, call for call), virtual segments meet the
 /// target on all six and `cuMemAlloc` ones within 1% on three, held to what the GPU measured on
 /// the other three. No replay calls the backend after its second warm pass.
@@ -449,11 +449,11 @@ fn winter_traces_settle_against_the_better_peak() {
 }
 
 /// Six more workloads nobody here had seen (`ADVENT` in fixtures/torch/workloads.py: written on
-/// 2026-12-03, fortieth session, the rule that judged them set before they were recorded, then
+/// the rule that judged them set before they were recorded, then
 /// recorded and replayed once on an H200 with the code of 18eb736; all six held out,
 /// fixtures/torch/README.md). Against the better of PyTorch's caching allocator and the pool
 /// (`torch_replay.py` in the same command, rounded up; `fsdp_layer_gather` against both on its
-/// own two streams, `torch_streams.py`; logs `fixtures/torch/runs/2026-12-03-h200-advent*.log`,
+/// own two streams, `torch_streams.py`; logs `docs/lab/runs/h200-advent*.log`,
 /// whose vramscope rows the sim gives byte for byte, call for call), virtual segments meet the
 /// target on all six and `cuMemAlloc` ones within 1% on four, held to what the GPU measured on
 /// the other two. `fsdp_layer_gather` calls the backend twice in its second warm pass with
@@ -475,11 +475,11 @@ fn advent_traces_settle_against_the_better_peak() {
 }
 
 /// Six more workloads nobody here had seen (`SNOW` in fixtures/torch/workloads.py: written on
-/// 2026-12-03, forty-second session, the rule that judged them set before they were recorded,
+/// the rule that judged them set before they were recorded,
 /// then recorded and replayed once on an H200 with the code of 4c86a07; all six held out,
 /// fixtures/torch/README.md). Against the better of PyTorch's caching allocator and the pool
 /// (`torch_replay.py` in the same command, rounded up; `optimizer_offload` against both on its
-/// own two streams, `torch_streams.py`; logs `fixtures/torch/runs/2026-12-03-h200-snow*.log`,
+/// own two streams, `torch_streams.py`; logs `docs/lab/runs/h200-snow*.log`,
 /// whose vramscope rows the sim gives byte for byte, call for call), virtual segments meet the
 /// target on all six and `cuMemAlloc` ones within 1% on five, held to what the GPU measured on
 /// `rnnt_joint` (1.392 against the pool's 1.261), which calls the backend in its second warm
@@ -508,7 +508,7 @@ fn snow_traces_settle_against_the_better_peak() {
 /// `costly_segments_settle_without_warm_backend_calls`), and `cuMemAlloc` segments at most 15%
 /// more than without it (the most measured: 10.2%, `gnn_random_graphs`). The figures are
 /// PyTorch's peak reserved over peak live with the setting (rounded up), on an H200
-/// (`fixtures/torch/runs/2026-11-27-h200-max-split.log`, `tests/gpu/torch_conf.py`).
+/// (`docs/lab/runs/h200-max-split.log`, `tests/gpu/torch_conf.py`).
 ///
 /// Before the rules gave way in segments that grow and over the soft limit (`Heap::keeps_oversize`),
 /// the same replays on that GPU reserved up to 158 times the peak live bytes with virtual
@@ -785,7 +785,7 @@ fn a_serving_loop_on_one_stream_settles_under_a_fixed_ceiling() {
 /// costly sim; the seed, outside those of `random_shapes_on_several_streams_settle`, is one
 /// whose warm passes all call at a ceiling of 1.25): with the ceiling fixed at 1.25 its third
 /// warm pass still calls the backend, with the automatic one it calls none. Seed 80, used until
-/// 2026-11-27, settles at 1.25 since a large request keeps the small pool's segments on several
+/// settles at 1.25 since a large request keeps the small pool's segments on several
 /// streams too; of the seeds from 36 on whose three warm passes all call at 1.25 (four streams),
 /// 142 is the first that the automatic ceiling settles within three warm passes: on the five
 /// before it (52, 100, 102, 117, 125) no size had churned twice at the ceiling yet.
@@ -848,13 +848,13 @@ fn streams_of_random_shapes(seed: u64, streams: u64) -> Trace {
 /// fits. Lending free blocks of other streams' segments (which stay their owners') and the
 /// limit's doubling steps let all 72 rows (36 traces, both segment kinds) settle by the sixth
 /// warm pass, below what the same allocator caching as PyTorch reserves. Taking whole segments
-/// over instead, as until 2026-11-26, left 38 rows calling after the second warm pass and the
-/// last until the tenth (BENCHMARKS.md, "Lending instead of taking over"). Issue 22 asks for
+/// over instead, left 38 rows calling after the second warm pass and the
+/// last until the tenth (BENCHMARKS.md, "Lending instead of taking over"). The target is
 /// no call after the second warm pass: missed on 1 of the 72 rows since streams share an idle
-/// stream's memory (2026-11-28, `share_idle_streams`, both segment kinds; none after the
-/// third), on 12 before, 4 of them after the third (16 and 4 before no hole was unmapped on several streams, twenty-first session; 25
+/// stream's memory (`share_idle_streams`, both segment kinds; none after the
+/// third), on 12 before, 4 of them after the third (16 and 4 before no hole was unmapped on several streams; 25
 /// and 13 before a large request kept the small pool's segments and a hole gave up only what
-/// the request lacked on several streams too, 2026-11-27; 18 and 5 before mapping again the
+/// the request lacked on several streams too; 18 and 5 before mapping again the
 /// pages of a hole that merged counted as churn). Prints the figures (`--nocapture`).
 #[test]
 fn random_shapes_on_several_streams_settle() {
@@ -911,7 +911,7 @@ fn unseen_workloads_fragment_no_more_than_pytorch_caching() {
     }
 }
 
-/// Every trace of the fixtures (66 since 2026-12-03, the held-out ones included) replays on the
+/// Every trace of the fixtures (66, the held-out ones included) replays on the
 /// sim backend with the allocator's invariants intact, nothing
 /// skipped and every buffer given back, and its peak of live bytes is the one worked out here
 /// from the JSON itself, independently of the replay's reader.
@@ -984,13 +984,13 @@ fn parking_changes_no_decision_of_the_heap() {
 /// Random shapes on one stream with virtual segments (the default kind), where segments are
 /// costly: every row settles by the second warm pass, with few calls before. Over the limit, a
 /// request alone on its heap unmaps only what it lacks of a mapped hole (`Heap::reclaim`): the
-/// whole hole, as until 2026-11-27, was often most of the range, which the same step mapped
+/// whole hole, was often most of the range, which the same step mapped
 /// again. The first 24 of these rows then made 76 backend calls in their warm passes, 28
 /// after (at the same peaks); on the sim's replays of 48 traces from
 /// `tests/gpu/random_streams.py`, 428 against 106, and one row that called until the third warm
 /// pass no longer does (BENCHMARKS.md, "Unmapping what a request lacks"). A churn raises the
 /// limit to what the reclaims since the peak wanted where that is more than its own growth
-/// (`Heap::note_regrowth`); until 2026-11-29 only where its own growth fitted under the limit,
+/// (`Heap::note_regrowth`); before, only where its own growth fitted under the limit,
 /// and two requests that took turns mapping pages the other's reclaim had unmapped churned
 /// again after each raise: of these 300 rows, seeds 154 and 166 called in the third warm pass,
 /// and the warm passes made 199 calls (now 0 rows and 109 calls; BENCHMARKS.md, "What the

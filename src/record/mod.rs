@@ -3,6 +3,37 @@
 //! Every allocation can remember a stack (raw instruction pointers, interned), the scope path
 //! (from [`scope`] guards), the thread and the step ([`step`]); a bounded ring buffer keeps the
 //! allocator's event history. Symbols are resolved only when a snapshot asks.
+//!
+//! What is recorded is a [`RecordConfig`], changed at run time with
+//! [`CachingAllocator::record_memory_history`](crate::CachingAllocator::record_memory_history) (like `torch.cuda.memory._record_memory_history`):
+//! stacks [`StackMode::Fast`] (the default), [`StackMode::Full`] or off, a depth limit, scopes,
+//! the history's size and which events carry context ([`ContextLevel`]).
+//!
+//! Stacks are return addresses captured at one `#[inline(never)]` site, each distinct stack
+//! stored once per allocator, and resolved to file, line and function only when a snapshot is
+//! taken, each address once. They need no build flags. On x86-64 Linux the fast mode
+//! ([`fast_unwinder`] says which unwinder a process uses) reads the unwind tables that every
+//! object carries for panics and C++ exceptions (`.eh_frame`), found through
+//! `dl_iterate_phdr`, so it is exact without frame pointers and through C and C++ libraries
+//! (libcuda, libcupti) that have none; the rule at each return address is read once per thread
+//! and cached, and an allocation from a place the thread allocated from before only checks
+//! that the stack slots the last walk read still hold the same values (the frame pointer
+//! register and the slots it was saved to only where some frame's rule used them: without
+//! frame pointers it is an ordinary register, holding anything). In a release build
+//! without frame pointers a recorded pair costs about twice an unrecorded one, where the
+//! `backtrace` crate's unwinder ([`StackMode::Full`]) costs 60 times (BENCHMARKS.md). Libraries loaded later (`dlopen`) are found at their first frame; frames
+//! the cached unwinder does not model (signal handlers, code generated at run time) are taken
+//! by the `backtrace` crate's unwinder, counted by [`fast_fallbacks`]. Every read is checked
+//! against the thread's stack bounds. A snapshot records which unwinder took its stacks
+//! ([`Snapshot::stack_capture`](crate::Snapshot::stack_capture)). Elsewhere (aarch64, macOS, Windows) the fast mode walks
+//! frame pointers where a once-per-process check ([`frame_pointers_available`]) finds them
+//! complete, and uses the `backtrace` crate's unwinder otherwise.
+//!
+//! Scopes are per thread: [`scope`] guards nest, [`current_scope`] and [`Scope::enter`] carry a
+//! scope into a thread you spawn, [`Scope::wrap`] into an async task (a guard is tied to its
+//! thread and cannot be held across an `.await` in a `Send` future), and with the cargo
+//! feature `tracing`, `ScopeLayer` turns entered `tracing` spans into scopes, restoring them
+//! by span when spans exit out of order.
 
 mod history;
 mod scope;

@@ -11,17 +11,17 @@ use crate::record::{scope_path, thread_name, Action, Context, Event, Frame, Symb
 
 /// The version of the snapshot model written by this build.
 ///
-/// 7 (2026-11-28): a segment is one contiguous mapped range, as in PyTorch's snapshot of its
+/// 7: a segment is one contiguous mapped range, as in PyTorch's snapshot of its
 /// expandable segments: a virtual segment with pages unmapped under free holes is listed as
 /// the ranges still mapped, a free block cut where its pages are unmapped (earlier versions
 /// listed the whole address range, [`SegmentInfo::mapped_size`] the bytes of it mapped, and
 /// PyTorch's viewers, reading it as mapped, drew unmapped memory as reserved).
-/// 6 (2026-11-28): the history's `alloc`, `free_requested` and `free_completed` entries carry
+/// 6: the history's `alloc`, `free_requested` and `free_completed` entries carry
 /// the bytes asked for, as PyTorch's trace does (earlier versions recorded the block's size),
 /// a block waiting for other streams keeps its `requested_size`, and a segment's
 /// `requested_size` counts such blocks' requests too (PyTorch's counting).
-/// 5 (2026-11-24): [`SegmentInfo::source`], [`Snapshot::driver_pool`]. 4 (2026-11-24): streams in 64 bits (PyTorch's stream handles whole),
-/// [`SegmentInfo::expandable`], [`HistoryEntry::user_metadata`]. 3 (2026-11-23):
+/// 5: [`SegmentInfo::source`], [`Snapshot::driver_pool`]. 4: streams in 64 bits (PyTorch's
+/// stream handles whole), [`SegmentInfo::expandable`], [`HistoryEntry::user_metadata`]. 3:
 /// [`Snapshot::stack_capture`]. 2: [`Snapshot::time_origin_us`]. Every earlier
 /// version still loads.
 pub const SNAPSHOT_VERSION: u32 = 7;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the device machine: records the `ADVENT` workloads of fixtures/torch/workloads.py (six
-# programs nobody here had seen, written on 2026-12-03) into .gpu/advent (gzipped copies under
+# programs nobody here had seen, written before any was recorded) into .gpu/advent (gzipped copies under
 # $OUT/advent), then runs the CUDA suite and replays them through the whole table with run.sh,
 # in one command: heldout.sh with these names, as winter.sh does for `WINTER` (staging and
 # reading as winter.sh says, with this script in place of it).

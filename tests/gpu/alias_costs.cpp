@@ -3,7 +3,7 @@
 // over the same pages (time, and what the driver takes of device memory for them); a byte written
 // through the range, read through a view. On the device machine:
 //   nvcc -O2 -o alias_costs tests/gpu/alias_costs.cpp -lcuda && ./alias_costs PAGES VIEWS PAGES_PER_VIEW
-// (2026-12-01, H200: fixtures/torch/runs/2026-12-01-h200-alias-costs.txt, with 512 160 256 twice
+// (H200: docs/lab/runs/h200-alias-costs.txt, with 512 160 256 twice
 // and 4096 40 2048).
 #include <cuda.h>
 #include <chrono>

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the device machine: records the second leak corpus (fixtures/torch/corpus/programs2.py)
 # with Python stacks and the ground truth, then with PyTorch's default recording, packed into
-# $OUT/corpus2.tgz (the device returns a limited number of files). 2026-11-28: 27 s on an
+# $OUT/corpus2.tgz (the device returns a limited number of files). 27 s on an
 # H200. Copy this script into .gpu and run `bash .gpu/corpus_second.sh > $OUT/log.txt`.
 set -u
 cd "$(dirname "$0")/../fixtures/torch/corpus"

@@ -2,7 +2,7 @@
 # On the device machine: records the `DECEMBER` workloads of fixtures/torch/workloads.py,
 # replays them through PyTorch's caching allocator and the cudaMallocAsync pool
 # (torch_replay.py), then through vramscope on CUDA with virtual and with `cuMemAlloc`
-# segments, 4 warm passes, recording off (2026-12-01: 73 s on an H200; that run also replayed
+# segments, 4 warm passes, recording off (73 s on an H200; that run also replayed
 # each with an experimental build's rule, BENCHMARKS.md, "Nine workloads nobody had seen, and a
 # rule judged on them"). Gzipped traces land in $OUT/dec. Pack, here:
 #   cargo build --release --features cuda -p vramscope-cli

@@ -7,7 +7,7 @@ the peak of live bytes: what an allocator that neither maps nor unmaps in its wa
 reserves with that policy. With a `torch_replay.py` log, prints the pool's peak beside it.
 
     python3 tests/gpu/fit_model.py LOG TRACE...
-    e.g. python3 tests/gpu/fit_model.py fixtures/torch/runs/2026-11-27-h200-reclaim-2.log /tmp/gen/t2*.trace.json
+    e.g. python3 tests/gpu/fit_model.py docs/lab/runs/h200-reclaim-2.log /tmp/gen/t2*.trace.json
 """
 import bisect
 import gzip

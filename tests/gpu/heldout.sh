@@ -3,7 +3,7 @@
 # (gzipped copies under $OUT/DIR), then replays them with run.sh (the CUDA suite first where
 # .gpu/cuda_tests is staged; PARTS, if set, passed on), in one command.
 #   bash .gpu/heldout.sh [DIR NAME...]
-# Without arguments: the `HELDOUT` workloads into .gpu/held (2026-11-28: 249 s on an H200);
+# Without arguments: the `HELDOUT` workloads into .gpu/held (249 s on an H200);
 # winter.sh calls it for the `WINTER` ones. Stage .gpu as run.sh's top says (cuda_tests,
 # vramscope, torch_replay.py, paired.py, table.py, torch_streams.py, run.sh), copy this script
 # there, and run `bash .gpu/heldout.sh > $OUT/log.txt`.

@@ -4,8 +4,8 @@
 # kind, three rounds: sim_vs_cuda.sh with these traces, each replay 140,000 to 680,000
 # operations (run.sh's: about 300,000), the median and fastest of its warm passes after the
 # second. The sim calls no driver, so what moves it between rounds is the host alone
-# (2026-12-02: up to 2.3 times from one round to the next on an H200 host; log
-# fixtures/torch/runs/2026-12-02-h200-host-speed.txt, written before this script called
+# (up to 2.3 times from one round to the next on an H200 host; log
+# docs/lab/runs/h200-host-speed.txt, written before this script called
 # sim_vs_cuda.sh: the same figures, without the fastest). Pack, here:
 #   RUSTFLAGS= CARGO_TARGET_DIR=target/user cargo build --release --features cuda -p vramscope-cli
 #   mkdir -p .gpu && cp target/user/release/vramscope tests/gpu/host_speed.sh tests/gpu/sim_vs_cuda.sh .gpu/

@@ -19,7 +19,7 @@ PyTorch's one-stream replay, its JSON line marked `paired_round`, so that its ti
 compared round by round; with as many warm passes as vramscope's (the median of those, as
 vramscope's). A one-stream trace goes through torch_streams.py's PyTorch passes too (on its one
 stream, no pool), so that table.py can set each side's fastest tenth of passes beside the
-medians for every trace (since 2026-12-03, forty-second session). Odd rounds run vramscope
+medians for every trace. Odd rounds run vramscope
 first, even rounds PyTorch first. It prints what run.sh printed (`== replay ...` then
 vramscope's JSON; torch_replay.py's JSON line per trace) and a first line `== paired`, so that
 table.py compares each round's pair and reports the median of the rounds' ratios.
@@ -111,7 +111,7 @@ def streams_side(parts, path, round_, warm):
     """torch_streams.py's replay of a trace on its own streams (PyTorch and the pool; on one
     stream PyTorch only), its JSON line marked with the round, so that table.py pairs it with
     vramscope's replays of the same round, seconds apart. As many warm passes as vramscope's
-    (`warm`: about 300,000 operations): until 2026-12-03 three (torch_streams.py's default of 5
+    (`warm`: about 300,000 operations): before, three (torch_streams.py's default of 5
     passes), which on `pipeline_streams` (401 operations) timed a few hundred microseconds, and
     its rounds' ratios spanned 0.25 to 0.88."""
     ext, encode, body = parts

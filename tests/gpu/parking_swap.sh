@@ -2,7 +2,7 @@
 # On the device machine's 16 cores (no GPU used): the parking tests 20 times, the loom model
 # and the invariants once, then the threads bench of fixtures/user-bench on the sim backend
 # (the allocator alone) before and after a change to parking, alternating, three rounds
-# (2026-11-28: 65 s). Stage .gpu with this script as go.sh and the test binaries `parking`,
+# (65 s). Stage .gpu with this script as go.sh and the test binaries `parking`,
 # `park_loom`, `invariants` (`cargo test --release --test parking --test park_loom --test
 # invariants --no-run`) and `threads_old`, `threads_new` (`RUSTFLAGS= cargo bench --bench
 # threads --no-run` in fixtures/user-bench, in a worktree of each commit), debug sections

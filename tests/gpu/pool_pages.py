@@ -10,7 +10,7 @@ Why that decides it: a byte in use lies in a mapped page, and 2 MiB is the small
 driver maps. If a pass's allocations lie in more distinct pages than the pool holds reserved
 through the whole pass (its reserved bytes only grow: nothing is trimmed), some physical memory
 was mapped at two addresses during the pass, or more was mapped: work inside the driver in a
-warm pass either way, of the kind issue 22 forbids vramscope (a `cuMemMap`). The converse does
+warm pass either way, of the kind vramscope's target forbids (a `cuMemMap`). The converse does
 not hold: a pass that fits its pages may still have remapped.
 
     python3 tests/gpu/pool_pages.py [--dump DIR] TRACE...    (one JSON line per trace)

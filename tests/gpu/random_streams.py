@@ -1,4 +1,4 @@
-"""Synthetic traces of random shapes, most on several streams (2026-11-25): steps whose sizes
+"""Synthetic traces of random shapes, most on several streams: steps whose sizes
 scale by a random factor, each allocation on a random stream, some freed at once. Seeds whose
 `seed % 6` is 3 to 5 use 2 to 4 streams. Writes OUT/tSEED.trace.json for seeds FROM..TO:
   OUT=/tmp/gen python3 tests/gpu/random_streams.py 0 24

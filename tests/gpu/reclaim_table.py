@@ -4,7 +4,7 @@ and after (warm driver calls per pass, peak reserved over peak live, median warm
 PyTorch's and the pool's peak and warm ns/op from torch_replay.py; then a summary per set
 (fixtures, the random traces) and kind: rows calling the driver after two warm passes, warm
 calls, geometric mean of the peaks, rows at or under the better of PyTorch's and the pool's
-peak (within 1% for `cuMemAlloc` segments, as issue 22 asks).
+peak (within 1% for `cuMemAlloc` segments, as the target asks).
 
     python3 tests/gpu/reclaim_table.py LOG
 """

@@ -66,7 +66,7 @@ echo "== traces: share $SHARD, $(ls traces | wc -l) traces"
 timeout 1800 python3 paired.py traces "${ROUNDS:-3}" 2>&1 | grep -v Warning
 # The traces on several streams go through PyTorch and the pool on those streams too, in
 # paired.py's rounds (torch_streams.py's code, read from that file): their peaks, and their
-# time paired with vramscope's. Until 2026-12-03 torch_streams.py also ran here, three times
+# time paired with vramscope's. Before, torch_streams.py also ran here, three times
 # after paired.py, for peaks that paired.py's rounds now give.
 fi
 if part pair && [ -x cuda_bench ]; then

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the device machine: the cost of the default recording's stacks as users build (issue 20),
+# On the device machine: the cost of the default recording's stacks as users build,
 # beside PyTorch's allocator, and the unwinder's property test. BENCHMARKS.md ("Stacks as users
 # build") quotes what it prints. Packing, here (see tests/gpu/README.md):
 #   (cd fixtures/user-bench && RUSTFLAGS= cargo bench --features cuda --bench threads --no-run &&

@@ -4,7 +4,7 @@
 # block i 6 MiB x i smaller), replays them all through PyTorch's caching allocator and the
 # cudaMallocAsync pool (torch_replay.py) and through vramscope on CUDA with each segment kind
 # (4 warm passes, recording off), then maps one allocation at eight addresses (alias_pages.cpp).
-# 2026-12-01: 45 s on an H200, log fixtures/torch/runs/2026-12-01-h200-staggered.log
+# 45 s on an H200, log docs/lab/runs/h200-staggered.log
 # (BENCHMARKS.md, "A trace no fixed layout fits"). Pack, here:
 #   cargo build --release --features cuda -p vramscope-cli
 #   mkdir -p .gpu/st && cp target/release/vramscope fixtures/torch/workloads.py \

@@ -2,7 +2,7 @@
 # On the device machine: the CUDA suite 60 times under its parallel runner (two with the default
 # virtual segments for each with `cuMemAlloc` ones), with replays of the traces on several
 # streams between the first rounds (as before the two failures of
-# `a_block_used_on_another_stream_waits_for_that_work` in the twenty-fifth session). The
+# `a_block_used_on_another_stream_waits_for_that_work`). The
 # replays also give the cost of `share_idle_streams` (one `cuStreamQuery` at each free of a
 # lent block) in the project's build (frame pointers on) and in a user's (`vramscope_nofp`,
 # built with RUSTFLAGS=""): 20 warm passes, each trace with the switch on and off.

@@ -7,7 +7,7 @@ stream: compare multi-stream traces on peak and calls, not time), and for traces
 streams torch_streams.py's too (PyTorch and the pool on the trace's own streams), whose peaks
 are then the ones the target compares with, and whose time too where paired.py replayed them
 in each round ("own streams: " and the rounds' ratios; "own streams, unpaired" in older logs,
-medians of separate commands). Then issue 22's targets per trace and segment
+medians of separate commands). Then the allocator's targets per trace and segment
 kind (no driver call after the second warm pass, the peak, both times), on medians of the
 rounds (the host's speed changes between runs). The pair: one cached allocation and free,
 ns (divan medians of `benches/cuda.rs`; PyTorch's from torch_threads.py at one thread). The
@@ -46,7 +46,7 @@ def tenth(xs):
 
 def fastest_tenth(rs, sides):
     """Where both sides give every warm pass's time in every round (vramscope's replay, and
-    torch_streams.py since 2026-12-03): the median over rounds of the ratio of their fastest
+    torch_streams.py): the median over rounds of the ratio of their fastest
     tenth's bound, else None. The device host runs a process at two speeds about 2x apart in
     phases of seconds (BENCHMARKS.md, "The host's two speeds are phases"); the fastest tenth of
     hundreds of passes is each side in the fast phase, where a median mixes them. Shown beside
@@ -95,7 +95,7 @@ def thread_table(threads, torch_threads):
         rows.setdefault(("PyTorch's allocator (no recording)", r["own_stream"]), {}).setdefault(r["threads"], []).append(r["pairs_per_s"])
     for (label, own), by in rows.items():
         cells = [", ".join(f"{v / 1e6:.2f}" for v in by.get(c, [])) for c in counts]
-        # Issue 22's target: at every thread count at least 0.9 times the one-thread figure.
+        # The allocator's target: at every thread count at least 0.9 times the one-thread figure.
         # The least ratio over the counts, the slower run at N against the faster at one.
         ratio = ""
         more = [c for c in counts[1:] if by.get(c)]
@@ -110,13 +110,13 @@ def median(xs):
 
 
 def late_calls(r):
-    """A replay's driver calls after its second warm pass (issue 22's settling target), or None
+    """A replay's driver calls after its second warm pass (the allocator's settling target), or None
     in a log that kept only the last pass's."""
     return sum(r["warm_device_calls"][2:]) if "warm_device_calls" in r else None
 
 
 def targets(names, runs, torch, same, paired):
-    """Issue 22's targets per trace and segment kind: no driver call after the second warm pass;
+    """The allocator's targets per trace and segment kind: no driver call after the second warm pass;
     peak reserved at most the better of PyTorch's and the pool's (exactly for the default
     kind, virtual; within 1% for the other); warm ns/op recording off at most half of
     PyTorch's and default recording at most PyTorch's (single-stream traces: torch_replay.py
@@ -136,7 +136,7 @@ def targets(names, runs, torch, same, paired):
             if not off or not ts:
                 continue
             cells, ok = [], []
-            # Issue 22: no driver call after at most two warm passes (until 2026-12-01 this
+            # No driver call after at most two warm passes (before, this
             # read only the last warm pass, which passed `nerf_rays` with `cuMemAlloc` segments
             # calling in its third and fourth). Logs without every pass's calls: the last's.
             calls = all((late_calls(r) if late_calls(r) is not None
@@ -156,9 +156,9 @@ def targets(names, runs, torch, same, paired):
             several = off[0].get("streams", 1) > 1
             # A paired log's PyTorch side of each round: torch_replay.py's on one stream, or for
             # a trace on several streams torch_streams.py's on them, run by paired.py in the
-            # same round as vramscope's replays, seconds apart (since 2026-12-03).
+            # same round as vramscope's replays, seconds apart.
             # torch_streams.py's passes, in paired.py's rounds: on a trace's own streams, and
-            # since 2026-12-03 (forty-second session) on one stream too, for the fastest tenth.
+            # on one stream too, for the fastest tenth.
             by_pass = sorted((t for t in same.get(name, []) if "paired_round" in t), key=lambda t: t["paired_round"])
             sides = by_pass if several else ts
             if paired and len(off) == len(fast) == len(sides):

@@ -2,7 +2,7 @@
 """A model, not vramscope: how much memory an allocator would reserve, and how many driver calls
 it would make in each pass, if it mapped physical pages at several addresses at once (CUDA
 allows it: one `cuMemCreate` allocation mapped at eight addresses costs its size once,
-`fixtures/torch/runs/2026-12-01-h200-staggered.log`).
+`docs/lab/runs/h200-staggered.log`).
 
 Physical memory is 2 MiB pages, each its own allocation (`cuMemMap` maps only whole
 allocations). A request above 1 MiB takes as many pages as it spans, any of the free ones, seen

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the device machine: records the `WINTER` workloads of fixtures/torch/workloads.py (six
-# programs nobody here had seen, written on 2026-12-02) into .gpu/winter (gzipped copies under
+# programs nobody here had seen, written before any was recorded) into .gpu/winter (gzipped copies under
 # $OUT/winter), then runs the CUDA suite and replays them through the whole table with run.sh
 # (vramscope with each segment kind, recording off and default, PyTorch, the pool, cudaMalloc,
 # three rounds; the multi-stream one also on its own streams), in one command: heldout.sh with

@@ -47,11 +47,9 @@ const CEILING_CHURNS: usize = 64;
 /// Likewise, smallest first, a large request released the small pool's 2 MiB segments before
 /// anything else: each gives back 2 MiB against the hundreds the request needs, and the small
 /// tensors of the next step reserve it again. A request that needs more than a small segment
-/// releases none of the small pool's, on any number of streams. (Until 2026-11-27 that too held
-/// only where one stream held every segment; on several streams as well, with holes unmapped
-/// only as far as the request lacks, it halved the warm calls of random shapes on several
-/// streams and left fewer rows calling after two warm passes: BENCHMARKS.md, "Unmapping what a
-/// request lacks".)
+/// releases none of the small pool's, on any number of streams. (Held only where one stream
+/// held every segment, the rule left twice the warm calls of random shapes on several streams
+/// and more rows calling after two warm passes: BENCHMARKS.md.)
 const RELEASE_SPAN: u64 = 8;
 
 /// What a reclaim may give back (see [`Heap::reclaim`]): which whole free segments, and
@@ -128,12 +126,11 @@ impl Heap {
     /// last peak: a loop that churns again after a raise needs more headroom than the raise
     /// gave, and geometric steps reach it in few churns), up to `fragmentation_limit_max`.
     ///
-    /// The reclaims' want counts whether or not this growth fits under the limit. Until
-    /// 2026-11-29 it counted only where it did: where it did not, the limit rose only to this
-    /// growth, and two requests that took turns mapping pages the other's reclaim had unmapped
-    /// churned again after each raise, into a third warm pass on 2 of 300 single-stream random
-    /// traces (`tests/replay.rs`, `random_shapes_on_one_stream_settle_by_the_second_warm_pass`;
-    /// BENCHMARKS.md, "What the reclaim wanted").
+    /// The reclaims' want counts whether or not this growth fits under the limit. Counted only
+    /// where it did, the limit would rise only to this growth, and two requests that took turns mapping pages the other's reclaim had unmapped
+    /// would churn again after each raise, into a third warm pass on 2 of 300 single-stream
+    /// random traces (`tests/replay.rs`,
+    /// `random_shapes_on_one_stream_settle_by_the_second_warm_pass`).
     ///
     /// The request is compared by its size. Until no hole was unmapped on several streams
     /// ([`Heap::reclaim`]), a request of a stream that shared the heap was compared by the

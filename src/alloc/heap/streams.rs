@@ -617,11 +617,10 @@ impl Heap {
     /// Best fit among `owner`'s free blocks of `pool` for a request of `size` bytes on
     /// `requester` ([`Heap::find_free`]), once the borrowers whose loans given back unasked lie
     /// in what the request would take of it are asked about ([`Heap::check_returns`]): a
-    /// request asks only where it would take such memory. Until 2026-12-03 every request of
-    /// another stream asked about every such loan, wherever it lay and whatever it took: on
-    /// `fsdp_layer_gather` replayed as on CUDA, 945 queries a warm pass, 672 since, with the
-    /// same decisions on all 132 fixture rows (`BENCHMARKS.md`, "Asked only where a request
-    /// takes a loan").
+    /// request asks only where it would take such memory. Asking at every request of another
+    /// stream about every such loan, wherever it lay, made the same decisions with more
+    /// queries (`fsdp_layer_gather` replayed as on CUDA: 945 a warm pass against 672;
+    /// `docs/lab/`).
     ///
     /// An answer may change the free blocks (where a borrower can be neither waited for nor
     /// synchronized, its loans are kept out of use, [`Heap::strand_loans`]): the best fit is
