@@ -1,7 +1,7 @@
 //! The leak finder on any step numbering: the same program numbered 0, 1, 2, ..., with a
 //! stride, resumed from a checkpoint, or sparsely, gives the same leaking lines with the same
-//! per-step figures; only the step numbers it names follow the program's. (One test in its own
-//! binary: `vramscope::step` is process-wide.)
+//! per-step figures; only the step numbers it names follow the program's. (In a binary of its
+//! own, the tests taking turns: `vramscope::step` is process-wide.)
 
 use vramscope::{backend::SimBackend, report, Buffer, CachingAllocator, Snapshot, Stream};
 
@@ -18,6 +18,28 @@ fn temporary(alloc: &CachingAllocator, s: &Stream) {
 #[inline(never)]
 fn replaced(alloc: &CachingAllocator, s: &Stream, slot: &mut Option<Buffer<u8>>) {
     *slot = Some(alloc.alloc::<u8>(s, 2 << 20).unwrap());
+}
+
+/// The buffers a program still holds: the kept list and the replaced slot.
+type Held = (Vec<Buffer<u8>>, Option<Buffer<u8>>);
+
+/// A program of `keep`, `temporary` and `replaced` lines, one round per step number of `steps`
+/// (marked with `vramscope::step`); the kept list is cleared before the round of step `clear`.
+/// Returns the allocator and the buffers the program still holds.
+fn program(steps: impl Iterator<Item = u64>, clear: Option<u64>) -> (CachingAllocator, Held) {
+    let alloc = CachingAllocator::new(SimBackend::new(1 << 40));
+    let s = alloc.default_stream();
+    let (mut kept, mut slot) = (Vec::new(), None);
+    for i in steps {
+        vramscope::step(i);
+        if clear == Some(i) {
+            kept.clear();
+        }
+        keep(&alloc, &s, &mut kept);
+        temporary(&alloc, &s);
+        replaced(&alloc, &s, &mut slot);
+    }
+    (alloc, (kept, slot))
 }
 
 /// The same snapshot with every step number `s` replaced by `f(s)`.
@@ -41,17 +63,13 @@ fn renumbered(json: &serde_json::Value, f: &dyn Fn(u64) -> u64) -> Snapshot {
     Snapshot::from_bytes(v.to_string().as_bytes(), "renumbered").expect("still a snapshot")
 }
 
+/// `vramscope::step` is process-wide: the tests of this binary take turns.
+static STEPS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn strided_resumed_and_sparse_steps_give_the_same_verdicts() {
-    let alloc = CachingAllocator::new(SimBackend::new(1 << 40));
-    let s = alloc.default_stream();
-    let (mut kept, mut slot) = (Vec::new(), None);
-    for i in 0..30 {
-        vramscope::step(i);
-        keep(&alloc, &s, &mut kept);
-        temporary(&alloc, &s);
-        replaced(&alloc, &s, &mut slot);
-    }
+    let _turn = STEPS.lock().unwrap_or_else(|e| e.into_inner());
+    let (alloc, held) = program(0..30, None);
     let json: serde_json::Value = serde_json::from_str(&alloc.snapshot().to_json()).unwrap();
     let base = report::leaks(&renumbered(&json, &|s| s));
     assert_eq!(base.len(), 1, "{base:#?}");
@@ -76,5 +94,41 @@ fn strided_resumed_and_sparse_steps_give_the_same_verdicts() {
             assert_eq!((a.blocks, a.bytes), (b.blocks, b.bytes), "{name}");
         }
     }
-    drop(kept);
+    drop(held);
+}
+
+/// Memory that grew step after step and then fell is not a leak: a list kept for 24 of 30
+/// steps, then cleared and filled again, is a cache emptied in time, whatever it held meanwhile.
+#[test]
+fn memory_that_falls_is_not_a_leak() {
+    let _turn = STEPS.lock().unwrap_or_else(|e| e.into_inner());
+    let (alloc, _held) = program(0..30, Some(24));
+    let leaks = report::leaks(&alloc.snapshot());
+    assert!(leaks.is_empty(), "a cleared list named as a leak: {leaks:#?}");
+    // Kept to the end, the same list is a leak: the rule above is what tells them apart.
+    let alloc = CachingAllocator::new(SimBackend::new(1 << 40));
+    let s = alloc.default_stream();
+    let mut kept = Vec::new();
+    for i in 0..30 {
+        vramscope::step(i);
+        if i < 24 {
+            keep(&alloc, &s, &mut kept);
+        }
+        temporary(&alloc, &s);
+    }
+    let leaks = report::leaks(&alloc.snapshot());
+    assert_eq!(leaks.len(), 1, "{leaks:#?}");
+    assert!(leaks[0].site.contains("keep"), "{leaks:#?}");
+}
+
+/// Steps counted down (`step(10)` down to `step(1)`) are steps in the order they happened: the
+/// line that keeps a block each step is named as when counting up.
+#[test]
+fn steps_counted_down_find_the_same_leak() {
+    let _turn = STEPS.lock().unwrap_or_else(|e| e.into_inner());
+    let (alloc, _held) = program((1..=10).rev(), None);
+    let leaks = report::leaks(&alloc.snapshot());
+    assert_eq!(leaks.len(), 1, "{leaks:#?}");
+    assert!(leaks[0].site.contains("keep"), "{leaks:#?}");
+    assert_eq!(leaks[0].bytes_per_step, 1 << 20);
 }

@@ -85,7 +85,7 @@ fn tolerance_is_compared_with_the_bytes_asked_for() {
     assert!(
         v.report.contains(
             "live bytes of the test's blocks (bytes asked for, all allocators):\n  \
-             grew 1,000 B in 10 iterations (tolerance 999 B); at the end of each iteration:"
+             grew 1,000 B in 10 iterations, over the tolerance of 999 B\n  at the end of each iteration:"
         ),
         "{}",
         v.report
@@ -265,4 +265,90 @@ fn edge_values_are_checked() {
     assert!(!v.passed);
     assert_eq!(runs, 0, "nothing ran");
     assert!(v.report.contains("at most 1000000 in all"), "{}", v.report);
+}
+
+/// A tolerance one byte under the growth is printed exactly, never rounded to look equal to it,
+/// and the line fits 100 columns.
+#[test]
+fn a_tolerance_just_under_the_growth_reads_as_less() {
+    let mut kept = Vec::new();
+    let v = MemTest::new("mem_tests::edge_of_tolerance").iters(5).tolerance(4999).check(|| {
+        let a = alloc();
+        kept.push(a.alloc::<u8>(&a.default_stream(), 1000).unwrap());
+    });
+    assert!(!v.passed);
+    assert!(
+        v.report.contains("grew 5,000 B (4.88 KiB) in 5 iterations, over the tolerance of 4,999 B\n"),
+        "{}",
+        v.report
+    );
+    assert!(v.report.lines().all(|l| l.chars().count() <= 100), "{}", v.report);
+}
+
+/// A pool that fills on first use grew once: the report says in which iteration, shows that
+/// iteration's change from the start, and counts one iteration of growth, not every one.
+#[test]
+fn growth_made_once_reads_as_made_once() {
+    let pool: std::cell::RefCell<Vec<Buffer<u8>>> = Default::default();
+    let line = line!() + 5;
+    let v = MemTest::new("mem_tests::pool_on_first_use").iters(6).warmup(0).check(|| {
+        let a = alloc();
+        let mut p = pool.borrow_mut();
+        while p.len() < 4 {
+            p.push(a.alloc::<u8>(&a.default_stream(), 64 << 10).unwrap());
+        }
+    });
+    assert!(!v.passed);
+    assert_eq!(v.growth, 262_144);
+    assert!(
+        v.report.starts_with("mem_tests::pool_on_first_use: live bytes grew in 1 of 6 iterations (iteration 1)\n"),
+        "{}",
+        v.report
+    );
+    assert!(v.report.contains("kept alive since the baseline, by the line that allocated it:\n"), "{}", v.report);
+    assert!(v.report.contains(&format!("tests/mem_tests.rs:{line}")), "{}", v.report);
+    assert!(v.report.contains("4 blocks, 262,144 B (256.00 KiB), all in iteration 1"), "{}", v.report);
+    assert!(!v.report.contains("per iteration"), "{}", v.report);
+    // The table's first row shows its change from the start.
+    assert!(v.report.contains("    1       262,144 B (256.00 KiB)  +262,144 B (256.00 KiB)\n"), "{}", v.report);
+    drop(pool);
+}
+
+/// State made in the second step, after one warm-up iteration: growth in iteration 2 only.
+#[test]
+fn state_made_in_the_second_step_reads_as_such() {
+    let mut calls = 0;
+    let mut memo: Option<Buffer<u8>> = None;
+    let v = MemTest::new("mem_tests::memo_in_second_step").iters(4).warmup(1).check(|| {
+        calls += 1;
+        if calls == 2 {
+            let a = alloc();
+            memo = Some(a.alloc::<u8>(&a.default_stream(), 16 << 10).unwrap());
+        }
+    });
+    assert!(!v.passed);
+    assert!(v.report.contains("live bytes grew in 1 of 4 iterations (iteration 2)"), "{}", v.report);
+    assert!(v.report.contains("1 block, 16,384 B (16.00 KiB), all in iteration 2"), "{}", v.report);
+    drop(memo);
+}
+
+/// With two warm-up iterations the baseline is the end of the second: a cache filled there is
+/// warm-up, not growth.
+#[test]
+fn the_baseline_is_the_last_warm_up_iteration() {
+    let mut calls = 0;
+    let mut cache: Vec<Buffer<u8>> = Vec::new();
+    let v = MemTest::new("mem_tests::cache_in_second_warm_up").iters(3).warmup(2).check(|| {
+        calls += 1;
+        let a = alloc();
+        // Something every iteration, so that the body is seen allocating.
+        drop(a.alloc::<u8>(&a.default_stream(), 256).unwrap());
+        if calls == 2 {
+            cache.push(a.alloc::<u8>(&a.default_stream(), 8192).unwrap());
+        }
+    });
+    assert!(v.passed, "{}", v.report);
+    assert_eq!(v.growth, 0);
+    assert_eq!(v.per_iteration, [0, 8192, 8192, 8192, 8192]);
+    drop(cache);
 }

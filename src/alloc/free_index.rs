@@ -652,6 +652,67 @@ mod tests {
             assert!(ix.remove(except));
             proptest::prop_assert_eq!(got, ix.find(1, 0, want));
         }
+
+        /// Best fit against a plain search over every free block: after any sequence of
+        /// insertions and removals over two streams and both pools, `find` returns the smallest
+        /// block that fits; among equals, the one inserted last where the size has an exact
+        /// class (up to 1 MiB), else the lowest key. `find_except` is the same search without
+        /// the block it leaves out.
+        #[test]
+        fn best_fit_is_the_plain_search(
+            ops in proptest::collection::vec((0u8..4, 1u64..3000, 0u64..3, 0u32..2, 0usize..2), 1..120),
+            wants in proptest::collection::vec((1u64..3000, 0u64..3), 1..16),
+        ) {
+            // (block, pool, stream, size, key, when inserted)
+            let mut free: Vec<(u32, usize, u32, u64, u64, usize)> = Vec::new();
+            let mut ix = FreeIndex::new();
+            let size = |u: u64, scale: u64| (u << 9) << (scale * 4);
+            for (t, &(op, u, scale, stream, pool)) in ops.iter().enumerate() {
+                if op == 0 && !free.is_empty() {
+                    let (b, ..) = free.remove(u as usize % free.len());
+                    proptest::prop_assert!(ix.remove(id(b)));
+                } else {
+                    let (b, s, key) = (t as u32, size(u, scale), (u * 7919 + t as u64 * 104_729) % 65_521);
+                    ix.insert(id(b), pool, stream, s, key, Flags::default());
+                    free.push((b, pool, stream, s, key, t));
+                }
+            }
+            let plain = |pool: usize, stream: u32, want: u64, except: Option<u32>| {
+                free.iter()
+                    .filter(|f| f.1 == pool && f.2 == stream && f.3 >= want && Some(f.0) != except)
+                    .min_by(|a, b| {
+                        a.3.cmp(&b.3).then_with(|| {
+                            if class_of(a.3) < EXACT_CLASSES {
+                                b.5.cmp(&a.5) // the one inserted last
+                            } else {
+                                a.4.cmp(&b.4).then_with(|| a.0.cmp(&b.0))
+                            }
+                        })
+                    })
+                    .map(|f| (id(f.0), f.3))
+            };
+            for &(u, scale) in &wants {
+                let want = size(u, scale);
+                for (pool, stream) in [(0, 0), (0, 1), (1, 0), (1, 1)] {
+                    let got = ix.find(pool, stream, want);
+                    let expected = plain(pool, stream, want, None);
+                    // Equal keys of equal sizes are ties either answer may break.
+                    let same = |a: Option<(BlockId, u64)>, b: Option<(BlockId, u64)>| match (a, b) {
+                        (Some((x, s)), Some((y, t))) => {
+                            s == t && (x == y || (class_of(s) >= EXACT_CLASSES
+                                && ix.entries[x.index()].key == ix.entries[y.index()].key))
+                        }
+                        (a, b) => a == b,
+                    };
+                    proptest::prop_assert!(same(got, expected), "find({pool}, {stream}, {want}): {got:?} against {expected:?}");
+                    if let Some(except) = free.first().map(|f| f.0) {
+                        let got = ix.find_except(pool, stream, want, id(except));
+                        let expected = plain(pool, stream, want, Some(except));
+                        proptest::prop_assert!(same(got, expected), "find_except: {got:?} against {expected:?}");
+                    }
+                }
+            }
+        }
     }
 
     #[test]

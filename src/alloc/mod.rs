@@ -705,7 +705,7 @@ impl CachingAllocator {
             let locked = self.shared.read();
             (locked.heap.settled_stats().public(), locked.heap.device())
         };
-        stats::summary_table(&stats, self.shared.backend.name(), device)
+        stats::summary_table(&stats, self.shared.backend.name(), device, false)
     }
 
     /// Changes what the allocator records, at run time, like PyTorch's

@@ -501,7 +501,11 @@ fn format_count(mut n: u64, mut pref: u64) -> String {
 }
 
 /// Renders `memory_stats()` as PyTorch's `torch.cuda.memory_summary()` table.
-pub(crate) fn summary_table(stats: &MemoryStats, backend: &str, device: usize) -> String {
+///
+/// `current_only`: only the current figures are known (a PyTorch snapshot, whose figures are
+/// worked out from its segments): the peak and total columns print `-`, not a 0 that would
+/// contradict the current figure beside it.
+pub(crate) fn summary_table(stats: &MemoryStats, backend: &str, device: usize, current_only: bool) -> String {
     let rule = |c: char| c.to_string().repeat(75);
     let mut lines = vec![
         rule('='),
@@ -534,7 +538,19 @@ pub(crate) fn summary_table(stats: &MemoryStats, backend: &str, device: usize) -
         for (c, label) in
             [(&s.all, name), (&s.large_pool, "      from large pool"), (&s.small_pool, "      from small pool")]
         {
-            let cells: Vec<String> = cols(c).iter().zip(&pref).map(|(&v, &p)| f(v, p)).collect();
+            let cells: Vec<String> = cols(c)
+                .iter()
+                .zip(&pref)
+                .enumerate()
+                .map(|(i, (&v, &p))| {
+                    let cell = f(v, p);
+                    if current_only && i > 0 {
+                        format!("{:^w$}", "-", w = cell.chars().count())
+                    } else {
+                        cell
+                    }
+                })
+                .collect();
             lines.push(format!(" {label:<21} | {} | {} | {} | {} ", cells[0], cells[1], cells[2], cells[3]));
         }
     }
@@ -643,7 +659,7 @@ mod tests {
 
     #[test]
     fn table_rows_are_75_wide() {
-        let t = summary_table(&Stats::default().public(), "sim", 0);
+        let t = summary_table(&Stats::default().public(), "sim", 0, false);
         for line in t.lines() {
             assert_eq!(line.chars().count(), 77, "{line:?}");
         }

@@ -142,24 +142,32 @@ fn find(snapshot: &Snapshot) -> (Vec<LeakCandidate>, Option<u64>) {
         return (Vec::new(), None);
     }
     let step_of = |i: usize| hist[i].context.map_or(0, |c: ContextInfo| c.step);
+    let recorded_step = |i: usize| hist[i].context.map(|c: ContextInfo| c.step);
     let allocs = || (0..hist.len()).filter(|&i| hist[i].action == Action::Alloc);
-    // The step numbers that occurred, in order: windows follow the steps a program marked, not
-    // the range of their numbers, so that strided (`step(i * 3)`), resumed (0, then 10000 on)
-    // and sparse numbering give what 0, 1, 2, ... gives.
-    let mut steps: Vec<u64> = allocs().map(step_of).collect();
-    steps.sort_unstable();
-    steps.dedup();
+    // The step numbers that occurred, in the order they first occurred: windows follow the
+    // steps a program marked, not the range or the direction of their numbers, so that strided
+    // (`step(i * 3)`), resumed (0, then 10000 on), sparse and descending (`step(10)` down to
+    // `step(1)`) numbering give what 0, 1, 2, ... gives.
+    let mut steps: Vec<u64> = Vec::new();
+    let mut order: HashMap<u64, u64> = HashMap::new();
+    for step in allocs().map(step_of) {
+        order.entry(step).or_insert_with(|| {
+            steps.push(step);
+            steps.len() as u64 - 1
+        });
+    }
     let by_step = steps.len() >= 3;
     // One window per step, up to MAX_STEP_WINDOWS (then steps are grouped): the floors cost
     // sites x windows.
     let marked = steps.len() as u64;
     let windows = if by_step { marked.min(MAX_STEP_WINDOWS) as usize } else { WINDOWS };
-    // The rank of a step among those that occurred (a free's step between two of them counts
-    // with the next).
-    let rank = |step: u64| steps.partition_point(|&s| s < step) as u64;
+    // The window of event `i`: its step's place among the steps that occurred. An event of a
+    // step no allocation had (a free recorded without its context) stays in the window of the
+    // events before it.
     let window_of = |i: usize| -> usize {
         if by_step {
-            let k = u128::from(rank(step_of(i)).min(marked - 1)) * windows as u128 / u128::from(marked);
+            let Some(&rank) = recorded_step(i).and_then(|step| order.get(&step)) else { return 0 };
+            let k = u128::from(rank.min(marked - 1)) * windows as u128 / u128::from(marked);
             (k as usize).min(windows - 1)
         } else {
             (i * windows / hist.len()).min(windows - 1)

@@ -35,13 +35,18 @@ use crate::snapshot::{ContextInfo, Snapshot};
 /// device of a snapshot of several ([`Snapshot::for_device`]).
 pub fn summary(snapshot: &Snapshot) -> String {
     let devices = snapshot.devices();
+    // PyTorch's snapshot carries no statistics: its current figures are worked out from its
+    // segments, and its peaks and totals are unknown, not 0.
+    let current_only = snapshot.is_from_pytorch();
+    let table = |s: &Snapshot| crate::alloc::stats::summary_table(&s.stats, &s.backend, s.device, current_only);
     let mut out = if devices.len() <= 1 {
-        crate::alloc::stats::summary_table(&snapshot.stats, &snapshot.backend, snapshot.device)
+        table(snapshot)
     } else {
-        let parts = snapshot.by_devices(&devices);
-        let table = |s: &Snapshot| crate::alloc::stats::summary_table(&s.stats, &s.backend, s.device);
-        parts.iter().map(table).collect::<Vec<_>>().join("\n")
+        snapshot.by_devices(&devices).iter().map(table).collect::<Vec<_>>().join("\n")
     };
+    if current_only {
+        out.push_str("Peaks and totals (-) are not in PyTorch's snapshot; current figures come from its segments.\n");
+    }
     if let Some(p) = snapshot.driver_pool {
         out.push_str(&format!(
             "CUDA stream-ordered pool: {} in use (peak {}), {} held (peak {})\n",

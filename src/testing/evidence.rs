@@ -138,27 +138,76 @@ fn grown(before: &Snapshot, after: &Snapshot, path: &[String]) -> Vec<Grown> {
     out
 }
 
-/// The lines of grown sites, as the report prints them: exact figures per measured iteration
-/// where they divide evenly, else over all of them.
-fn render_sites(s: &mut String, sites: &[Grown], iters: u64) {
+/// When the metric grew over the measured iterations.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum When {
+    /// In every measured iteration.
+    Every,
+    /// In this one iteration (counted from 1, warm-up included) and in no other.
+    Once(usize),
+    /// In these iterations only, two or more but not all.
+    Some(Vec<usize>),
+}
+
+/// When `figures` (the metric at the end of each iteration, warm-up included) grew among the
+/// measured iterations: each compared with the one before, the first measured one with the
+/// baseline (the last warm-up iteration, or `start` where none ran).
+fn when_grew(figures: &[u64], start: Option<u64>, warmup: usize) -> When {
+    let mut previous = if warmup == 0 { start } else { figures.get(warmup - 1).copied() };
+    let (mut grew, mut measured) = (Vec::new(), 0);
+    for (i, &x) in figures.iter().enumerate().skip(warmup) {
+        measured += 1;
+        if previous.is_some_and(|p| x > p) {
+            grew.push(i + 1);
+        }
+        previous = Some(x);
+    }
+    match grew.len() {
+        n if n == measured && n > 0 => When::Every,
+        1 => When::Once(grew[0]),
+        _ => When::Some(grew),
+    }
+}
+
+/// `2`, `2 and 5`, `2, 4 and 6`.
+fn list(numbers: &[usize]) -> String {
+    match numbers {
+        [] => String::new(),
+        [one] => one.to_string(),
+        [rest @ .., last] => {
+            format!("{} and {last}", rest.iter().map(usize::to_string).collect::<Vec<_>>().join(", "))
+        }
+    }
+}
+
+/// The lines of grown sites, as the report prints them. Growth in every measured iteration:
+/// exact figures per iteration where they divide evenly, else over all of them. Growth in one
+/// iteration only: said so, where the sites' growth adds up to the metric's (`whole`), so that
+/// no site can have grown elsewhere. Otherwise what each site gained since the baseline.
+fn render_sites(s: &mut String, sites: &[Grown], iters: u64, when: &When, whole: bool) {
     let iters = iters.max(1);
     for g in sites {
         // One line per site, within the columns where the function's name allows.
         let _ = writeln!(s, "  {}", report::fit_site(&g.site, report::COLUMNS - 2));
         let even = g.blocks.is_multiple_of(iters) && g.requested.is_multiple_of(iters) && g.bytes.is_multiple_of(iters);
-        let (k, when) =
-            if even { (iters, "per iteration".to_string()) } else { (1, format!("over {iters} iterations")) };
-        let head = format!("{}, {} {when}", plural(g.blocks / k, "block", "blocks"), exact_and_round(g.requested / k));
+        let (k, when) = match when {
+            When::Every if even => (iters, " per iteration".to_string()),
+            When::Every => (1, format!(" over {iters} iterations")),
+            When::Once(i) if whole => (1, format!(", all in iteration {i}")),
+            _ => (1, " since the baseline".to_string()),
+        };
+        let head = format!("{}, {}{when}", plural(g.blocks / k, "block", "blocks"), exact_and_round(g.requested / k));
         // What follows the figures, each part with what joins it to the one before.
         let mut parts = Vec::new();
         if g.blocks == 0 && g.sizes.len() == g.gone.len() && !g.sizes.is_empty() {
             // As many blocks as before, larger: a buffer reallocated larger.
             let (from, to) = (exact(g.gone.iter().sum::<u64>()), exact(g.sizes.iter().sum::<u64>()));
+            // Block sizes, not requests: say so, or a reader compares them with the request.
             parts.push((
                 "",
                 match g.sizes.len() {
-                    1 => format!("(its block replaced by a larger one: {from} -> {to})"),
-                    n => format!("(its {n} blocks replaced by larger ones: {from} -> {to} in all)"),
+                    1 => format!("(its block replaced by a larger one: {from} -> {to}, block sizes)"),
+                    n => format!("(its {n} blocks replaced by larger ones: {from} -> {to} in all, block sizes)"),
                 },
             ));
         } else if g.bytes != g.requested {
@@ -209,6 +258,20 @@ fn block_sizes(sizes: &[u64], blocks: u64) -> String {
     }
 }
 
+/// How many of the measured iterations the metric grew in, for the report's first line:
+/// `4 iterations` where it grew in all, `1 of 6 iterations (iteration 1)`, `3 of 6 iterations
+/// (2, 4 and 6)`.
+fn grew_in(when: &When, iters: u64) -> String {
+    match when {
+        When::Every => plural(iters, "iteration", "iterations"),
+        When::Once(i) => format!("1 of {} (iteration {i})", plural(iters, "iteration", "iterations")),
+        When::Some(its) if its.len() <= 8 => {
+            format!("{} of {} ({})", its.len(), plural(iters, "iteration", "iterations"), list(its))
+        }
+        When::Some(its) => format!("{} of {}", its.len(), plural(iters, "iteration", "iterations")),
+    }
+}
+
 impl Evidence {
     pub(super) fn new(path: &[String], before: &[Snapshot], after: &[Snapshot]) -> Evidence {
         let pick = |snaps: &[Snapshot], inside: bool| {
@@ -235,15 +298,27 @@ impl Evidence {
             Metric::LiveBlocks => "live blocks",
             Metric::ReservedBytes => "reserved bytes",
         };
+        // Sites' growth adds up to the metric's where no site lost memory: then growth the
+        // metric saw in one iteration only is every site's.
+        let whole = |sites: &[Grown], growth: i64| {
+            let sum: u64 =
+                sites.iter().map(|g| if test.metric == Metric::LiveBlocks { g.blocks } else { g.requested }).sum();
+            test.metric != Metric::ReservedBytes && i128::from(sum) == i128::from(growth)
+        };
+        let kept = |when: &When, outside: &str| match when {
+            When::Every => format!("kept alive per iteration{outside}, by the line that allocated it:\n"),
+            _ => format!("kept alive since the baseline{outside}, by the line that allocated it:\n"),
+        };
         if why.grew {
-            let _ = writeln!(s, "{}: {metric} grew in {}", test.name, plural(iters, "iteration", "iterations"));
+            let when = when_grew(&v.per_iteration, why.start, test.warmup);
+            let _ = writeln!(s, "{}: {metric} grew in {}", test.name, grew_in(&when, iters));
             let sites = grown(&self.before, &self.after, &self.path);
             if sites.is_empty() {
                 s.push_str("  no allocation site of the test holds more than at the baseline: the growth is in\n");
                 s.push_str("  memory outside the test's blocks (the reserved bytes metric counts every allocator)\n");
             } else {
-                s.push_str("kept alive per iteration, by the line that allocated it:\n");
-                render_sites(&mut s, &sites, iters);
+                s.push_str(&kept(&when, ""));
+                render_sites(&mut s, &sites, iters, &when, whole(&sites, v.growth));
                 if sites.iter().any(|g| g.site.contains("no line tables")) {
                     s.push_str("  (for file:line, set `debug = \"line-tables-only\"` in this build's profile)\n");
                 }
@@ -258,10 +333,15 @@ impl Evidence {
                  then `let _g = s.enter();` in the thread, or `s.wrap(future)` for a task.",
                 unit(why.unscoped_growth.max(0) as u64),
                 plural(iters, "iteration", "iterations"),
-                unit(test.tolerance),
+                match test.metric {
+                    Metric::LiveBlocks => plural(test.tolerance, "block", "blocks"),
+                    _ => exact(test.tolerance),
+                },
             );
-            s.push_str("kept alive per iteration outside the test's scope, by the line that allocated it:\n");
-            render_sites(&mut s, &grown(&self.outside_before, &self.outside_after, &[]), iters);
+            let when = when_grew(&why.outside_per_iteration, why.outside_start, test.warmup);
+            let sites = grown(&self.outside_before, &self.outside_after, &[]);
+            s.push_str(&kept(&when, " outside the test's scope"));
+            render_sites(&mut s, &sites, iters, &when, whole(&sites, why.unscoped_growth));
         } else if why.nothing {
             let _ = writeln!(
                 s,
@@ -299,19 +379,27 @@ impl Evidence {
             (Metric::ReservedBytes, _) => "reserved bytes (every allocator: the test's and any other's)",
         };
         let growth = if outside { why.unscoped_growth } else { v.growth }.max(0) as u64;
-        let _ = writeln!(
-            s,
-            "{subject}:\n  grew {} in {} (tolerance {}); at the end of each iteration:",
-            unit(growth),
-            plural(iters, "iteration", "iterations"),
-            unit(test.tolerance)
-        );
+        // The tolerance exactly, never rounded: rounded, it could read as the growth it refused.
+        let tolerance = match test.metric {
+            Metric::LiveBlocks => plural(test.tolerance, "block", "blocks"),
+            _ => exact(test.tolerance),
+        };
+        let grew = format!("  grew {} in {}", unit(growth), plural(iters, "iteration", "iterations"));
+        let over = format!(", over the tolerance of {tolerance}");
+        let _ = writeln!(s, "{subject}:");
+        if grew.chars().count() + over.chars().count() <= report::COLUMNS {
+            let _ = writeln!(s, "{grew}{over}");
+        } else {
+            let _ = writeln!(s, "{grew}\n  {}", over.trim_start_matches(", "));
+        }
+        s.push_str("  at the end of each iteration:\n");
         let cell = |n: u64| match test.metric {
             Metric::LiveBlocks => format!("{:>14}", plural(n, "block", "blocks")),
             _ if n < 1024 => format!("{:>14}", exact(n)),
             _ => format!("{:>14} {:<13}", exact(n), format!("({})", fmt_bytes(n))),
         };
-        let mut previous: Option<u64> = None;
+        // Where no warm-up ran, the first iteration's change is from the start.
+        let mut previous: Option<u64> = if outside { why.outside_start } else { why.start };
         for (i, x) in figures.iter().enumerate() {
             let tag = if i < test.warmup {
                 "warm-up".to_string()
@@ -417,9 +505,9 @@ mod tests {
         assert_eq!(plural(2, "block", "blocks"), "2 blocks");
     }
 
-    #[test]
-    fn sites_read_per_iteration_when_even() {
-        let g = |blocks, bytes, requested, sizes: &[u64]| Grown {
+    /// A site of `tests/a.rs:3` that grew by these figures.
+    fn site(blocks: u64, bytes: u64, requested: u64, sizes: &[u64], tensor: &str) -> Grown {
+        Grown {
             site: "tests/a.rs:3 (a::f)".into(),
             scope: String::new(),
             blocks,
@@ -427,30 +515,35 @@ mod tests {
             requested,
             sizes: sizes.to_vec(),
             gone: Vec::new(),
-            tensor: "float32[64, 64]".into(),
-        };
+            tensor: tensor.into(),
+        }
+    }
+
+    #[test]
+    fn sites_read_per_iteration_when_even() {
+        let g = |blocks, bytes, requested, sizes: &[u64]| site(blocks, bytes, requested, sizes, "float32[64, 64]");
         let mut s = String::new();
-        render_sites(&mut s, &[g(3, 3 * 16384, 3 * 16384, &[16384; 3])], 3);
+        render_sites(&mut s, &[g(3, 3 * 16384, 3 * 16384, &[16384; 3])], 3, &When::Every, true);
         assert_eq!(s, "  tests/a.rs:3 (a::f)\n      1 block, 16,384 B (16.00 KiB) per iteration, float32[64, 64]\n");
         let mut s = String::new();
-        render_sites(&mut s, &[g(2, 2048, 2000, &[1024, 1024])], 3);
+        render_sites(&mut s, &[g(2, 2048, 2000, &[1024, 1024])], 3, &When::Every, true);
         assert!(s.contains("2 blocks, 2,000 B (1.95 KiB) over 3 iterations (blocks of 1,024 B)"), "{s}");
         // Two sizes per iteration: the blocks read as what they are, not as one block's size.
         let mut s = String::new();
-        render_sites(&mut s, &[g(6, 3 * 5632, 3 * 5200, &[4096, 4096, 4096, 1536, 1536, 1536])], 3);
+        render_sites(&mut s, &[g(6, 3 * 5632, 3 * 5200, &[4096, 4096, 4096, 1536, 1536, 1536])], 3, &When::Every, true);
         assert!(s.contains("2 blocks, 5,200 B (5.08 KiB) per iteration (blocks of 4,096 B and 1,536 B)"), "{s}");
         let mut s = String::new();
-        render_sites(&mut s, &[g(3, 3 * 1024, 3 * 1000, &[1024; 3])], 3);
+        render_sites(&mut s, &[g(3, 3 * 1024, 3 * 1000, &[1024; 3])], 3, &When::Every, true);
         assert!(s.contains("1 block, 1,000 B per iteration (a block of 1,024 B)"), "{s}");
         // A buffer reallocated larger each iteration: no block more, the one it has larger.
         let mut s = String::new();
         let mut grew = g(0, 3 * 2048, 3 * 2048, &[10240]);
         grew.gone = vec![4096];
-        render_sites(&mut s, &[grew.clone()], 3);
+        render_sites(&mut s, &[grew.clone()], 3, &When::Every, true);
         assert!(
             s.contains(
                 "0 blocks, 2,048 B (2.00 KiB) per iteration\n        (its block replaced by a larger one: 4,096 B -> \
-                 10,240 B), float32[64, 64]\n"
+                 10,240 B, block sizes), float32[64, 64]\n"
             ),
             "{s}"
         );
@@ -460,11 +553,11 @@ mod tests {
         grew.sizes = vec![262144];
         grew.scope = "serve/decode/step".into();
         let mut s = String::new();
-        render_sites(&mut s, &[grew], 3);
+        render_sites(&mut s, &[grew], 3, &When::Every, true);
         assert_eq!(
             s,
             "  tests/a.rs:3 (a::f)\n      0 blocks, 65,536 B (64.00 KiB) per iteration\n        \
-             (its block replaced by a larger one: 65,536 B -> 262,144 B), float32[64, 64],\n        \
+             (its block replaced by a larger one: 65,536 B -> 262,144 B, block sizes), float32[64, 64],\n        \
              scope serve/decode/step\n"
         );
         assert!(s.lines().all(|l| l.chars().count() <= report::COLUMNS), "{s}");
@@ -472,6 +565,39 @@ mod tests {
 
     /// In a build without line tables, a thread's closure inlined into the standard library
     /// is named after the test whose scope it ran in, not only as "library frames".
+    #[test]
+    fn when_growth_happened_is_read_from_the_figures() {
+        // No warm-up: the first iteration is compared with the start.
+        assert_eq!(when_grew(&[262_144, 262_144, 262_144], Some(0), 0), When::Once(1));
+        // One warm-up: the first measured iteration is compared with the warm-up's end.
+        assert_eq!(when_grew(&[100, 65_636, 65_636, 65_636], None, 1), When::Once(2));
+        assert_eq!(when_grew(&[100, 200, 300, 400], None, 1), When::Every);
+        assert_eq!(when_grew(&[0, 10, 10, 20, 20, 30], None, 1), When::Some(vec![2, 4, 6]));
+        // Two warm-ups: growth in the second warm-up iteration is not counted.
+        assert_eq!(when_grew(&[0, 500, 500, 600], None, 2), When::Once(4));
+        assert_eq!(when_grew(&[10, 10], Some(0), 0), When::Once(1));
+        assert_eq!(when_grew(&[10, 20], Some(0), 0), When::Every);
+        assert_eq!(grew_in(&When::Once(1), 6), "1 of 6 iterations (iteration 1)");
+        assert_eq!(grew_in(&When::Some(vec![2, 4, 6]), 6), "3 of 6 iterations (2, 4 and 6)");
+        assert_eq!(grew_in(&When::Every, 4), "4 iterations");
+    }
+
+    #[test]
+    fn growth_made_once_reads_as_such() {
+        let pool = site(4, 262_144, 262_144, &[65_536; 4], "");
+        let mut s = String::new();
+        render_sites(&mut s, std::slice::from_ref(&pool), 4, &When::Once(1), true);
+        assert!(s.contains("4 blocks, 262,144 B (256.00 KiB), all in iteration 1"), "{s}");
+        assert!(!s.contains("per iteration"), "{s}");
+        // Where another site may have lost what this one gained, no iteration is claimed.
+        let mut s = String::new();
+        render_sites(&mut s, std::slice::from_ref(&pool), 4, &When::Once(1), false);
+        assert!(s.contains("4 blocks, 262,144 B (256.00 KiB) since the baseline"), "{s}");
+        let mut s = String::new();
+        render_sites(&mut s, &[pool], 4, &When::Some(vec![1, 3]), true);
+        assert!(s.contains("since the baseline"), "{s}");
+    }
+
     #[test]
     fn inlined_code_in_the_scope_is_named_after_the_test() {
         let json = include_str!("../../fixtures/hostile/consistent.json")

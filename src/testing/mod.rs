@@ -320,7 +320,10 @@ impl MemTest {
         let guard = crate::scope(&self.name);
         let scope = crate::current_scope();
         let allocations_before = scope.allocations();
-        let others_at_start = RUNNING.fetch_add(1, Ordering::SeqCst);
+        // Counted out by a guard, so that a body that panics (a `#[should_panic]` test) leaves
+        // no test counted as running: every later test would otherwise never run alone.
+        let running = Running::enter();
+        let others_at_start = running.others_at_start;
         let generation = STARTED.fetch_add(1, Ordering::SeqCst) + 1;
         let path = scope.path();
         let alone_so_far = || others_at_start == 0 && STARTED.load(Ordering::SeqCst) == generation;
@@ -345,7 +348,7 @@ impl MemTest {
         }
         drop(guard);
         let alone = alone_so_far();
-        RUNNING.fetch_sub(1, Ordering::SeqCst);
+        drop(running);
         let out = last.expect("at least one iteration ran");
         let allocations = scope.allocations() - allocations_before;
         // With warm-up, `measures[k]` is the end of iteration k + 1; without, `measures[0]` is
@@ -385,6 +388,7 @@ impl MemTest {
         }
         let outside_per_iteration =
             measures[usize::from(self.warmup == 0)..].iter().map(|m| self.outside_value(m)).collect();
+        let start = (self.warmup == 0).then(|| &measures[0]);
         let failure = Failure {
             grew,
             unattributed,
@@ -392,6 +396,8 @@ impl MemTest {
             unscoped_allocators: end.unscoped_allocators,
             unscoped_growth,
             outside_per_iteration,
+            start: start.map(|m| self.value(m)),
+            outside_start: start.map(|m| self.outside_value(m)),
         };
         let after = self.snapshots(scope, alone);
         let before = before.unwrap_or_default();
@@ -470,6 +476,23 @@ impl MemTest {
     }
 }
 
+/// One memory test counted in [`RUNNING`] while it lives, however its body ends.
+struct Running {
+    others_at_start: usize,
+}
+
+impl Running {
+    fn enter() -> Running {
+        Running { others_at_start: RUNNING.fetch_add(1, Ordering::SeqCst) }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        RUNNING.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// Calls a test body: the frame at which recorded stacks stop, so that reports show the body's
 /// frames and not the harness's or the test runner's.
 #[inline(never)]
@@ -521,6 +544,10 @@ struct Failure {
     unscoped_growth: i64,
     /// The metric over the blocks outside the test's scope, as `Verdict::per_iteration`.
     outside_per_iteration: Vec<u64>,
+    /// The metric at the start, before the first iteration, where no warm-up ran (then the
+    /// baseline): the test's blocks, and those outside its scope.
+    start: Option<u64>,
+    outside_start: Option<u64>,
 }
 
 /// A file-name-safe version of a test name.
