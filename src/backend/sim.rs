@@ -85,15 +85,21 @@ const SIM_BASE: u64 = 0x7f00_0000_0000;
 const VIEW_BASE: u64 = 0x5000_0000_0000;
 
 impl SimBackend {
+    /// The largest capacity a simulated device has: 64 PiB, far beyond any device, and small
+    /// enough that 256 address ranges of that size fit in 64-bit addresses.
+    pub const MAX_CAPACITY: u64 = 1 << 56;
+
     /// A simulated device of `capacity` bytes whose events complete at once.
     pub fn new(capacity: u64) -> Self {
         Self::with_events(capacity, EventMode::Immediate)
     }
 
-    /// A simulated device of `capacity` bytes with the given event behaviour.
+    /// A simulated device of `capacity` bytes with the given event behaviour. A capacity above
+    /// [`SimBackend::MAX_CAPACITY`] is taken as that: the simulated address space must hold
+    /// the addresses of many segments that grow in place, each reserving the capacity.
     pub fn with_events(capacity: u64, mode: EventMode) -> Self {
         SimBackend {
-            capacity,
+            capacity: capacity.min(Self::MAX_CAPACITY),
             page: DEFAULT_PAGE_SIZE,
             used: AtomicU64::new(0),
             next_addr: AtomicU64::new(SIM_BASE),
@@ -189,6 +195,13 @@ impl SimBackend {
         Ok(())
     }
 
+    /// The refusal of a segment whose addresses would pass the end of the address space (the
+    /// memory taken for it is given back first).
+    fn out_of_addresses(&self, size: u64) -> BackendError {
+        self.used.fetch_sub(size, Ordering::Relaxed);
+        BackendError::OutOfMemory { requested: size, message: "the simulated address space is used up".into() }
+    }
+
     fn take(&self, size: u64) -> Result<(), BackendError> {
         let mut cur = self.used.load(Ordering::Relaxed);
         loop {
@@ -254,15 +267,23 @@ unsafe impl Backend for SimBackend {
             // The lowest range of `gap` bytes that no segment (with its gap) overlaps.
             let mut at = SIM_BASE;
             for (&base, seg) in &segs.by_base {
-                if base >= at + gap {
+                if base >= at.saturating_add(gap) {
                     break;
                 }
                 at = at.max(base + seg.span + self.page);
             }
-            self.next_addr.fetch_max(at + gap, Ordering::Relaxed);
+            let end = at.checked_add(gap).ok_or_else(|| self.out_of_addresses(size))?;
+            self.next_addr.fetch_max(end, Ordering::Relaxed);
             at
         } else {
-            self.next_addr.fetch_add(gap, Ordering::Relaxed)
+            let mut cur = self.next_addr.load(Ordering::Relaxed);
+            loop {
+                let end = cur.checked_add(gap).ok_or_else(|| self.out_of_addresses(size))?;
+                match self.next_addr.compare_exchange_weak(cur, end, Ordering::Relaxed, Ordering::Relaxed) {
+                    Ok(_) => break cur,
+                    Err(now) => cur = now,
+                }
+            }
         };
         segs.by_base.insert(addr, SimSegment { span, mapped: size });
         // Mapped in granules, as the CUDA backend maps a segment it reserves.
@@ -389,6 +410,35 @@ unsafe impl Backend for SimBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn capacities_near_the_end_of_the_address_space_serve_and_refuse_without_panics() {
+        use crate::CachingAllocator;
+        for capacity in [u64::MAX, u64::MAX - 1, 1 << 63, SimBackend::MAX_CAPACITY + 1] {
+            let sim = SimBackend::new(capacity);
+            assert_eq!(sim.total_memory(), SimBackend::MAX_CAPACITY);
+            let alloc = CachingAllocator::new(SimBackend::new(capacity).with_costly_segments(true));
+            let s = alloc.default_stream();
+            let a = alloc.alloc::<u8>(&s, 3 << 20).unwrap();
+            let b = alloc.alloc::<u8>(&s, 1 << 40).unwrap();
+            drop((a, b));
+            alloc.empty_cache();
+            alloc.check_invariants().unwrap();
+        }
+        // Ranges that grow in place each reserve the capacity's addresses: when they are used
+        // up, a reservation is refused, and what it took is given back.
+        let sim = SimBackend::new(u64::MAX);
+        let mut taken = 0;
+        let refused = loop {
+            match sim.reserve_growable(2 << 20, SimBackend::MAX_CAPACITY) {
+                Ok(_) => taken += 1,
+                Err(e) => break e,
+            }
+            assert!(taken < 1000, "the address space never ran out");
+        };
+        assert!(refused.to_string().contains("address space"), "{refused}");
+        assert_eq!(sim.free_memory(), SimBackend::MAX_CAPACITY - taken * (2 << 20));
+    }
 
     #[test]
     fn accounts_for_capacity_and_mapped_pages() {

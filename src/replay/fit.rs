@@ -64,6 +64,9 @@ pub fn smallest_cap(
     device_bytes: u64,
     options: &ReplayOptions,
 ) -> Result<Fit> {
+    // The cap is a fraction of the device the sim backend has: the same bytes as asked where
+    // the sim can have them, its largest capacity otherwise.
+    let device_bytes = device_bytes.min(SimBackend::MAX_CAPACITY);
     let attempt = |cap: Option<u64>| -> Result<super::ReplayReport> {
         let mut c = config.clone();
         c.per_process_memory_fraction = cap.map(|cap| cap as f64 / device_bytes as f64);
@@ -122,4 +125,28 @@ pub fn smallest_cap(
         fails: lo,
         warm_device_calls: at_hi.warm_device_calls,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The answer does not depend on how large the device is, up to the largest `u64`: the cap
+    /// is a fraction of the device the sim has, so a device past the sim's largest capacity
+    /// answers as that capacity does.
+    #[test]
+    fn the_fit_is_the_same_on_any_large_device() {
+        let trace = Trace::from_bytes(
+            br#"{"events":[["a",1,30000000,0],["f",1,0,0],["a",2,40000000,0],["a",3,9000000,0],["f",2,0,0]]}"#,
+            "t",
+        )
+        .unwrap();
+        let fit =
+            |device| smallest_cap(&trace, &AllocatorConfig::default(), device, &ReplayOptions::default()).unwrap();
+        let base = fit(1 << 30);
+        for device in [1 << 40, 1 << 56, 1 << 63, u64::MAX - 1, u64::MAX] {
+            let f = fit(device);
+            assert_eq!((f.fits, f.fails), (base.fits, base.fails), "device of {device} bytes");
+        }
+    }
 }
