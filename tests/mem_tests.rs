@@ -352,3 +352,21 @@ fn the_baseline_is_the_last_warm_up_iteration() {
     assert_eq!(v.per_iteration, [0, 8192, 8192, 8192, 8192]);
     drop(cache);
 }
+
+/// Evidence that cannot be written (a file where its folder should be) is said so in the
+/// report, with the path and the reason, and the verdict stands.
+#[test]
+fn evidence_that_cannot_be_written_is_reported() {
+    let file = std::env::temp_dir().join(format!("vramscope-not-a-dir-{}", std::process::id()));
+    std::fs::write(&file, b"a file").unwrap();
+    let mut kept = Vec::new();
+    let v = MemTest::new("mem_tests::unwritable").iters(2).evidence_dir(&file).check(|| {
+        let a = alloc();
+        kept.push(a.alloc::<u8>(&a.default_stream(), 4096).unwrap());
+    });
+    assert!(!v.passed);
+    assert!(v.evidence.is_empty());
+    assert!(v.report.contains("evidence not written: "), "{}", v.report);
+    assert!(v.report.contains("mem_tests__unwritable"), "{}", v.report);
+    std::fs::remove_file(&file).unwrap();
+}

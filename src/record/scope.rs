@@ -199,19 +199,71 @@ pub(crate) fn restore(id: u32) {
 }
 
 /// While alive, allocations on this thread are attributed to a scope. Made by [`scope`] and
-/// [`Scope::enter`]; dropping it restores the scope that was current before. Not `Send`:
-/// scopes are per thread.
+/// [`Scope::enter`]; dropping it leaves the scope it entered. Not `Send`: scopes are per
+/// thread.
+///
+/// Guards dropped in the order they were made (the usual nesting) each restore the scope that
+/// was current before them. A guard dropped before a guard made after it (two guards in a `Vec`,
+/// or `drop(outer)` first) leaves only its own scope, as `tracing`'s registry removes an
+/// exited span wherever it sits: the scopes entered after it stay current while their guards
+/// live, and when the last of them drops the thread is back in the scope it was in before the
+/// first. No scope stays current without a guard.
+///
+/// ```
+/// let outer = vramscope::scope("outer");
+/// let inner = vramscope::scope("inner");
+/// drop(outer);
+/// assert_eq!(vramscope::current_scope().path(), ["outer", "inner"]); // inner's guard lives
+/// drop(inner);
+/// assert!(vramscope::current_scope().path().is_empty()); // no guard: no scope
+/// ```
 #[must_use = "the scope ends when the guard is dropped"]
 #[derive(Debug)]
 pub struct ScopeGuard {
-    /// The scope current before, with its counter.
-    previous: (u32, &'static Count),
+    /// This guard's place among the thread's live guards.
+    token: u64,
     _not_send: PhantomData<*const ()>,
+}
+
+thread_local! {
+    /// The thread's live guards in the order they were made, each with the scope that was
+    /// current before it (with its counter): what dropping it restores.
+    static GUARDS: std::cell::RefCell<Vec<(u64, (u32, &'static Count))>> = const { std::cell::RefCell::new(Vec::new()) };
+    static NEXT_GUARD: Cell<u64> = const { Cell::new(0) };
+}
+
+impl ScopeGuard {
+    /// A guard for a scope just made current, `previous` having been current before it.
+    fn new(previous: (u32, &'static Count)) -> ScopeGuard {
+        let token = NEXT_GUARD.with(|n| {
+            let t = n.get();
+            n.set(t.wrapping_add(1));
+            t
+        });
+        GUARDS.with(|g| g.borrow_mut().push((token, previous)));
+        ScopeGuard { token, _not_send: PhantomData }
+    }
 }
 
 impl Drop for ScopeGuard {
     fn drop(&mut self) {
-        CURRENT.with(|c| c.set(self.previous));
+        let _ = GUARDS.try_with(|g| {
+            let mut g = g.borrow_mut();
+            match g.iter().rposition(|e| e.0 == self.token) {
+                // The newest guard: its scope ends, the one before it is current again.
+                Some(i) if i + 1 == g.len() => {
+                    let (_, previous) = g.remove(i);
+                    CURRENT.with(|c| c.set(previous));
+                }
+                // Dropped before guards made after it: the newer ones stay current, and the
+                // next of them will restore what this one would have.
+                Some(i) => {
+                    let (_, previous) = g.remove(i);
+                    g[i].1 = previous;
+                }
+                None => {}
+            }
+        });
     }
 }
 
@@ -229,7 +281,7 @@ pub fn scope(name: &str) -> ScopeGuard {
     let previous = CURRENT.with(Cell::get);
     let entered = child_counted(previous.0, name);
     CURRENT.with(|c| c.set(entered));
-    ScopeGuard { previous, _not_send: PhantomData }
+    ScopeGuard::new(previous)
 }
 
 /// A scope that can be carried to another thread and entered there.
@@ -256,7 +308,7 @@ impl Scope {
     pub fn enter(self) -> ScopeGuard {
         let previous = CURRENT.with(Cell::get);
         set_current(self.0);
-        ScopeGuard { previous, _not_send: PhantomData }
+        ScopeGuard::new(previous)
     }
 
     /// The scope's path, outermost first.

@@ -419,7 +419,9 @@ impl Evidence {
     /// Writes `report.txt`, `growth.folded` (only what grew: the sites above are the whole
     /// picture), `live.folded`, their SVGs `growth.svg` and `live.svg` with the `flamegraph`
     /// feature, and `snapshot.json` (the test's blocks at the end).
-    pub(super) fn write(&self, test: &MemTest, v: &Verdict) -> Vec<PathBuf> {
+    ///
+    /// Returns the files written, and what went wrong where one could not be.
+    pub(super) fn write(&self, test: &MemTest, v: &Verdict) -> (Vec<PathBuf>, Option<String>) {
         let root = test.evidence_dir.clone().unwrap_or_else(|| {
             std::env::var_os("CARGO_TARGET_DIR")
                 .map(PathBuf::from)
@@ -427,8 +429,8 @@ impl Evidence {
                 .join("vramscope")
         });
         let dir = root.join(sanitize(&test.name));
-        if std::fs::create_dir_all(&dir).is_err() {
-            return Vec::new();
+        if let Err(e) = std::fs::create_dir_all(&dir) {
+            return (Vec::new(), Some(format!("{}: {e}", dir.display())));
         }
         let (before, after) = if i128::from(v.growth) > i128::from(test.tolerance) || v.unattributed_growth.is_none() {
             (&self.before, &self.after)
@@ -445,13 +447,17 @@ impl Evidence {
         files.extend(flamegraphs(test, v, &growth, &live));
         files.push(("growth.folded", growth.into_bytes()));
         files.push(("live.folded", live.into_bytes()));
-        files
-            .into_iter()
-            .filter_map(|(name, bytes)| {
-                let p = dir.join(name);
-                std::fs::write(&p, bytes).ok().map(|_| p)
-            })
-            .collect()
+        let (mut written, mut problem) = (Vec::new(), None);
+        for (name, bytes) in files {
+            let p = dir.join(name);
+            match std::fs::write(&p, bytes) {
+                Ok(()) => written.push(p),
+                Err(e) => {
+                    problem.get_or_insert_with(|| format!("{}: {e}", p.display()));
+                }
+            }
+        }
+        (written, problem)
     }
 }
 

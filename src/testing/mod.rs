@@ -403,7 +403,11 @@ impl MemTest {
         let before = before.unwrap_or_default();
         let ev = evidence::Evidence::new(&path, &before, &after);
         verdict.report = ev.report(self, &verdict, &failure);
-        verdict.evidence = ev.write(self, &verdict);
+        let (written, problem) = ev.write(self, &verdict);
+        verdict.evidence = written;
+        if let Some(problem) = problem {
+            verdict.report.push_str(&format!("\nevidence not written: {problem}\n"));
+        }
         if !verdict.evidence.is_empty() {
             verdict.report.push_str("\nevidence:\n");
             for p in &verdict.evidence {
@@ -550,9 +554,22 @@ struct Failure {
     outside_start: Option<u64>,
 }
 
-/// A file-name-safe version of a test name.
+/// The evidence folder's name for a test: its name with every character other than ASCII
+/// letters, digits, `_`, `-` and `.` made `_` (`leaks::a_test` is `leaks__a_test`). Where that
+/// loses more than the `::` of a path (letters outside ASCII, spaces), would name no folder of
+/// its own (empty, `.`, `..`), or passes 200 bytes, a hash of the whole name follows, so that
+/// two tests never share a folder and a name never leaves the evidence folder.
 fn sanitize(name: &str) -> String {
-    name.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.' { c } else { '_' }).collect()
+    let safe = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.';
+    let mut out: String = name.chars().map(|c| if safe(c) { c } else { '_' }).collect();
+    let lossy = name.chars().any(|c| !safe(c) && c != ':');
+    if lossy || out.chars().all(|c| c == '.') || out.len() > 200 {
+        // FNV-1a: stable across runs and builds, unlike the standard library's hasher.
+        let hash = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+        out.truncate(180);
+        out = format!("{out}-{hash:016x}");
+    }
+    out
 }
 
 /// The deterministic live-tensor report `assert_mem_snapshot!` pins: sites, scopes, dtypes,
@@ -635,6 +652,24 @@ macro_rules! assert_mem_snapshot {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn evidence_folders_are_one_per_test_and_inside_the_evidence_folder() {
+        assert_eq!(sanitize("leaks::a_forgotten_buffer"), "leaks__a_forgotten_buffer");
+        // Names that differ only in letters outside ASCII get folders of their own.
+        let (a, b) = (sanitize("tests::größe"), sanitize("tests::grüße"));
+        assert_ne!(a, b);
+        assert!(a.starts_with("tests__gr__e-"), "{a}");
+        // No name reaches outside the evidence folder or names the folder itself.
+        for name in ["..", ".", "", "../../etc", "a/b"] {
+            let s = sanitize(name);
+            assert!(!s.is_empty() && !s.chars().all(|c| c == '.') && !s.contains('/'), "{name:?} -> {s:?}");
+        }
+        assert_ne!(sanitize(".."), sanitize("."));
+        let long = "x".repeat(300);
+        assert!(sanitize(&long).len() <= 200);
+        assert_ne!(sanitize(&long), sanitize(&"x".repeat(301)));
+    }
 
     #[test]
     fn iteration_counts_are_checked_by_the_one_bound() {
