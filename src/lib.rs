@@ -194,6 +194,7 @@ pub mod config {
         AllocatorConfig, LimitMax, ALLOC_CONF_ENV, MAX_FRAGMENTATION_LIMIT, OOM_SNAPSHOT_ENV, ROUNDUP_INTERVALS,
     };
     pub use crate::device::{parse_bytes, BACKEND_ENV, CAPACITY_ENV, DEFAULT_HOST_CAPACITY, DEFAULT_SIM_CAPACITY};
+    pub use crate::snapshot::{default_read_limit, set_read_limit, READ_LIMIT_ENV};
     pub use crate::units::{parse_byte_size, ByteSizeError};
 }
 

@@ -26,6 +26,11 @@ struct Cli {
     /// VRAMSCOPE_LIBRARY environment variable (comma-separated).
     #[arg(long = "library", value_name = "PATTERN", global = true)]
     library: Vec<String>,
+    /// The most a file may expand to when read, gzip included (e.g. `16GiB`). Default: the
+    /// VRAMSCOPE_READ_LIMIT environment variable, else 64 times the file's size and at least
+    /// 256 MiB.
+    #[arg(long = "read-limit", value_name = "SIZE", global = true)]
+    read_limit: Option<String>,
 }
 
 /// Where a report goes.
@@ -297,7 +302,7 @@ fn per_device<T: serde::Serialize>(
     make: impl Fn(&[&Snapshot]) -> T,
     render: impl Fn(&T) -> String,
 ) -> Result<String, Failure> {
-    let reports = PerDevice::new(snaps, make);
+    let reports = PerDevice::new(snaps, make)?;
     if json {
         reports.json()
     } else {
@@ -310,17 +315,19 @@ fn per_device<T: serde::Serialize>(
 struct PerDevice<T>(Vec<(Option<usize>, T)>);
 
 impl<T> PerDevice<T> {
-    fn new(snaps: &[&Snapshot], make: impl Fn(&[&Snapshot]) -> T) -> Self {
+    fn new(snaps: &[&Snapshot], make: impl Fn(&[&Snapshot]) -> T) -> Result<Self, Failure> {
         let mut devices: Vec<usize> = snaps.iter().flat_map(|s| s.devices()).collect();
         devices.sort_unstable();
         devices.dedup();
         if devices.len() <= 1 {
-            return PerDevice(vec![(None, make(snaps))]);
+            return Ok(PerDevice(vec![(None, make(snaps))]));
         }
         // Each snapshot split by device once, then one report per device.
-        let parts: Vec<Vec<Snapshot>> = snaps.iter().map(|s| s.by_devices(&devices)).collect();
+        let parts: Vec<Vec<Snapshot>> = snaps.iter().map(|s| s.try_by_devices(&devices)).collect::<Result<_, _>>()?;
         let reports = devices.iter().enumerate();
-        PerDevice(reports.map(|(i, &d)| (Some(d), make(&parts.iter().map(|p| &p[i]).collect::<Vec<_>>()))).collect())
+        Ok(PerDevice(
+            reports.map(|(i, &d)| (Some(d), make(&parts.iter().map(|p| &p[i]).collect::<Vec<_>>()))).collect(),
+        ))
     }
 
     /// Each report replaced by a part of it.
@@ -353,16 +360,20 @@ impl<T> PerDevice<T> {
 
 /// Folded stacks of every device: for a snapshot of several, each device's stacks under a root
 /// frame `device N`.
-fn folded_per_device(snap: &Snapshot, kind: FoldedKind) -> String {
-    let reports = PerDevice::new(&[snap], |s| report::folded(s[0], kind));
+fn folded_per_device(snap: &Snapshot, kind: FoldedKind) -> Result<String, Failure> {
+    let reports = PerDevice::new(&[snap], |s| report::folded(s[0], kind))?;
     let folded = reports.0.into_iter().map(|(d, folded)| match d {
         None => folded,
         Some(d) => folded.lines().map(|l| format!("device {d};{l}\n")).collect(),
     });
-    folded.collect()
+    Ok(folded.collect())
 }
 
 fn run(cli: Cli) -> Result<(), Failure> {
+    if let Some(limit) = &cli.read_limit {
+        let bytes = vramscope::config::parse_bytes(limit).map_err(|e| Failure(2, format!("--read-limit: {e}")))?;
+        vramscope::snapshot::set_read_limit(Some(bytes));
+    }
     if !cli.user_code.is_empty() || !cli.library.is_empty() {
         // The options replace the environment's patterns, each kind that is given.
         let env = report::FramePolicy::from_env().map_err(|e| Failure(2, e.to_string()))?;
@@ -393,7 +404,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
             if json {
                 // The JSON stays the list of candidates; what the history could not show goes to
                 // standard error, so that an empty list is not read as "no leak".
-                let reports = PerDevice::new(&[&snap], |s| report::leaks_with_limits(s[0]));
+                let reports = PerDevice::new(&[&snap], |s| report::leaks_with_limits(s[0]))?;
                 let notes: String = reports.0.iter().map(|(_, (_, limits))| limits.render()).collect();
                 let text = reports.map(|(candidates, _)| candidates).json()?;
                 if !notes.trim().is_empty() {
@@ -423,15 +434,15 @@ fn run(cli: Cli) -> Result<(), Failure> {
         }
         Command::Folded { file, allocated, out } => {
             let kind = if allocated { FoldedKind::Allocated } else { FoldedKind::Live };
-            emit(&out, &folded_per_device(&Snapshot::load(file)?, kind))
+            emit(&out, &folded_per_device(&Snapshot::load(file)?, kind)?)
         }
         Command::Flamegraph { file, allocated, before, out } => {
             let kind = if allocated { FoldedKind::Allocated } else { FoldedKind::Live };
             let title = format!("{} of {}", if allocated { "allocated bytes" } else { "live bytes" }, file.display());
-            let after = folded_per_device(&Snapshot::load(&file)?, kind);
+            let after = folded_per_device(&Snapshot::load(&file)?, kind)?;
             let svg = match before {
                 Some(b) => {
-                    report::differential_flamegraph(&folded_per_device(&Snapshot::load(b)?, kind), &after, &title)?
+                    report::differential_flamegraph(&folded_per_device(&Snapshot::load(b)?, kind)?, &after, &title)?
                 }
                 None => report::flamegraph(&after, &title)?,
             };

@@ -159,6 +159,27 @@ fn inputs() -> Vec<(&'static str, Vec<u8>, &'static str, Expect)> {
         ("pytorch_edges.pickle", hostile::pytorch_edges(), "segments", Answer("s4294967312")),
         // Two GPUs: each device's figures apart.
         ("two_devices.pickle", hostile::two_devices(), "summary", Answer("device 1:")),
+        // Round four: files that expand. Gzip of spaces or of repeated events expands past
+        // the read limit, refused after reading that much, not all of it; a pickle whose 5-byte
+        // references stand for 8 million events is refused before the entries are made.
+        ("spaces.json.gz", gzip_of(b"{", b' ', 1 << 30, b""), "summary", Refused("expands past the read limit")),
+        (
+            "events.trace.json.gz",
+            gzip_of(b"{\"events\":[", b'x', 1 << 30, b"]}"),
+            "replay",
+            Refused("expands past the read limit"),
+        ),
+        (
+            "identical_events.pickle",
+            hostile::identical_events(8_000_000),
+            "summary",
+            Refused("device_traces[0]: 8000000 entries would take"),
+        ),
+        // 20,000 events each on a device of its own, all naming one stack of 2,000 frames:
+        // split by device, the stack would be copied into each part.
+        ("devices_share_a_long_stack.json", devices_sharing_a_stack(20_000, 2_000), "summary", Refused("would copy")),
+        // Zeros after gzip data are padding, as `gzip -d` reads them.
+        ("zero_padded.json.gz", zero_padded(&edited(|_| {})), "live", Answer("train_step")),
         (
             "huge_sizes.json",
             edited(|v| {
@@ -169,6 +190,56 @@ fn inputs() -> Vec<(&'static str, Vec<u8>, &'static str, Expect)> {
             Refused("overflows 64 bits"),
         ),
     ]
+}
+
+/// `head`, then `len` bytes of `fill`, then `tail`, gzipped as members of 64 MiB each (as
+/// `cat` of gzip files makes them), so that a gigabyte is built from one compressed member.
+fn gzip_of(head: &[u8], fill: u8, len: usize, tail: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let gz = |data: &[u8]| {
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        e.write_all(data).unwrap();
+        e.finish().unwrap()
+    };
+    // `x` stands for an event: the events of a trace, repeated.
+    let chunk: Vec<u8> = if fill == b'x' {
+        b"[\"a\",1,512,0],".iter().copied().cycle().take(64 << 20).collect()
+    } else {
+        vec![fill; 64 << 20]
+    };
+    let member = gz(&chunk);
+    let mut out = gz(&[head, &chunk[..chunk.len() - head.len()]].concat());
+    for _ in 1..len / chunk.len() {
+        out.extend_from_slice(&member);
+    }
+    out.extend(gz(tail));
+    out
+}
+
+/// `events` allocation events, each on a device of its own, all naming one stack of `frames`.
+fn devices_sharing_a_stack(events: u64, frames: u32) -> Vec<u8> {
+    let ctx = json!({"stack": 0, "scope": 0, "thread": 0, "step": 0});
+    let history: Vec<_> = (0..events)
+        .map(|i| json!({"action": "alloc", "addr": 512, "size": 512, "stream": 0, "time_ns": i, "device": i, "context": ctx}))
+        .collect();
+    let frames_v: Vec<_> =
+        (0..frames).map(|i| json!({"function": format!("f{i}"), "file": "a.py", "line": i})).collect();
+    serde_json::to_vec(&json!({
+        "version": 4, "device": 0, "backend": "sim", "segments": [], "history": history, "history_dropped": 0,
+        "frames": frames_v, "stacks": [(0..frames).collect::<Vec<u32>>()], "scopes": [[]], "threads": ["main"],
+        "stats": {}
+    }))
+    .unwrap()
+}
+
+/// `data` gzipped, then 4 KiB of zeros.
+fn zero_padded(data: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    e.write_all(data).unwrap();
+    let mut out = e.finish().unwrap();
+    out.extend([0u8; 4096]);
+    out
 }
 
 fn dir() -> std::path::PathBuf {
@@ -337,6 +408,24 @@ fn a_large_file_of_something_else_is_refused_from_its_head() {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("neither a PyTorch snapshot pickle"), "{stderr}");
     assert!(took < Duration::from_secs(2), "{took:?}");
+}
+
+/// A sparse file of 3 GB whose first byte opens JSON (or whose first two open a pickle) and
+/// whose next is already wrong is refused from its head, not read whole.
+#[test]
+fn a_large_file_wrong_at_its_second_byte_is_refused_from_its_head() {
+    for (name, head, says) in [("brace", &b"{"[..], "not JSON"), ("pickle", &[0x80, 4][..], "invalid pickle at byte 2")]
+    {
+        let path = std::env::temp_dir().join(format!("vramscope-sparse-{name}-{}", std::process::id()));
+        std::fs::write(&path, head).unwrap();
+        std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(3 << 30).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_vramscope")).arg("summary").arg(&path).output().unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{name}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{name}: {stderr}");
+        assert!(stderr.contains(says), "{name}: {stderr}");
+    }
 }
 
 /// Every command on every hostile file, committed or built: an answer (exit 0) or one line

@@ -161,6 +161,10 @@ impl fmt::Display for Error {
         match self {
             Error::OutOfMemory(r) => r.fmt(f),
             Error::Backend(e) => write!(f, "backend error: {e}"),
+            // Environment variables are named as such, keys of a configuration string as keys.
+            Error::Config { key, message } if key.starts_with("VRAMSCOPE_") => {
+                write!(f, "environment variable `{key}`: {message}")
+            }
             Error::Config { key, message } => write!(f, "allocator configuration key `{key}`: {message}"),
             Error::InvalidRequest(e) => write!(f, "invalid request: {e}"),
             Error::Usage(e) => write!(f, "usage error: {e}"),

@@ -47,14 +47,18 @@ impl Trace {
     /// `{"events": [["a"|"f", addr, size, stream], ...]}`, either of them gzipped or not.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Trace> {
         let path = path.as_ref();
-        let data = crate::snapshot::read_input(path, "a JSON trace")?;
-        Self::from_bytes(&data, &path.display().to_string())
+        let (data, limit) = crate::snapshot::read_input(path, "a JSON trace")?;
+        Self::from_bytes_within(&data, &path.display().to_string(), limit)
     }
 
     /// Reads a trace from bytes; `source` names them in errors.
     pub fn from_bytes(data: &[u8], source: &str) -> Result<Trace> {
+        Self::from_bytes_within(data, source, crate::snapshot::read_limit(data.len() as u64)?)
+    }
+
+    fn from_bytes_within(data: &[u8], source: &str, limit: crate::snapshot::ReadLimit) -> Result<Trace> {
         match sniff(data, "a JSON trace").map_err(|m| format_err(source, m))? {
-            FileKind::Pickle => Self::from_pickle(data, source),
+            FileKind::Pickle => Self::from_pickle(data, source, limit),
             FileKind::Json => Self::from_json(data, source),
         }
     }
@@ -89,8 +93,8 @@ impl Trace {
 
     /// The allocations and completed frees of a PyTorch snapshot's `device_traces` (of the
     /// device with the most events), read as a [`Snapshot`]'s history.
-    fn from_pickle(data: &[u8], source: &str) -> Result<Trace> {
-        let all = Snapshot::from_pytorch_pickle(data, source)?;
+    fn from_pickle(data: &[u8], source: &str, limit: crate::snapshot::ReadLimit) -> Result<Trace> {
+        let all = Snapshot::from_pytorch_pickle_within(data, source, limit)?;
         let mut events_on: std::collections::BTreeMap<usize, usize> = std::collections::BTreeMap::new();
         for e in &all.history {
             *events_on.entry(e.device.unwrap_or(all.device)).or_default() += 1;

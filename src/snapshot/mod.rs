@@ -31,22 +31,104 @@ const HEAD_BYTES: usize = 64 * 1024;
 /// The first two bytes of a gzip stream (RFC 1952).
 const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
 
-/// The most a gzipped input may expand to. A plain file's size is bounded by the disk it lies
-/// on; a gzipped one's is not (a few megabytes of gzip hold gigabytes of zeros), so past this
-/// it is refused with a line that says to decompress it first.
-const GUNZIPPED_MAX: u64 = 4 << 30;
+/// The environment variable that sets the read limit (a byte size such as `16GiB`): the most
+/// a file may expand to when read, what a gzipped file decompresses to included. The command
+/// line's `--read-limit` sets the same. Unset, the limit is [`default_read_limit`].
+pub const READ_LIMIT_ENV: &str = "VRAMSCOPE_READ_LIMIT";
+
+/// The read limit the process set with [`set_read_limit`] (0: none set).
+static READ_LIMIT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Sets the read limit of every later read in this process (see [`READ_LIMIT_ENV`]); `None`
+/// goes back to the environment variable or the default.
+pub fn set_read_limit(bytes: Option<u64>) {
+    let stored = match bytes {
+        Some(b) => b.max(1),
+        None => 0,
+    };
+    READ_LIMIT.store(stored, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// What a file of `size` bytes on disk may expand to when read where nobody set a limit:
+/// 64 times its size, and at least 256 MiB. Real snapshots and traces compress 5 to 20
+/// times, so every real file reads; a file of gzipped zeros or spaces (over a thousand times)
+/// is refused in well under a second, before it fills memory.
+pub fn default_read_limit(size: u64) -> u64 {
+    size.saturating_mul(64).max(256 << 20)
+}
+
+/// The read limit of one read, and where it came from (named in a refusal).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ReadLimit {
+    pub(crate) bytes: u64,
+    pub(crate) named: &'static str,
+    /// Set by the user (flag or variable), not the default.
+    pub(crate) explicit: bool,
+}
+
+impl ReadLimit {
+    /// What the reader may keep of `read` bytes of data: the limit where the user set it; by
+    /// default 16 times the data, at least 256 MiB and at most the limit. A real PyTorch
+    /// snapshot's model takes about 2 to 3 times its pickle; a file whose few bytes stand for
+    /// millions of entries (memo references) is refused before they are made.
+    pub(crate) fn keep(&self, read: u64) -> (u64, String) {
+        if self.explicit {
+            (self.bytes, format!("the read limit of {} ({})", crate::error::fmt_bytes(self.bytes), self.named))
+        } else {
+            let keep = read.saturating_mul(16).max(256 << 20).min(self.bytes);
+            (keep, format!("{}, 16 times the data read and at least 256 MiB", crate::error::fmt_bytes(keep)))
+        }
+    }
+}
+
+/// The read limit for a file of `size` bytes on disk.
+pub(crate) fn read_limit(size: u64) -> crate::error::Result<ReadLimit> {
+    let (bytes, named) = read_limit_of(size)?;
+    let explicit = named != DEFAULT_LIMIT_NAME;
+    Ok(ReadLimit { bytes, named, explicit })
+}
+
+const DEFAULT_LIMIT_NAME: &str = "the default read limit, 64 times the file's size and at least 256 MiB";
+
+fn read_limit_of(size: u64) -> crate::error::Result<(u64, &'static str)> {
+    match READ_LIMIT.load(std::sync::atomic::Ordering::Relaxed) {
+        0 => {}
+        set => return Ok((set, "the read limit set by --read-limit")),
+    }
+    match std::env::var_os(READ_LIMIT_ENV) {
+        None => Ok((default_read_limit(size), DEFAULT_LIMIT_NAME)),
+        Some(v) => {
+            let text = v.to_str().ok_or_else(|| crate::error::Error::Config {
+                key: READ_LIMIT_ENV.into(),
+                message: "is not valid UTF-8".into(),
+            })?;
+            let bytes = crate::units::parse_byte_size(text).map_err(|e| crate::error::Error::Config {
+                key: READ_LIMIT_ENV.into(),
+                message: format!("`{text}`: {e} (e.g. {READ_LIMIT_ENV}=16GiB)"),
+            })?;
+            Ok((bytes.max(1), "VRAMSCOPE_READ_LIMIT"))
+        }
+    }
+}
 
 /// Reads an input file whole: only a regular file (a FIFO would block forever and a device
 /// such as `/dev/zero` never ends), and only once its first bytes say it is a pickle or JSON
-/// (`what` names the JSON expected), so that a large file of something else is refused after
-/// reading its head, not all of it. A gzipped file (`gzip` or Python's `gzip.open`, known by
-/// its magic bytes, whatever its name) is read as what it holds, under the same rules.
-pub(crate) fn read_input(path: &std::path::Path, what: &str) -> crate::error::Result<Vec<u8>> {
-    read_input_within(path, what, GUNZIPPED_MAX)
+/// (`what` names the JSON expected) and parse as the start of one, so that a large file of
+/// something else is refused after reading its head, not all of it. A gzipped file (`gzip` or
+/// Python's `gzip.open`, known by its magic bytes, whatever its name) is read as what it holds,
+/// under the same rules. What a file expands to is bounded by the read limit
+/// ([`READ_LIMIT_ENV`]), named in the refusal; memory the reader cannot have is an error, not an
+/// abort.
+///
+/// Returns the bytes and the read limit, which also bounds what the reader builds of them.
+pub(crate) fn read_input(path: &std::path::Path, what: &str) -> crate::error::Result<(Vec<u8>, ReadLimit)> {
+    let size = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+    let limit = read_limit(size)?;
+    Ok((read_input_within(path, what, limit.bytes, limit.named)?, limit))
 }
 
-/// [`read_input`], with what a gzipped file may expand to as an argument (tests use a small one).
-fn read_input_within(path: &std::path::Path, what: &str, gunzipped_max: u64) -> crate::error::Result<Vec<u8>> {
+/// [`read_input`], with the read limit as an argument (tests use a small one).
+fn read_input_within(path: &std::path::Path, what: &str, limit: u64, named: &str) -> crate::error::Result<Vec<u8>> {
     use std::io::Read;
     let name = || path.display().to_string();
     let io = |error| crate::error::Error::Io { path: name(), error };
@@ -59,9 +141,26 @@ fn read_input_within(path: &std::path::Path, what: &str, gunzipped_max: u64) -> 
     let mut magic = Vec::with_capacity(2);
     (&mut file).take(2).read_to_end(&mut magic).map_err(io)?;
     let gzipped = magic == GZIP_MAGIC;
+    let too_large = || {
+        let what = if gzipped {
+            "a gzip file that expands past".to_string()
+        } else {
+            format!("a file of {}, over", crate::error::fmt_bytes(meta.len()))
+        };
+        format(format!(
+            "{what} the read limit of {} ({named}); to read it, set a larger one (--read-limit SIZE, or \
+             {READ_LIMIT_ENV}=SIZE){}",
+            crate::error::fmt_bytes(limit),
+            if gzipped { ", or decompress it first" } else { "" }
+        ))
+    };
+    if !gzipped && meta.len() > limit {
+        return Err(too_large());
+    }
+    // One byte past the limit tells "too large" from "exactly that".
     let mut reader: Box<dyn Read> = if gzipped {
-        // One byte past the most it may expand to tells "too large" from "exactly that".
-        Box::new(flate2::read::MultiGzDecoder::new(std::io::Cursor::new(magic).chain(file)).take(gunzipped_max + 1))
+        let input = std::io::BufReader::new(std::io::Cursor::new(magic).chain(file));
+        Box::new(GzMembers::new(input).take(limit.saturating_add(1)))
     } else {
         Box::new(std::io::Cursor::new(magic).chain(file))
     };
@@ -77,23 +176,102 @@ fn read_input_within(path: &std::path::Path, what: &str, gunzipped_max: u64) -> 
     };
     let mut data = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0).min(HEAD_BYTES));
     (&mut reader).take(HEAD_BYTES as u64).read_to_end(&mut data).map_err(read_error)?;
-    if let Err(m) = sniff(&data, what) {
-        let whitespace_head = data.len() == HEAD_BYTES && data.iter().all(u8::is_ascii_whitespace);
-        let m = if whitespace_head {
-            format!("its first {} KiB are whitespace: neither a PyTorch snapshot pickle nor {what}", HEAD_BYTES / 1024)
-        } else {
-            m
-        };
-        return Err(format(if gzipped { format!("gzipped; inside it, {m}") } else { m }));
+    let inside = |m: String| format(if gzipped { format!("gzipped; inside it, {m}") } else { m });
+    match sniff(&data, what) {
+        Err(m) => {
+            let whitespace_head = data.len() == HEAD_BYTES && data.iter().all(u8::is_ascii_whitespace);
+            return Err(inside(if whitespace_head {
+                format!(
+                    "its first {} KiB are whitespace: neither a PyTorch snapshot pickle nor {what}",
+                    HEAD_BYTES / 1024
+                )
+            } else {
+                m
+            }));
+        }
+        // The head must parse as the start of what it claims to be: a file whose third byte
+        // is already wrong is refused now, not after gigabytes were read.
+        Ok(FileKind::Pickle) => pickle::check_head(&data).map_err(|e| inside(e.to_string()))?,
+        Ok(FileKind::Json) => {
+            let mut values = serde_json::Deserializer::from_slice(&data).into_iter::<serde::de::IgnoredAny>();
+            if let Some(Err(e)) = values.next() {
+                if e.classify() != serde_json::error::Category::Eof {
+                    return Err(inside(format!("not JSON: {e}")));
+                }
+            }
+        }
     }
-    reader.read_to_end(&mut data).map_err(read_error)?;
-    if gzipped && data.len() as u64 > gunzipped_max {
-        return Err(format(format!(
-            "a gzip file that expands past {} MiB; decompress it (`gunzip -k`) and name the file it gives",
-            gunzipped_max >> 20
-        )));
+    // Where the size is known, the memory is taken at once, and refused as an error.
+    let expected = if gzipped { 0 } else { usize::try_from(meta.len()).unwrap_or(usize::MAX) };
+    data.try_reserve_exact(expected.saturating_sub(data.len())).map_err(|_| {
+        format(format!("{} of memory to read it could not be had", crate::error::fmt_bytes(meta.len())))
+    })?;
+    let mut chunk = vec![0u8; 1 << 20];
+    loop {
+        let n = match reader.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(read_error(e)),
+        };
+        if data.len() as u64 + n as u64 > limit {
+            return Err(too_large());
+        }
+        data.try_reserve(n).map_err(|_| {
+            format(format!("memory to read past {} could not be had", crate::error::fmt_bytes(data.len() as u64)))
+        })?;
+        data.extend_from_slice(&chunk[..n]);
     }
     Ok(data)
+}
+
+/// The gzip members of a stream one after the other (`cat a.gz b.gz`), as `gzip -d` reads them:
+/// zero bytes after the last member (padding a tape or a block device leaves) end the data;
+/// other bytes there are an error.
+struct GzMembers<R: std::io::BufRead> {
+    member: Option<flate2::bufread::GzDecoder<R>>,
+}
+
+impl<R: std::io::BufRead> GzMembers<R> {
+    fn new(input: R) -> Self {
+        GzMembers { member: Some(flate2::bufread::GzDecoder::new(input)) }
+    }
+}
+
+impl<R: std::io::BufRead> std::io::Read for GzMembers<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        loop {
+            let Some(member) = self.member.as_mut() else { return Ok(0) };
+            let n = member.read(buf)?;
+            if n > 0 || buf.is_empty() {
+                return Ok(n);
+            }
+            // This member ended: another follows, zeros pad the end, or something else does.
+            let mut rest = self.member.take().expect("a member was being read").into_inner();
+            let next = rest.fill_buf()?;
+            if next.is_empty() {
+                return Ok(0);
+            }
+            if next.starts_with(&GZIP_MAGIC) || next.len() == 1 && next[0] == GZIP_MAGIC[0] {
+                self.member = Some(flate2::bufread::GzDecoder::new(rest));
+                continue;
+            }
+            loop {
+                let next = rest.fill_buf()?;
+                if next.is_empty() {
+                    return Ok(0);
+                }
+                if next.iter().any(|&b| b != 0) {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        "bytes after the gzip data that are neither zeros nor another gzip member",
+                    ));
+                }
+                let n = next.len();
+                rest.consume(n);
+            }
+        }
+    }
 }
 
 /// Tells a pickle from JSON, or says why the data is neither.
@@ -150,12 +328,12 @@ mod tests {
         let json = br#"{"events": [["a", 1, 512, 0], ["f", 1, 512, 0]]}"#;
         for name in ["t.trace.json.gz", "t.trace.json"] {
             let path = file(name, &gzip(json));
-            assert_eq!(read_input(&path, "a JSON trace").unwrap(), json);
+            assert_eq!(read_input(&path, "a JSON trace").unwrap().0, json);
         }
         // Two gzip members one after the other (`cat a.gz b.gz`) read as their contents joined.
         let mut two = gzip(&json[..10]);
         two.extend(gzip(&json[10..]));
-        assert_eq!(read_input(&file("two.gz", &two), "a JSON trace").unwrap(), json);
+        assert_eq!(read_input(&file("two.gz", &two), "a JSON trace").unwrap().0, json);
         // A file of one byte, the first of gzip's two: read as a plain file, and refused as one.
         let e = read_input(&file("one", &[0x1f]), "a JSON trace").unwrap_err().to_string();
         assert!(e.contains("neither a PyTorch snapshot pickle"), "{e}");
@@ -173,7 +351,9 @@ mod tests {
 
     #[test]
     fn bad_gzip_says_what_is_wrong_and_where() {
-        let whole = gzip(&[b'{'; 100_000]);
+        let mut whole = vec![b' '; 100_000];
+        whole[0] = b'{';
+        let whole = gzip(&whole);
         let cut = file("cut.gz", &whole[..whole.len() / 2]);
         let e = read_input(&cut, "a JSON trace").unwrap_err().to_string();
         assert!(e.contains("cut.gz") && e.contains("a gzip file that does not decompress"), "{e}");
@@ -185,6 +365,52 @@ mod tests {
         assert!(e.contains("gzipped; inside it, its first 64 KiB are whitespace"), "{e}");
     }
 
+    /// Zeros after the gzip data (padding) end it, as `gzip -d` reads them; other bytes there
+    /// are an error.
+    #[test]
+    fn zeros_after_gzip_data_are_padding() {
+        let json = br#"{"events": [["a", 1, 512, 0]]}"#;
+        let mut padded = gzip(json);
+        padded.extend([0u8; 4096]);
+        assert_eq!(read_input(&file("padded.gz", &padded), "a JSON trace").unwrap().0, json);
+        let mut garbage = gzip(json);
+        garbage.extend(b"trailing");
+        let e = read_input(&file("garbage.gz", &garbage), "a JSON trace").unwrap_err().to_string();
+        assert!(e.contains("neither zeros nor another gzip member"), "{e}");
+    }
+
+    /// A file whose first bytes already cannot begin a pickle or JSON is refused from its head,
+    /// however long it is; a head that is only cut short reads on.
+    #[test]
+    fn a_head_that_cannot_begin_a_file_is_refused_at_once() {
+        let mut json = vec![0u8; 1 << 20];
+        json[0] = b'{';
+        let e = read_input(&file("nul.json", &json), "a JSON trace").unwrap_err().to_string();
+        assert!(e.contains("not JSON"), "{e}");
+        let mut pickle = vec![0u8; 1 << 20];
+        pickle[..2].copy_from_slice(&[0x80, 4]);
+        let e = read_input(&file("nul.pickle", &pickle), "a JSON trace").unwrap_err().to_string();
+        assert!(e.contains("invalid pickle at byte 2"), "{e}");
+        // A real pickle's head, cut anywhere, is only short.
+        let real =
+            std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/torch/leaky_train.snapshot.pickle")).unwrap();
+        for cut in [2, 3, 100, 4096, HEAD_BYTES] {
+            assert!(pickle::check_head(&real[..cut]).is_ok(), "cut at {cut}");
+        }
+    }
+
+    /// The read limit: the default scales with the file, a set one applies to plain files too,
+    /// and each refusal names the limit and how to raise it.
+    #[test]
+    fn the_read_limit_is_named_in_its_refusal() {
+        assert_eq!(default_read_limit(1 << 20), 256 << 20);
+        assert_eq!(default_read_limit(1 << 30), 64 << 30);
+        let path = file("plain.json", br#"{"events": []}"#);
+        let e = read_input_within(&path, "a JSON trace", 4, "VRAMSCOPE_READ_LIMIT").unwrap_err().to_string();
+        assert!(e.contains("a file of 14 B, over the read limit of 4 B (VRAMSCOPE_READ_LIMIT)"), "{e}");
+        assert!(!e.contains("decompress"), "{e}");
+    }
+
     /// A small gzip file that expands past the bound is refused after reading the bound, not
     /// expanded whole; one that expands to exactly the bound reads.
     #[test]
@@ -193,8 +419,9 @@ mod tests {
         big[0] = b'{';
         let path = file("bomb.gz", &gzip(&big));
         assert!(std::fs::metadata(&path).unwrap().len() < 64 << 10);
-        let e = read_input_within(&path, "a JSON trace", 2 << 20).unwrap_err().to_string();
-        assert!(e.contains("a gzip file that expands past 2 MiB; decompress it (`gunzip -k`)"), "{e}");
-        assert_eq!(read_input_within(&path, "a JSON trace", 3 << 20).unwrap().len(), 3 << 20);
+        let e = read_input_within(&path, "a JSON trace", 2 << 20, "a test's limit").unwrap_err().to_string();
+        assert!(e.contains("a gzip file that expands past the read limit of 2.00 MiB (a test's limit)"), "{e}");
+        assert!(e.contains("--read-limit SIZE, or VRAMSCOPE_READ_LIMIT=SIZE), or decompress it first"), "{e}");
+        assert_eq!(read_input_within(&path, "a JSON trace", 3 << 20, "a test's limit").unwrap().len(), 3 << 20);
     }
 }

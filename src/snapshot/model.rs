@@ -462,8 +462,31 @@ impl Snapshot {
     }
 
     /// The parts of the snapshot on each of `devices` ([`Snapshot::for_device`] of each), made in
-    /// one pass over the segments and history; parts on other devices are left out.
+    /// one pass over the segments and history; parts on other devices are left out. Each part
+    /// holds the frames, stacks, scopes and threads its own blocks and events name, not the
+    /// whole snapshot's tables.
     pub fn by_devices(&self, devices: &[usize]) -> Vec<Snapshot> {
+        self.split(devices, u64::MAX).unwrap_or_default()
+    }
+
+    /// [`Snapshot::by_devices`], refused where the parts would copy the snapshot's tables many
+    /// times over: more frames and stack entries in all than 16 times the snapshot's own
+    /// frames, stack entries, blocks and events, plus 4 million. A file whose thousands of
+    /// devices each name one long shared stack is refused in one line rather than taking
+    /// gigabytes; a real snapshot of a few GPUs, each naming most of the stacks, splits.
+    pub fn try_by_devices(&self, devices: &[usize]) -> crate::error::Result<Vec<Snapshot>> {
+        let whole = self.frames.len() as u64
+            + self.stacks.iter().map(|s| s.len() as u64).sum::<u64>()
+            + self.history.len() as u64
+            + self.segments.iter().map(|s| s.blocks.len() as u64).sum::<u64>();
+        self.split(devices, whole.saturating_mul(16).saturating_add(4_000_000))
+            .map_err(|message| crate::error::Error::Format { source_name: "the snapshot".into(), message })
+    }
+
+    /// [`Snapshot::by_devices`], refused (with why) where the parts' tables would hold more
+    /// than `most` frames and stack entries in all: tables shared by many devices are copied
+    /// into each part.
+    pub(crate) fn split(&self, devices: &[usize], most: u64) -> Result<Vec<Snapshot>, String> {
         let slot: std::collections::HashMap<usize, usize> = devices.iter().enumerate().map(|(i, &d)| (d, i)).collect();
         let mut segments: Vec<Vec<SegmentInfo>> = vec![Vec::new(); devices.len()];
         let mut history: Vec<Vec<HistoryEntry>> = vec![Vec::new(); devices.len()];
@@ -477,12 +500,31 @@ impl Snapshot {
                 history[i].push(HistoryEntry { device: None, ..e.clone() });
             }
         }
+        // What each part's tables will hold, counted before any is made.
+        let mut copied = 0u64;
+        let mut tables = Vec::with_capacity(devices.len());
+        for (segments, history) in segments.iter_mut().zip(history.iter_mut()) {
+            let contexts = segments
+                .iter_mut()
+                .flat_map(|s| s.blocks.iter_mut().filter_map(|b| b.context.as_mut()))
+                .chain(history.iter_mut().filter_map(|e| e.context.as_mut()));
+            let t = PartTables::of(self, contexts);
+            copied = copied.saturating_add(t.size);
+            if copied > most {
+                return Err(format!(
+                    "splitting it by its {} devices would copy {copied} frames and stack entries or more, \
+                     past {most}: the devices share tables far larger than each device's part",
+                    devices.len()
+                ));
+            }
+            tables.push(t);
+        }
         // The statistics of a snapshot of several devices add them all: each part's are its own.
         let several = self.devices().len() > 1;
-        devices
+        Ok(devices
             .iter()
-            .zip(segments.into_iter().zip(history))
-            .map(|(&device, (segments, history))| Snapshot {
+            .zip(segments.into_iter().zip(history).zip(tables))
+            .map(|(&device, ((segments, history), t))| Snapshot {
                 version: self.version,
                 device,
                 backend: self.backend.clone(),
@@ -490,17 +532,17 @@ impl Snapshot {
                 segments,
                 history,
                 history_dropped: self.history_dropped,
-                frames: self.frames.clone(),
-                stacks: self.stacks.clone(),
-                scopes: self.scopes.clone(),
-                threads: self.threads.clone(),
+                frames: t.frames.iter().map(|f| self.frames[f.index()].clone()).collect(),
+                stacks: t.stacks,
+                scopes: t.scopes.iter().map(|s| self.scopes[s.index()].clone()).collect(),
+                threads: t.threads.iter().map(|t| self.threads[t.index()].clone()).collect(),
                 time_origin_us: self.time_origin_us,
                 allocator_settings: self.allocator_settings.clone(),
                 external_annotations: self.external_annotations.clone(),
                 stack_capture: self.stack_capture,
                 driver_pool: self.driver_pool,
             })
-            .collect()
+            .collect())
     }
 
     /// Live (allocated) blocks with their segment.
@@ -511,5 +553,64 @@ impl Snapshot {
     /// The snapshot as JSON.
     pub fn to_json(&self) -> String {
         serde_json::to_string(self).expect("a snapshot always serializes")
+    }
+}
+
+/// The tables of one device's part: the whole snapshot's frames, scopes and threads it names
+/// (their ids in the whole), and its stacks in the part's frame ids. Making it renumbers the
+/// part's contexts.
+struct PartTables {
+    frames: Vec<FrameId>,
+    stacks: Vec<Vec<FrameId>>,
+    scopes: Vec<ScopeId>,
+    threads: Vec<ThreadId>,
+    /// Frames and stack entries in all.
+    size: u64,
+}
+
+impl PartTables {
+    fn of<'a>(whole: &Snapshot, contexts: impl Iterator<Item = &'a mut ContextInfo>) -> PartTables {
+        use std::collections::HashMap;
+        let mut t = PartTables {
+            frames: Vec::new(),
+            stacks: Vec::new(),
+            scopes: vec![ScopeId::ROOT],
+            threads: Vec::new(),
+            size: 0,
+        };
+        let (mut frame_of, mut stack_of) = (HashMap::new(), HashMap::new());
+        let (mut scope_of, mut thread_of) = (HashMap::from([(ScopeId::ROOT, ScopeId::ROOT)]), HashMap::new());
+        for c in contexts {
+            if let Some(stack) = c.stack {
+                let new = *stack_of.entry(stack).or_insert_with(|| {
+                    let frames: Vec<FrameId> = whole
+                        .stacks
+                        .get(stack.index())
+                        .map_or(&[][..], Vec::as_slice)
+                        .iter()
+                        .map(|&f| {
+                            *frame_of.entry(f).or_insert_with(|| {
+                                t.frames.push(f);
+                                FrameId(t.frames.len() as u32 - 1)
+                            })
+                        })
+                        .collect();
+                    t.size += frames.len() as u64;
+                    t.stacks.push(frames);
+                    StackId(t.stacks.len() as u32 - 1)
+                });
+                c.stack = Some(new);
+            }
+            c.scope = *scope_of.entry(c.scope).or_insert_with(|| {
+                t.scopes.push(c.scope);
+                ScopeId(t.scopes.len() as u32 - 1)
+            });
+            c.thread = *thread_of.entry(c.thread).or_insert_with(|| {
+                t.threads.push(c.thread);
+                ThreadId(t.threads.len() as u32 - 1)
+            });
+        }
+        t.size += t.frames.len() as u64;
+        t
     }
 }

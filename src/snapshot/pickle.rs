@@ -132,6 +132,15 @@ impl Value {
         }
     }
 
+    /// The items of a list or tuple, borrowed (a long list is not copied to be read).
+    pub(crate) fn items_ref(&self) -> Option<Items<'_>> {
+        match self {
+            Value::List(l) => Some(Items::List(l.borrow())),
+            Value::Tuple(t) => Some(Items::Tuple(t)),
+            _ => None,
+        }
+    }
+
     /// The items of a list or tuple.
     pub(crate) fn items(&self) -> Option<Vec<Value>> {
         match self {
@@ -157,11 +166,30 @@ impl Value {
     }
 }
 
+/// The items of a list or tuple, borrowed.
+pub(crate) enum Items<'a> {
+    List(std::cell::Ref<'a, Vec<Value>>),
+    Tuple(&'a [Value]),
+}
+
+impl std::ops::Deref for Items<'_> {
+    type Target = [Value];
+    fn deref(&self) -> &[Value] {
+        match self {
+            Items::List(l) => l,
+            Items::Tuple(t) => t,
+        }
+    }
+}
+
 /// Why a pickle could not be read, and at which byte.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct PickleError {
     pub(crate) offset: usize,
     pub(crate) message: String,
+    /// The data ended before the pickle did: the error of a whole file cut short, or of the
+    /// head of a longer one read alone.
+    pub(crate) truncated: bool,
 }
 
 impl fmt::Display for PickleError {
@@ -178,12 +206,17 @@ struct Reader<'a> {
 
 impl<'a> Reader<'a> {
     fn err(&self, message: impl Into<String>) -> PickleError {
-        PickleError { offset: self.op_at, message: message.into() }
+        PickleError { offset: self.op_at, message: message.into(), truncated: false }
+    }
+
+    /// An error of data that ends early.
+    fn short(&self, message: impl Into<String>) -> PickleError {
+        PickleError { truncated: true, ..self.err(message) }
     }
 
     fn take(&mut self, n: usize) -> Result<&'a [u8], PickleError> {
         if n > self.data.len() - self.pos {
-            return Err(self.err(format!(
+            return Err(self.short(format!(
                 "the data ends early: {n} bytes needed, {} left (is the file truncated?)",
                 self.data.len() - self.pos
             )));
@@ -211,7 +244,7 @@ impl<'a> Reader<'a> {
 
     fn len(&mut self, n: u64) -> Result<usize, PickleError> {
         usize::try_from(n).ok().filter(|&n| n <= self.data.len() - self.pos).ok_or_else(|| {
-            self.err(format!(
+            self.short(format!(
                 "a length of {n} bytes runs past the end of the data ({} left)",
                 self.data.len() - self.pos
             ))
@@ -220,7 +253,7 @@ impl<'a> Reader<'a> {
 
     fn line(&mut self) -> Result<&'a [u8], PickleError> {
         let rest = &self.data[self.pos..];
-        let end = rest.iter().position(|&b| b == b'\n').ok_or_else(|| self.err("unterminated text argument"))?;
+        let end = rest.iter().position(|&b| b == b'\n').ok_or_else(|| self.short("unterminated text argument"))?;
         self.pos += end + 1;
         Ok(&rest[..end])
     }
@@ -260,11 +293,22 @@ pub(crate) fn parse(data: &[u8]) -> Result<Value, PickleError> {
     if !again.is_empty() && has_cycle(again.iter()) {
         empty_containers(again.iter());
         return Err(PickleError {
+            truncated: false,
             offset: data.len(),
             message: "the pickle holds a reference cycle (a list or dict inside itself); snapshots never do".into(),
         });
     }
     result
+}
+
+/// Whether the first bytes of a pickle can begin one: `Err` with the error where they cannot
+/// (an opcode no pickle has, say), so that a long file of something else is refused before it is
+/// read whole; `Ok` where they parse, or run out before the pickle ends.
+pub(crate) fn check_head(head: &[u8]) -> Result<(), PickleError> {
+    match parse(head) {
+        Err(e) if !e.truncated => Err(e),
+        _ => Ok(()),
+    }
 }
 
 /// The address of a container (`None` for anything else).
@@ -433,7 +477,7 @@ fn parse_into(
 
     loop {
         r.op_at = r.pos;
-        let op = r.u8().map_err(|_| r.err("the data ends before the STOP opcode (is the file truncated?)"))?;
+        let op = r.u8().map_err(|_| r.short("the data ends before the STOP opcode (is the file truncated?)"))?;
         match op {
             0x80 => {
                 let proto = r.u8()?;

@@ -27,15 +27,47 @@ fn bad(source: &str, message: impl Into<String>) -> Error {
 /// bytes, 16 times the file's size plus 2 MB. Values the pickle shares and the reader keeps
 /// once (frames, stacks, scope paths) are read and paid for once, at their first reference;
 /// what each reference copies (a compile context, settings) is paid for at each.
+///
+/// What the reader keeps of the file (the history's entries, the segments' blocks) is also
+/// bounded by the read limit, checked before it is built: a file that stands for millions of
+/// events in a few bytes each is refused at once, not after it filled memory.
 struct Budget {
     left: u64,
     total: u64,
+    /// Bytes the reader may still keep ([`ReadLimit::keep`](super::ReadLimit::keep)), and
+    /// how that bound is named in a refusal.
+    memory_left: u64,
+    keep: String,
 }
 
 impl Budget {
-    fn for_bytes(n: usize) -> Budget {
+    fn for_bytes(n: usize, limit: super::ReadLimit) -> Budget {
         let total = 1_000_000u64.saturating_add((n as u64).saturating_mul(8));
-        Budget { left: total, total }
+        let (memory_left, keep) = limit.keep(n as u64);
+        Budget { left: total, total, memory_left, keep }
+    }
+
+    /// Holds memory for `n` values of type `T` read at `at`, or says the file expands past
+    /// the read limit.
+    fn hold<T>(&mut self, n: usize, at: &dyn Fn() -> String, source: &str) -> Result<()> {
+        let bytes = (n as u64).saturating_mul(std::mem::size_of::<T>() as u64);
+        match self.memory_left.checked_sub(bytes) {
+            Some(left) => {
+                self.memory_left = left;
+                Ok(())
+            }
+            None => Err(bad(
+                source,
+                format!(
+                    "{}: {n} entries would take {}, past what the reader may keep ({}); to read it, \
+                     set a read limit (--read-limit SIZE, or {}=SIZE)",
+                    at(),
+                    crate::error::fmt_bytes(bytes),
+                    self.keep,
+                    super::READ_LIMIT_ENV,
+                ),
+            )),
+        }
     }
 
     /// Spends the elements that copying `bytes` bytes of text costs.
@@ -292,16 +324,23 @@ fn to_json(
 impl Snapshot {
     /// Reads a snapshot from a file: vramscope's JSON or a PyTorch snapshot pickle, either of
     /// them gzipped or not (told by the file's first bytes, not its name).
+    ///
+    /// What the file may expand to, and what the reader builds of it, are bounded by the read
+    /// limit ([`config::READ_LIMIT_ENV`](crate::config::READ_LIMIT_ENV)).
     pub fn load(path: impl AsRef<std::path::Path>) -> Result<Snapshot> {
         let path = path.as_ref();
-        let data = super::read_input(path, "a vramscope JSON snapshot")?;
-        Self::from_bytes(&data, &path.display().to_string())
+        let (data, limit) = super::read_input(path, "a vramscope JSON snapshot")?;
+        Self::from_bytes_within(&data, &path.display().to_string(), limit)
     }
 
     /// Reads a snapshot from bytes (JSON or pickle); `source` names them in errors.
     pub fn from_bytes(data: &[u8], source: &str) -> Result<Snapshot> {
+        Self::from_bytes_within(data, source, super::read_limit(data.len() as u64)?)
+    }
+
+    pub(crate) fn from_bytes_within(data: &[u8], source: &str, limit: super::ReadLimit) -> Result<Snapshot> {
         match super::sniff(data, "a vramscope JSON snapshot").map_err(|m| bad(source, m))? {
-            super::FileKind::Pickle => Self::from_pytorch_pickle(data, source),
+            super::FileKind::Pickle => Self::from_pytorch_pickle_within(data, source, limit),
             super::FileKind::Json => {
                 // The version first, then the consistency, each with its own message.
                 let mut de = serde_json::Deserializer::from_slice(data);
@@ -328,16 +367,20 @@ impl Snapshot {
     /// Reads PyTorch's snapshot pickle: segments with their blocks and frames, and every
     /// device's `device_traces` as the history; an inconsistent one is refused.
     pub fn from_pytorch_pickle(data: &[u8], source: &str) -> Result<Snapshot> {
-        let snap = Self::read_pytorch_pickle(data, source)?;
+        Self::from_pytorch_pickle_within(data, source, super::read_limit(data.len() as u64)?)
+    }
+
+    pub(crate) fn from_pytorch_pickle_within(data: &[u8], source: &str, limit: super::ReadLimit) -> Result<Snapshot> {
+        let snap = Self::read_pytorch_pickle(data, source, limit)?;
         snap.validate().map_err(|m| {
             bad(source, format!("inconsistent PyTorch snapshot (segments counted in address order): {m}"))
         })?;
         Ok(snap)
     }
 
-    fn read_pytorch_pickle(data: &[u8], source: &str) -> Result<Snapshot> {
+    fn read_pytorch_pickle(data: &[u8], source: &str, limit: super::ReadLimit) -> Result<Snapshot> {
         let root = pickle::parse(data).map_err(|e| bad(source, e.to_string()))?;
-        let mut budget = Budget::for_bytes(data.len());
+        let mut budget = Budget::for_bytes(data.len(), limit);
         let segments_v = root.get("segments").ok_or_else(|| {
             bad(source, format!("a {} without `segments`: not a PyTorch memory snapshot", root.type_name()))
         })?;
@@ -428,7 +471,7 @@ impl Snapshot {
         let (history, time_origin_us) = read_history(&root, &mut t, &mut budget, source)?;
         // Devices are named on each part only in a snapshot of several.
         let mut devices: Vec<usize> =
-            segments.iter().filter_map(|s| s.device).chain(history.iter().map(|(d, _)| *d)).collect();
+            segments.iter().filter_map(|s| s.device).chain(history.iter().filter_map(|e| e.device)).collect();
         devices.sort_unstable();
         devices.dedup();
         let several = devices.len() > 1;
@@ -436,13 +479,12 @@ impl Snapshot {
         for s in &mut segments {
             s.device = s.device.filter(|_| several);
         }
-        let history: Vec<HistoryEntry> = history
-            .into_iter()
-            .map(|(d, mut e)| {
-                e.device = several.then_some(d);
-                e
-            })
-            .collect();
+        let mut history = history;
+        if !several {
+            for e in &mut history {
+                e.device = None;
+            }
+        }
         // A block's scope is its allocation's, where the trace still holds the allocation
         // (PyTorch's blocks carry no scope); else what the block itself carries (vramscope writes
         // it beside the block's frames).
@@ -494,50 +536,66 @@ impl Snapshot {
 
 /// Every device's trace (`device_traces[d]` is device `d`'s), merged into one history in time
 /// order, each device's entries in their own order; each entry with its device. The origin of
-/// the entries' `time_ns` is the earliest `time_us` of all.
-fn read_history(
-    root: &Value,
-    t: &mut Tables,
-    budget: &mut Budget,
-    source: &str,
-) -> Result<(Vec<(usize, HistoryEntry)>, u64)> {
+/// the entries' `time_ns` is the earliest `time_us` of all. Each entry is made once: a trace's
+/// list is read in place, and one device's entries need no merge.
+fn read_history(root: &Value, t: &mut Tables, budget: &mut Budget, source: &str) -> Result<(Vec<HistoryEntry>, u64)> {
     let Some(traces) = root.get("device_traces") else { return Ok((Vec::new(), 0)) };
     budget.spend(traces.len(), &|| "device_traces".to_string(), source)?;
     let traces = traces
         .items()
         .ok_or_else(|| bad(source, format!("`device_traces` is a {}, expected a list", traces.type_name())))?;
-    // Each device's entries with their time in microseconds, as read.
-    let mut per_device: Vec<Vec<(i128, HistoryEntry)>> = Vec::new();
+    // Each device's entries, and beside them their times in microseconds, as read.
+    let mut per_device: Vec<(Vec<HistoryEntry>, Vec<i128>)> = Vec::new();
     for (d, trace) in traces.iter().enumerate() {
-        let mut out = Vec::new();
-        if matches!(trace, Value::List(_) | Value::Tuple(_)) {
-            budget.spend(trace.len(), &|| format!("device_traces[{d}]"), source)?;
-            for (i, e) in trace.items().unwrap_or_default().iter().enumerate() {
+        let (mut out, mut times) = (Vec::new(), Vec::new());
+        if let Some(items) = trace.items_ref() {
+            budget.spend(items.len(), &|| format!("device_traces[{d}]"), source)?;
+            budget.hold::<(HistoryEntry, i128)>(items.len(), &|| format!("device_traces[{d}]"), source)?;
+            // The budget bounds the entries; memory it cannot have is an error.
+            let room = |e| bad(source, format!("device_traces[{d}]: memory for {} entries: {e}", items.len()));
+            out.try_reserve_exact(items.len()).map_err(room)?;
+            times.try_reserve_exact(items.len()).map_err(room)?;
+            for (i, e) in items.iter().enumerate() {
                 let at = || format!("device_traces[{d}][{i}]");
-                if let Some(entry) = read_entry(e, t, budget, &at, source)? {
+                if let Some((time, mut entry)) = read_entry(e, t, budget, &at, source)? {
+                    entry.device = Some(d);
                     out.push(entry);
+                    times.push(time);
                 }
             }
         }
-        per_device.push(out);
+        per_device.push((out, times));
     }
-    let Some(t0) = per_device.iter().flatten().map(|(time, _)| *time).min() else { return Ok((Vec::new(), 0)) };
-    let mut merged = Vec::with_capacity(per_device.iter().map(Vec::len).sum());
+    let Some(t0) = per_device.iter().flat_map(|(_, times)| times).min().copied() else {
+        return Ok((Vec::new(), 0));
+    };
+    // Saturating: a hostile file's times may be any 128-bit integers, in any order.
+    let ns = |time: i128| u64::try_from(time.saturating_sub(t0).max(0).saturating_mul(1000)).unwrap_or(u64::MAX);
+    let origin = u64::try_from(t0.max(0)).unwrap_or(u64::MAX);
+    if per_device.iter().filter(|(out, _)| !out.is_empty()).count() <= 1 {
+        let (mut out, times) = per_device.into_iter().find(|(out, _)| !out.is_empty()).unwrap_or_default();
+        for (entry, time) in out.iter_mut().zip(times) {
+            entry.time_ns = ns(time);
+        }
+        return Ok((out, origin));
+    }
+    let mut merged = Vec::new();
+    let total = per_device.iter().map(|(out, _)| out.len()).sum();
+    merged.try_reserve_exact(total).map_err(|e| bad(source, format!("memory for {total} trace entries: {e}")))?;
     // A merge by time that keeps each device's order (ties to the lower device): the heap holds
     // each device's next entry's time.
-    let mut lists: Vec<_> = per_device.into_iter().map(|v| v.into_iter().peekable()).collect();
+    let mut lists: Vec<_> = per_device.into_iter().map(|(out, times)| out.into_iter().zip(times).peekable()).collect();
     let mut heads: std::collections::BinaryHeap<std::cmp::Reverse<(i128, usize)>> =
-        lists.iter_mut().enumerate().filter_map(|(d, l)| Some(std::cmp::Reverse((l.peek()?.0, d)))).collect();
+        lists.iter_mut().enumerate().filter_map(|(d, l)| Some(std::cmp::Reverse((l.peek()?.1, d)))).collect();
     while let Some(std::cmp::Reverse((_, d))) = heads.pop() {
-        let Some((time, mut entry)) = lists[d].next() else { continue };
-        // Saturating: a hostile file's times may be any 128-bit integers, in any order.
-        entry.time_ns = u64::try_from(time.saturating_sub(t0).max(0).saturating_mul(1000)).unwrap_or(u64::MAX);
-        merged.push((d, entry));
-        if let Some((time, _)) = lists[d].peek() {
+        let Some((mut entry, time)) = lists[d].next() else { continue };
+        entry.time_ns = ns(time);
+        merged.push(entry);
+        if let Some((_, time)) = lists[d].peek() {
             heads.push(std::cmp::Reverse((*time, d)));
         }
     }
-    Ok((merged, u64::try_from(t0.max(0)).unwrap_or(u64::MAX)))
+    Ok((merged, origin))
 }
 
 /// One trace entry with its `time_us`; `None` for an action vramscope does not know.

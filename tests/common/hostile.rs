@@ -407,3 +407,9 @@ pub fn two_devices() -> Vec<u8> {
     p.op(b'.');
     p.0
 }
+
+/// One allocation event referenced `refs` times: millions of history entries in a few bytes
+/// each.
+pub fn identical_events(refs: u32) -> Vec<u8> {
+    shared_event(refs, |_| {})
+}
