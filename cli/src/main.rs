@@ -283,10 +283,39 @@ fn print(text: &str) -> Result<(), Failure> {
     }
 }
 
+/// Writes to standard error, where nothing that fails there (a full or closed stream) is worth
+/// a panic: the exit code still says what happened.
+fn note(text: &str) {
+    use std::io::Write;
+    let _ = std::io::stderr().lock().write_all(text.as_bytes());
+}
+
 /// Writes an output file named with `-o`: a path the user must fix (a missing directory, a
-/// directory, a full device) is exit code 2 with one line.
+/// directory, a full device) is exit code 2 with one line. A regular file is written whole or
+/// not at all: the bytes go to a temporary file beside it, renamed over it once complete, so a
+/// full disk leaves the file it would have replaced as it was. Anything else (`/dev/stdout`,
+/// a FIFO) is written in place.
 fn write_output(path: &std::path::Path, bytes: &[u8]) -> Result<(), Failure> {
-    std::fs::write(path, bytes).map_err(|e| Failure(2, format!("cannot write {}: {e}", path.display())))
+    use std::io::Write;
+    let fail = |e: std::io::Error| Failure(2, format!("cannot write {}: {e}", path.display()));
+    let special = std::fs::metadata(path).is_ok_and(|m| !m.is_file());
+    let Some(name) = path.file_name().filter(|_| !special) else {
+        return std::fs::write(path, bytes).map_err(fail);
+    };
+    let mut temporary = name.to_os_string();
+    temporary.push(format!(".vramscope-{}.partial", std::process::id()));
+    let temporary = path.with_file_name(temporary);
+    let written = std::fs::File::create(&temporary).and_then(|mut f| {
+        f.write_all(bytes)?;
+        f.sync_all()
+    });
+    match written.and_then(|()| std::fs::rename(&temporary, path)) {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            let _ = std::fs::remove_file(&temporary);
+            Err(fail(e))
+        }
+    }
 }
 
 fn to_json<T: serde::Serialize>(value: &T) -> Result<String, Failure> {
@@ -407,10 +436,12 @@ fn run(cli: Cli) -> Result<(), Failure> {
                 let reports = PerDevice::new(&[&snap], |s| report::leaks_with_limits(s[0]))?;
                 let notes: String = reports.0.iter().map(|(_, (_, limits))| limits.render()).collect();
                 let text = reports.map(|(candidates, _)| candidates).json()?;
+                // The JSON first: notes that cannot be written never keep it from its reader.
+                emit(&out, &text)?;
                 if !notes.trim().is_empty() {
-                    eprint!("{}", notes.trim_start());
+                    note(notes.trim_start());
                 }
-                return emit(&out, &text);
+                return Ok(());
             }
             let render = |(c, l): &(Vec<report::LeakCandidate>, report::LeakLimits)| {
                 report::LeakCandidate::render_with_limits(c, l)
@@ -651,11 +682,31 @@ fn run(cli: Cli) -> Result<(), Failure> {
     }
 }
 
+/// An error as one line a terminal shows as it is: control characters (a newline or an escape
+/// sequence a file put in a name) escaped, and at most 1,000 characters, the rest counted.
+fn one_line(message: &str) -> String {
+    const MOST: usize = 1000;
+    let mut out = String::new();
+    let mut chars = message.chars();
+    for c in chars.by_ref().take(MOST) {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    let rest = chars.count();
+    if rest > 0 {
+        out.push_str(&format!("... ({rest} more characters)"));
+    }
+    out
+}
+
 fn main() -> ExitCode {
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure(code, message)) => {
-            eprintln!("vramscope: {message}");
+            note(&format!("vramscope: {}\n", one_line(&message)));
             ExitCode::from(code)
         }
     }

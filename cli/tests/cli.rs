@@ -375,3 +375,73 @@ fn leaks_says_what_a_history_cannot_show() {
     assert_eq!((code, out.trim()), (0, "[]"), "{err}");
     assert!(err.starts_with("The history holds no allocation"), "{err}");
 }
+
+/// Output faults: with standard error full, an error still exits 2 (not a panic's 101) and
+/// `leaks --json` still writes its JSON; `-o` over a valid file that cannot be written whole
+/// (a file size limit, as a full disk) leaves the valid file as it was.
+#[test]
+fn output_faults_leave_outputs_whole_and_exit_codes_true() {
+    use std::os::unix::process::CommandExt;
+    let full = || std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_vramscope"))
+        .args(["summary", "/nonexistent.pickle"])
+        .stderr(full())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let variants = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/torch/variants");
+    let ring = std::fs::read_dir(variants)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.to_string_lossy().contains("ring"))
+        .expect("a recording whose ring was too small, with a note for stderr");
+    let out = Command::new(env!("CARGO_BIN_EXE_vramscope"))
+        .arg("leaks")
+        .arg(&ring)
+        .arg("--json")
+        .stderr(full())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("the JSON, whole");
+    assert!(json.is_array());
+
+    let dir = std::env::temp_dir().join(format!("vramscope-atomic-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let target = dir.join("resnet.json");
+    std::fs::write(&target, b"the valid file").unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_vramscope"));
+    cmd.args(["convert", &fixture("resnet_train.snapshot.pickle"), "-o"]).arg(&target);
+    // SAFETY: only async-signal-safe calls between fork and exec: a file size limit of 4 KiB,
+    // and SIGXFSZ ignored so that passing it is a write error, not the end of the process.
+    unsafe {
+        cmd.pre_exec(|| {
+            let limit = libc::rlimit { rlim_cur: 4096, rlim_max: 4096 };
+            libc::setrlimit(libc::RLIMIT_FSIZE, &limit);
+            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+            Ok(())
+        });
+    }
+    let out = cmd.output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(std::fs::read(&target).unwrap(), b"the valid file");
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1, "no temporary file left");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// An error that quotes the input quotes it as one printable line of bounded length: a field of
+/// a million characters with escape sequences in it prints neither whole nor raw.
+#[test]
+fn errors_quote_input_as_one_bounded_printable_line() {
+    let path = std::env::temp_dir().join(format!("vramscope-long-op-{}.json", std::process::id()));
+    let op = format!("\u{1b}[2J{}\nforged line", "x".repeat(1_000_000));
+    std::fs::write(&path, serde_json::json!({"events": [[op, 1, 512, 0]]}).to_string()).unwrap();
+    let (code, out, err) = vramscope(&["replay", path.to_str().unwrap()]);
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(code, 2, "{err}");
+    assert!(out.is_empty());
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.len() < 1200, "{} bytes", err.len());
+    assert!(!err.contains('\u{1b}'), "{err}");
+    assert!(err.contains("more characters)"), "{err}");
+}

@@ -91,6 +91,12 @@ fn inputs() -> Vec<(&'static str, Vec<u8>, &'static str, Expect)> {
             "folded",
             Answer("train_step\\nevil:injected:frame 999999999\\nreal (train.py:3) 1024\n"),
         ),
+        (
+            "forged_escape.json",
+            edited(|v| v["frames"][0]["function"] = "train_step\u{1b}[2J\nreal 999 B live".into()),
+            "live",
+            Answer("train_step\\u{1b}[2J\\nreal 999 B live"),
+        ),
         ("version_99999.json", edited(|v| v["version"] = 99999.into()), "summary", Refused("version 99999 is newer")),
         (
             "block_outside_segment.json",

@@ -2,7 +2,7 @@
 //! per block: a file may name one long stack or scope from a million blocks, and the reports
 //! must stay linear in the file's size.
 
-use super::{site_frame, site_label};
+use super::{printable, site_frame, site_label};
 use crate::intern::Interner;
 use crate::record::Frame;
 use crate::snapshot::{ContextInfo, Snapshot};
@@ -43,7 +43,7 @@ impl<'a> Labels<'a> {
             return known;
         }
         let frame = site_frame(self.snap, ctx);
-        let id = self.sites.id(site_label(frame), |label| (label.clone(), frame));
+        let id = self.sites.id(printable(&site_label(frame)).into_owned(), |label| (label.clone(), frame));
         self.site_of_stack[stack.index()] = id;
         id
     }
@@ -55,7 +55,7 @@ impl<'a> Labels<'a> {
         if known != UNSEEN {
             return known;
         }
-        let id = self.scopes.intern(self.snap.scope_path(ctx));
+        let id = self.scopes.intern(printable(&self.snap.scope_path(ctx)).into_owned());
         self.scope_of_index[index.index()] = id;
         id
     }

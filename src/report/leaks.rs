@@ -394,7 +394,11 @@ fn find(snapshot: &Snapshot) -> (Vec<LeakCandidate>, Option<u64>) {
         let callers = ctx
             .and_then(|c| c.stack)
             .map(|st| {
-                frames::program_frames(snapshot.stack_frames(st)).skip(1).take(3).map(|f| f.to_string()).collect()
+                frames::program_frames(snapshot.stack_frames(st))
+                    .skip(1)
+                    .take(3)
+                    .map(|f| super::printable(&f.to_string()).into_owned())
+                    .collect()
             })
             .unwrap_or_default();
         let scope = {
@@ -402,7 +406,7 @@ fn find(snapshot: &Snapshot) -> (Vec<LeakCandidate>, Option<u64>) {
             labels.scope_label(id).to_string()
         };
         out.push(LeakCandidate {
-            site: frame.to_string(),
+            site: super::printable(&frame.to_string()).into_owned(),
             frame: frame.clone(),
             callers,
             scope,

@@ -72,6 +72,26 @@ fn site_label(frame: Option<&Frame>) -> String {
     frame.map_or_else(|| "<no stack>".to_string(), |f| f.to_string())
 }
 
+/// Text from a file as a report prints it: line breaks and other control characters (an
+/// escape sequence a frame name could carry to a terminal) written as escapes (`\n`,
+/// `\u{1b}`), so that no name can start a line of its own or restyle the terminal.
+pub(crate) fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(char::is_control) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c.is_control() => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 /// `1 block`, `2 blocks`.
 pub(crate) fn plural(n: u64, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })
@@ -86,4 +106,15 @@ fn bytes(n: u64) -> String {
 /// for tools that print next to them.
 pub fn format_bytes(n: u64) -> String {
     bytes(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn printable_text_escapes_control_characters() {
+        assert_eq!(printable("train.py:3 (f)"), "train.py:3 (f)");
+        assert_eq!(printable("a\nb\rc\td\u{1b}[31m"), "a\\nb\\rc\\td\\u{1b}[31m");
+    }
 }
