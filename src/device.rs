@@ -47,7 +47,22 @@ fn default_backend(index: usize, config: &mut AllocatorConfig) -> Result<Arc<dyn
     let kind = env_text(BACKEND_ENV)?.unwrap_or_default();
     let capacity = match env_text(CAPACITY_ENV)? {
         Some(s) => {
-            Some(parse_bytes(&s).map_err(|e| Error::Config { key: CAPACITY_ENV.into(), message: e.to_string() })?)
+            let c = parse_bytes(&s).map_err(|e| Error::Config { key: CAPACITY_ENV.into(), message: e.to_string() })?;
+            // Below one page no segment fits: every allocation would fail, each error claiming
+            // free memory it could not give. Refused at once instead.
+            let page = crate::backend::DEFAULT_PAGE_SIZE;
+            if c < page {
+                return Err(Error::Config {
+                    key: CAPACITY_ENV.into(),
+                    message: format!(
+                        "{} is less than the smallest segment, {}: give at least {}",
+                        crate::error::fmt_bytes(c),
+                        crate::error::fmt_bytes(page),
+                        crate::error::fmt_bytes(page)
+                    ),
+                });
+            }
+            Some(c)
         }
         None => None,
     };

@@ -146,5 +146,39 @@ fn oom_snapshots_are_complete_and_never_clobber() {
     assert!(message.contains("writing") && message.contains("too large"), "{message}");
     assert_eq!(std::fs::read_dir(&full).unwrap().count(), 0, "nothing left in {}", full.display());
 
+    // A name of 250 bytes: its temporary fits beside it.
+    let long = dir.join(format!("{}.json", "n".repeat(245)));
+    std::env::set_var(OOM_SNAPSHOT_ENV, &long);
+    let (report, message) = oom("long_name");
+    assert_eq!(report.snapshot_path.as_deref(), Some(long.to_str().unwrap()), "{message}");
+    check_snapshot(long.to_str().unwrap(), "long_name");
+
+    // Another process holding the directory's lock (here: another open file of it, locked):
+    // the error returns within the wait, saying why no snapshot was written.
+    let locked = dir.join("locked");
+    std::fs::create_dir_all(&locked).unwrap();
+    let holder = std::fs::File::open(&locked).unwrap();
+    use std::os::fd::AsRawFd;
+    // SAFETY: `holder` is open, so its descriptor is valid; the lock goes with the file.
+    assert_eq!(unsafe { libc::flock(holder.as_raw_fd(), libc::LOCK_EX) }, 0);
+    std::env::set_var(OOM_SNAPSHOT_ENV, &locked);
+    let started = std::time::Instant::now();
+    let (report, message) = oom("locked");
+    assert!(started.elapsed() < std::time::Duration::from_secs(10));
+    assert_eq!(report.snapshot_path, None, "{message}");
+    assert!(message.contains("another process held the lock"), "{message}");
+    drop(holder);
+
+    // A loop that catches out-of-memory errors: at most 16 snapshots in a process, then each
+    // error says none was written.
+    let looped = dir.join("loop");
+    std::fs::create_dir_all(&looped).unwrap();
+    std::env::set_var(OOM_SNAPSHOT_ENV, &looped);
+    let messages: Vec<String> = (0..20).map(|i| oom(&format!("loop{i}")).1).collect();
+    assert!(messages.last().unwrap().contains("wrote 16 out-of-memory snapshots already"), "{}", messages[19]);
+    let files = std::fs::read_dir(&looped).unwrap().count();
+    assert!(files < 16, "{files} files: the process's 16 include those written above");
+    std::env::remove_var(OOM_SNAPSHOT_ENV);
+
     std::fs::remove_dir_all(&dir).ok();
 }

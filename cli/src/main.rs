@@ -257,7 +257,11 @@ struct Failure(u8, String);
 impl From<vramscope::Error> for Failure {
     fn from(e: vramscope::Error) -> Self {
         let code = match e {
-            vramscope::Error::Format { .. } | vramscope::Error::Io { .. } | vramscope::Error::Config { .. } => 2,
+            // Input the user must fix; an impossible request in a trace is the trace's.
+            vramscope::Error::Format { .. }
+            | vramscope::Error::Io { .. }
+            | vramscope::Error::Config { .. }
+            | vramscope::Error::InvalidRequest(_) => 2,
             _ => 1,
         };
         Failure(code, e.to_string())

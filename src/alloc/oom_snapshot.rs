@@ -14,15 +14,37 @@ use std::time::SystemTime;
 /// first one's snapshot; held while a snapshot is written, so writers take turns.
 static WRITTEN: Mutex<Option<HashSet<PathBuf>>> = Mutex::new(None);
 
+/// The most snapshots one process writes: a loop that catches out-of-memory errors and tries
+/// again would otherwise fill the disk with a snapshot per failure. The first ones are kept;
+/// later errors say that none was written, and where the earlier ones are.
+pub(crate) const MAX_SNAPSHOTS_PER_PROCESS: usize = 16;
+
+/// How long a writer waits for another process that holds the destination's lock before it
+/// gives up (the out-of-memory error returns without a snapshot, saying so).
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Writes `json()` for the destination `target` names (a file, or a directory to put
 /// `oom-<pid>-<n>.json` in) and returns the file written, or why nothing was.
 pub(super) fn write(target: &Path, json: impl FnOnce() -> String) -> Result<PathBuf, String> {
     let mut written = WRITTEN.lock();
     let written = written.get_or_insert_with(HashSet::new);
     check_target(target)?;
+    if written.len() >= MAX_SNAPSHOTS_PER_PROCESS {
+        return Err(format!(
+            "not written: this process wrote {MAX_SNAPSHOTS_PER_PROCESS} out-of-memory snapshots already \
+             (the most it writes), under {}",
+            target.display()
+        ));
+    }
     // Processes sharing the destination take turns from choosing the file to renaming it into
     // place: eight processes running out of memory at once write eight files.
-    let _turn = lock_directory(target);
+    let Some(_turn) = lock_directory(target) else {
+        return Err(format!(
+            "not written: another process held the lock on {}'s directory for {} s",
+            target.display(),
+            LOCK_WAIT.as_secs()
+        ));
+    };
     let path = destination(target, written, process_start())?;
     let tmp = temporary(&path);
     let result =
@@ -71,27 +93,35 @@ fn parent_of(path: &Path) -> &Path {
 }
 
 /// Takes the lock that writers of every process share for the destination's directory (an
-/// advisory lock on the directory itself: nothing is left behind), released on drop. Where the
-/// system cannot lock a directory, writers choose their files without it.
-fn lock_directory(target: &Path) -> Option<fs::File> {
+/// advisory lock on the directory itself: nothing is left behind), released on drop; `None`
+/// where another process held it for [`LOCK_WAIT`]. Where the system cannot lock a directory,
+/// writers choose their files without it (`Some(None)`).
+fn lock_directory(target: &Path) -> Option<Option<fs::File>> {
     let dir = if fs::metadata(target).is_ok_and(|m| m.is_dir()) { target } else { parent_of(target) };
-    let handle = fs::File::open(dir).ok()?;
+    let Ok(handle) = fs::File::open(dir) else { return Some(None) };
     #[cfg(unix)]
     {
         use std::os::fd::AsRawFd;
+        let started = std::time::Instant::now();
         loop {
             // SAFETY: `handle` is an open file, so its descriptor is valid for the call; the
             // lock is released when the descriptor is closed (the handle dropped).
-            if unsafe { libc::flock(handle.as_raw_fd(), libc::LOCK_EX) } == 0 {
-                return Some(handle);
+            if unsafe { libc::flock(handle.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+                return Some(Some(handle));
             }
-            if std::io::Error::last_os_error().kind() != ErrorKind::Interrupted {
-                return None;
+            match std::io::Error::last_os_error().kind() {
+                ErrorKind::Interrupted => {}
+                ErrorKind::WouldBlock if started.elapsed() < LOCK_WAIT => {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                ErrorKind::WouldBlock => return None,
+                // A file system without locks: write without them.
+                _ => return Some(None),
             }
         }
     }
     #[cfg(not(unix))]
-    None
+    Some(None)
 }
 
 /// When this process started, where the system says (Linux: `/proc/self/stat` and the boot
@@ -157,8 +187,15 @@ fn first_free(name: impl Fn(u64) -> PathBuf) -> PathBuf {
 }
 
 /// A hidden temporary beside `path`, named after this process and a counter.
+///
+/// The name is cut to 200 bytes, so that a destination whose name is near the system's limit
+/// (255 bytes) still has a temporary beside it.
 fn temporary(path: &Path) -> PathBuf {
-    let name = path.file_name().map_or_else(|| "oom".into(), |s| s.to_string_lossy().into_owned());
+    let mut name = path.file_name().map_or_else(|| "oom".into(), |s| s.to_string_lossy().into_owned());
+    if name.len() > 200 {
+        let cut = (0..=200).rev().find(|&i| name.is_char_boundary(i)).unwrap_or(0);
+        name.truncate(cut);
+    }
     first_free(|n| path.with_file_name(format!(".{name}.{}-{n}.partial", std::process::id())))
 }
 

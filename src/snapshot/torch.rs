@@ -348,6 +348,12 @@ impl Snapshot {
                     Snapshot::deserialize_unchecked(&mut de).and_then(|s| de.end().map(|()| s)).map_err(|e| {
                         bad(source, format!("not a vramscope snapshot ({e}); expected the JSON that `snapshot` writes"))
                     })?;
+                if snap.version == 0 {
+                    return Err(bad(
+                        source,
+                        "snapshot format version 0: versions start at 1; not a file vramscope wrote",
+                    ));
+                }
                 if snap.version > super::SNAPSHOT_VERSION {
                     return Err(bad(
                         source,
