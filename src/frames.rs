@@ -73,10 +73,55 @@ pub const LIBRARY_ENV: &str = "VRAMSCOPE_LIBRARY";
 /// assert!(FramePolicy::new([""], [] as [&str; 0]).is_err(), "an empty pattern would match every frame");
 /// # let _ = p;
 /// ```
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Clone, Default)]
 pub struct FramePolicy {
     user_code: Vec<String>,
     library: Vec<String>,
+    /// The patterns as automata, built at the first frame asked about: thousands of patterns
+    /// cost one pass over a frame's names, not one search each.
+    matchers: OnceLock<Matchers>,
+}
+
+impl std::fmt::Debug for FramePolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FramePolicy").field("user_code", &self.user_code).field("library", &self.library).finish()
+    }
+}
+
+impl PartialEq for FramePolicy {
+    fn eq(&self, other: &Self) -> bool {
+        self.user_code == other.user_code && self.library == other.library
+    }
+}
+
+impl Eq for FramePolicy {}
+
+/// One kind's patterns as an automaton, with each pattern's length.
+#[derive(Clone)]
+struct Matcher {
+    automaton: aho_corasick::AhoCorasick,
+    lengths: Vec<usize>,
+}
+
+impl Matcher {
+    fn new(patterns: &[String]) -> Option<Matcher> {
+        if patterns.is_empty() {
+            return None;
+        }
+        let automaton = aho_corasick::AhoCorasick::new(patterns).ok()?;
+        Some(Matcher { automaton, lengths: patterns.iter().map(String::len).collect() })
+    }
+
+    /// The longest pattern found in any of `texts`.
+    fn longest<'a>(&self, texts: impl Iterator<Item = &'a str>) -> Option<usize> {
+        texts.flat_map(|t| self.automaton.find_overlapping_iter(t)).map(|m| self.lengths[m.pattern().as_usize()]).max()
+    }
+}
+
+#[derive(Clone)]
+struct Matchers {
+    user_code: Option<Matcher>,
+    library: Option<Matcher>,
 }
 
 /// Whose a frame is, by the user's patterns.
@@ -105,6 +150,7 @@ impl FramePolicy {
         Ok(FramePolicy {
             user_code: check("user-code", user_code.into_iter().map(Into::into).collect())?,
             library: check("library", library.into_iter().map(Into::into).collect())?,
+            matchers: OnceLock::new(),
         })
     }
 
@@ -145,16 +191,17 @@ impl FramePolicy {
 
     /// What the patterns say of a frame, if any matches.
     fn said(&self, f: &Frame) -> Option<Said> {
-        let longest = |patterns: &[String]| {
-            patterns
-                .iter()
-                .filter(|p| {
-                    f.function.contains(p.as_str()) || f.file.as_deref().is_some_and(|file| file.contains(p.as_str()))
-                })
-                .map(String::len)
-                .max()
+        if self.is_empty() {
+            return None;
+        }
+        let m = self.matchers.get_or_init(|| Matchers {
+            user_code: Matcher::new(&self.user_code),
+            library: Matcher::new(&self.library),
+        });
+        let longest = |m: &Option<Matcher>| {
+            m.as_ref().and_then(|m| m.longest(std::iter::once(f.function.as_str()).chain(f.file.as_deref())))
         };
-        match (longest(&self.user_code), longest(&self.library)) {
+        match (longest(&m.user_code), longest(&m.library)) {
             (Some(u), Some(l)) if l > u => Some(Said::Library),
             (Some(_), _) => Some(Said::Program),
             (None, Some(_)) => Some(Said::Library),
@@ -403,6 +450,38 @@ mod tests {
         assert_eq!(program_frames(inlined.iter()).count(), 1);
         let rust = [frame("<T as core::ops::Fn>::call", None, None), frame("user::main", Some("src/main.rs"), Some(9))];
         assert_eq!(program_frames(rust.iter()).count(), 2, "Rust paths are never PyTorch's");
+    }
+
+    /// Thousands of patterns decide as a plain search over each would: the longest match of
+    /// either kind, in the function or the file.
+    #[test]
+    fn many_patterns_decide_as_each_alone_would() {
+        let library: Vec<String> = (0..21_000).map(|i| format!("{i:x}/")).collect();
+        let policy = FramePolicy::new(["src/app/"], library.clone()).unwrap();
+        for (file, function, expected) in [
+            ("src/app/model.rs", "app::f", Some(Said::Program)),
+            ("deps/5207/x.rs", "x::f", Some(Said::Library)), // `5207/` (20999)
+            ("src/ab/x.rs", "x::g", Some(Said::Library)),    // `ab/`
+            ("src/app/ab/x.rs", "x::g", Some(Said::Program)), // `src/app/` is the longer
+            ("lib.rs", "zz::h", None),
+        ] {
+            let f = frame(function, Some(file), Some(1));
+            assert_eq!(policy.said(&f), expected, "{file}");
+            let plain = |patterns: &[String]| {
+                patterns
+                    .iter()
+                    .filter(|p| file.contains(p.as_str()) || function.contains(p.as_str()))
+                    .map(String::len)
+                    .max()
+            };
+            let by_plain = match (plain(&["src/app/".to_string()]), plain(&library)) {
+                (Some(u), Some(l)) if l > u => Some(Said::Library),
+                (Some(_), _) => Some(Said::Program),
+                (None, Some(_)) => Some(Said::Library),
+                (None, None) => None,
+            };
+            assert_eq!(policy.said(&f), by_plain, "{file}");
+        }
     }
 
     /// The user's patterns come first; the longer of two that match decides.
