@@ -46,6 +46,24 @@ pub fn summary(snapshot: &Snapshot) -> String {
     };
     if current_only {
         out.push_str("Peaks and totals (-) are not in PyTorch's snapshot; current figures come from its segments.\n");
+    } else {
+        // The statistics are the allocator's as recorded; where the segments this snapshot
+        // lists hold something else now, say so rather than print figures that contradict
+        // every other report of the file.
+        let listed = crate::snapshot::stats_of(&snapshot.segments);
+        let (said, held) = (&snapshot.stats, &listed);
+        if said.allocated_bytes.all.current != held.allocated_bytes.all.current
+            || said.reserved_bytes.all.current != held.reserved_bytes.all.current
+        {
+            out.push_str(&format!(
+                "Note: the statistics count {} allocated and {} reserved now; the segments listed hold\n\
+                 {} and {} (a snapshot of part of an allocator, or statistics edited by hand).\n",
+                bytes(said.allocated_bytes.all.current),
+                bytes(said.reserved_bytes.all.current),
+                bytes(held.allocated_bytes.all.current),
+                bytes(held.reserved_bytes.all.current),
+            ));
+        }
     }
     if let Some(p) = snapshot.driver_pool {
         out.push_str(&format!(
@@ -111,6 +129,21 @@ pub fn format_bytes(n: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Statistics that contradict the segments listed (`"stats": {}` beside a live block) are
+    /// said to; an allocator's own snapshot has nothing to say.
+    #[test]
+    fn a_summary_says_where_the_statistics_contradict_the_segments() {
+        let forged = include_str!("../../fixtures/hostile/consistent.json");
+        let snap = Snapshot::from_bytes(forged.as_bytes(), "consistent.json").unwrap();
+        let text = summary(&snap);
+        assert!(text.contains("Note: the statistics count 0 B allocated and 0 B reserved now"), "{text}");
+        assert!(text.contains("the segments listed hold\n1.00 KiB and 2.00 MiB"), "{text}");
+        let alloc = crate::CachingAllocator::new(crate::backend::SimBackend::new(1 << 30));
+        let kept = alloc.alloc::<u8>(&alloc.default_stream(), 4096).unwrap();
+        assert!(!summary(&alloc.snapshot()).contains("Note:"));
+        drop(kept);
+    }
 
     #[test]
     fn printable_text_escapes_control_characters() {

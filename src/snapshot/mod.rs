@@ -6,6 +6,8 @@ mod model;
 pub(crate) mod pickle;
 mod pickle_write;
 mod torch;
+
+pub(crate) use torch::stats_of;
 mod validate;
 
 pub(crate) use build::HISTORY_REQUESTED_SINCE;

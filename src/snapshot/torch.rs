@@ -656,7 +656,7 @@ fn read_entry(
 }
 
 /// The current-value statistics a PyTorch snapshot implies (it carries no counters).
-pub(super) fn stats_of(segments: &[SegmentInfo]) -> MemoryStats {
+pub(crate) fn stats_of(segments: &[SegmentInfo]) -> MemoryStats {
     let mut m = MemoryStats::default();
     for seg in segments {
         let s = seg.summary();
