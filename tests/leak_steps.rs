@@ -1,9 +1,11 @@
 //! The leak finder on any step numbering: the same program numbered 0, 1, 2, ..., with a
 //! stride, resumed from a checkpoint, or sparsely, gives the same leaking lines with the same
-//! per-step figures; only the step numbers it names follow the program's. (In a binary of its
-//! own, the tests taking turns: `vramscope::step` is process-wide.)
+//! per-step figures; only the step numbers it names follow the program's. The reports that use
+//! it on programs of steps too: the timeline and ranks side by side. (In a binary of its own,
+//! the tests taking turns: `vramscope::step` is process-wide.)
 
-use vramscope::{backend::SimBackend, report, Buffer, CachingAllocator, Snapshot, Stream};
+use std::collections::HashMap;
+use vramscope::{backend::SimBackend, record::Action, report, Buffer, CachingAllocator, Snapshot, Stream};
 
 #[inline(never)]
 fn keep(alloc: &CachingAllocator, s: &Stream, kept: &mut Vec<Buffer<u8>>) {
@@ -131,4 +133,91 @@ fn steps_counted_down_find_the_same_leak() {
     assert_eq!(leaks.len(), 1, "{leaks:#?}");
     assert!(leaks[0].site.contains("keep"), "{leaks:#?}");
     assert_eq!(leaks[0].bytes_per_step, 1 << 20);
+}
+
+/// The timeline's bands add up to the live bytes at every point, computed apart from the
+/// history's prefix; the leaking line is a band of its own, marked; the picture is bounded.
+#[test]
+fn timeline_bands_add_up_to_the_live_bytes_at_every_point() {
+    let _turn = STEPS.lock().unwrap_or_else(|e| e.into_inner());
+    let (alloc, held) = program(0..30, None);
+    let snap = alloc.snapshot();
+    let t = report::timeline(&snap);
+    assert_eq!(t.events, snap.history.len());
+    assert!(t.points.len() <= report::TIMELINE_POINTS && !t.bands.is_empty());
+    for (k, &after) in t.points.iter().enumerate() {
+        let mut live: HashMap<u64, u64> = HashMap::new();
+        for e in &snap.history[..=after] {
+            match e.action {
+                Action::Alloc => {
+                    live.insert(e.addr, e.size);
+                }
+                Action::FreeRequested | Action::FreeCompleted => {
+                    live.remove(&e.addr);
+                }
+                _ => {}
+            }
+        }
+        let drawn: u64 = t.bands.iter().map(|b| b.bytes[k]).sum();
+        assert_eq!(drawn, live.values().sum::<u64>(), "point {k}, after event {after}");
+    }
+    let leak = t.bands.iter().find(|b| b.label.contains("keep")).expect("the kept line's band");
+    assert!(leak.leak_candidate && leak.peak == 30 << 20, "{leak:?}");
+    assert!(!t.bands.iter().any(|b| b.label.contains("temporary") && b.leak_candidate));
+    let svg = t.to_svg("a test");
+    assert!(svg.starts_with("<svg") && svg.ends_with("</svg>\n"));
+    assert!(svg.contains("LEAK CANDIDATE: ") && svg.contains("(leak candidate)</title>"));
+    drop(held);
+}
+
+/// A history of 200,000 events draws as many points as one of four hundred.
+#[test]
+fn a_timeline_is_bounded_whatever_the_history() {
+    let _turn = STEPS.lock().unwrap_or_else(|e| e.into_inner());
+    let alloc = CachingAllocator::new(SimBackend::new(1 << 40));
+    let mut rec = vramscope::record::RecordConfig::default();
+    rec.max_entries = 1 << 20;
+    alloc.record_memory_history(rec);
+    let s = alloc.default_stream();
+    for _ in 0..100_000 {
+        temporary(&alloc, &s);
+    }
+    let t = report::timeline(&alloc.snapshot());
+    assert_eq!(t.points.len(), report::TIMELINE_POINTS);
+    assert!(t.to_svg("long").len() < 200_000);
+}
+
+/// Two ranks of one program, one of which keeps a block every step: its figures are higher by
+/// what it kept, the line differs between the ranks by that much, and only its rank names the
+/// leak.
+#[test]
+fn ranks_tell_the_leaking_rank_and_line() {
+    let _turn = STEPS.lock().unwrap_or_else(|e| e.into_inner());
+    // The same program, its kept list cleared at every step: one block kept at the end.
+    let steady = CachingAllocator::new(SimBackend::new(1 << 40));
+    let s = steady.default_stream();
+    let (mut kept, mut slot) = (Vec::new(), None);
+    for i in 0..10 {
+        vramscope::step(i);
+        kept.clear();
+        keep(&steady, &s, &mut kept);
+        temporary(&steady, &s);
+        replaced(&steady, &s, &mut slot);
+    }
+    let steady_held = (kept, slot);
+    let (leaky, leaky_held) = program(0..10, None);
+    let snaps = vec![("rank0.json".to_string(), steady.snapshot()), ("rank1.json".to_string(), leaky.snapshot())];
+    let r = report::ranks(&snaps);
+    let (a, b) = (&r.ranks[0], &r.ranks[1]);
+    assert_eq!(b.allocated - a.allocated, 9 << 20, "{a:?} {b:?}");
+    assert!(b.peak_allocated >= b.allocated && b.peak_reserved >= b.reserved, "{b:?}");
+    assert!(a.leaks.is_empty(), "{:?}", a.leaks);
+    assert!(b.leaks.iter().any(|l| l.contains("keep")), "{:?}", b.leaks);
+    let top = &r.sites[0];
+    assert!(top.site.contains("keep"), "{top:?}");
+    assert_eq!(top.spread, 9 << 20, "{top:?}");
+    let text = r.render();
+    assert!(text.lines().all(|l| l.chars().count() <= 100), "{text}");
+    assert!(text.contains("leak candidates, by rank:\n  1: "), "{text}");
+    drop((steady_held, leaky_held));
 }

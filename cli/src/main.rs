@@ -119,6 +119,31 @@ enum Command {
         #[command(flatten)]
         out: Output,
     },
+    /// An SVG of live memory over the history, stacked by the line that allocated it (the
+    /// largest sites in bands of their own, leak candidates outlined), as PyTorch's viewer's
+    /// Active Memory Timeline; `--json` gives the figures drawn.
+    Timeline {
+        /// A vramscope JSON snapshot or a PyTorch snapshot pickle.
+        file: PathBuf,
+        /// Print the figures as JSON instead of drawing them.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        out: Output,
+    },
+    /// Snapshots of one job's ranks side by side (one file per rank, read in parallel): what
+    /// each holds now and at its peak, the sites whose bytes differ most between ranks, and
+    /// the ranks the leak finder flags.
+    Ranks {
+        /// One snapshot per rank, in rank order (vramscope JSON or PyTorch pickles).
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        out: Output,
+    },
     /// Converts a snapshot between vramscope's JSON and PyTorch's pickle (readable by
     /// `python -m torch.cuda._memory_viz` and PyTorch's memory_viz page).
     Convert {
@@ -485,6 +510,41 @@ fn run(cli: Cli) -> Result<(), Failure> {
                 return Err(Failure(2, "a flamegraph is an SVG file: name one with -o (e.g. -o live.svg)".into()));
             }
             emit(&out, &svg)
+        }
+        Command::Timeline { file, json, out } => {
+            let snap = Snapshot::load(&file)?;
+            if json {
+                return emit(&out, &per_device(&[&snap], true, |s| report::timeline(s[0]), |_| String::new())?);
+            }
+            let devices = snap.devices();
+            if devices.len() > 1 {
+                return Err(Failure(
+                    2,
+                    format!(
+                        "{} holds {} devices: a timeline draws one (`vramscope timeline --json` gives each)",
+                        file.display(),
+                        devices.len()
+                    ),
+                ));
+            }
+            if out.output.is_none() && std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+                return Err(Failure(2, "a timeline is an SVG file: name one with -o (e.g. -o timeline.svg)".into()));
+            }
+            let title = format!("live bytes over the history of {}", file.display());
+            emit(&out, &report::timeline(&snap).to_svg(&title))
+        }
+        Command::Ranks { files, json, out } => {
+            // One thread per file: reading dominates, and each file is read apart.
+            let loaded: Vec<Result<Snapshot, vramscope::Error>> = std::thread::scope(|scope| {
+                let handles: Vec<_> = files.iter().map(|f| scope.spawn(move || Snapshot::load(f))).collect();
+                handles.into_iter().map(|h| h.join().expect("a reading thread does not panic")).collect()
+            });
+            let mut snaps = Vec::with_capacity(files.len());
+            for (f, snap) in files.iter().zip(loaded) {
+                snaps.push((f.display().to_string(), snap?));
+            }
+            let r = report::ranks(&snaps);
+            emit(&out, &if json { to_json(&r)? } else { r.render() })
         }
         Command::Convert { file, to, output } => {
             let named = output.as_deref().and_then(format_of_name);

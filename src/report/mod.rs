@@ -11,7 +11,9 @@ mod flame;
 mod labels;
 mod leaks;
 mod live;
+mod ranks;
 mod segments;
+mod timeline;
 
 pub use crate::frames::{FramePolicy, LIBRARY_ENV, USER_CODE_ENV};
 pub use diff::{diff, Change, SiteDelta};
@@ -22,7 +24,9 @@ pub use flame::{differential_flamegraph, flamegraph};
 pub use flame::{folded, FoldedKind};
 pub use leaks::{leak_limits, leaks, leaks_with_limits, LeakCandidate, LeakLimits, LeakUnit};
 pub use live::{live, LiveGroup};
+pub use ranks::{ranks, Rank, Ranks, SiteAcrossRanks, RANKS_SITES};
 pub use segments::segments;
+pub use timeline::{timeline, Band, Timeline, TIMELINE_POINTS, TIMELINE_SITES};
 
 pub(crate) use fit::{fit_site, COLUMNS};
 pub(crate) use labels::Labels;

@@ -1,0 +1,192 @@
+//! Snapshots of one job's ranks side by side: what each holds, where they differ, and which
+//! ranks leak.
+
+use crate::record::Action;
+use crate::snapshot::Snapshot;
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// Sites listed by [`Ranks::render`] where the ranks differ most.
+pub const RANKS_SITES: usize = 10;
+
+/// One rank's figures, as [`ranks`] reads them.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct Rank {
+    /// The rank's name (its file).
+    pub name: String,
+    /// Bytes allocated now: the live blocks of the snapshot's segments.
+    pub allocated: u64,
+    /// Bytes reserved now: the snapshot's segments.
+    pub reserved: u64,
+    /// The most bytes allocated at once over the history: the blocks live at its start (what
+    /// is allocated now, less what the history allocated and freed since), then its events,
+    /// each request counted as its 512-byte-rounded block.
+    pub peak_allocated: u64,
+    /// The most bytes reserved at once over the history: the segments at its start, then its
+    /// segment events (`segment_alloc`, `segment_map`, and their frees).
+    pub peak_reserved: u64,
+    /// The sites the leak finder names in this rank ([`super::leaks`]).
+    pub leaks: Vec<String>,
+}
+
+/// One site's live bytes on each rank.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct SiteAcrossRanks {
+    /// `file:line (function)`, or `<no stack>`.
+    pub site: String,
+    /// Bytes of its live blocks on each rank, in the ranks' order.
+    pub bytes: Vec<u64>,
+    /// The most minus the least of `bytes`.
+    pub spread: u64,
+}
+
+/// The ranks of one job side by side: each rank's figures, and the sites whose live bytes
+/// differ most between ranks.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct Ranks {
+    /// Each rank, in the order given.
+    pub ranks: Vec<Rank>,
+    /// The sites whose live bytes differ most between ranks, most first (at most
+    /// [`RANKS_SITES`]; sites equal on every rank are left out).
+    pub sites: Vec<SiteAcrossRanks>,
+}
+
+/// One rank's figures.
+fn rank(name: &str, snap: &Snapshot) -> Rank {
+    let now = crate::snapshot::stats_of(&snap.segments);
+    // Reserved over the history: what the segments at its start held, rebuilt backwards from
+    // today's segments and the history's segment events, then replayed forwards.
+    let seg_delta = |e: &crate::snapshot::HistoryEntry| -> i128 {
+        match e.action {
+            Action::SegmentAlloc | Action::SegmentMap => i128::from(e.size),
+            Action::SegmentFree | Action::SegmentUnmap => -i128::from(e.size),
+            _ => 0,
+        }
+    };
+    let total: i128 = snap.history.iter().map(seg_delta).sum();
+    let mut reserved = (i128::from(now.reserved_bytes.all.current) - total).max(0);
+    let mut peak_reserved = reserved;
+    // Allocated over the history the same way: each event's change, from the start's blocks.
+    let block = |size: u64| i128::from(size.div_ceil(512).max(1)) * 512;
+    let mut deltas = Vec::with_capacity(snap.history.len());
+    let mut live: std::collections::HashMap<u64, i128> = std::collections::HashMap::new();
+    for e in &snap.history {
+        let d = match e.action {
+            Action::Alloc => {
+                let old = live.insert(e.addr, block(e.size)).unwrap_or(0);
+                block(e.size) - old
+            }
+            Action::FreeRequested | Action::FreeCompleted => -live.remove(&e.addr).unwrap_or(0),
+            _ => 0,
+        };
+        deltas.push(d);
+    }
+    let mut allocated = (i128::from(now.allocated_bytes.all.current) - deltas.iter().sum::<i128>()).max(0);
+    let mut peak_allocated = allocated;
+    for (e, d) in snap.history.iter().zip(deltas) {
+        reserved = (reserved + seg_delta(e)).max(0);
+        peak_reserved = peak_reserved.max(reserved);
+        allocated = (allocated + d).max(0);
+        peak_allocated = peak_allocated.max(allocated);
+    }
+    Rank {
+        name: name.to_string(),
+        allocated: now.allocated_bytes.all.current,
+        reserved: now.reserved_bytes.all.current,
+        peak_allocated: u64::try_from(peak_allocated).unwrap_or(u64::MAX),
+        peak_reserved: u64::try_from(peak_reserved).unwrap_or(u64::MAX),
+        leaks: super::leaks(snap).into_iter().map(|c| c.site).collect(),
+    }
+}
+
+/// The ranks of one job side by side (each snapshot a rank, named by `name`): per rank, what
+/// is allocated and reserved now and at the history's peak, and the lines the leak finder
+/// names; across ranks, the sites whose live bytes differ most. A rank that holds more than
+/// the others (an embedding table on rank 0, a pipeline stage's activations) shows there.
+pub fn ranks(snapshots: &[(String, Snapshot)]) -> Ranks {
+    let per_rank: Vec<Rank> = snapshots.iter().map(|(name, snap)| rank(name, snap)).collect();
+    let n = snapshots.len();
+    let mut by_site: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for (r, (_, snap)) in snapshots.iter().enumerate() {
+        for g in super::live(snap) {
+            let bytes = by_site.entry(g.site).or_insert_with(|| vec![0; n]);
+            bytes[r] = bytes[r].saturating_add(g.requested_bytes);
+        }
+    }
+    let mut sites: Vec<SiteAcrossRanks> = by_site
+        .into_iter()
+        .map(|(site, bytes)| {
+            let spread = bytes.iter().max().copied().unwrap_or(0) - bytes.iter().min().copied().unwrap_or(0);
+            SiteAcrossRanks { site, bytes, spread }
+        })
+        .filter(|s| s.spread > 0)
+        .collect();
+    sites.sort_by(|a, b| b.spread.cmp(&a.spread).then_with(|| a.site.cmp(&b.site)));
+    sites.truncate(RANKS_SITES);
+    Ranks { ranks: per_rank, sites }
+}
+
+impl Ranks {
+    /// The ranks as text within 100 columns: a row per rank, then each differing site with its
+    /// bytes on each rank, then the leaks by rank.
+    pub fn render(&self) -> String {
+        let b = super::bytes;
+        let mut s = format!(
+            "{:<4} {:>12} {:>12} {:>14} {:>14}  file\n",
+            "rank", "allocated", "reserved", "peak alloc.", "peak reserved"
+        );
+        for (i, r) in self.ranks.iter().enumerate() {
+            // The file's name, its end kept where it is too long (the end tells ranks apart).
+            let room = super::COLUMNS.saturating_sub(62);
+            let chars: Vec<char> = r.name.chars().collect();
+            let name = if chars.len() > room {
+                format!("...{}", chars[chars.len() - (room - 3)..].iter().collect::<String>())
+            } else {
+                r.name.clone()
+            };
+            s.push_str(&format!(
+                "{i:<4} {:>12} {:>12} {:>14} {:>14}  {name}\n",
+                b(r.allocated),
+                b(r.reserved),
+                b(r.peak_allocated),
+                b(r.peak_reserved)
+            ));
+        }
+        if self.sites.is_empty() {
+            s.push_str("\nevery site holds the same live bytes on every rank\n");
+        } else {
+            s.push_str("\nsites whose live bytes differ most between ranks (bytes asked for):\n");
+            for site in &self.sites {
+                s.push_str(&format!("  {}\n", super::fit_site(&site.site, super::COLUMNS - 2)));
+                let per: Vec<String> = site.bytes.iter().enumerate().map(|(i, x)| format!("{i}: {}", b(*x))).collect();
+                let mut line = String::from("     ");
+                for part in per {
+                    if line.len() + part.len() + 3 > super::COLUMNS {
+                        s.push_str(&line);
+                        s.push('\n');
+                        line = String::from("     ");
+                    }
+                    line.push_str("  ");
+                    line.push_str(&part);
+                }
+                s.push_str(&line);
+                s.push('\n');
+            }
+        }
+        let leaking: Vec<(usize, &Rank)> = self.ranks.iter().enumerate().filter(|(_, r)| !r.leaks.is_empty()).collect();
+        if leaking.is_empty() {
+            s.push_str("\nno rank has leak candidates\n");
+        } else {
+            s.push_str("\nleak candidates, by rank:\n");
+            for (i, r) in leaking {
+                for site in &r.leaks {
+                    s.push_str(&format!("  {i}: {}\n", super::fit_site(site, super::COLUMNS - 6)));
+                }
+            }
+        }
+        s
+    }
+}
