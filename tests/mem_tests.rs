@@ -27,7 +27,7 @@ fn a_leaky_body_fails_and_names_its_line() {
     assert!(v.report.contains("float32[64, 64]"), "{}", v.report);
     assert!(v.report.contains("1 block, 16,384 B (16.00 KiB) per iteration, float32[64, 64]"), "{}", v.report);
     assert!(!v.report.contains(&format!(":{}", line + 1)), "the freed temporary is not named:\n{}", v.report);
-    let mut files = vec!["report.txt", "snapshot.json", "live.folded", "growth.folded"];
+    let mut files = vec!["report.txt", "snapshot.json", "live.folded", "growth.folded", "timeline.svg"];
     if cfg!(feature = "flamegraph") {
         files.extend(["live.svg", "growth.svg"]);
     }
@@ -36,6 +36,14 @@ fn a_leaky_body_fails_and_names_its_line() {
         assert!(p.exists(), "{} missing", p.display());
         assert!(v.report.contains(&p.display().to_string()), "the report names {}", p.display());
     }
+    // The evidence's history keeps the frees of the test's blocks: its timeline ends with what
+    // the test kept (four blocks, one a warm-up's), the temporary risen and fallen.
+    let snap = vramscope::Snapshot::load(dir.join("mem_tests__leaky/snapshot.json")).unwrap();
+    let t = vramscope::report::timeline(&snap);
+    let end: u64 = t.bands.iter().map(|b| *b.bytes.last().unwrap()).sum();
+    assert_eq!(end, 4 * 16384, "{t:?}");
+    let peak: u64 = (0..t.points.len()).map(|k| t.bands.iter().map(|b| b.bytes[k]).sum::<u64>()).max().unwrap();
+    assert!(peak >= 4 * 16384 + 400_000 - 16384, "the temporary shows: {t:?}");
     std::fs::remove_dir_all(&dir).ok();
 }
 

@@ -445,6 +445,9 @@ impl Evidence {
         // (any flamegraph tool draws them: `inferno-flamegraph growth.folded > growth.svg`).
         #[cfg(feature = "flamegraph")]
         files.extend(flamegraphs(test, v, &growth, &live));
+        // Live memory over the iterations, by site: drawn without the `flamegraph` feature.
+        let title = format!("{}: the test's live bytes over its iterations", test.name);
+        files.push(("timeline.svg", report::timeline(after).to_svg(&title).into_bytes()));
         files.push(("growth.folded", growth.into_bytes()));
         files.push(("live.folded", live.into_bytes()));
         let (mut written, mut problem) = (Vec::new(), None);

@@ -13,7 +13,28 @@ pub(super) fn within(snap: &Snapshot, path: &[String], inside: bool) -> Snapshot
     for seg in &mut s.segments {
         seg.blocks.retain(|b| b.state != BlockState::ActiveAllocated || is_inside(b.context.as_ref()) == inside);
     }
-    s.history.retain(|e| is_inside(e.context.as_ref()) == inside);
+    // Frees carry no context by default: a free goes with the allocation it frees, so that the
+    // history's live memory (the timeline's) rises and falls as the selected blocks did.
+    let mut selected = std::collections::HashSet::new();
+    s.history.retain(|e| match e.action {
+        crate::record::Action::Alloc => {
+            let keep = is_inside(e.context.as_ref()) == inside;
+            if keep {
+                selected.insert(e.addr);
+            } else {
+                selected.remove(&e.addr);
+            }
+            keep
+        }
+        crate::record::Action::FreeRequested | crate::record::Action::FreeCompleted if e.context.is_none() => {
+            if e.action == crate::record::Action::FreeCompleted {
+                selected.remove(&e.addr)
+            } else {
+                selected.contains(&e.addr)
+            }
+        }
+        _ => is_inside(e.context.as_ref()) == inside,
+    });
     s
 }
 
