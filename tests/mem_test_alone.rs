@@ -53,4 +53,42 @@ fn growth_from_a_thread_outside_the_scope_is_reported_when_alone() {
     let site = format!("tests/mem_test_alone.rs:{line}");
     assert!(v.report.contains(&site), "{site} not in\n{}", v.report);
     assert!(v.report.contains("1 block, 8,192 B (8.00 KiB) per iteration"), "{}", v.report);
+    // The table: the warm-up's row and one per measured iteration.
+    let is_row = |l: &str| {
+        let mut words = l.split_whitespace();
+        let number = |w: Option<&str>| w.is_some_and(|w| w.replace(',', "").parse::<u64>().is_ok());
+        number(words.next()) && number(words.next())
+    };
+    let rows = v.report.lines().filter(|l| is_row(l)).count();
+    assert_eq!(rows, 4, "{}", v.report);
+
+    // Growth outside the scope exactly at the tolerance passes; so does growth that skipped an
+    // iteration, whatever its total: only growth at every measured iteration is the body's.
+    let leak_outside = || {
+        std::thread::spawn(|| {
+            let a = vramscope::device(0);
+            std::mem::forget(a.alloc::<u8>(&a.default_stream(), 8192).unwrap());
+        })
+        .join()
+        .unwrap();
+    };
+    let inside = || {
+        let a = vramscope::device(0);
+        drop(a.alloc::<u8>(&a.default_stream(), 100).unwrap());
+    };
+    let v = MemTest::new("mem_test_alone::at_tolerance").iters(3).tolerance(3 * 8192).check(|| {
+        inside();
+        leak_outside();
+    });
+    assert!(v.passed, "{}", v.report);
+    let mut i = 0;
+    let v = MemTest::new("mem_test_alone::odd_iterations").iters(4).check(|| {
+        i += 1;
+        inside();
+        if i % 2 == 1 {
+            leak_outside();
+        }
+    });
+    assert!(v.passed, "{}", v.report);
+    assert_eq!(v.unattributed_growth, Some(2 * 8192), "{}", v.report);
 }

@@ -378,3 +378,31 @@ fn evidence_that_cannot_be_written_is_reported() {
     assert!(v.report.contains("mem_tests__unwritable"), "{}", v.report);
     std::fs::remove_file(&file).unwrap();
 }
+
+/// The allocations counted are those of this run: a test run again under the same name whose
+/// body allocates nothing says so, whatever the first run allocated.
+#[test]
+fn a_second_run_that_allocates_nothing_says_so() {
+    let v = MemTest::new("mem_tests::run_twice").iters(2).check(|| {
+        let a = alloc();
+        drop(a.alloc::<u8>(&a.default_stream(), 512).unwrap());
+    });
+    assert!(v.passed, "{}", v.report);
+    let v = MemTest::new("mem_tests::run_twice").iters(2).check(|| {});
+    assert!(!v.passed);
+    assert!(v.report.contains("allocated nothing"), "{}", v.report);
+}
+
+/// A body that fails during a long warm-up ends the loop with its error: the verdict is the
+/// body's, and no figure is read past the iterations that ran.
+#[test]
+fn a_body_failing_in_its_warm_up_returns_its_error() {
+    let (v, out) = MemTest::new("mem_tests::fails_in_warm_up")
+        .iters(2)
+        .warmup(3)
+        .run(|| -> Result<(), String> { Err("the body's error".into()) })
+        .unwrap();
+    assert_eq!(out, Err("the body's error".to_string()));
+    assert!(v.passed, "the body's own error decides: {}", v.report);
+    assert_eq!(v.per_iteration.len(), 1);
+}
