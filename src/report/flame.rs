@@ -51,11 +51,8 @@ fn escape_frame(p: &str) -> String {
     for c in p.chars() {
         match c {
             ';' => out.push(':'),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
             '\t' => out.push(' '),
-            c if c.is_control() => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
-            c => out.push(c),
+            c => super::push_printable(&mut out, c),
         }
     }
     out

@@ -141,8 +141,8 @@ fn find(snapshot: &Snapshot) -> (Vec<LeakCandidate>, Option<u64>) {
     if !hist.iter().any(|e| e.action == Action::Alloc) {
         return (Vec::new(), None);
     }
-    let step_of = |i: usize| hist[i].context.map_or(0, |c: ContextInfo| c.step);
     let recorded_step = |i: usize| hist[i].context.map(|c: ContextInfo| c.step);
+    let step_of = |i: usize| recorded_step(i).unwrap_or(0);
     let allocs = || (0..hist.len()).filter(|&i| hist[i].action == Action::Alloc);
     // The step numbers that occurred, in the order they first occurred: windows follow the
     // steps a program marked, not the range or the direction of their numbers, so that strided
@@ -430,7 +430,7 @@ fn find(snapshot: &Snapshot) -> (Vec<LeakCandidate>, Option<u64>) {
 
 /// The block a request of `size` bytes takes at least: rounded up to the allocator's smallest
 /// block, 512 bytes, as PyTorch's caching allocator (`kMinBlockSize`) and vramscope's round it.
-fn rounded(size: u64) -> u64 {
+pub(super) fn rounded(size: u64) -> u64 {
     use crate::alloc::heap::MIN_BLOCK;
     size.max(1).div_ceil(MIN_BLOCK).saturating_mul(MIN_BLOCK)
 }

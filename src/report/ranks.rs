@@ -70,7 +70,7 @@ fn rank(name: &str, snap: &Snapshot) -> Rank {
     let mut reserved = (i128::from(now.reserved_bytes.all.current) - total).max(0);
     let mut peak_reserved = reserved;
     // Allocated over the history the same way: each event's change, from the start's blocks.
-    let block = |size: u64| i128::from(size.div_ceil(512).max(1)) * 512;
+    let block = |size: u64| i128::from(super::leaks::rounded(size));
     let mut deltas = Vec::with_capacity(snap.history.len());
     let mut live: std::collections::HashMap<u64, i128> = std::collections::HashMap::new();
     for e in &snap.history {

@@ -6,9 +6,9 @@ mod model;
 pub(crate) mod pickle;
 mod pickle_write;
 mod torch;
+mod validate;
 
 pub(crate) use torch::stats_of;
-mod validate;
 
 pub(crate) use build::HISTORY_REQUESTED_SINCE;
 pub use build::SNAPSHOT_VERSION;
@@ -83,32 +83,25 @@ impl ReadLimit {
     }
 }
 
-/// The read limit for a file of `size` bytes on disk.
+/// The read limit for a file of `size` bytes on disk: the one `--read-limit` set, else
+/// [`READ_LIMIT_ENV`], else [`default_read_limit`].
 pub(crate) fn read_limit(size: u64) -> crate::error::Result<ReadLimit> {
-    let (bytes, named) = read_limit_of(size)?;
-    let explicit = named != DEFAULT_LIMIT_NAME;
-    Ok(ReadLimit { bytes, named, explicit })
-}
-
-const DEFAULT_LIMIT_NAME: &str = "the default read limit, 64 times the file's size and at least 256 MiB";
-
-fn read_limit_of(size: u64) -> crate::error::Result<(u64, &'static str)> {
-    match READ_LIMIT.load(std::sync::atomic::Ordering::Relaxed) {
-        0 => {}
-        set => return Ok((set, "the read limit set by --read-limit")),
+    let set = READ_LIMIT.load(std::sync::atomic::Ordering::Relaxed);
+    if set != 0 {
+        return Ok(ReadLimit { bytes: set, named: "the read limit set by --read-limit", explicit: true });
     }
-    match std::env::var_os(READ_LIMIT_ENV) {
-        None => Ok((default_read_limit(size), DEFAULT_LIMIT_NAME)),
-        Some(v) => {
-            let text = v.to_str().ok_or_else(|| crate::error::Error::Config {
-                key: READ_LIMIT_ENV.into(),
-                message: "is not valid UTF-8".into(),
-            })?;
-            let bytes = crate::units::parse_byte_size(text).map_err(|e| crate::error::Error::Config {
+    match crate::device::env_text(READ_LIMIT_ENV)? {
+        None => Ok(ReadLimit {
+            bytes: default_read_limit(size),
+            named: "the default read limit, 64 times the file's size and at least 256 MiB",
+            explicit: false,
+        }),
+        Some(text) => {
+            let bytes = crate::units::parse_byte_size(&text).map_err(|e| crate::error::Error::Config {
                 key: READ_LIMIT_ENV.into(),
                 message: format!("`{text}`: {e} (e.g. {READ_LIMIT_ENV}=16GiB)"),
             })?;
-            Ok((bytes.max(1), "VRAMSCOPE_READ_LIMIT"))
+            Ok(ReadLimit { bytes: bytes.max(1), named: READ_LIMIT_ENV, explicit: true })
         }
     }
 }
