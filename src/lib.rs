@@ -42,6 +42,14 @@
 //! `cuda`, so that the framework chooses cudarc's CUDA version. See [observing
 //! CUDA](guide::observing_cuda).
 //!
+//! ## See why `nvidia-smi` shows more than you allocated
+//!
+//! [`ledger::take(n)`](ledger::take) lines up the process's memory on device `n` as the driver
+//! counts it (NVML's figure) with what holds it: the CUDA context and its modules, each
+//! allocator's allocated and cached bytes, observed allocations by library and line, the
+//! driver's pool, and what nobody counted. `metric = "device_bytes"` makes a memory test count
+//! it. See [the ledger guide](guide::ledger).
+//!
 //! ## Read a snapshot
 //!
 //! [`Snapshot::load`] reads vramscope's JSON or a PyTorch snapshot pickle, gzipped or not;
@@ -138,8 +146,8 @@
 //! At the root: the allocator ([`CachingAllocator`], [`Buffer`], [`Stream`], [`Pod`]),
 //! [`device`], scopes ([`scope`], [`step`], [`Scope`]), the [`Snapshot`], [`Error`], the
 //! attribute and the macros. Then one module each for [`backend`]s, [`config`]uration,
-//! [`record`]ing, the [`snapshot`] model, [`report`]s, [`stats`], [`replay`] and memory
-//! [`testing`]. The environment variables are listed in [the configuration
+//! [`record`]ing, the [`snapshot`] model, [`report`]s, [`stats`], [`replay`], the device's
+//! [`ledger`] and memory [`testing`]. The environment variables are listed in [the configuration
 //! guide](guide::configuration).
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -152,6 +160,7 @@ mod device;
 pub mod error;
 mod frames;
 mod intern;
+pub mod ledger;
 #[cfg(feature = "cupti")]
 #[cfg_attr(docsrs, doc(cfg(feature = "cupti")))]
 pub mod observe;
@@ -179,6 +188,8 @@ pub mod guide {
     pub mod snapshot_format {}
     #[doc = include_str!("../docs/allocator.md")]
     pub mod allocator {}
+    #[doc = include_str!("../docs/ledger.md")]
+    pub mod ledger {}
 }
 
 /// Typed allocator statistics ([`CachingAllocator::stats`]) and PyTorch's key names for them.

@@ -106,3 +106,38 @@ fn merged_evidence_marks_each_segment_with_its_allocator() {
     assert_eq!(sources, ["framework".to_string(), "host".to_string()].into(), "{}", snap.backend);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The ledger counts an allocator of recorded allocations by owner and by the program's line
+/// (as it counts the observer's), and not again among vramscope's allocators.
+#[test]
+fn the_ledger_names_the_lines_of_recorded_allocations() {
+    let device = 7_101;
+    let seen = CachingAllocator::external(device, vramscope::backend::OBSERVED_BACKEND, 80 << 30);
+    let first = line!() + 3;
+    let record = |bytes: u64, twice: bool| {
+        let a = next_addr();
+        seen.record_external(0, a, bytes).unwrap();
+        if twice {
+            let b = next_addr();
+            seen.record_external(0, b, bytes).unwrap(); // the second line
+        }
+    };
+    record(1 << 20, true);
+    let ledger = vramscope::ledger::take_from(device, Err("no GPU here".into()), Some(&seen));
+    assert!(ledger.allocators.is_empty(), "counted once, by owner: {:?}", ledger.allocators);
+    let owners = ledger.observed.as_ref().expect("observed");
+    assert_eq!(owners.len(), 1, "{owners:?}");
+    assert_eq!(owners[0].owner, vramscope::ledger::PROGRAM);
+    assert_eq!((owners[0].bytes, owners[0].allocations), (2 << 20, 2));
+    let sites: Vec<&str> = owners[0].sites.iter().map(|s| s.site.as_str()).collect();
+    assert_eq!(sites.len(), 2, "{sites:?}");
+    let file = "tests/external.rs";
+    for line in [first, first + 3] {
+        assert!(sites.iter().any(|s| s.contains(&format!("{file}:{line}"))), "line {line} in {sites:?}");
+    }
+    assert_eq!(ledger.bytes(), 2 << 20, "no driver total: the parts");
+    assert_eq!(ledger.not_explained(), None);
+    assert!(ledger.unseen.iter().any(|u| u == "no GPU here"), "{:?}", ledger.unseen);
+    let text = ledger.to_text();
+    assert!(text.contains("observed: the program's lines") && text.contains("not seen: no GPU here"), "{text}");
+}

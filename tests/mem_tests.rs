@@ -406,3 +406,66 @@ fn a_body_failing_in_its_warm_up_returns_its_error() {
     assert!(v.passed, "the body's own error decides: {}", v.report);
     assert_eq!(v.per_iteration.len(), 1);
 }
+
+/// The device's bytes (the ledger's total; on the host backend, what its parts count): a body
+/// that keeps what it allocates fails naming the allocator that grew; its clean twin passes.
+#[test]
+fn device_bytes_fail_naming_the_part_that_grew() {
+    use vramscope::{backend::HostBackend, config::AllocatorConfig, CachingAllocator};
+    let device = 7_201;
+    let a = CachingAllocator::for_device(HostBackend::new(256 << 20), device, AllocatorConfig::default()).unwrap();
+    let s = a.default_stream();
+    let mut kept = Vec::new();
+    let dir = std::env::temp_dir().join(format!("vramscope-device-bytes-{}", std::process::id()));
+    let v = MemTest::new("mem_tests::device_bytes_leak")
+        .iters(3)
+        .warmup(1)
+        .device(device)
+        .metric(Metric::DeviceBytes)
+        .evidence_dir(&dir)
+        .check(|| kept.push(a.alloc::<u8>(&s, 4 << 20).unwrap()));
+    assert!(!v.passed, "{}", v.report);
+    let snap = vramscope::Snapshot::load(dir.join("mem_tests__device_bytes_leak/snapshot.json")).unwrap();
+    assert_eq!(snap.ledger.as_ref().map(|l| l.device), Some(device), "the evidence carries the ledger");
+    assert!(vramscope::report::summary(&snap).contains("Device 7201 ledger"));
+    // What the allocator holds is the figure: 4 MiB more each iteration.
+    assert_eq!(v.per_iteration, [4 << 20, 8 << 20, 12 << 20, 16 << 20]);
+    assert_eq!(v.growth, 12 << 20);
+    for line in v.report.lines() {
+        assert!(line.chars().count() <= 100 || line.contains(&dir.display().to_string()), "{line}");
+    }
+    assert!(v.report.contains("the device's bytes grew"), "{}", v.report);
+    assert!(v.report.contains("what grew, by the device's ledger"), "{}", v.report);
+    assert!(v.report.contains("allocator host #1"), "{}", v.report);
+    assert!(v.report.contains("not seen: the driver's figures"), "{}", v.report);
+    drop(kept);
+    a.empty_cache();
+    let clean = MemTest::new("mem_tests::device_bytes_clean")
+        .iters(3)
+        .warmup(1)
+        .device(device)
+        .metric(Metric::DeviceBytes)
+        .check(|| drop(a.alloc::<u8>(&s, 4 << 20).unwrap()));
+    assert!(clean.passed, "{}", clean.report);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The evidence snapshot of a test whose blocks lie in several allocators lists their segments
+/// in address order, so that `vramscope` and every reader load it.
+#[test]
+fn evidence_over_several_allocators_loads() {
+    use vramscope::{backend::HostBackend, CachingAllocator};
+    let dir = std::env::temp_dir().join(format!("vramscope-evidence-several-{}", std::process::id()));
+    let allocators: Vec<CachingAllocator> = (0..4).map(|_| CachingAllocator::new(HostBackend::new(64 << 20))).collect();
+    let mut kept = Vec::new();
+    let v = MemTest::new("mem_tests::several_allocators").iters(2).warmup(1).evidence_dir(&dir).check(|| {
+        for a in &allocators {
+            kept.push(a.alloc::<u8>(&a.default_stream(), 3 << 20).unwrap());
+        }
+    });
+    assert!(!v.passed, "{}", v.report);
+    let snap = vramscope::Snapshot::load(dir.join("mem_tests__several_allocators/snapshot.json")).unwrap();
+    assert!(snap.segments.len() >= allocators.len(), "{} segments", snap.segments.len());
+    assert!(snap.segments.windows(2).all(|w| w[0].address < w[1].address));
+    let _ = std::fs::remove_dir_all(&dir);
+}

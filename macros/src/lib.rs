@@ -16,7 +16,7 @@ const KEYS: &str = "iters, warmup, tolerance, metric, device, backend, source, s
 /// Runs a test body for warm-up plus measured iterations and fails, naming the allocation sites
 /// that kept memory alive, when live memory grows. Keys (all optional): `iters = 5`,
 /// `warmup = 1`, `tolerance = "0 B"` (bytes: a number, or a text read at compile time by
-/// `vramscope::config::parse_byte_size`, e.g. `"64 KiB"`), `metric = "live_bytes" | "live_blocks" | "reserved_bytes"`,
+/// `vramscope::config::parse_byte_size`, e.g. `"64 KiB"`), `metric = "live_bytes" | "live_blocks" | "reserved_bytes" | "device_bytes"`,
 /// `device = 0`, `backend = "any" | "host" | "cuda"`, `source = "vramscope" | "cuda"` (with
 /// `"cuda"`, every CUDA allocation of the process counts: cudarc, candle, cuBLAS; needs
 /// vramscope's `cupti` feature), `snapshot = false`.
@@ -135,11 +135,13 @@ fn parse_options(args: TokenStream2) -> syn::Result<Options> {
                 "device" => o.device = int(nv, "device")?,
                 "tolerance" => o.tolerance = bytes(nv)?,
                 "metric" => {
-                    o.metric = match one_of(nv, "metric", &["live_bytes", "live_blocks", "reserved_bytes"])? {
-                        "live_bytes" => "LiveBytes",
-                        "live_blocks" => "LiveBlocks",
-                        _ => "ReservedBytes",
-                    }
+                    o.metric =
+                        match one_of(nv, "metric", &["live_bytes", "live_blocks", "reserved_bytes", "device_bytes"])? {
+                            "live_bytes" => "LiveBytes",
+                            "live_blocks" => "LiveBlocks",
+                            "device_bytes" => "DeviceBytes",
+                            _ => "ReservedBytes",
+                        }
                 }
                 "backend" => {
                     o.backend = match one_of(nv, "backend", &["any", "host", "cuda"])? {

@@ -17,6 +17,9 @@ mod host;
 mod sim;
 mod views;
 
+/// The backend name of the allocator holding the CUDA allocations `vramscope::observe` sees.
+pub const OBSERVED_BACKEND: &str = "cuda (observed)";
+
 pub use crate::alloc::IntoBackend;
 #[cfg(feature = "cuda-backend")]
 #[cfg_attr(docsrs, doc(cfg(feature = "cuda-backend")))]

@@ -6,6 +6,14 @@ use std::ffi::{c_char, c_void, CStr};
 
 /// `CUpti_CallbackDomain`: driver API calls.
 pub(super) const DOMAIN_DRIVER_API: i32 = 1;
+/// `CUpti_CallbackDomain`: resources (contexts, modules).
+pub(super) const DOMAIN_RESOURCE: i32 = 3;
+/// `CUpti_CallbackIdResource`: a context was made.
+pub(super) const RESOURCE_CONTEXT_CREATED: u32 = 1;
+/// `CUpti_CallbackIdResource`: a module was loaded.
+pub(super) const RESOURCE_MODULE_LOADED: u32 = 6;
+/// `CUpti_CallbackIdResource`: a module is about to be unloaded.
+pub(super) const RESOURCE_MODULE_UNLOAD_STARTING: u32 = 7;
 /// `CUpti_ApiCallbackSite`: after the call returned.
 pub(super) const API_EXIT: i32 = 1;
 
@@ -52,6 +60,22 @@ pub(super) struct CallbackData {
     pub(super) context_uid: u32,
     pub(super) correlation_data: *mut u64,
     pub(super) correlation_id: u32,
+}
+
+/// `CUpti_ResourceData`: what a resource callback passes.
+#[repr(C)]
+pub(super) struct ResourceData {
+    pub(super) context: *mut c_void,
+    pub(super) resource_handle: *mut c_void,
+    pub(super) resource_descriptor: *mut c_void,
+}
+
+/// `CUpti_ModuleResourceData`: the descriptor of a module loaded or unloaded.
+#[repr(C)]
+pub(super) struct ModuleResourceData {
+    pub(super) module_id: u32,
+    pub(super) cubin_size: usize,
+    pub(super) cubin: *const c_char,
 }
 
 /// `cuMemAlloc_v2_params` (and `cuMemAllocManaged_params`, which adds flags after these).
@@ -229,9 +253,20 @@ impl Cupti {
 
     /// Turns the callbacks of `subscriber` for the driver calls `cbids` on or off.
     pub(super) fn enable(&self, subscriber: *mut c_void, cbids: &[u32], on: bool) -> Result<(), String> {
+        self.enable_in(subscriber, DOMAIN_DRIVER_API, cbids, on)
+    }
+
+    /// Turns the callbacks of `subscriber` for `cbids` of `domain` on or off.
+    pub(super) fn enable_in(
+        &self,
+        subscriber: *mut c_void,
+        domain: i32,
+        cbids: &[u32],
+        on: bool,
+    ) -> Result<(), String> {
         for &id in cbids {
             // SAFETY: `subscriber` came from `cuptiSubscribe`.
-            let r = unsafe { (self.enable_callback)(u32::from(on), subscriber, DOMAIN_DRIVER_API, id) };
+            let r = unsafe { (self.enable_callback)(u32::from(on), subscriber, domain, id) };
             if r != 0 {
                 return Err(format!("cuptiEnableCallback({id}): {}", self.describe(r)));
             }

@@ -82,7 +82,22 @@ pub fn start() -> Result<String> {
     OBSERVER
         .get_or_init(|| {
             let cupti = cupti::Cupti::load()?;
-            let subscriber = cupti.subscribe(callback, &cupti::cbid::ALL)? as usize;
+            // The ledger's baselines: each device's used memory while this process has no
+            // context there, read before the subscription so that the contexts made from now
+            // on are measured when CUPTI reports them.
+            for d in 0..device_count() {
+                crate::backend::cuda::moments::before_context(d);
+            }
+            let subscriber = cupti.subscribe(callback, &cupti::cbid::ALL)?;
+            let resources = [
+                cupti::RESOURCE_CONTEXT_CREATED,
+                cupti::RESOURCE_MODULE_LOADED,
+                cupti::RESOURCE_MODULE_UNLOAD_STARTING,
+            ];
+            // Without them the ledger cannot measure contexts and modules; allocations are
+            // still observed.
+            let _ = cupti.enable_in(subscriber, cupti::DOMAIN_RESOURCE, &resources, true);
+            let subscriber = subscriber as usize;
             let path = cupti.path.clone();
             let _ = SUBSCRIBED.set(Subscribed { cupti, subscriber });
             Ok(path)
@@ -125,6 +140,135 @@ pub fn allocator(device: usize) -> Option<CachingAllocator> {
     allocators().lock().unwrap_or_else(|e| e.into_inner()).get(&device).cloned()
 }
 
+/// How an observed allocation was made, where the ledger counts it apart from the owner's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// From the stream-ordered pool (`cuMemAllocAsync`, `cuMemAllocFromPoolAsync`): the
+    /// pool's own counters hold it.
+    Pooled,
+    /// A virtual-memory mapping (`cuMemMap`).
+    Mapped,
+}
+
+/// The kind of each live observed allocation that is not a plain `cuMemAlloc`, by address
+/// (addresses are unique across devices: CUDA's address space is unified).
+fn kinds() -> &'static Mutex<BTreeMap<u64, Kind>> {
+    static KINDS: OnceLock<Mutex<BTreeMap<u64, Kind>>> = OnceLock::new();
+    KINDS.get_or_init(Mutex::default)
+}
+
+/// Whether [`kinds`] may hold anything: frees skip its lock while no pool allocation or
+/// mapping was ever seen.
+static ANY_KIND: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The kinds of the live observed allocations that are pooled or mapped.
+pub(crate) fn live_kinds() -> BTreeMap<u64, Kind> {
+    kinds().lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+/// By (context, module id): (device, cubin bytes).
+type Modules = BTreeMap<(usize, u32), (usize, u64)>;
+
+/// Modules loaded, by context and module id: the device and the cubin's bytes, for modules
+/// the ledger counts (those loaded after the device's context was measured, or on a device
+/// whose context was never measured).
+fn modules() -> &'static Mutex<Modules> {
+    static MODULES: OnceLock<Mutex<Modules>> = OnceLock::new();
+    MODULES.get_or_init(Mutex::default)
+}
+
+/// Bytes of the cubins of the modules loaded on `device` that the ledger counts, where the
+/// observer is subscribed to module loads (`None` where it is not running).
+pub(crate) fn module_bytes(device: usize) -> Option<u64> {
+    if !is_running() {
+        return None;
+    }
+    let m = modules().lock().unwrap_or_else(|e| e.into_inner());
+    Some(m.values().filter(|(d, _)| *d == device).map(|(_, b)| *b).sum())
+}
+
+/// CUDA devices the driver lists (0 without a driver).
+fn device_count() -> usize {
+    let mut n = 0;
+    // SAFETY: `cuInit` has no preconditions; `n` is a valid out pointer.
+    let ok = unsafe {
+        cudarc::driver::sys::cuInit(0) == cudarc::driver::sys::CUresult::CUDA_SUCCESS
+            && cudarc::driver::sys::cuDeviceGetCount(&mut n) == cudarc::driver::sys::CUresult::CUDA_SUCCESS
+    };
+    if ok {
+        usize::try_from(n).unwrap_or(0)
+    } else {
+        0
+    }
+}
+
+/// The device of `context`, which need not be current.
+fn device_of(context: *mut c_void) -> Option<usize> {
+    use cudarc::driver::sys;
+    let mut dev = 0;
+    // SAFETY: `context` is a context CUPTI reported; pushed and popped around the query so the
+    // thread's current context is left as it was.
+    unsafe {
+        if sys::cuCtxPushCurrent_v2(context.cast()) != sys::CUresult::CUDA_SUCCESS {
+            return None;
+        }
+        let r = sys::cuCtxGetDevice(&mut dev);
+        let mut popped = std::ptr::null_mut();
+        let _ = sys::cuCtxPopCurrent_v2(&mut popped);
+        if r != sys::CUresult::CUDA_SUCCESS {
+            return None;
+        }
+    }
+    usize::try_from(dev).ok()
+}
+
+/// The module a module callback names: (context, module id), and its cubin's bytes.
+///
+/// # Safety
+///
+/// `data` is the `CUpti_ResourceData` of a module callback (loaded or unloading).
+unsafe fn module_of(data: &cupti::ResourceData) -> Option<((usize, u32), u64)> {
+    if data.resource_descriptor.is_null() {
+        return None;
+    }
+    // SAFETY: for module callbacks the descriptor is a `CUpti_ModuleResourceData`.
+    let m = unsafe { &*(data.resource_descriptor as *const cupti::ModuleResourceData) };
+    Some(((data.context as usize, m.module_id), m.cubin_size as u64))
+}
+
+/// A resource callback: a context made (measured for the ledger), a module loaded or about to
+/// be unloaded (its cubin's bytes counted or forgotten).
+///
+/// # Safety
+///
+/// `data` is the `CUpti_ResourceData` CUPTI passes for resource callback `cbid`.
+unsafe fn resource(cbid: u32, data: *const cupti::ResourceData) {
+    use crate::backend::cuda::moments;
+    // SAFETY: per this function's contract.
+    let data = unsafe { &*data };
+    let Some(device) = device_of(data.context) else { return };
+    match cbid {
+        cupti::RESOURCE_CONTEXT_CREATED => {
+            moments::context_made(device, "when CUPTI saw it made");
+        }
+        cupti::RESOURCE_MODULE_LOADED | cupti::RESOURCE_MODULE_UNLOAD_STARTING => {
+            // SAFETY: a module callback's data, per this function's contract.
+            let Some((key, cubin)) = (unsafe { module_of(data) }) else { return };
+            let mut all = modules().lock().unwrap_or_else(|e| e.into_inner());
+            if cbid == cupti::RESOURCE_MODULE_UNLOAD_STARTING {
+                all.remove(&key);
+                return;
+            }
+            // Modules loaded while a measured context was being made are inside its figure.
+            let measured = moments::context(device).is_some();
+            if measured || moments::baseline(device).is_none() {
+                all.insert(key, (device, cubin));
+            }
+        }
+        _ => {}
+    }
+}
+
 thread_local! {
     /// The context of this thread's last observed call and its device's allocator: a thread
     /// usually stays on one context, so the usual callback asks the driver nothing and takes
@@ -163,7 +307,7 @@ fn allocator_here() -> Option<CachingAllocator> {
                 let mut total = 0usize;
                 // SAFETY: `total` is a valid out pointer; `dev` is a device handle from above.
                 let _ = unsafe { cudarc::driver::sys::cuDeviceTotalMem_v2(&mut total, dev) };
-                let backend = crate::backend::ExternalBackend::new("cuda (observed)", total as u64)
+                let backend = crate::backend::ExternalBackend::new(crate::backend::OBSERVED_BACKEND, total as u64)
                     .with_driver_pool(move || crate::backend::cuda::default_pool(dev));
                 let a = CachingAllocator::external_on(backend, device);
                 a.record_memory_history(crate::record::RecordConfig {
@@ -179,7 +323,7 @@ fn allocator_here() -> Option<CachingAllocator> {
 /// What a callback saw: an allocation (address, bytes, stream), a free (address), or an
 /// unmapped range (address, bytes).
 enum Seen {
-    Alloc(u64, u64, u64),
+    Alloc(u64, u64, u64, Option<Kind>),
     Free(u64),
     Unmap(u64, u64),
 }
@@ -199,23 +343,23 @@ unsafe fn seen(cbid: u32, params: *const c_void) -> Option<Seen> {
         Some(match cbid {
             MEM_ALLOC_V2 | MEM_ALLOC_MANAGED => {
                 let p = &*(params as *const MemAllocParams);
-                Seen::Alloc(*p.dptr, p.bytesize as u64, 0)
+                Seen::Alloc(*p.dptr, p.bytesize as u64, 0, None)
             }
             MEM_ALLOC_PITCH_V2 => {
                 let p = &*(params as *const MemAllocPitchParams);
-                Seen::Alloc(*p.dptr, (*p.pitch as u64).saturating_mul(p.height as u64), 0)
+                Seen::Alloc(*p.dptr, (*p.pitch as u64).saturating_mul(p.height as u64), 0, None)
             }
             MEM_ALLOC_ASYNC | MEM_ALLOC_ASYNC_PTSZ => {
                 let p = &*(params as *const MemAllocAsyncParams);
-                Seen::Alloc(*p.dptr, p.bytesize as u64, p.stream as u64)
+                Seen::Alloc(*p.dptr, p.bytesize as u64, p.stream as u64, Some(Kind::Pooled))
             }
             MEM_ALLOC_FROM_POOL_ASYNC | MEM_ALLOC_FROM_POOL_ASYNC_PTSZ => {
                 let p = &*(params as *const MemAllocFromPoolAsyncParams);
-                Seen::Alloc(*p.dptr, p.bytesize as u64, p.stream as u64)
+                Seen::Alloc(*p.dptr, p.bytesize as u64, p.stream as u64, Some(Kind::Pooled))
             }
             MEM_MAP => {
                 let p = &*(params as *const MemMapParams);
-                Seen::Alloc(p.ptr, p.size as u64, 0)
+                Seen::Alloc(p.ptr, p.size as u64, 0, Some(Kind::Mapped))
             }
             MEM_UNMAP => {
                 let p = &*(params as *const MemUnmapParams);
@@ -228,8 +372,31 @@ unsafe fn seen(cbid: u32, params: *const c_void) -> Option<Seen> {
     }
 }
 
+/// Forgets the kinds recorded in `addr..addr + len` and records `kind` at `addr`, if any.
+fn note_kind(addr: u64, len: u64, kind: Option<Kind>) {
+    use std::sync::atomic::Ordering;
+    if kind.is_none() && !ANY_KIND.load(Ordering::Relaxed) {
+        return;
+    }
+    let mut all = kinds().lock().unwrap_or_else(|e| e.into_inner());
+    let last = addr.saturating_add(len.max(1) - 1);
+    let stale: Vec<u64> = all.range(addr..=last).map(|(a, _)| *a).collect();
+    for a in stale {
+        all.remove(&a);
+    }
+    if let Some(k) = kind {
+        ANY_KIND.store(true, Ordering::Relaxed);
+        all.insert(addr, k);
+    }
+}
+
 /// CUPTI's callback, on the thread that made the call.
 unsafe extern "C" fn callback(_userdata: *mut c_void, domain: i32, cbid: u32, data: *const cupti::CallbackData) {
+    if domain == cupti::DOMAIN_RESOURCE && !data.is_null() {
+        // SAFETY: in the resource domain CUPTI passes a `CUpti_ResourceData`.
+        let _ = std::panic::catch_unwind(|| unsafe { resource(cbid, data.cast()) });
+        return;
+    }
     if domain != cupti::DOMAIN_DRIVER_API || data.is_null() || crate::backend::cuda::in_own_call() {
         return;
     }
@@ -249,13 +416,16 @@ unsafe extern "C" fn callback(_userdata: *mut c_void, domain: i32, cbid: u32, da
         let Some(seen) = (unsafe { seen(cbid, data.function_params) }) else { return };
         let Some(alloc) = allocator_for(data.context) else { return };
         match seen {
-            Seen::Alloc(addr, bytes, stream) if bytes > 0 => {
+            Seen::Alloc(addr, bytes, stream, kind) if bytes > 0 => {
+                note_kind(addr, 1, kind);
                 let _ = alloc.record_external(stream, addr, bytes);
             }
             Seen::Free(addr) => {
+                note_kind(addr, 1, None);
                 alloc.forget_external(addr);
             }
             Seen::Unmap(addr, bytes) => {
+                note_kind(addr, bytes, None);
                 alloc.forget_external_range(addr, bytes);
             }
             Seen::Alloc(..) => {}
@@ -271,7 +441,7 @@ mod tests {
     fn alloc_of(cbid: u32, params: *const c_void) -> Option<(u64, u64, u64)> {
         // SAFETY: each test passes the parameter structure of `cbid`.
         match unsafe { seen(cbid, params) } {
-            Some(Seen::Alloc(a, b, s)) => Some((a, b, s)),
+            Some(Seen::Alloc(a, b, s, _)) => Some((a, b, s)),
             _ => None,
         }
     }
@@ -325,6 +495,24 @@ mod tests {
         // SAFETY: an unknown call is not read.
         assert!(unsafe { seen(1, std::ptr::null()) }.is_none());
         assert_eq!(cbid::ALL.len(), 12);
+    }
+
+    /// A module callback's data decoded as CUPTI lays it out (`cupti_callbacks.h`).
+    #[test]
+    fn module_callbacks_decode() {
+        assert_eq!(std::mem::size_of::<ResourceData>(), 24);
+        assert_eq!(std::mem::size_of::<ModuleResourceData>(), 24);
+        let mut module = ModuleResourceData { module_id: 42, cubin_size: 6_216, cubin: std::ptr::null() };
+        let data = ResourceData {
+            context: 0x1000 as *mut c_void,
+            resource_handle: std::ptr::null_mut(),
+            resource_descriptor: (&mut module as *mut ModuleResourceData).cast(),
+        };
+        // SAFETY: a module callback's data, built above.
+        assert_eq!(unsafe { module_of(&data) }, Some(((0x1000, 42), 6_216)));
+        let empty = ResourceData { resource_descriptor: std::ptr::null_mut(), ..data };
+        // SAFETY: as above, without a descriptor.
+        assert_eq!(unsafe { module_of(&empty) }, None);
     }
 
     #[test]

@@ -78,6 +78,10 @@ pub fn summary(snapshot: &Snapshot) -> String {
             bytes(p.reserved_high)
         ));
     }
+    if let Some(l) = &snapshot.ledger {
+        out.push('\n');
+        out.push_str(&l.to_text());
+    }
     out
 }
 

@@ -11,6 +11,7 @@ use crate::record::{scope_path, thread_name, Action, Context, Event, Frame, Symb
 
 /// The version of the snapshot model written by this build.
 ///
+/// 8: [`Snapshot::ledger`], the device's memory as the driver counts it and what holds it.
 /// 7: a segment is one contiguous mapped range, as in PyTorch's snapshot of its
 /// expandable segments: a virtual segment with pages unmapped under free holes is listed as
 /// the ranges still mapped, a free block cut where its pages are unmapped (earlier versions
@@ -24,7 +25,7 @@ use crate::record::{scope_path, thread_name, Action, Context, Event, Frame, Symb
 /// stream handles whole), [`SegmentInfo::expandable`], [`HistoryEntry::user_metadata`]. 3:
 /// [`Snapshot::stack_capture`]. 2: [`Snapshot::time_origin_us`]. Every earlier
 /// version still loads.
-pub const SNAPSHOT_VERSION: u32 = 7;
+pub const SNAPSHOT_VERSION: u32 = 8;
 
 /// The first version whose history records the bytes asked for (see [`SNAPSHOT_VERSION`]).
 pub(crate) const HISTORY_REQUESTED_SINCE: u32 = 6;
@@ -270,30 +271,78 @@ impl Tables {
             return s;
         }
         let mut frames = Vec::new();
-        let mut harness_seen = false;
         let ips = raw.get(id as usize).map(|b| &b[..]).unwrap_or(&[]);
-        for &ip in ips {
-            let (resolved, harness) = sym.resolve(ip);
-            for f in resolved {
-                frames.push(self.frame(f));
-            }
-            // The harness called the test body from here: the body's frames are complete. Where
-            // none of them could be seen (a body inlined into the harness, in a build without
-            // line tables), the user's test function outside the harness names it instead.
-            harness_seen |= harness;
-            if harness_seen && !frames.is_empty() {
-                break;
-            }
-        }
-        // Frames were captured but none is the program's own: its code was inlined into the
-        // harness or the standard library (a build with symbols only), so say so rather than
-        // show no stack.
-        if !ips.is_empty() && frames.is_empty() {
-            let function =
-                if harness_seen { crate::record::INLINED_TEST_BODY } else { crate::record::INLINED_ELSEWHERE };
-            frames.push(self.frame(&Frame { function: function.to_string(), file: None, line: None }));
-        }
+        each_frame(ips, sym, |f| frames.push(self.frame(f)));
         self.stacks.id(id, |_| frames)
+    }
+}
+
+/// Calls `f` with each frame of the stack of return addresses `ips`, innermost first, as a
+/// snapshot lists them.
+fn each_frame(ips: &[usize], sym: &mut Symbolizer, mut f: impl FnMut(&Frame)) {
+    let mut any = false;
+    let mut harness_seen = false;
+    for &ip in ips {
+        let (resolved, harness) = sym.resolve(ip);
+        for r in resolved {
+            f(r);
+            any = true;
+        }
+        // The harness called the test body from here: the body's frames are complete. Where
+        // none of them could be seen (a body inlined into the harness, in a build without
+        // line tables), the user's test function outside the harness names it instead.
+        harness_seen |= harness;
+        if harness_seen && any {
+            break;
+        }
+    }
+    // Frames were captured but none is the program's own: its code was inlined into the
+    // harness or the standard library (a build with symbols only), so say so rather than
+    // show no stack.
+    if !ips.is_empty() && !any {
+        let function = if harness_seen { crate::record::INLINED_TEST_BODY } else { crate::record::INLINED_ELSEWHERE };
+        f(&Frame { function: function.to_string(), file: None, line: None });
+    }
+}
+
+/// An allocator's live allocated blocks, copied under its lock: address, bytes and the
+/// recorder's stack id of each, and the return addresses of each stack they name.
+pub(crate) struct LiveRaw {
+    pub(crate) blocks: Vec<(u64, u64, Option<u32>)>,
+    pub(crate) stacks: std::collections::HashMap<u32, Box<[usize]>>,
+}
+
+impl CachingAllocator {
+    /// The live allocated blocks with their stacks, without symbols (see [`LiveRaw`]).
+    pub(crate) fn live_raw(&self) -> LiveRaw {
+        let locked = self.shared.read();
+        let heap = &locked.heap;
+        let rec = heap.recorder();
+        let mut out = LiveRaw { blocks: Vec::new(), stacks: std::collections::HashMap::new() };
+        heap.for_each_block(|_, _, b| {
+            if b.state != heap::BlockState::Allocated {
+                return;
+            }
+            let stack = b.ctx.and_then(|c| rec.sites.sites.get(c.site as usize)).and_then(|s| s.stack);
+            if let Some(id) = stack {
+                if let std::collections::hash_map::Entry::Vacant(e) = out.stacks.entry(id) {
+                    if let Some(ips) = rec.stacks.stacks.get(id as usize) {
+                        e.insert(ips.clone());
+                    }
+                }
+            }
+            out.blocks.push((b.addr, b.size, stack));
+        });
+        out
+    }
+
+    /// The frames of the stack of return addresses `ips`, innermost first, as this
+    /// allocator's snapshots list them (symbols cached per address).
+    pub(crate) fn frames_of(&self, ips: &[usize]) -> Vec<Frame> {
+        let mut sym = self.shared.symbols.lock();
+        let mut out = Vec::new();
+        each_frame(ips, &mut sym, |f| out.push(f.clone()));
+        out
     }
 }
 
@@ -367,6 +416,7 @@ impl CachingAllocator {
             external_annotations: Vec::new(),
             stack_capture: Some(super::model::StackCapture::now(raw.stacks_mode)),
             driver_pool: self.backend().driver_pool(),
+            ledger: None,
         }
     }
 }

@@ -2,6 +2,7 @@
 //! PyTorch pickle reader.
 
 mod build;
+mod ledger;
 mod model;
 pub(crate) mod pickle;
 mod pickle_write;
@@ -12,6 +13,11 @@ pub(crate) use torch::stats_of;
 
 pub(crate) use build::HISTORY_REQUESTED_SINCE;
 pub use build::SNAPSHOT_VERSION;
+pub(crate) use ledger::push_unseen;
+pub use ledger::{
+    AllocatorPart, ContextPart, DriverReading, Ledger, OwnerPart, PoolPart, SitePart, TotalSource, NOT_EXPLAINED_HINT,
+    PROGRAM,
+};
 pub use model::{
     BlockInfo, BlockState, ContextInfo, DriverPool, FrameId, HistoryEntry, ScopeId, SegmentInfo, SegmentSummary,
     Snapshot, StackCapture, StackId, ThreadId,

@@ -117,6 +117,10 @@ pub struct Snapshot {
     /// (format version 5 on; the CUDA backends).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub driver_pool: Option<DriverPool>,
+    /// The device's memory as the driver counts it and what holds it, where the snapshot was
+    /// taken with it (format version 8 on; [`vramscope::ledger`](crate::ledger)).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ledger: Option<super::ledger::Ledger>,
 }
 
 /// A device's stream-ordered memory pool, as the driver counts it (`cuMemPoolGetAttribute`):
@@ -411,6 +415,7 @@ impl Snapshot {
             external_annotations: Vec::new(),
             stack_capture: None,
             driver_pool: None,
+            ledger: None,
         }
     }
 
@@ -541,6 +546,7 @@ impl Snapshot {
                 external_annotations: self.external_annotations.clone(),
                 stack_capture: self.stack_capture,
                 driver_pool: self.driver_pool,
+                ledger: self.ledger.clone().filter(|l| l.device == device),
             })
             .collect())
     }

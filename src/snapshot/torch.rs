@@ -536,6 +536,7 @@ impl Snapshot {
             external_annotations: annotations,
             stack_capture: None,
             driver_pool: None,
+            ledger: None,
         })
     }
 }

@@ -297,13 +297,14 @@ impl Evidence {
             Metric::LiveBytes => "live bytes",
             Metric::LiveBlocks => "live blocks",
             Metric::ReservedBytes => "reserved bytes",
+            Metric::DeviceBytes => "the device's bytes",
         };
         // Sites' growth adds up to the metric's where no site lost memory: then growth the
         // metric saw in one iteration only is every site's.
         let whole = |sites: &[Grown], growth: i64| {
             let sum: u64 =
                 sites.iter().map(|g| if test.metric == Metric::LiveBlocks { g.blocks } else { g.requested }).sum();
-            test.metric != Metric::ReservedBytes && i128::from(sum) == i128::from(growth)
+            !test.metric.whole_process() && i128::from(sum) == i128::from(growth)
         };
         let kept = |when: &When, outside: &str| match when {
             When::Every => format!("kept alive per iteration{outside}, by the line that allocated it:\n"),
@@ -312,6 +313,9 @@ impl Evidence {
         if why.grew {
             let when = when_grew(&v.per_iteration, why.start, test.warmup);
             let _ = writeln!(s, "{}: {metric} grew in {}", test.name, grew_in(&when, iters));
+            if let Some((before, after)) = &why.ledgers {
+                device_parts(&mut s, before, after, why.alone);
+            }
             let sites = grown(&self.before, &self.after, &self.path);
             if sites.is_empty() {
                 s.push_str("  no allocation site of the test holds more than at the baseline: the growth is in\n");
@@ -377,6 +381,7 @@ impl Evidence {
             (Metric::LiveBlocks, false) => "live blocks of the test (all allocators)",
             (Metric::LiveBlocks, true) => "live blocks outside the test's scope (all allocators)",
             (Metric::ReservedBytes, _) => "reserved bytes (every allocator: the test's and any other's)",
+            (Metric::DeviceBytes, _) => "the process's bytes on the device (the ledger's total)",
         };
         let growth = if outside { why.unscoped_growth } else { v.growth }.max(0) as u64;
         // The tolerance exactly, never rounded: rounded, it could read as the growth it refused.
@@ -418,7 +423,7 @@ impl Evidence {
 
     /// Writes `report.txt`, `growth.folded` (only what grew: the sites above are the whole
     /// picture), `live.folded`, their SVGs `growth.svg` and `live.svg` with the `flamegraph`
-    /// feature, and `snapshot.json` (the test's blocks at the end).
+    /// feature, and `snapshot.json` (the test's blocks at the end, with the device's ledger).
     ///
     /// Returns the files written, and what went wrong where one could not be.
     pub(super) fn write(&self, test: &MemTest, v: &Verdict) -> (Vec<PathBuf>, Option<String>) {
@@ -439,8 +444,11 @@ impl Evidence {
         };
         let live = report::folded(after, FoldedKind::Live);
         let growth = growth_folded(&report::folded(before, FoldedKind::Live), &live);
+        // The snapshot carries the device's ledger: what the whole process held there at the end.
+        let mut kept = after.clone();
+        kept.ledger = Some(crate::ledger::take(test.device));
         let mut files: Vec<(&str, Vec<u8>)> =
-            vec![("report.txt", v.report.as_bytes().to_vec()), ("snapshot.json", after.to_json().into_bytes())];
+            vec![("report.txt", v.report.as_bytes().to_vec()), ("snapshot.json", kept.to_json().into_bytes())];
         // The SVGs with the `flamegraph` feature; the folded stacks they are drawn from always
         // (any flamegraph tool draws them: `inferno-flamegraph growth.folded > growth.svg`).
         #[cfg(feature = "flamegraph")]
@@ -465,6 +473,58 @@ impl Evidence {
 }
 
 /// `growth.svg`, titled with the metric per iteration, and `live.svg`, of the folded stacks.
+/// What grew in the device's ledger between the baseline and the end, largest first; and
+/// whether other memory tests ran meanwhile (their device memory counts too).
+fn device_parts(s: &mut String, before: &crate::ledger::Ledger, after: &crate::ledger::Ledger, alone: bool) {
+    let was: std::collections::HashMap<String, i128> = before.parts().into_iter().collect();
+    let mut grew: Vec<(String, i128)> = after
+        .parts()
+        .into_iter()
+        .map(|(name, now)| {
+            let d = now - was.get(&name).copied().unwrap_or(0);
+            (name, d)
+        })
+        .filter(|(_, d)| *d > 0)
+        .collect();
+    grew.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    if grew.is_empty() {
+        s.push_str("  no part of the device's ledger grew (memory moved between parts)\n");
+    } else {
+        s.push_str("  what grew, by the device's ledger (baseline to end):\n");
+        for (name, d) in &grew {
+            let d = u64::try_from(*d).unwrap_or(u64::MAX);
+            let _ = writeln!(s, "    {:<48} +{}", clip_name(name, 48), exact_and_round(d));
+        }
+    }
+    for o in after.observed.iter().flatten() {
+        let old = before.observed.iter().flatten().find(|b| b.owner == o.owner);
+        for site in &o.sites {
+            let had = old.and_then(|b| b.sites.iter().find(|x| x.site == site.site)).map_or(0, |x| x.bytes);
+            if site.bytes > had {
+                let at = format!("{} at {}", o.owner, site.site);
+                let _ = writeln!(s, "      {:<46} +{}", clip_name(&at, 46), exact_and_round(site.bytes - had));
+            }
+        }
+    }
+    for u in &after.unseen {
+        crate::snapshot::push_unseen(s, u);
+    }
+    if !alone {
+        s.push_str("  other memory tests ran at the same time: the device's bytes count theirs too;\n");
+        s.push_str("  run this test alone (`cargo test NAME`, or RUST_TEST_THREADS=1) to trust the figure\n");
+    }
+}
+
+/// A part or site name within `width` columns.
+fn clip_name(name: &str, width: usize) -> String {
+    if name.chars().count() <= width {
+        return name.to_string();
+    }
+    let mut out: String = name.chars().take(width - 1).collect();
+    out.push('…');
+    out
+}
+
 #[cfg(feature = "flamegraph")]
 fn flamegraphs(test: &MemTest, v: &Verdict, growth: &str, live: &str) -> Vec<(&'static str, Vec<u8>)> {
     let figures: Vec<String> = v.per_iteration.iter().map(|x| x.to_string()).collect();
@@ -472,6 +532,7 @@ fn flamegraphs(test: &MemTest, v: &Verdict, growth: &str, live: &str) -> Vec<(&'
         Metric::LiveBytes => "live bytes",
         Metric::LiveBlocks => "live blocks",
         Metric::ReservedBytes => "reserved bytes",
+        Metric::DeviceBytes => "device bytes",
     };
     let subtitle = format!("{metric} of the test at the end of each iteration: {}", figures.join(", "));
     let title = format!("{}: memory kept over {} measured iterations", test.name, test.iters);

@@ -43,6 +43,20 @@ pub enum Metric {
     LiveBlocks,
     /// Bytes the whole allocator reserves (not attributable to one test: use it alone).
     ReservedBytes,
+    /// Bytes this process holds on the test's device as the driver counts them: the
+    /// [ledger](crate::ledger)'s total (without a GPU, what its parts count). A failure names
+    /// the parts that grew: an allocator, a library's or the program's observed allocations,
+    /// the driver's pool, modules, or memory not explained. It counts the whole process: it
+    /// is meaningful only while no other test uses the device, and the report says when
+    /// memory tests overlapped.
+    DeviceBytes,
+}
+
+impl Metric {
+    /// Whether the metric counts the whole process rather than the test's blocks.
+    fn whole_process(self) -> bool {
+        matches!(self, Metric::ReservedBytes | Metric::DeviceBytes)
+    }
 }
 
 /// Which backend a memory test needs.
@@ -274,6 +288,11 @@ impl MemTest {
                 m.reserved = m.reserved.saturating_add(alloc.memory_reserved());
             }
         }
+        if self.metric == Metric::DeviceBytes {
+            let l = crate::ledger::take(self.device);
+            m.device = l.bytes();
+            m.ledger = Some(l);
+        }
         m
     }
 
@@ -282,6 +301,7 @@ impl MemTest {
             Metric::LiveBytes => m.bytes,
             Metric::LiveBlocks => m.blocks,
             Metric::ReservedBytes => m.reserved,
+            Metric::DeviceBytes => m.device,
         }
     }
 
@@ -363,11 +383,11 @@ impl MemTest {
         let measured = &measures[base_index.min(measures.len() - 1)..];
         let unscoped_growth = i128::from(self.outside_value(end)) - i128::from(self.outside_value(baseline));
         let unattributed = alone
-            && self.metric != Metric::ReservedBytes
+            && !self.metric.whole_process()
             && measured.len() > 1
             && unscoped_growth > tolerance
             && measured.windows(2).all(|w| self.outside_value(&w[1]) > self.outside_value(&w[0]));
-        let nothing = allocations == 0 && self.metric != Metric::ReservedBytes;
+        let nothing = allocations == 0 && !self.metric.whole_process();
         let grew = growth > tolerance;
         let clamp = |g: i128| g.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64;
         let (growth, unscoped_growth) = (clamp(growth), clamp(unscoped_growth));
@@ -398,6 +418,8 @@ impl MemTest {
             outside_per_iteration,
             start: start.map(|m| self.value(m)),
             outside_start: start.map(|m| self.outside_value(m)),
+            ledgers: baseline.ledger.clone().zip(end.ledger.clone()),
+            alone,
         };
         let after = self.snapshots(scope, alone);
         let before = before.unwrap_or_default();
@@ -535,6 +557,9 @@ struct Measure {
     outside_bytes: u64,
     outside_blocks: u64,
     reserved: u64,
+    /// The device's bytes and its ledger ([`Metric::DeviceBytes`] only).
+    device: u64,
+    ledger: Option<crate::ledger::Ledger>,
     /// Allocators that record no scopes: their blocks cannot be told apart.
     unscoped_allocators: usize,
 }
@@ -552,6 +577,10 @@ struct Failure {
     /// baseline): the test's blocks, and those outside its scope.
     start: Option<u64>,
     outside_start: Option<u64>,
+    /// The device's ledger at the baseline and at the end ([`Metric::DeviceBytes`]).
+    ledgers: Option<(crate::ledger::Ledger, crate::ledger::Ledger)>,
+    /// Whether no other memory test overlapped this one.
+    alone: bool,
 }
 
 /// The evidence folder's name for a test: its name with every character other than ASCII

@@ -2,7 +2,7 @@
 //! snapshot for the reports.
 
 use crate::intern::Interner;
-use crate::snapshot::{BlockState, ContextInfo, FrameId, ScopeId, Snapshot, StackId, ThreadId};
+use crate::snapshot::{BlockState, ContextInfo, FrameId, ScopeId, SegmentInfo, Snapshot, StackId, ThreadId};
 
 /// The snapshot with only the live blocks (and history) of contexts inside scope `path` (or,
 /// with `inside == false`, outside it); free and pending blocks stay, so segments keep their
@@ -61,11 +61,13 @@ fn remap<T: Copy>(table: &[T], id: T, index: usize) -> T {
 pub(super) fn merge(snaps: Vec<Snapshot>) -> Option<Snapshot> {
     let mut it = snaps.into_iter();
     let mut out = it.next()?;
+    // Which snapshot each segment came from, in the order they were taken.
+    let mut taken: Vec<usize> = vec![0; out.segments.len()];
     let mut frames_t = Interner::from_items(std::mem::take(&mut out.frames));
     let mut stacks_t = Interner::from_items(std::mem::take(&mut out.stacks));
     let mut scopes_t = Interner::from_items(std::mem::take(&mut out.scopes));
     let mut threads_t = Interner::from_items(std::mem::take(&mut out.threads));
-    for s in it {
+    for (i, s) in it.enumerate() {
         // Each table's ids in `s`, by their ids in the merged tables.
         let frames: Vec<FrameId> = s.frames.into_iter().map(|f| FrameId(frames_t.intern(f))).collect();
         let stacks: Vec<StackId> = s
@@ -91,6 +93,7 @@ pub(super) fn merge(snaps: Vec<Snapshot>) -> Option<Snapshot> {
                 }
             }
             out.segments.push(seg);
+            taken.push(i + 1);
         }
         for mut e in s.history {
             if let Some(c) = &mut e.context {
@@ -104,9 +107,75 @@ pub(super) fn merge(snaps: Vec<Snapshot>) -> Option<Snapshot> {
             out.backend = format!("{}+{}", out.backend, s.backend);
         }
     }
+    out.segments = settle(std::mem::take(&mut out.segments), taken);
     out.frames = frames_t.into_items();
     out.stacks = stacks_t.into_items();
     out.scopes = scopes_t.into_items();
     out.threads = threads_t.into_items();
     Some(out)
+}
+
+/// The segments of several snapshots in address order, as a snapshot lists them. The snapshots
+/// were taken one after another while other threads went on: where a segment of one overlaps
+/// a segment of a snapshot taken later, its allocator gave the range back in between (and
+/// another took it), so the earlier one is stale and left out. Without this a merged snapshot
+/// could list one address twice and no reader would load it.
+fn settle(segments: Vec<SegmentInfo>, taken: Vec<usize>) -> Vec<SegmentInfo> {
+    let mut tagged: Vec<(SegmentInfo, usize)> = segments.into_iter().zip(taken).collect();
+    tagged.sort_by_key(|(s, _)| s.address);
+    let mut out: Vec<(SegmentInfo, usize)> = Vec::with_capacity(tagged.len());
+    for (seg, when) in tagged {
+        let end = |s: &SegmentInfo| s.address.saturating_add(s.total_size);
+        match out.last() {
+            Some((last, last_when)) if seg.address < end(last) => {
+                if when > *last_when {
+                    out.pop();
+                    // The newer segment may overlap more than one stale one.
+                    while out.last().is_some_and(|(l, w)| seg.address < end(l) && *w < when) {
+                        out.pop();
+                    }
+                    out.push((seg, when));
+                }
+            }
+            _ => out.push((seg, when)),
+        }
+    }
+    out.into_iter().map(|(s, _)| s).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seg(address: u64, total_size: u64) -> SegmentInfo {
+        SegmentInfo {
+            address,
+            total_size,
+            mapped_size: total_size,
+            expandable: false,
+            stream: 0,
+            device: None,
+            pool: crate::alloc::Pool::Large,
+            pool_id: None,
+            allocated_size: 0,
+            active_size: 0,
+            requested_size: 0,
+            blocks: Vec::new(),
+            context: None,
+            source: None,
+        }
+    }
+
+    #[test]
+    fn merged_segments_are_in_order_and_a_stale_range_gives_way_to_a_newer_one() {
+        // Taken first: 100..200 and 500..600; second: 0..50 and 150..250 (taken after the
+        // first allocator gave 100..200 back); third: 550..560.
+        let segs = vec![seg(100, 100), seg(500, 100), seg(0, 50), seg(150, 100), seg(550, 10)];
+        let out = settle(segs, vec![0, 0, 1, 1, 2]);
+        let got: Vec<(u64, u64)> = out.iter().map(|s| (s.address, s.total_size)).collect();
+        assert_eq!(got, [(0, 50), (150, 100), (550, 10)]);
+        // Nothing overlaps: everything stays, in address order.
+        let out = settle(vec![seg(300, 10), seg(100, 10)], vec![0, 1]);
+        assert_eq!(out.iter().map(|s| s.address).collect::<Vec<_>>(), [100, 300]);
+    }
 }

@@ -1,6 +1,7 @@
 //! The CUDA backend (cargo feature `cuda`): device memory from the driver API through `cudarc`,
 //! loaded at run time.
 
+pub(crate) mod moments;
 mod virtual_memory;
 
 use super::{Backend, RawEvent, RawStream, DEFAULT_PAGE_SIZE};
@@ -170,7 +171,7 @@ fn for_request(e: BackendError, requested: u64) -> BackendError {
 /// is: with cudarc's `dynamic-loading` (vramscope's choice where no crate chose a linking
 /// mode) a missing library would be a panic inside cudarc; with `dynamic-linking` (candle's)
 /// it is loaded already and this finds it.
-fn driver_library_present() -> bool {
+pub(crate) fn driver_library_present() -> bool {
     #[cfg(unix)]
     {
         ["libcuda.so.1", "libcuda.so"].iter().any(|name| {
@@ -218,8 +219,14 @@ impl CudaBackend {
                     .into(),
             )));
         }
+        // The ledger's baseline and context figure: read around the context's making, the one
+        // moment they can be told apart from what the program allocates later.
+        let fresh = moments::before_context(ordinal) && !moments::has_context(ordinal);
         let ctx = CudaContext::new(ordinal)
             .map_err(|e| Error::Backend(BackendError::Other(format!("CUDA device {ordinal}: {e}"))))?;
+        if fresh {
+            moments::context_made(ordinal, "when vramscope's backend made it");
+        }
         let (_, total) = ctx.mem_get_info().map_err(|e| Error::Backend(driver("cuMemGetInfo", e)))?;
         let default = ctx.default_stream();
         let pages = match segments {
