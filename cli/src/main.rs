@@ -53,6 +53,17 @@ enum Command {
         #[command(flatten)]
         out: Output,
     },
+    /// The device's ledger a snapshot carries: the process's memory as the driver counted it,
+    /// split into what held it (`vramscope::ledger`).
+    Ledger {
+        /// A vramscope JSON snapshot taken with its ledger.
+        file: PathBuf,
+        /// Print the ledger as JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        out: Output,
+    },
     /// Live tensors grouped by allocation site and scope, largest first.
     Live {
         /// A vramscope JSON snapshot or a PyTorch snapshot pickle.
@@ -447,6 +458,25 @@ fn run(cli: Cli) -> Result<(), Failure> {
                 per_device(&[&snap], true, |s| s[0].stats.to_pytorch_map(), |_| String::new())?
             } else {
                 per_device(&[&snap], false, |s| report::summary(s[0]), String::clone)?
+            };
+            emit(&out, &text)
+        }
+        Command::Ledger { file, json, out } => {
+            let name = file.display().to_string();
+            let snap = Snapshot::load(file)?;
+            let Some(ledger) = &snap.ledger else {
+                return Err(Failure(
+                    2,
+                    format!(
+                        "{name} carries no ledger (a PyTorch snapshot, or one taken without it: \
+                         take it with vramscope::ledger::snapshot_with_ledger)"
+                    ),
+                ));
+            };
+            let text = if json {
+                serde_json::to_string_pretty(ledger).map_err(|e| Failure(1, e.to_string()))? + "\n"
+            } else {
+                ledger.to_text()
             };
             emit(&out, &text)
         }

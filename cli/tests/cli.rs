@@ -445,3 +445,36 @@ fn errors_quote_input_as_one_bounded_printable_line() {
     assert!(!err.contains('\u{1b}'), "{err}");
     assert!(err.contains("more characters)"), "{err}");
 }
+
+/// `vramscope ledger` prints the ledger a snapshot carries, as text and as JSON, and says so
+/// where a snapshot carries none.
+#[test]
+fn ledger_prints_what_the_snapshot_carries() {
+    let alloc = vramscope::CachingAllocator::for_device(
+        vramscope::backend::HostBackend::new(64 << 20),
+        9_001,
+        vramscope::config::AllocatorConfig::default(),
+    )
+    .unwrap();
+    let x = alloc.alloc::<u8>(&alloc.default_stream(), 1 << 20).unwrap();
+    let snap = vramscope::ledger::snapshot_with_ledger(&alloc);
+    let path = std::env::temp_dir().join(format!("vramscope-ledger-{}.json", std::process::id()));
+    std::fs::write(&path, snap.to_json()).unwrap();
+    let file = path.to_str().unwrap();
+    let (code, out, err) = vramscope(&["ledger", file]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with("Device 9001 ledger: the process's total is not seen"), "{out}");
+    assert!(out.contains("allocator host #1") && out.contains("not seen: the driver's figures"), "{out}");
+    let (code, json, _) = vramscope(&["ledger", file, "--json"]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["device"], 9001);
+    assert_eq!(v["allocators"][0]["allocated"], alloc.memory_allocated());
+    let (_, summary, _) = vramscope(&["summary", file]);
+    assert!(summary.contains("Device 9001 ledger"), "summary prints it: {summary}");
+    let (code, _, err) = vramscope(&["ledger", &fixture("leaky_train.snapshot.pickle")]);
+    assert_eq!(code, 2);
+    assert!(err.contains("carries no ledger"), "{err}");
+    drop(x);
+    let _ = std::fs::remove_file(&path);
+}
