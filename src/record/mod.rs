@@ -52,7 +52,8 @@ pub use symbols::Frame;
 pub use tracing_layer::ScopeLayer;
 
 pub(crate) use history::{Context, Event, Ring, Site};
-pub(crate) use scope::{is_within, path as scope_path, thread_id, thread_name, ROOT as ROOT_SCOPE};
+pub(crate) use scope::{is_within, snapshot_path, thread_id, thread_name, ROOT as ROOT_SCOPE};
+pub use scope::{KEPT_INNER, KEPT_OUTER, MAX_SCOPE_DEPTH};
 pub(crate) use stack::capture;
 #[cfg(test)]
 use stack::hash_stack;

@@ -19,7 +19,8 @@ struct Node {
     allocations: &'static Count,
 }
 
-/// Shards of a scope's allocation count: threads whose ids differ modulo this share one.
+/// Shards of a scope's allocation count for threads other than the one that made it: threads
+/// whose ids differ modulo this share one.
 const SHARDS: usize = 16;
 
 /// One shard, alone on its cache line.
@@ -27,26 +28,42 @@ const SHARDS: usize = 16;
 #[derive(Debug, Default)]
 struct Shard(AtomicU64);
 
-/// How many allocations were made directly inside one scope, counted in shards so that
-/// threads allocating inside the same scope do not take turns on one cache line (one line
-/// written by every thread's allocations would cost each of them more than the rest of
-/// recording a parked block's allocation: see `alloc::park`).
+/// How many allocations were made directly inside one scope. The thread that made the scope
+/// counts in a word of its own (most scopes are one thread's: a request, a step); other
+/// threads count in shards made when the first of them counts, so that threads allocating
+/// inside the same scope do not take turns on one cache line (one line written by every
+/// thread's allocations would cost each of them more than the rest of recording a parked
+/// block's allocation: see `alloc::park`). A scope costs 64 bytes here until a second thread
+/// counts in it, not the shards' kilobyte: programs name scopes after requests by the million.
 #[derive(Debug)]
-pub(crate) struct Count([Shard; SHARDS]);
+#[repr(align(64))]
+pub(crate) struct Count {
+    owner: u32,
+    own: AtomicU64,
+    shards: OnceLock<Box<[Shard; SHARDS]>>,
+}
 
 impl Count {
-    const fn new() -> Count {
-        Count([const { Shard(AtomicU64::new(0)) }; SHARDS])
+    const fn new(owner: u32) -> Count {
+        Count { owner, own: AtomicU64::new(0), shards: OnceLock::new() }
     }
 
     /// Counts one allocation of the calling thread.
     #[inline]
     pub(crate) fn add(&self) {
-        self.0[thread_id() as usize % SHARDS].0.fetch_add(1, Ordering::Relaxed);
+        let t = thread_id();
+        if t == self.owner {
+            self.own.fetch_add(1, Ordering::Relaxed);
+        } else {
+            let shards = self.shards.get_or_init(|| Box::new([const { Shard(AtomicU64::new(0)) }; SHARDS]));
+            shards[t as usize % SHARDS].0.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     fn get(&self) -> u64 {
-        self.0.iter().map(|s| s.0.load(Ordering::Relaxed)).fold(0, u64::wrapping_add)
+        let others =
+            self.shards.get().map_or(0, |s| s.iter().map(|s| s.0.load(Ordering::Relaxed)).fold(0, u64::wrapping_add));
+        self.own.load(Ordering::Relaxed).wrapping_add(others)
     }
 }
 
@@ -57,7 +74,7 @@ struct Table {
 }
 
 /// Allocations outside any scope are not counted (every thread would contend for it).
-static ROOT_ALLOCATIONS: Count = Count::new();
+static ROOT_ALLOCATIONS: Count = Count::new(u32::MAX);
 
 fn table() -> &'static Mutex<Table> {
     static TABLE: OnceLock<Mutex<Table>> = OnceLock::new();
@@ -149,6 +166,39 @@ pub(crate) fn path(id: u32) -> Vec<String> {
     out
 }
 
+/// Scope paths a snapshot keeps whole; deeper ones keep their outermost
+/// [`KEPT_OUTER`] and innermost [`KEPT_INNER`] names with one entry between them saying how
+/// many were left out, so that a snapshot of deeply nested scopes stays linear in them
+/// (10,000 nested scopes would otherwise store 50 million names).
+pub const MAX_SCOPE_DEPTH: usize = 64;
+/// The outermost names of a cut path (where memory tests and reports match a path's start).
+pub const KEPT_OUTER: usize = 48;
+/// The innermost names of a cut path.
+pub const KEPT_INNER: usize = 15;
+
+/// The path of scope `id` as a snapshot stores it: whole up to [`MAX_SCOPE_DEPTH`] names,
+/// else cut in the middle (`…, "… 9,937 scopes …", …`).
+pub(crate) fn snapshot_path(id: u32) -> Vec<String> {
+    let t = table().lock();
+    let mut ids = Vec::new();
+    let mut i = id;
+    while i != ROOT {
+        let Some(node) = t.nodes.get(i as usize) else { break };
+        ids.push(i);
+        i = node.parent;
+    }
+    ids.reverse();
+    let name = |i: &u32| t.nodes[*i as usize].name.to_string();
+    if ids.len() <= MAX_SCOPE_DEPTH {
+        return ids.iter().map(name).collect();
+    }
+    let cut = ids.len() - KEPT_OUTER - KEPT_INNER;
+    let mut out: Vec<String> = ids[..KEPT_OUTER].iter().map(name).collect();
+    out.push(format!("… {} scopes …", crate::error::fmt_bytes_exact(cut as u64).trim_end_matches(" B")));
+    out.extend(ids[ids.len() - KEPT_INNER..].iter().map(name));
+    out
+}
+
 /// Whether scope `id` is `ancestor` or lies inside it.
 pub(crate) fn is_within(id: u32, ancestor: u32) -> bool {
     table().lock().within(id, ancestor)
@@ -181,7 +231,7 @@ fn child_counted(parent: u32, name: &str) -> (u32, &'static Count) {
         return (id, t.nodes[id as usize].allocations);
     }
     let id = t.nodes.len() as u32;
-    let allocations: &'static Count = Box::leak(Box::new(Count::new()));
+    let allocations: &'static Count = Box::leak(Box::new(Count::new(thread_id())));
     t.nodes.push(Node { parent, name: name.clone(), allocations });
     t.ids.insert((parent, name), id);
     (id, allocations)
@@ -277,6 +327,11 @@ impl Drop for ScopeGuard {
 /// }
 /// assert_eq!(vramscope::current_scope().path(), ["train"]);
 /// ```
+///
+/// Each distinct scope path is kept for the life of the process (recorded allocations name it
+/// by number): about 280 bytes each, so a scope per request costs 280 MB per million
+/// requests. Name scopes after what code runs (`"decode"`); a request's number fits in a
+/// [`step`](crate::step).
 pub fn scope(name: &str) -> ScopeGuard {
     let previous = CURRENT.with(Cell::get);
     let entered = child_counted(previous.0, name);
@@ -405,6 +460,43 @@ pub fn current_step() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A scope costs one cache line until another thread counts in it, and every thread's
+    /// allocations are counted, the maker's and the others'.
+    #[test]
+    fn a_scope_counts_every_thread_in_one_line_until_shared() {
+        assert_eq!(std::mem::size_of::<Count>(), 64);
+        let (_, count) = child_counted(ROOT, "counted by three threads");
+        count.add();
+        count.add();
+        assert!(count.shards.get().is_none(), "the maker's count needs no shards");
+        std::thread::scope(|s| {
+            for _ in 0..2 {
+                s.spawn(|| (0..1000).for_each(|_| count.add()));
+            }
+        });
+        assert!(count.shards.get().is_some());
+        assert_eq!(count.get(), 2002);
+    }
+
+    #[test]
+    fn deep_paths_are_cut_in_the_middle_for_snapshots() {
+        let mut id = child(ROOT, "deep 0");
+        for i in 1..MAX_SCOPE_DEPTH {
+            id = child(id, &format!("deep {i}"));
+        }
+        assert_eq!(snapshot_path(id), path(id), "64 names: whole");
+        for i in MAX_SCOPE_DEPTH..10_000 {
+            id = child(id, &format!("deep {i}"));
+        }
+        let p = snapshot_path(id);
+        assert_eq!(p.len(), KEPT_OUTER + 1 + KEPT_INNER);
+        assert_eq!(p[0], "deep 0");
+        assert_eq!(p[KEPT_OUTER - 1], format!("deep {}", KEPT_OUTER - 1));
+        assert_eq!(p[KEPT_OUTER], "… 9,937 scopes …");
+        assert_eq!(p.last().unwrap(), "deep 9999");
+        assert_eq!(path(id).len(), 10_000, "the scope itself keeps its whole path");
+    }
 
     #[test]
     fn scopes_nest_and_stay_per_thread() {

@@ -7,7 +7,7 @@ use super::model::{
 use crate::alloc::heap::{self, Heap};
 use crate::alloc::CachingAllocator;
 use crate::intern::Interner;
-use crate::record::{scope_path, thread_name, Action, Context, Event, Frame, Symbolizer};
+use crate::record::{snapshot_path, thread_name, Action, Context, Event, Frame, Symbolizer};
 
 /// The version of the snapshot model written by this build.
 ///
@@ -256,7 +256,7 @@ impl Tables {
         let c = FullContext { stack: site.stack, scope: site.scope, thread: site.thread, step: c.step };
         let raw = &raw.stacks[..];
         let stack = c.stack.map(|s| StackId(self.stack(s, raw, sym)));
-        let scope = ScopeId(self.scopes.id(c.scope, |&s| scope_path(s)));
+        let scope = ScopeId(self.scopes.id(c.scope, |&s| snapshot_path(s)));
         let thread = ThreadId(self.threads.id(c.thread, |&t| thread_name(t)));
         ContextInfo { stack, scope, thread, step: c.step }
     }
