@@ -169,6 +169,16 @@ fn when_grew(figures: &[u64], start: Option<u64>, warmup: usize) -> When {
     }
 }
 
+/// The report's first line, `NAME: what happened`, with what happened on a line of its own
+/// where a long test name would take the line past 100 columns.
+fn headline(s: &mut String, name: &str, what: &str) {
+    if name.chars().count() + 2 + what.chars().count() > report::COLUMNS {
+        let _ = writeln!(s, "{name}:\n  {what}");
+    } else {
+        let _ = writeln!(s, "{name}: {what}");
+    }
+}
+
 /// `2`, `2 and 5`, `2, 4 and 6`.
 fn list(numbers: &[usize]) -> String {
     match numbers {
@@ -312,7 +322,7 @@ impl Evidence {
         };
         if why.grew {
             let when = when_grew(&v.per_iteration, why.start, test.warmup);
-            let _ = writeln!(s, "{}: {metric} grew in {}", test.name, grew_in(&when, iters));
+            headline(&mut s, &test.name, &format!("{metric} grew in {}", grew_in(&when, iters)));
             if let Some((before, after)) = &why.ledgers {
                 device_parts(&mut s, before, after, why.alone);
             }
@@ -328,7 +338,7 @@ impl Evidence {
                 }
             }
         } else if why.unattributed {
-            let _ = writeln!(s, "{}: {metric} outside the test's scope grew", test.name);
+            headline(&mut s, &test.name, &format!("{metric} outside the test's scope grew"));
             let _ = writeln!(
                 s,
                 "  by {} in {} (tolerance {}), while its own blocks did not.\n  \
@@ -347,11 +357,7 @@ impl Evidence {
             s.push_str(&kept(&when, " outside the test's scope"));
             render_sites(&mut s, &sites, iters, &when, whole(&sites, why.unscoped_growth));
         } else if why.nothing {
-            let _ = writeln!(
-                s,
-                "{}: the body allocated nothing inside the test's scope, so it measured nothing",
-                test.name
-            );
+            headline(&mut s, &test.name, "the body allocated nothing inside the test's scope, so it measured nothing");
             s.push_str(
                 "  a memory test counts what the body allocates through vramscope allocators (device(n),\n  \
                  or a CachingAllocator it builds) on its own thread, or on threads and tasks that enter\n  \
@@ -567,6 +573,17 @@ fn growth_folded(before: &str, after: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_long_name_puts_what_happened_on_its_own_line() {
+        let mut s = String::new();
+        headline(&mut s, "short", "live bytes grew");
+        assert_eq!(s, "short: live bytes grew\n");
+        let mut s = String::new();
+        let name = "x".repeat(90);
+        headline(&mut s, &name, "live bytes grew in 1 of 6 iterations (iteration 1)");
+        assert_eq!(s, format!("{name}:\n  live bytes grew in 1 of 6 iterations (iteration 1)\n"));
+    }
 
     #[test]
     fn exact_bytes_read_well() {
