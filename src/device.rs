@@ -27,25 +27,13 @@ pub fn parse_bytes(s: &str) -> Result<u64> {
     crate::units::parse_byte_size(s).map_err(|error| InvalidRequest::ByteSize { text: s.into(), error }.into())
 }
 
-/// An environment variable's text: `None` when unset, an error naming it when it is not UTF-8
-/// (never silently the default).
-pub(crate) fn env_text(key: &str) -> Result<Option<String>> {
-    match std::env::var(key) {
-        Ok(s) => Ok(Some(s)),
-        Err(std::env::VarError::NotPresent) => Ok(None),
-        Err(std::env::VarError::NotUnicode(v)) => {
-            Err(Error::Config { key: key.into(), message: format!("{v:?} is not UTF-8 text") })
-        }
-    }
-}
-
 /// Builds the backend [`device`] would use, from the environment, and the configuration: on
 /// CUDA, `VRAMSCOPE_CAPACITY` limits what the allocator may reserve (the host and sim backends
 /// take it as their capacity).
 fn default_backend(index: usize, config: &mut AllocatorConfig) -> Result<Arc<dyn Backend>> {
     let _ = (index, &config);
-    let kind = env_text(BACKEND_ENV)?.unwrap_or_default();
-    let capacity = match env_text(CAPACITY_ENV)? {
+    let kind = crate::error::env_text(BACKEND_ENV)?.unwrap_or_default();
+    let capacity = match crate::error::env_text(CAPACITY_ENV)? {
         Some(s) => {
             let c = parse_bytes(&s).map_err(|e| Error::Config { key: CAPACITY_ENV.into(), message: e.to_string() })?;
             // Below one page no segment fits: every allocation would fail, each error claiming

@@ -409,8 +409,8 @@ impl AllocatorConfig {
                 "capacity",
                 format!(
                     "{} is not a capacity a device of {} can stand for: it must be above 0 and at most that",
-                    crate::report::format_bytes(capacity),
-                    crate::report::format_bytes(total)
+                    crate::error::fmt_bytes(capacity),
+                    crate::error::fmt_bytes(total)
                 ),
             ));
         }

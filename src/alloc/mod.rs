@@ -26,9 +26,10 @@ pub use buffer::{Buffer, Pod};
 pub use config::{AllocatorConfig, LimitMax, ALLOC_CONF_ENV, MAX_FRAGMENTATION_LIMIT, ROUNDUP_INTERVALS};
 pub use heap::TensorMeta;
 
-use crate::backend::Backend;
+use crate::backend::{Backend, IntoBackend};
 use crate::error::{Error, InvalidRequest, Result, UsageError};
-use crate::record::{CaptureFlags, Pending, RecordConfig, Symbolizer};
+use crate::frames::Symbolizer;
+use crate::record::{CaptureFlags, Pending, RecordConfig};
 use crate::sync::Mutex;
 use heap::Heap;
 use keepalive::KeepAlive;
@@ -363,30 +364,6 @@ impl fmt::Debug for CachingAllocator {
             .field("allocated", &self.memory_allocated())
             .field("reserved", &self.memory_reserved())
             .finish()
-    }
-}
-
-/// Backends are taken by value or shared through an `Arc`.
-pub trait IntoBackend {
-    /// Converts into a shared backend.
-    fn into_backend(self) -> Arc<dyn Backend>;
-}
-
-impl<B: Backend> IntoBackend for B {
-    fn into_backend(self) -> Arc<dyn Backend> {
-        Arc::new(self)
-    }
-}
-
-impl<B: Backend> IntoBackend for Arc<B> {
-    fn into_backend(self) -> Arc<dyn Backend> {
-        self
-    }
-}
-
-impl IntoBackend for Arc<dyn Backend> {
-    fn into_backend(self) -> Arc<dyn Backend> {
-        self
     }
 }
 

@@ -14,7 +14,7 @@ pub struct ExternalBackend {
 }
 
 /// Reads a device's stream-ordered pool.
-type PoolReader = Box<dyn Fn() -> Option<crate::snapshot::DriverPool> + Send + Sync>;
+type PoolReader = Box<dyn Fn() -> Option<crate::backend::DriverPool> + Send + Sync>;
 
 impl std::fmt::Debug for ExternalBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -32,7 +32,7 @@ impl ExternalBackend {
     /// The same, whose snapshots carry what `read` says of the device's stream-ordered pool.
     pub fn with_driver_pool(
         mut self,
-        read: impl Fn() -> Option<crate::snapshot::DriverPool> + Send + Sync + 'static,
+        read: impl Fn() -> Option<crate::backend::DriverPool> + Send + Sync + 'static,
     ) -> Self {
         self.pool = Some(Box::new(read));
         self
@@ -63,7 +63,7 @@ unsafe impl Backend for ExternalBackend {
         true
     }
 
-    fn driver_pool(&self) -> Option<crate::snapshot::DriverPool> {
+    fn driver_pool(&self) -> Option<crate::backend::DriverPool> {
         self.pool.as_ref().and_then(|read| read())
     }
 

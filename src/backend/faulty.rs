@@ -203,7 +203,7 @@ unsafe impl<B: Backend> Backend for FaultyBackend<B> {
     fn is_external(&self) -> bool {
         self.inner.is_external()
     }
-    fn driver_pool(&self) -> Option<crate::snapshot::DriverPool> {
+    fn driver_pool(&self) -> Option<crate::backend::DriverPool> {
         self.inner.driver_pool()
     }
     fn costly_segments(&self) -> bool {

@@ -20,7 +20,6 @@ mod views;
 /// The backend name of the allocator holding the CUDA allocations `vramscope::observe` sees.
 pub const OBSERVED_BACKEND: &str = "cuda (observed)";
 
-pub use crate::alloc::IntoBackend;
 #[cfg(feature = "cuda-backend")]
 #[cfg_attr(docsrs, doc(cfg(feature = "cuda-backend")))]
 pub use cuda::{CudaBackend, CudaSegments, CUDA_SEGMENTS_ENV};
@@ -31,6 +30,7 @@ pub use sim::{EventMode, SimBackend};
 
 use crate::error::BackendError;
 use std::fmt;
+use std::sync::Arc;
 
 /// The granularity in which segments are sized and pages are mapped: 2 MiB, as on CUDA.
 pub const DEFAULT_PAGE_SIZE: u64 = 2 << 20;
@@ -186,7 +186,7 @@ pub unsafe trait Backend: Send + Sync + fmt::Debug + 'static {
     /// The device's stream-ordered pool as the driver counts it, where this backend can tell
     /// (the CUDA backends); snapshots carry it ([`Snapshot::driver_pool`](crate::Snapshot::driver_pool)).
     /// Default: `None`.
-    fn driver_pool(&self) -> Option<crate::snapshot::DriverPool> {
+    fn driver_pool(&self) -> Option<DriverPool> {
         None
     }
 
@@ -345,5 +345,52 @@ mod tests {
         }
         assert!(!tiles([(0, page), (2 * page, page)], 0, 3 * page), "a gap");
         assert!(!tiles([], 0, page), "nothing");
+    }
+}
+
+/// Backends are taken by value or shared through an `Arc`.
+pub trait IntoBackend {
+    /// Converts into a shared backend.
+    fn into_backend(self) -> Arc<dyn Backend>;
+}
+
+impl<B: Backend> IntoBackend for B {
+    fn into_backend(self) -> Arc<dyn Backend> {
+        Arc::new(self)
+    }
+}
+
+impl<B: Backend> IntoBackend for Arc<B> {
+    fn into_backend(self) -> Arc<dyn Backend> {
+        self
+    }
+}
+
+impl IntoBackend for Arc<dyn Backend> {
+    fn into_backend(self) -> Arc<dyn Backend> {
+        self
+    }
+}
+
+/// A device's stream-ordered memory pool, as the driver counts it (`cuMemPoolGetAttribute`):
+/// memory in use by allocations, and memory the pool holds from the device, which includes
+/// what freed allocations left cached in it, as PyTorch's reserved memory does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
+pub struct DriverPool {
+    /// Bytes in use by allocations (`CU_MEMPOOL_ATTR_USED_MEM_CURRENT`).
+    pub used: u64,
+    /// The peak of `used` (`CU_MEMPOOL_ATTR_USED_MEM_HIGH`).
+    pub used_high: u64,
+    /// Bytes the pool holds from the device (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`).
+    pub reserved: u64,
+    /// The peak of `reserved` (`CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH`).
+    pub reserved_high: u64,
+}
+
+impl DriverPool {
+    /// The pool's four figures.
+    pub fn new(used: u64, used_high: u64, reserved: u64, reserved_high: u64) -> DriverPool {
+        DriverPool { used, used_high, reserved, reserved_high }
     }
 }

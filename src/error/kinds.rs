@@ -62,6 +62,8 @@ pub enum UsageError {
         warmup: usize,
         /// Measured iterations asked for.
         iters: usize,
+        /// The most iterations a test may run, warm-up included.
+        limit: usize,
     },
 }
 
@@ -97,11 +99,9 @@ impl fmt::Display for UsageError {
                 "the {backend} allocator serves memory itself; record memory allocated elsewhere in an \
                  allocator made by CachingAllocator::external"
             ),
-            UsageError::TooManyIterations { test, warmup, iters } => write!(
-                f,
-                "{test}: {warmup} warm-up and {iters} measured iterations: at most {} in all",
-                crate::testing::MAX_ITERATIONS
-            ),
+            UsageError::TooManyIterations { test, warmup, iters, limit } => {
+                write!(f, "{test}: {warmup} warm-up and {iters} measured iterations: at most {limit} in all")
+            }
         }
     }
 }

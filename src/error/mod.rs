@@ -37,6 +37,18 @@ pub(crate) fn fmt_bytes(n: u64) -> String {
     format!("{v:.2} {unit}")
 }
 
+/// An environment variable's text: `None` when unset, an error naming it when it is not UTF-8
+/// (never silently the default).
+pub(crate) fn env_text(key: &str) -> std::result::Result<Option<String>, Error> {
+    match std::env::var(key) {
+        Ok(s) => Ok(Some(s)),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(v)) => {
+            Err(Error::Config { key: key.into(), message: format!("{v:?} is not UTF-8 text") })
+        }
+    }
+}
+
 /// Everything that can go wrong in vramscope.
 ///
 /// Errors are plain values: they carry what was asked and what was found, so that a test or

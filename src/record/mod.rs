@@ -35,19 +35,19 @@
 //! feature `tracing`, `ScopeLayer` turns entered `tracing` spans into scopes, restoring them
 //! by span when spans exit out of order.
 
+mod frame;
 mod history;
 mod scope;
 mod stack;
-mod symbols;
 #[cfg(feature = "tracing")]
 mod tracing_layer;
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 mod unwind;
 
+pub use frame::Frame;
 pub use history::Action;
 pub use scope::{current_scope, current_step, scope, step, Scope, ScopeGuard, Scoped};
 pub use stack::{capture_stack, fast_fallbacks, fast_unwinder, frame_pointers_available, StackMode, Unwinder};
-pub use symbols::Frame;
 #[cfg(feature = "tracing")]
 pub use tracing_layer::ScopeLayer;
 
@@ -57,7 +57,6 @@ pub use scope::{KEPT_INNER, KEPT_OUTER, MAX_SCOPE_DEPTH};
 pub(crate) use stack::capture;
 #[cfg(test)]
 use stack::hash_stack;
-pub(crate) use symbols::{Symbolizer, INLINED_ELSEWHERE, INLINED_TEST_BODY};
 
 use serde::{Deserialize, Serialize};
 use std::cell::UnsafeCell;

@@ -6,8 +6,9 @@ use super::model::{
 };
 use crate::alloc::heap::{self, Heap};
 use crate::alloc::CachingAllocator;
+use crate::frames::Symbolizer;
 use crate::intern::Interner;
-use crate::record::{snapshot_path, thread_name, Action, Context, Event, Frame, Symbolizer};
+use crate::record::{snapshot_path, thread_name, Action, Context, Event, Frame};
 
 /// The version of the snapshot model written by this build.
 ///
@@ -300,7 +301,7 @@ fn each_frame(ips: &[usize], sym: &mut Symbolizer, mut f: impl FnMut(&Frame)) {
     // harness or the standard library (a build with symbols only), so say so rather than
     // show no stack.
     if !ips.is_empty() && !any {
-        let function = if harness_seen { crate::record::INLINED_TEST_BODY } else { crate::record::INLINED_ELSEWHERE };
+        let function = if harness_seen { crate::frames::INLINED_TEST_BODY } else { crate::frames::INLINED_ELSEWHERE };
         f(&Frame { function: function.to_string(), file: None, line: None });
     }
 }

@@ -11,6 +11,7 @@ mod validate;
 
 pub(crate) use torch::stats_of;
 
+pub use crate::backend::DriverPool;
 pub(crate) use build::HISTORY_REQUESTED_SINCE;
 pub use build::SNAPSHOT_VERSION;
 pub(crate) use ledger::push_unseen;
@@ -19,8 +20,8 @@ pub use ledger::{
     PROGRAM,
 };
 pub use model::{
-    BlockInfo, BlockState, ContextInfo, DriverPool, FrameId, HistoryEntry, ScopeId, SegmentInfo, SegmentSummary,
-    Snapshot, StackCapture, StackId, ThreadId,
+    BlockInfo, BlockState, ContextInfo, FrameId, HistoryEntry, ScopeId, SegmentInfo, SegmentSummary, Snapshot,
+    StackCapture, StackId, ThreadId,
 };
 pub use validate::{Inconsistency, InconsistencyKind};
 
@@ -96,7 +97,7 @@ pub(crate) fn read_limit(size: u64) -> crate::error::Result<ReadLimit> {
     if set != 0 {
         return Ok(ReadLimit { bytes: set, named: "the read limit set by --read-limit", explicit: true });
     }
-    match crate::device::env_text(READ_LIMIT_ENV)? {
+    match crate::error::env_text(READ_LIMIT_ENV)? {
         None => Ok(ReadLimit {
             bytes: default_read_limit(size),
             named: "the default read limit, 64 times the file's size and at least 256 MiB",

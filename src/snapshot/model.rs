@@ -116,34 +116,11 @@ pub struct Snapshot {
     /// candle allocate from) held when the snapshot was taken, where the backend can tell
     /// (format version 5 on; the CUDA backends).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub driver_pool: Option<DriverPool>,
+    pub driver_pool: Option<crate::backend::DriverPool>,
     /// The device's memory as the driver counts it and what holds it, where the snapshot was
     /// taken with it (format version 8 on; [`vramscope::ledger`](crate::ledger)).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ledger: Option<super::ledger::Ledger>,
-}
-
-/// A device's stream-ordered memory pool, as the driver counts it (`cuMemPoolGetAttribute`):
-/// memory in use by allocations, and memory the pool holds from the device, which includes
-/// what freed allocations left cached in it, as PyTorch's reserved memory does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[non_exhaustive]
-pub struct DriverPool {
-    /// Bytes in use by allocations (`CU_MEMPOOL_ATTR_USED_MEM_CURRENT`).
-    pub used: u64,
-    /// The peak of `used` (`CU_MEMPOOL_ATTR_USED_MEM_HIGH`).
-    pub used_high: u64,
-    /// Bytes the pool holds from the device (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`).
-    pub reserved: u64,
-    /// The peak of `reserved` (`CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH`).
-    pub reserved_high: u64,
-}
-
-impl DriverPool {
-    /// The pool's four figures.
-    pub fn new(used: u64, used_high: u64, reserved: u64, reserved_high: u64) -> DriverPool {
-        DriverPool { used, used_high, reserved, reserved_high }
-    }
 }
 
 impl Serialize for Snapshot {

@@ -50,9 +50,9 @@ fn tally(snap: &Snapshot, path: &[String]) -> BTreeMap<(String, String), Tally> 
         let ctx = b.context.as_ref();
         let id = labels.site(ctx);
         let mut site = labels.site_label(id).to_string();
-        if site == crate::record::INLINED_TEST_BODY {
+        if site == crate::frames::INLINED_TEST_BODY {
             site = format!("{test} (its body; no line tables in this build)");
-        } else if site == crate::record::INLINED_ELSEWHERE && !path.is_empty() {
+        } else if site == crate::frames::INLINED_ELSEWHERE && !path.is_empty() {
             // Inside the test's scope: the body's code, run by the standard library (a scoped
             // or spawned thread's closure), whose frames a build without line tables folds away.
             site = format!("{test} (a thread or closure of its body; no line tables in this build)");
@@ -688,14 +688,14 @@ mod tests {
     #[test]
     fn inlined_code_in_the_scope_is_named_after_the_test() {
         let json = include_str!("../../fixtures/hostile/consistent.json")
-            .replace("\"function\": \"train_step\"", &format!("\"function\": {:?}", crate::record::INLINED_ELSEWHERE))
+            .replace("\"function\": \"train_step\"", &format!("\"function\": {:?}", crate::frames::INLINED_ELSEWHERE))
             .replace("\"file\": \"train.py\",", "")
             .replace("\"line\": 3", "\"line\": null");
         let snap = Snapshot::from_bytes(json.as_bytes(), "test").unwrap();
         let sites: Vec<String> = tally(&snap, &["t::scoped_thread".to_string()]).into_keys().map(|k| k.0).collect();
         assert_eq!(sites, ["t::scoped_thread (a thread or closure of its body; no line tables in this build)"]);
         let sites: Vec<String> = tally(&snap, &[]).into_keys().map(|k| k.0).collect();
-        assert_eq!(sites, [crate::record::INLINED_ELSEWHERE], "outside a test it stays what it is");
+        assert_eq!(sites, [crate::frames::INLINED_ELSEWHERE], "outside a test it stays what it is");
     }
 
     #[test]

@@ -329,6 +329,7 @@ impl MemTest {
                 test: self.name.clone(),
                 warmup: self.warmup,
                 iters: self.iters,
+                limit: MAX_ITERATIONS,
             })
         })?;
         #[cfg(feature = "cupti")]

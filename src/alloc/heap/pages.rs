@@ -96,9 +96,9 @@ impl Heap {
                 message: format!(
                     "{} more would pass what the allocator may reserve, {} (per_process_memory_fraction, \
                      or the capacity set on CUDA), with {} reserved",
-                    crate::report::format_bytes(more),
-                    crate::report::format_bytes(cap),
-                    crate::report::format_bytes(self.reserved()),
+                    crate::error::fmt_bytes(more),
+                    crate::error::fmt_bytes(cap),
+                    crate::error::fmt_bytes(self.reserved()),
                 ),
             }),
             _ => Ok(()),

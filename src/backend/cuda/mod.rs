@@ -27,7 +27,7 @@ pub(crate) fn in_own_call() -> bool {
 
 /// What device `dev`'s default stream-ordered pool holds, as the driver counts it; `None` if
 /// the driver cannot say (no pools on this device, or an error).
-pub(crate) fn default_pool(dev: sys::CUdevice) -> Option<crate::snapshot::DriverPool> {
+pub(crate) fn default_pool(dev: sys::CUdevice) -> Option<crate::backend::DriverPool> {
     use sys::CUmemPool_attribute as A;
     let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
     // SAFETY: `pool` is a valid out pointer; `dev` is a device handle of the driver.
@@ -40,7 +40,7 @@ pub(crate) fn default_pool(dev: sys::CUdevice) -> Option<crate::snapshot::Driver
         let r = unsafe { sys::cuMemPoolGetAttribute(pool, attr, (&mut v as *mut u64).cast()) };
         (r == sys::CUresult::CUDA_SUCCESS).then_some(v)
     };
-    Some(crate::snapshot::DriverPool::new(
+    Some(crate::backend::DriverPool::new(
         read(A::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?,
         read(A::CU_MEMPOOL_ATTR_USED_MEM_HIGH)?,
         read(A::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?,
@@ -309,7 +309,7 @@ unsafe impl Backend for CudaBackend {
         self.ctx.mem_get_info().map_or(0, |(free, _)| free as u64)
     }
 
-    fn driver_pool(&self) -> Option<crate::snapshot::DriverPool> {
+    fn driver_pool(&self) -> Option<crate::backend::DriverPool> {
         self.bind().ok()?;
         default_pool(self.ctx.cu_device())
     }

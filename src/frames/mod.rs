@@ -44,6 +44,10 @@
 //! is named by that operator: its outermost `at::_ops::…` frame (`at::_ops::mm::call(…)`);
 //! reports say `<no stack>` for any other, as for a stack not recorded.
 
+mod symbols;
+
+pub(crate) use symbols::{Symbolizer, INLINED_ELSEWHERE, INLINED_TEST_BODY};
+
 use crate::error::{Error, Result, UsageError};
 use crate::record::Frame;
 use std::sync::{Arc, OnceLock, RwLock};
@@ -158,7 +162,7 @@ impl FramePolicy {
     /// items between commas are skipped). A value that is not UTF-8 is an error naming it.
     pub fn from_env() -> Result<FramePolicy> {
         let list = |key: &str| -> Result<Vec<String>> {
-            let text = crate::device::env_text(key)?.unwrap_or_default();
+            let text = crate::error::env_text(key)?.unwrap_or_default();
             Ok(text.split(',').map(str::trim).filter(|p| !p.is_empty()).map(String::from).collect())
         };
         FramePolicy::new(list(USER_CODE_ENV)?, list(LIBRARY_ENV)?)
@@ -277,7 +281,7 @@ fn is_trimmed_path(p: &str) -> bool {
 
 /// Whether a frame is the memory-test harness calling a test body: everything outside it
 /// (the harness, the user's test function that started it, the test runner) is not where the
-/// body allocated, and is cut from stacks when they are symbolized (`record::Symbolizer`, once
+/// body allocated, and is cut from stacks when they are symbolized (`Symbolizer`, once
 /// per address). The harness's frames are the `testing` module's functions and sources.
 pub(crate) fn is_harness(function: &str, file: Option<&str>) -> bool {
     function.starts_with("vramscope::testing::")
@@ -446,7 +450,7 @@ mod tests {
         let program: Vec<_> = program_frames(stack.iter()).map(|f| f.function.as_str()).collect();
         assert_eq!(program, ["flat::alloc_buffer", "my_server::handle(Request const&)"]);
         // What stands for a frame in a build without line tables is the program's.
-        let inlined = [frame(crate::record::INLINED_TEST_BODY, None, None), frame("__clone", None, None)];
+        let inlined = [frame(INLINED_TEST_BODY, None, None), frame("__clone", None, None)];
         assert_eq!(program_frames(inlined.iter()).count(), 1);
         let rust = [frame("<T as core::ops::Fn>::call", None, None), frame("user::main", Some("src/main.rs"), Some(9))];
         assert_eq!(program_frames(rust.iter()).count(), 2, "Rust paths are never PyTorch's");
