@@ -221,3 +221,59 @@ fn ranks_tell_the_leaking_rank_and_line() {
     assert!(text.contains("leak candidates, by rank:\n  1: "), "{text}");
     drop((steady_held, leaky_held));
 }
+
+/// The figures of a leak that keeps 1 MiB a step, pinned for short and long programs: few
+/// steps (one window each), more steps than windows (grouped: figures are still per step, and
+/// the steps named are the program's), growth that begins late, and a history of nothing but
+/// allocations. Each figure follows from the program: 1 MiB and one block a step, kept from the
+/// first step, seen up to the step before the last window (whose allocations show in no floor).
+#[test]
+fn a_steady_leak_is_measured_exactly_at_any_length() {
+    let _turn = STEPS.lock().unwrap_or_else(|e| e.into_inner());
+    let figures = |found: &[report::LeakCandidate]| -> Vec<(u64, f64, u32, u32, u64, u64)> {
+        found
+            .iter()
+            .map(|c| (c.bytes_per_step, c.blocks_per_step, c.growing_steps, c.steps, c.grew_from, c.grew_until))
+            .collect()
+    };
+    assert!(report::leaks(&program(0..3, None).0.snapshot()).is_empty(), "three steps are too few to tell");
+    for (n, until) in [(4u64, 2u64), (5, 3), (12, 10), (100, 98), (301, 297)] {
+        let (alloc, _held) = program(0..n, None);
+        let windows = n.min(100) as u32;
+        assert_eq!(
+            figures(&report::leaks(&alloc.snapshot())),
+            [(1 << 20, 1.0, windows - 1, windows, 0, until)],
+            "{n} steps"
+        );
+    }
+    // Kept from step 120 of 250 (grouped in windows of 2.5 steps): the growth and its rate are
+    // the leak's, not spread over the steps that kept nothing.
+    let alloc = CachingAllocator::new(SimBackend::new(1 << 40));
+    let s = alloc.default_stream();
+    let mut kept = Vec::new();
+    for i in 0..250 {
+        vramscope::step(i);
+        if i >= 120 {
+            keep(&alloc, &s, &mut kept);
+        }
+        temporary(&alloc, &s);
+    }
+    let found = report::leaks(&alloc.snapshot());
+    assert_eq!(figures(&found).len(), 1, "{found:?}");
+    let c = &found[0];
+    assert_eq!((c.bytes_per_step, c.blocks_per_step, c.grew_from, c.grew_until), (1 << 20, 1.0, 120, 247), "{c:?}");
+    // Nothing but allocations: no free anywhere in the history.
+    let alloc = CachingAllocator::new(SimBackend::new(1 << 40));
+    let mut kept = Vec::new();
+    for i in 0..6 {
+        vramscope::step(i);
+        keep(&alloc, &alloc.default_stream(), &mut kept);
+    }
+    assert_eq!(figures(&report::leaks(&alloc.snapshot())), [(1 << 20, 1.0, 5, 6, 0, 4)]);
+    // The same history without the snapshot's own mark: allocations and nothing else.
+    let mut v: serde_json::Value = serde_json::from_str(&alloc.snapshot().to_json()).unwrap();
+    v["history"].as_array_mut().unwrap().retain(|e| e["action"] == "alloc");
+    let only = Snapshot::from_bytes(v.to_string().as_bytes(), "allocations only").unwrap();
+    assert!(only.history.iter().all(|e| e.action == Action::Alloc));
+    assert_eq!(figures(&report::leaks(&only)), [(1 << 20, 1.0, 5, 6, 0, 4)]);
+}

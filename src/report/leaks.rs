@@ -338,14 +338,24 @@ fn find(snapshot: &Snapshot) -> (Vec<LeakCandidate>, Option<u64>) {
             continue;
         }
 
-        // The window whose allocations raised the floor of window `w` is the one before it.
+        // The first step (its place among the steps that occurred) of window `w`: the inverse
+        // of `window_of`, exact where windows group several steps.
+        let start = |w: u32| -> u64 { (u128::from(w) * u128::from(marked)).div_ceil(windows as u128) as u64 };
+        // The window whose allocations raised the floor of window `w` is the one before it:
+        // its first step, and its last.
         let kept_from = |w: u32| -> u64 {
-            let k = u64::from(w.saturating_sub(1));
+            let k = w.saturating_sub(1);
             if by_step {
-                let r = (u128::from(k) * u128::from(marked)).div_ceil(windows as u128) as usize;
-                steps[r.min(steps.len() - 1)]
+                steps[(start(k) as usize).min(steps.len() - 1)]
             } else {
-                k + 1
+                u64::from(k) + 1
+            }
+        };
+        let kept_until = |w: u32| -> u64 {
+            if by_step {
+                steps[(start(w).saturating_sub(1) as usize).min(steps.len() - 1)]
+            } else {
+                u64::from(w.saturating_sub(1)) + 1
             }
         };
         // Per step: the rises summed over the steps since the growth began, leaving out
@@ -374,7 +384,13 @@ fn find(snapshot: &Snapshot) -> (Vec<LeakCandidate>, Option<u64>) {
         let growth: Vec<&(u32, u64, u64, u64)> = steps_up.iter().filter(|r| r.0 >= began).collect();
         let typical = median(growth.iter().map(|r| r.1).collect());
         let kept: Vec<&&(u32, u64, u64, u64)> = growth.iter().filter(|r| r.1 <= typical.saturating_mul(4)).collect();
-        let steps_grown = (f64::from(windows as u32 - began) * steps_per_window).max(1.0);
+        // The steps whose allocations the rises counted: from the first of the window before
+        // `began` to the last before the last window (whose own allocations show in no floor).
+        let steps_grown = if by_step {
+            (start(windows as u32 - 1).saturating_sub(start(began.saturating_sub(1))) as f64).max(1.0)
+        } else {
+            (f64::from(windows as u32 - began) * steps_per_window).max(1.0)
+        };
         let mut bytes_per_step = kept.iter().map(|r| r.1 as f64).sum::<f64>() / steps_grown;
         let blocks_per_step = kept.iter().map(|r| r.2 as f64).sum::<f64>() / steps_grown;
         let block_bytes_per_step = kept.iter().map(|r| r.3 as f64).sum::<f64>() / steps_grown;
@@ -419,7 +435,7 @@ fn find(snapshot: &Snapshot) -> (Vec<LeakCandidate>, Option<u64>) {
             growing_steps: rises,
             steps: windows as u32,
             grew_from: kept_from(first),
-            grew_until: kept_from(last),
+            grew_until: kept_until(last),
             unit: if by_step { LeakUnit::Step } else { LeakUnit::Window },
             steps_per_window,
         });
