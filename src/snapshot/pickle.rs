@@ -24,6 +24,27 @@ pub(crate) enum Value {
     Dict(Rc<RefCell<Vec<(Value, Value)>>>),
 }
 
+/// A whole value tree handed to another thread to be freed.
+pub(crate) struct Detached(#[allow(dead_code)] Value);
+
+impl Detached {
+    /// Takes `root` to be sent to another thread.
+    ///
+    /// # Safety
+    ///
+    /// `root` is the only way to reach every container inside it: no clone of it or of any
+    /// container it holds lives elsewhere (the parser's memo is gone once [`parse`] returns;
+    /// readers that keep containers' identities, their addresses, keep no clones). A clone
+    /// kept elsewhere would share a non-atomic count with the thread that frees the tree.
+    pub(crate) unsafe fn new(root: Value) -> Detached {
+        Detached(root)
+    }
+}
+
+// SAFETY: `Detached::new`'s contract: nothing outside the tree holds one of its `Rc`s, so the
+// counts are touched by one thread only, the one that owns the tree.
+unsafe impl Send for Detached {}
+
 /// Dropping a deeply nested value recursively would overflow the stack (a hostile pickle can
 /// nest a million lists in a few megabytes): containers that are dropped for good hand their
 /// items to a work list instead.
