@@ -219,7 +219,7 @@ impl<T: Pod> Buffer<T> {
     /// The tensor description set with [`with_shape`](Self::with_shape), if any.
     pub fn tensor_meta(&self) -> Option<TensorMeta> {
         let b = self.block()?;
-        self.shared().read().heap.tensor_meta(b)
+        self.shared().lock_as_is().heap.tensor_meta(b)
     }
 
     fn host_ptr(&self) -> Result<*mut T> {

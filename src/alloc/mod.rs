@@ -114,21 +114,21 @@ impl Shared {
     /// Takes the lock with the heap settled: the block the last free kept aside for a request
     /// of its size is merged first, so that what is changed is exactly the heap without that
     /// shortcut. `alloc` and `free` take the lock without it, and reads through
-    /// [`Shared::read`].
+    /// [`Shared::lock_as_is`].
     pub(crate) fn lock(&self) -> crate::sync::MutexGuard<'_, Locked> {
-        let mut locked = self.read();
+        let mut locked = self.lock_as_is();
         locked.heap.settle();
         locked
     }
 
-    /// Takes the lock for reading: parked blocks are pulled as for [`Shared::lock`], but the
+    /// Takes the lock for reading, the heap as it is: parked blocks are pulled as for [`Shared::lock`], but the
     /// block the last free kept aside stays as it is, and what is read shows it merged (see
     /// `Heap::hot_merge`). Merging it would hand the next request of its size the best fit
     /// instead of that block: reading statistics or taking a snapshot between a free and the
     /// next allocation changed where blocks went, and so the peak a program reached (16% lower
     /// on `fno_varres` replayed with the statistics read after every operation: 4,004 MiB
     /// against 4,744 unread, `cuMemAlloc` segments).
-    pub(crate) fn read(&self) -> crate::sync::MutexGuard<'_, Locked> {
+    pub(crate) fn lock_as_is(&self) -> crate::sync::MutexGuard<'_, Locked> {
         let mut locked = self.heap.lock();
         locked.pull(&*self.backend);
         locked
@@ -416,12 +416,12 @@ impl CachingAllocator {
 
     /// The device index.
     pub fn device(&self) -> usize {
-        self.shared.read().heap.device()
+        self.shared.lock_as_is().heap.device()
     }
 
     /// The configuration in force.
     pub fn config(&self) -> AllocatorConfig {
-        self.shared.read().heap.config().clone()
+        self.shared.lock_as_is().heap.config().clone()
     }
 
     /// The backend's default stream.
@@ -581,7 +581,7 @@ impl CachingAllocator {
         Some(match written {
             Ok(path) => Ok(path.display().to_string()),
             Err(why) => {
-                self.shared.read().heap.set_last_error(format!("writing the OOM snapshot: {why}"));
+                self.shared.lock_as_is().heap.set_last_error(format!("writing the OOM snapshot: {why}"));
                 Err(why)
             }
         })
@@ -621,23 +621,23 @@ impl CachingAllocator {
 
     /// Bytes in blocks handed out to live buffers (PyTorch's `memory_allocated`).
     pub fn memory_allocated(&self) -> u64 {
-        self.shared.read().heap.stats().allocated_bytes.current()
+        self.shared.lock_as_is().heap.stats().allocated_bytes.current()
     }
 
     /// Bytes held from the backend (PyTorch's `memory_reserved`).
     pub fn memory_reserved(&self) -> u64 {
-        self.shared.read().heap.stats().reserved_bytes.current()
+        self.shared.lock_as_is().heap.stats().reserved_bytes.current()
     }
 
     /// Peak of [`memory_allocated`](Self::memory_allocated) since creation or the last
     /// [`reset_peak_stats`](Self::reset_peak_stats).
     pub fn max_memory_allocated(&self) -> u64 {
-        self.shared.read().heap.stats().allocated_bytes.peak()
+        self.shared.lock_as_is().heap.stats().allocated_bytes.peak()
     }
 
     /// Peak of [`memory_reserved`](Self::memory_reserved).
     pub fn max_memory_reserved(&self) -> u64 {
-        self.shared.read().heap.stats().reserved_bytes.peak()
+        self.shared.lock_as_is().heap.stats().reserved_bytes.peak()
     }
 
     /// The fragmentation limit in force: [`AllocatorConfig::fragmentation_limit`] as raised on
@@ -649,13 +649,13 @@ impl CachingAllocator {
     /// assert_eq!(alloc.fragmentation_limit(), Some(1.05));
     /// ```
     pub fn fragmentation_limit(&self) -> Option<f64> {
-        self.shared.read().heap.fragmentation_limit()
+        self.shared.lock_as_is().heap.fragmentation_limit()
     }
 
     /// Sets every peak statistic to its current value (as a read, it leaves the block freed
     /// last where it is: see the crate docs, "Reading changes nothing").
     pub fn reset_peak_stats(&self) {
-        self.shared.read().heap.reset_peaks();
+        self.shared.lock_as_is().heap.reset_peaks();
     }
 
     /// Sets the accumulated totals (`.allocated`, `.freed`, retries, OOMs) to zero.
@@ -665,7 +665,7 @@ impl CachingAllocator {
 
     /// All statistics, typed: current, peak, allocated and freed of every counter, per pool.
     pub fn stats(&self) -> MemoryStats {
-        self.shared.read().heap.settled_stats().public()
+        self.shared.lock_as_is().heap.settled_stats().public()
     }
 
     /// All statistics with PyTorch's key names (`allocated_bytes.all.current`,
@@ -679,7 +679,7 @@ impl CachingAllocator {
     /// The statistics as PyTorch's `memory_summary()` table.
     pub fn memory_summary(&self) -> String {
         let (stats, device) = {
-            let locked = self.shared.read();
+            let locked = self.shared.lock_as_is();
             (locked.heap.settled_stats().public(), locked.heap.device())
         };
         stats::summary_table(&stats, self.shared.backend.name(), device, false)
@@ -689,19 +689,19 @@ impl CachingAllocator {
     /// `torch.cuda.memory._record_memory_history`. [`RecordConfig::off`] stops recording;
     /// the history keeps its newest `max_entries` events.
     pub fn record_memory_history(&self, config: RecordConfig) {
-        let mut locked = self.shared.read();
+        let mut locked = self.shared.lock_as_is();
         self.shared.capture.set(&config);
         locked.heap.recorder_mut().set_config(config);
     }
 
     /// What the allocator records now.
     pub fn record_config(&self) -> RecordConfig {
-        self.shared.read().heap.recorder().config.clone()
+        self.shared.lock_as_is().heap.recorder().config.clone()
     }
 
     /// Empties the history (blocks keep their context).
     pub fn clear_history(&self) {
-        self.shared.read().heap.recorder_mut().history.clear();
+        self.shared.lock_as_is().heap.recorder_mut().history.clear();
     }
 
     /// Live bytes and blocks allocated inside `scope` (or scopes within it), on any thread.
@@ -724,7 +724,7 @@ impl CachingAllocator {
 
     /// Live blocks inside `scope` and outside it, counted under one lock.
     pub(crate) fn scope_split(&self, scope: crate::record::Scope) -> (ScopeUsage, ScopeUsage) {
-        let locked = self.shared.read();
+        let locked = self.shared.lock_as_is();
         let heap = &locked.heap;
         let sites = &heap.recorder().sites.sites;
         // The block the last free kept aside is no longer live (see `Shared::read`).
@@ -780,12 +780,12 @@ impl CachingAllocator {
 
     /// The largest free block in the cache.
     pub fn largest_free_block(&self) -> u64 {
-        self.shared.read().heap.largest_free()
+        self.shared.lock_as_is().heap.largest_free()
     }
 
     /// The last error that happened where it could not be returned (in a `Drop`), if any.
     pub fn last_error(&self) -> Option<String> {
-        self.shared.read().heap.last_error().map(str::to_string)
+        self.shared.lock_as_is().heap.last_error().map(str::to_string)
     }
 
     /// Recounts every statistic from the blocks and checks the allocator's structural

@@ -4,8 +4,8 @@
 //! snapshot loaded from disk, PyTorch's included. Output meant for review is deterministic:
 //! stable order, no addresses or timestamps.
 
+mod columns;
 mod diff;
-mod fit;
 mod flame;
 
 mod labels;
@@ -28,7 +28,7 @@ pub use ranks::{ranks, Rank, Ranks, SiteAcrossRanks, RANKS_SITES};
 pub use segments::segments;
 pub use timeline::{timeline, Band, Timeline, TIMELINE_POINTS, TIMELINE_SITES};
 
-pub(crate) use fit::{fit_site, COLUMNS};
+pub(crate) use columns::{fit_site, COLUMNS};
 pub(crate) use labels::Labels;
 
 use crate::frames;

@@ -316,7 +316,7 @@ pub(crate) struct LiveRaw {
 impl CachingAllocator {
     /// The live allocated blocks with their stacks, without symbols (see [`LiveRaw`]).
     pub(crate) fn live_raw(&self) -> LiveRaw {
-        let locked = self.shared.read();
+        let locked = self.shared.lock_as_is();
         let heap = &locked.heap;
         let rec = heap.recorder();
         let mut out = LiveRaw { blocks: Vec::new(), stacks: std::collections::HashMap::new() };
@@ -363,7 +363,7 @@ impl CachingAllocator {
     /// ```
     pub fn snapshot(&self) -> Snapshot {
         let mut raw = {
-            let mut locked = self.shared.read();
+            let mut locked = self.shared.lock_as_is();
             locked.heap.recorder_mut().event(Action::Snapshot, 0, 0, 0, None);
             copy(&locked.heap)
         };

@@ -42,7 +42,7 @@
 //! is emptied. It is tried before [`Heap::grow`] ([`Heap::try_view`]): it reuses cached memory,
 //! so it neither advances the clock of idle streams nor counts as a regrowth for the limit.
 
-use super::observe::Note;
+use super::accounting::Note;
 use super::{Block, BlockState, Heap};
 use crate::alloc::ids::{BlockId, SegmentId, StreamId};
 use crate::alloc::stats::Pool;

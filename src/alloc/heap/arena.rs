@@ -1,7 +1,7 @@
 //! The block arena: blocks and segments in slot vectors, the free index over the free blocks,
 //! and the walks over them that reports and the invariant checks use.
 
-use super::observe::Note;
+use super::accounting::Note;
 use super::*;
 
 impl Heap {

@@ -19,7 +19,7 @@
 //! traces where a side stream holds a little (`BENCHMARKS.md`, "One range grows beside other
 //! streams").
 
-use super::observe::Note;
+use super::accounting::Note;
 use super::{Block, BlockState, Heap};
 use crate::alloc::ids::{BlockId, SegmentId, StreamId};
 use crate::alloc::stats::Pool;
@@ -133,7 +133,7 @@ impl Heap {
         // Counted as oversize from the size it grows to (as a segment reserved at that size
         // would be), so that its release, at that size or larger, takes back what was counted.
         if !self.is_oversize(old_size) && self.is_oversize(old_size + g.by) {
-            self.stats.oversize_segments.inc(1);
+            self.note(Note::GrewOversize);
         }
         let seg = &mut self.segments[g.seg];
         for (offset, len) in pieces {

@@ -12,31 +12,37 @@
 //! - [`streams`]: streams, and blocks waiting for other streams' events before reuse;
 //! - [`pages`]: the soft limit, reclaiming and releasing cached memory, idle streams and
 //!   segment adoption, mapping and unmapping pages;
-//! - [`observe`]: what each happening adds to the statistics and the history (the only
-//!   place counters and history events are written);
+//! - [`expand`]: growing a segment in place at its end (PyTorch's expandable segments);
+//! - [`alias`]: views, a range's free pages mapped again at addresses of their own;
+//! - [`recorded`]: memory the program allocated elsewhere, recorded as segments of one block
+//!   (`CachingAllocator::external`, the CUDA observer);
+//! - [`accounting`]: what each happening adds to the statistics and the history: the heap's
+//!   algorithms say what happened (`Note`) and only this file writes counters and history
+//!   events, but for `reset_peaks` and `reset_accumulated` (the public resets, which are the
+//!   counters' own methods) and the recorder's settings;
 //! - [`check`]: the invariants, recounted from the blocks (tests and `check_invariants`).
 
 use super::config::AllocatorConfig;
 use super::free_index::{Flags, FreeIndex};
 use super::ids::{BlockId, SegmentId, Slots, StreamId};
-use super::park::{BlockClass, Logged, Trips};
+use super::park::{BlockClass, Trips};
 use pages::Deferred;
 
+mod accounting;
 mod alias;
 mod arena;
 mod check;
 mod expand;
-mod external;
-mod observe;
 mod pages;
+mod recorded;
 mod sizing;
 mod streams;
 use super::stats::{Pool, Stats};
 use crate::backend::{Backend, RawEvent, RawStream};
 use crate::error::{BackendError, Error, InvalidRequest, OomReport, Result, Rounding};
-use crate::record::{Action, Context, RecordConfig, Recorder};
+use crate::record::{Context, RecordConfig, Recorder};
+use accounting::Note;
 pub(crate) use check::check_heap;
-use observe::Note;
 use streams::{PendingEvent, StreamSlot};
 
 /// Smallest block, and the granularity of rounding.
@@ -767,22 +773,6 @@ impl Heap {
         self.free_logged = true;
         self.free(backend, i, None);
         self.free_logged = false;
-    }
-
-    /// Records what a thread logged for block `i`, which it parked or took back (see
-    /// `alloc::park`): the history event, at the time it happened, and for a block taken back
-    /// its new context. The block is still allocated in the heap.
-    pub(crate) fn note_logged(&mut self, e: Logged) {
-        let b = &mut self.blocks[e.block];
-        debug_assert_eq!(b.state, BlockState::Allocated);
-        let (addr, requested, stream) = (b.addr, b.requested, b.stream);
-        let action = if e.alloc.is_some() {
-            b.ctx = e.alloc;
-            Action::Alloc
-        } else {
-            Action::FreeCompleted
-        };
-        self.recorder.event_at(action, addr, requested, stream.0, e.alloc, e.ticks);
     }
 
     /// The buffer of block `i` was dropped: stop counting it as allocated, and either return it

@@ -1,7 +1,7 @@
 //! Reclaiming memory: the soft limit, releasing cached segments, and unmapping and mapping
 //! the pages under free blocks.
 
-use super::observe::Note;
+use super::accounting::Note;
 use super::Heap;
 use crate::alloc::ids::{BlockId, SegmentId, StreamId};
 use crate::backend::Backend;

@@ -1,7 +1,7 @@
 //! Stream ordering: the streams an allocator knows, the blocks that wait for other streams'
 //! events before reuse (`record_stream`), and completing those waits.
 
-use super::observe::Note;
+use super::accounting::Note;
 use super::*;
 
 #[derive(Debug, Clone, Copy)]
@@ -331,7 +331,7 @@ impl Heap {
     /// Whether all work queued so far on `stream` is done (`Backend::stream_idle`; an error
     /// counts as busy, and is noted).
     pub(super) fn idle(&mut self, backend: &dyn Backend, stream: StreamId) -> bool {
-        self.stats.num_stream_queries += 1;
+        self.note(Note::StreamQuery);
         match backend.stream_idle(self.streams[stream.index()].raw) {
             Ok(idle) => {
                 let slot = &mut self.streams[stream.index()];

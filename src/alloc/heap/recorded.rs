@@ -4,7 +4,7 @@
 //! CUDA allocations (`vramscope::observe`) records through this; the memory is the program's,
 //! and "releasing" such a segment only forgets it.
 
-use super::observe::Note;
+use super::accounting::Note;
 use super::{BlockId, BlockState, Heap, StreamId, MIN_BLOCK};
 use crate::backend::{Backend, RawStream};
 use crate::error::{InvalidRequest, Result, Rounding};

@@ -3,7 +3,8 @@
 //! statistics (PyTorch's counters) and the history events it implies, so that neither is
 //! woven into the algorithms, and a counter's rule is read in one place.
 
-use super::{Heap, Pool, StreamId, Trips};
+use super::{BlockState, Heap, Pool, StreamId, Trips};
+use crate::alloc::park::Logged;
 use crate::record::{Action, Context};
 
 /// Something that happened to blocks, segments or pages, with what the statistics and the
@@ -47,6 +48,10 @@ pub(super) enum Note {
     BackendError,
     /// The fragmentation limit rose because holding to it churned.
     LimitRaised,
+    /// A segment grew in place past the oversize threshold: it counts as oversize from then.
+    GrewOversize,
+    /// The backend was asked whether a stream's queued work is done.
+    StreamQuery,
 }
 
 impl Heap {
@@ -73,12 +78,30 @@ impl Heap {
         }
     }
 
+    /// Records what a thread logged for block `i`, which it parked or took back (see
+    /// `alloc::park`): the history event, at the time it happened, and for a block taken back
+    /// its new context. The block is still allocated in the heap.
+    pub(crate) fn note_logged(&mut self, e: Logged) {
+        let b = &mut self.blocks[e.block];
+        debug_assert_eq!(b.state, BlockState::Allocated);
+        let (addr, requested, stream) = (b.addr, b.requested, b.stream);
+        let action = if e.alloc.is_some() {
+            b.ctx = e.alloc;
+            Action::Alloc
+        } else {
+            Action::FreeCompleted
+        };
+        self.recorder.event_at(action, addr, requested, stream.0, e.alloc, e.ticks);
+    }
+
     /// Counts and records `n`. Always inlined: each caller names one kind of note, so the
     /// match folds away and the hot paths pay nothing for the indirection.
     #[inline(always)]
     pub(super) fn note(&mut self, n: Note) {
         let st = &mut self.stats;
         match n {
+            Note::GrewOversize => st.oversize_segments.inc(1),
+            Note::StreamQuery => st.num_stream_queries += 1,
             Note::Alloc { addr, size, requested, pool, stream, ctx } => {
                 // The history records the bytes asked for, as PyTorch's trace does (its viewer
                 // draws a block that width; the block's size is in the segment).
