@@ -431,8 +431,21 @@ fn empty_containers<'a>(roots: impl Iterator<Item = &'a Value>) {
     }
 }
 
+/// Keeps `v` in `again` if it is a container not kept there yet.
+fn note_again(
+    again: &mut Vec<Value>,
+    ids: &mut std::collections::HashSet<usize, BuildHasherDefault<AddressHasher>>,
+    v: &Value,
+) {
+    if let Some(id) = container_id(v) {
+        if ids.insert(id) {
+            again.push(v.clone());
+        }
+    }
+}
+
 /// Reads the pickle, keeping in `again` each container it pushes a second time (a memo GET or
-/// a DUP), for [`parse`] to check for cycles.
+/// a DUP), once each, for [`parse`] to check for cycles.
 fn parse_into(
     data: &[u8],
     stack: &mut Vec<Value>,
@@ -441,6 +454,9 @@ fn parse_into(
 ) -> Result<Value, PickleError> {
     let mut r = Reader { data, pos: 0, op_at: 0 };
     let mut marks: Vec<usize> = Vec::new();
+    // The containers already in `again`: a snapshot shares each frame list by memo thousands
+    // of times, and one entry per container is all the cycle check needs.
+    let mut again_ids: std::collections::HashSet<usize, BuildHasherDefault<AddressHasher>> = Default::default();
 
     macro_rules! pop {
         () => {
@@ -660,17 +676,13 @@ fn parse_into(
             b'h' => {
                 let idx = r.u8()? as usize;
                 let v = get(memo, idx, &r)?;
-                if container_id(&v).is_some() {
-                    again.push(v.clone());
-                }
+                note_again(again, &mut again_ids, &v);
                 stack.push(v);
             }
             b'j' => {
                 let idx = r.u32()? as usize;
                 let v = get(memo, idx, &r)?;
-                if container_id(&v).is_some() {
-                    again.push(v.clone());
-                }
+                note_again(again, &mut again_ids, &v);
                 stack.push(v);
             }
             b'0' => {
@@ -681,9 +693,7 @@ fn parse_into(
             }
             b'2' => {
                 let v = stack.last().cloned().ok_or_else(|| r.err("DUP with an empty stack"))?;
-                if container_id(&v).is_some() {
-                    again.push(v.clone());
-                }
+                note_again(again, &mut again_ids, &v);
                 stack.push(v);
             }
             b'c' | 0x93 | b'R' | 0x81 | 0x92 | b'b' | b'i' | b'o' => {
