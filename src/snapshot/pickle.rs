@@ -15,7 +15,11 @@ use std::rc::Rc;
 pub(crate) enum Value {
     None,
     Bool(bool),
-    Int(i128),
+    /// An integer that fits 64 bits: every figure of a real snapshot.
+    Int(i64),
+    /// A wider one (pickles allow any width; a hostile file may hold one), kept apart so that
+    /// a value takes 24 bytes, not the 32 an `i128` field would make it.
+    Big(Box<i128>),
     Float(f64),
     Str(Rc<str>),
     Bytes(Rc<[u8]>),
@@ -84,6 +88,7 @@ impl fmt::Debug for Value {
             Value::None => f.write_str("None"),
             Value::Bool(b) => write!(f, "{b}"),
             Value::Int(i) => write!(f, "{i}"),
+            Value::Big(i) => write!(f, "{i}"),
             Value::Float(x) => write!(f, "{x}"),
             Value::Str(s) => write!(f, "{s:?}"),
             Value::Bytes(b) => write!(f, "<{} bytes>", b.len()),
@@ -95,12 +100,20 @@ impl fmt::Debug for Value {
 }
 
 impl Value {
+    /// An integer, in 64 bits where it fits.
+    pub(crate) fn int(i: i128) -> Value {
+        match i64::try_from(i) {
+            Ok(small) => Value::Int(small),
+            Err(_) => Value::Big(Box::new(i)),
+        }
+    }
+
     /// A short name of the value's type, for error messages.
     pub(crate) fn type_name(&self) -> &'static str {
         match self {
             Value::None => "None",
             Value::Bool(_) => "bool",
-            Value::Int(_) => "int",
+            Value::Int(_) | Value::Big(_) => "int",
             Value::Float(_) => "float",
             Value::Str(_) => "str",
             Value::Bytes(_) => "bytes",
@@ -173,7 +186,8 @@ impl Value {
 
     pub(crate) fn as_i128(&self) -> Option<i128> {
         match self {
-            Value::Int(i) => Some(*i),
+            Value::Int(i) => Some(i128::from(*i)),
+            Value::Big(i) => Some(**i),
             Value::Bool(b) => Some(i128::from(*b)),
             _ => None,
         }
@@ -295,7 +309,7 @@ fn long_value(r: &Reader<'_>, bytes: &[u8]) -> Result<Value, PickleError> {
     let negative = bytes[bytes.len() - 1] & 0x80 != 0;
     let mut buf = [if negative { 0xff } else { 0 }; 16];
     buf[..bytes.len()].copy_from_slice(bytes);
-    Ok(Value::Int(i128::from_le_bytes(buf)))
+    Ok(Value::int(i128::from_le_bytes(buf)))
 }
 
 /// Parses a whole pickle and returns the value it stops with.
@@ -539,15 +553,15 @@ fn parse_into(
             0x89 => stack.push(Value::Bool(false)),
             b'J' => {
                 let v = r.u32()? as i32;
-                stack.push(Value::Int(i128::from(v)))
+                stack.push(Value::Int(i64::from(v)))
             }
             b'K' => {
                 let v = r.u8()?;
-                stack.push(Value::Int(i128::from(v)))
+                stack.push(Value::Int(i64::from(v)))
             }
             b'M' => {
                 let v = r.u16()?;
-                stack.push(Value::Int(i128::from(v)))
+                stack.push(Value::Int(i64::from(v)))
             }
             0x8a => {
                 let n = r.u8()? as usize;
@@ -569,7 +583,7 @@ fn parse_into(
                 let v = match s {
                     "01" => Value::Bool(true),
                     "00" => Value::Bool(false),
-                    _ => Value::Int(s.parse().map_err(|_| r.err(format!("INT argument `{s}` is not an integer")))?),
+                    _ => Value::int(s.parse().map_err(|_| r.err(format!("INT argument `{s}` is not an integer")))?),
                 };
                 stack.push(v);
             }
@@ -709,6 +723,17 @@ fn parse_into(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_value_takes_24_bytes_and_wide_integers_stay_exact() {
+        assert_eq!(std::mem::size_of::<Value>(), 24);
+        for n in [0i128, -1, i128::from(i64::MAX), i128::from(i64::MAX) + 1, i128::from(u64::MAX), -(1 << 100)] {
+            assert_eq!(Value::int(n).as_i128(), Some(n));
+        }
+        // LONG1 of 9 bytes: 2^64.
+        let v = parse(&[0x80, 2, 0x8a, 9, 0, 0, 0, 0, 0, 0, 0, 0, 1, b'.']).unwrap();
+        assert_eq!(v.as_i128(), Some(1 << 64));
+    }
 
     #[test]
     fn reads_protocol_4_dict() {

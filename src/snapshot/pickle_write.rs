@@ -473,6 +473,7 @@ mod tests {
                 }
             }
             (Value::Int(x), Value::Int(y)) if x == y => {}
+            (Value::Big(x), Value::Big(y)) if x == y => {}
             (Value::Float(x), Value::Float(y)) if x == y => {}
             (Value::Bool(x), Value::Bool(y)) if x == y => {}
             (Value::Str(x), Value::Str(y)) if x == y => {}

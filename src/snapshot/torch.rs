@@ -298,9 +298,9 @@ fn to_json(
     Ok(match v {
         Value::None => J::Null,
         Value::Bool(b) => J::Bool(*b),
-        Value::Int(i) => match (i64::try_from(*i), u64::try_from(*i)) {
-            (Ok(n), _) => J::from(n),
-            (_, Ok(n)) => J::from(n),
+        Value::Int(i) => J::from(*i),
+        Value::Big(i) => match u64::try_from(**i) {
+            Ok(n) => J::from(n),
             _ => return Err(bad(source, format!("{}: integer {i} does not fit 64 bits", at()))),
         },
         Value::Float(f) => serde_json::Number::from_f64(*f).map_or(J::Null, J::Number),
