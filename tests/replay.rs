@@ -1028,3 +1028,46 @@ fn random_shapes_on_one_stream_settle_by_the_second_warm_pass() {
         assert!(mean <= most_mean, "{conf}: geometric mean {mean:.4}");
     }
 }
+
+/// Every fixture trace replayed on `sim` and `sim-cuda` (costly segment calls), two warm passes:
+/// the peaks, the backend's memory calls cold and in each warm pass, the stream queries of each
+/// pass, retries and the fragmentation limit at the end, pinned byte for byte. A change to the
+/// allocator that moves any of them shows here (and is then either a regression to fix or a
+/// change to explain and re-pin with `cargo insta review`).
+#[test]
+fn every_fixture_trace_replays_as_pinned() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/torch");
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter_map(|n| n.strip_suffix(".trace.json.gz").map(str::to_string))
+        .collect();
+    names.sort();
+    assert!(names.len() >= 70, "{} traces", names.len());
+    let mut out = String::new();
+    for name in &names {
+        let trace = Trace::from_file(dir.join(format!("{name}.trace.json.gz"))).unwrap();
+        for costly in [false, true] {
+            let backend = SimBackend::new(1 << 40).with_costly_segments(costly);
+            let alloc = CachingAllocator::new(backend);
+            let mut opts = ReplayOptions::default();
+            opts.warm_passes = 2;
+            let r = replay(&alloc, &trace, &opts).unwrap();
+            alloc.check_invariants().unwrap();
+            out.push_str(&format!(
+                "{name} {}: peak reserved {} live {}; cold allocs {} maps {}; warm calls {:?} queries {:?}; \
+                 retries {}; limit {:?}\n",
+                if costly { "sim-cuda" } else { "sim" },
+                r.peak_reserved_bytes,
+                r.peak_live_bytes,
+                r.device_allocs,
+                r.device_maps,
+                r.warm_device_calls,
+                r.warm_stream_queries,
+                r.alloc_retries,
+                r.fragmentation_limit,
+            ));
+        }
+    }
+    insta::assert_snapshot!("every_fixture_trace", out);
+}
