@@ -43,6 +43,17 @@ impl CachingAllocator {
     /// On any other allocator it is an error ([`UsageError::NotExternal`]): forgetting the
     /// address would give the backend memory it never handed out.
     pub fn record_external(&self, stream: RawStream, addr: u64, bytes: u64) -> Result<()> {
+        self.record_made(stream, addr, bytes, crate::alloc::heap::Made::Allocated)
+    }
+
+    /// [`record_external`](Self::record_external), saying how the memory was made.
+    pub(crate) fn record_made(
+        &self,
+        stream: RawStream,
+        addr: u64,
+        bytes: u64,
+        made: crate::alloc::heap::Made,
+    ) -> Result<()> {
         if !self.shared.backend.is_external() {
             return Err(UsageError::NotExternal { backend: self.shared.backend.name().to_string() }.into());
         }
@@ -52,7 +63,7 @@ impl CachingAllocator {
             p.count_allocation();
             p.intern(locked.heap.recorder_mut())
         });
-        locked.heap.record_external_at(&*self.shared.backend, stream, addr, bytes, ctx)
+        locked.heap.record_external_at(&*self.shared.backend, stream, addr, bytes, made, ctx)
     }
 
     /// Forgets the allocation recorded at `addr`: the program freed it. False if none was

@@ -54,6 +54,7 @@
 
 mod owners;
 
+use crate::alloc::heap::Made;
 use crate::alloc::CachingAllocator;
 pub use crate::snapshot::{
     AllocatorPart, ContextPart, DriverReading, Ledger, OwnerPart, PoolPart, SitePart, TotalSource, NOT_EXPLAINED_HINT,
@@ -185,15 +186,14 @@ pub fn total_of(reading: &DriverReading, baseline: Option<u64>) -> Result<(u64, 
 /// The observed allocator's live allocations by owner and site, and the bytes of mappings;
 /// allocations from the stream-ordered pool are left to the pool's counters.
 fn observed_by_owner(alloc: &CachingAllocator) -> (Vec<OwnerPart>, u64) {
-    let kinds = seen::kinds();
     let live = alloc.live_raw();
     let mut mapped = 0u64;
     let mut by_stack: HashMap<Option<u32>, (u64, u64)> = HashMap::new();
-    for &(addr, size, stack) in &live.blocks {
-        match kinds.get(&addr) {
-            Some(seen::Kind::Pooled) => {}
-            Some(seen::Kind::Mapped) => mapped = mapped.saturating_add(size),
-            None => {
+    for &(_, size, stack, made) in &live.blocks {
+        match made {
+            Made::Pooled => {}
+            Made::Mapped => mapped = mapped.saturating_add(size),
+            Made::Allocated => {
                 let e = by_stack.entry(stack).or_default();
                 *e = (e.0.saturating_add(size), e.1 + 1);
             }
@@ -245,15 +245,11 @@ fn name_stack(alloc: &CachingAllocator, ips: &[usize]) -> (String, String) {
 /// What the observer of CUDA allocations saw, where the build has it (feature `cupti`).
 #[cfg(feature = "cupti")]
 mod seen {
-    pub(super) use crate::observe::Kind;
     pub(super) fn running() -> bool {
         crate::observe::is_running()
     }
     pub(super) fn allocator(device: usize) -> Option<crate::CachingAllocator> {
         crate::observe::allocator(device)
-    }
-    pub(super) fn kinds() -> std::collections::BTreeMap<u64, Kind> {
-        crate::observe::live_kinds()
     }
     pub(super) fn modules(device: usize) -> Option<u64> {
         crate::observe::module_bytes(device)
@@ -263,19 +259,11 @@ mod seen {
 /// A build without the observer sees none of it.
 #[cfg(not(feature = "cupti"))]
 mod seen {
-    pub(super) enum Kind {
-        Pooled,
-        Mapped,
-    }
     pub(super) fn running() -> bool {
         false
     }
     pub(super) fn allocator(_device: usize) -> Option<crate::CachingAllocator> {
         None
-    }
-    pub(super) fn kinds() -> std::collections::BTreeMap<u64, Kind> {
-        let _ = (Kind::Pooled, Kind::Mapped);
-        std::collections::BTreeMap::new()
     }
     pub(super) fn modules(_device: usize) -> Option<u64> {
         None
@@ -430,6 +418,25 @@ mod tests {
             TotalSource::DeviceUsedLessBaseline { baseline: steps[0].reading.device_used, others: Some(0) }
         );
         assert_eq!(total - by_name("torch 1 GiB").reading.own_bytes().unwrap(), 9_240_576);
+    }
+
+    /// Observed memory from the driver's pool counts under the pool's own counters and a
+    /// mapping under mappings: neither is counted again by owner.
+    #[test]
+    fn pooled_and_mapped_memory_is_not_counted_by_owner() {
+        let seen = CachingAllocator::external(7_401, crate::backend::OBSERVED_BACKEND, 1 << 40);
+        seen.record_made(0, 0x10_0000, 1 << 20, Made::Allocated).unwrap();
+        seen.record_made(7, 0x20_0000, 2 << 20, Made::Pooled).unwrap();
+        seen.record_made(0, 0x40_0000, 4 << 20, Made::Mapped).unwrap();
+        let l = take_from(7_401, Err("no GPU".into()), Some(&seen));
+        let owners = l.observed.as_ref().unwrap();
+        assert_eq!(owners.iter().map(|o| o.bytes).sum::<u64>(), 1 << 20, "{owners:?}");
+        assert_eq!(l.mapped, Some(4 << 20));
+        // Unmapping forgets the mapping; freeing the pooled block changes no owner.
+        assert_eq!(seen.forget_external_range(0x40_0000, 4 << 20), 1);
+        assert!(seen.forget_external(0x20_0000));
+        let l = take_from(7_401, Err("no GPU".into()), Some(&seen));
+        assert_eq!((l.mapped, l.explained()), (Some(0), 1 << 20));
     }
 
     #[test]

@@ -41,6 +41,7 @@
 
 mod cupti;
 
+use crate::alloc::heap::Made;
 use crate::error::{BackendError, Error, Result};
 use crate::CachingAllocator;
 use std::collections::BTreeMap;
@@ -138,32 +139,6 @@ fn switch(on: bool) -> Result<()> {
 /// there), if any.
 pub fn allocator(device: usize) -> Option<CachingAllocator> {
     allocators().lock().unwrap_or_else(|e| e.into_inner()).get(&device).cloned()
-}
-
-/// How an observed allocation was made, where the ledger counts it apart from the owner's.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Kind {
-    /// From the stream-ordered pool (`cuMemAllocAsync`, `cuMemAllocFromPoolAsync`): the
-    /// pool's own counters hold it.
-    Pooled,
-    /// A virtual-memory mapping (`cuMemMap`).
-    Mapped,
-}
-
-/// The kind of each live observed allocation that is not a plain `cuMemAlloc`, by address
-/// (addresses are unique across devices: CUDA's address space is unified).
-fn kinds() -> &'static Mutex<BTreeMap<u64, Kind>> {
-    static KINDS: OnceLock<Mutex<BTreeMap<u64, Kind>>> = OnceLock::new();
-    KINDS.get_or_init(Mutex::default)
-}
-
-/// Whether [`kinds`] may hold anything: frees skip its lock while no pool allocation or
-/// mapping was ever seen.
-static ANY_KIND: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// The kinds of the live observed allocations that are pooled or mapped.
-pub(crate) fn live_kinds() -> BTreeMap<u64, Kind> {
-    kinds().lock().unwrap_or_else(|e| e.into_inner()).clone()
 }
 
 /// By (context, module id): (device, cubin bytes).
@@ -323,7 +298,7 @@ fn allocator_here() -> Option<CachingAllocator> {
 /// What a callback saw: an allocation (address, bytes, stream), a free (address), or an
 /// unmapped range (address, bytes).
 enum Seen {
-    Alloc(u64, u64, u64, Option<Kind>),
+    Alloc(u64, u64, u64, Made),
     Free(u64),
     Unmap(u64, u64),
 }
@@ -343,23 +318,23 @@ unsafe fn seen(cbid: u32, params: *const c_void) -> Option<Seen> {
         Some(match cbid {
             MEM_ALLOC_V2 | MEM_ALLOC_MANAGED => {
                 let p = &*(params as *const MemAllocParams);
-                Seen::Alloc(*p.dptr, p.bytesize as u64, 0, None)
+                Seen::Alloc(*p.dptr, p.bytesize as u64, 0, Made::Allocated)
             }
             MEM_ALLOC_PITCH_V2 => {
                 let p = &*(params as *const MemAllocPitchParams);
-                Seen::Alloc(*p.dptr, (*p.pitch as u64).saturating_mul(p.height as u64), 0, None)
+                Seen::Alloc(*p.dptr, (*p.pitch as u64).saturating_mul(p.height as u64), 0, Made::Allocated)
             }
             MEM_ALLOC_ASYNC | MEM_ALLOC_ASYNC_PTSZ => {
                 let p = &*(params as *const MemAllocAsyncParams);
-                Seen::Alloc(*p.dptr, p.bytesize as u64, p.stream as u64, Some(Kind::Pooled))
+                Seen::Alloc(*p.dptr, p.bytesize as u64, p.stream as u64, Made::Pooled)
             }
             MEM_ALLOC_FROM_POOL_ASYNC | MEM_ALLOC_FROM_POOL_ASYNC_PTSZ => {
                 let p = &*(params as *const MemAllocFromPoolAsyncParams);
-                Seen::Alloc(*p.dptr, p.bytesize as u64, p.stream as u64, Some(Kind::Pooled))
+                Seen::Alloc(*p.dptr, p.bytesize as u64, p.stream as u64, Made::Pooled)
             }
             MEM_MAP => {
                 let p = &*(params as *const MemMapParams);
-                Seen::Alloc(p.ptr, p.size as u64, 0, Some(Kind::Mapped))
+                Seen::Alloc(p.ptr, p.size as u64, 0, Made::Mapped)
             }
             MEM_UNMAP => {
                 let p = &*(params as *const MemUnmapParams);
@@ -369,24 +344,6 @@ unsafe fn seen(cbid: u32, params: *const c_void) -> Option<Seen> {
             MEM_FREE_ASYNC | MEM_FREE_ASYNC_PTSZ => Seen::Free((*(params as *const MemFreeAsyncParams)).dptr),
             _ => return None,
         })
-    }
-}
-
-/// Forgets the kinds recorded in `addr..addr + len` and records `kind` at `addr`, if any.
-fn note_kind(addr: u64, len: u64, kind: Option<Kind>) {
-    use std::sync::atomic::Ordering;
-    if kind.is_none() && !ANY_KIND.load(Ordering::Relaxed) {
-        return;
-    }
-    let mut all = kinds().lock().unwrap_or_else(|e| e.into_inner());
-    let last = addr.saturating_add(len.max(1) - 1);
-    let stale: Vec<u64> = all.range(addr..=last).map(|(a, _)| *a).collect();
-    for a in stale {
-        all.remove(&a);
-    }
-    if let Some(k) = kind {
-        ANY_KIND.store(true, Ordering::Relaxed);
-        all.insert(addr, k);
     }
 }
 
@@ -416,16 +373,13 @@ unsafe extern "C" fn callback(_userdata: *mut c_void, domain: i32, cbid: u32, da
         let Some(seen) = (unsafe { seen(cbid, data.function_params) }) else { return };
         let Some(alloc) = allocator_for(data.context) else { return };
         match seen {
-            Seen::Alloc(addr, bytes, stream, kind) if bytes > 0 => {
-                note_kind(addr, 1, kind);
-                let _ = alloc.record_external(stream, addr, bytes);
+            Seen::Alloc(addr, bytes, stream, made) if bytes > 0 => {
+                let _ = alloc.record_made(stream, addr, bytes, made);
             }
             Seen::Free(addr) => {
-                note_kind(addr, 1, None);
                 alloc.forget_external(addr);
             }
             Seen::Unmap(addr, bytes) => {
-                note_kind(addr, bytes, None);
                 alloc.forget_external_range(addr, bytes);
             }
             Seen::Alloc(..) => {}

@@ -309,7 +309,8 @@ fn each_frame(ips: &[usize], sym: &mut Symbolizer, mut f: impl FnMut(&Frame)) {
 /// An allocator's live allocated blocks, copied under its lock: address, bytes and the
 /// recorder's stack id of each, and the return addresses of each stack they name.
 pub(crate) struct LiveRaw {
-    pub(crate) blocks: Vec<(u64, u64, Option<u32>)>,
+    /// Address, bytes, stack id, and how recorded memory was made.
+    pub(crate) blocks: Vec<(u64, u64, Option<u32>, crate::alloc::heap::Made)>,
     pub(crate) stacks: std::collections::HashMap<u32, Box<[usize]>>,
 }
 
@@ -332,7 +333,7 @@ impl CachingAllocator {
                     }
                 }
             }
-            out.blocks.push((b.addr, b.size, stack));
+            out.blocks.push((b.addr, b.size, stack, heap.recorded_made(b.addr).unwrap_or_default()));
         });
         out
     }

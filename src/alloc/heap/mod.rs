@@ -35,6 +35,7 @@ mod check;
 mod expand;
 mod pages;
 mod recorded;
+pub(crate) use recorded::Made;
 mod sizing;
 mod streams;
 use super::stats::{Pool, Stats};
@@ -296,8 +297,8 @@ pub(crate) struct Heap {
     /// A buffer for the free blocks of a range that a view is looked for in (`alias.rs`).
     free_blocks: Vec<alias::FreeBlock>,
     /// Memory the program allocated itself, recorded by address, in order (an unmapped range
-    /// forgets every mapping inside it; see `external.rs`).
-    external: std::collections::BTreeMap<u64, BlockId>,
+    /// forgets every mapping inside it; see `recorded.rs`), with how each was made.
+    external: std::collections::BTreeMap<u64, (BlockId, Made)>,
     /// The streams of that memory, by the backend's handle.
     external_streams: std::collections::HashMap<RawStream, StreamId>,
 }

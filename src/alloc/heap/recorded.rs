@@ -10,16 +10,38 @@ use crate::backend::{Backend, RawStream};
 use crate::error::{InvalidRequest, Result, Rounding};
 use crate::record::Context;
 
+/// How recorded memory was made, where it matters to who counts it (the ledger counts memory
+/// from the driver's pool under the pool, and mappings apart).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum Made {
+    /// Allocated by a call of its own (`cuMemAlloc`, or unknown).
+    #[default]
+    Allocated,
+    /// From the driver's stream-ordered pool (`cuMemAllocAsync`).
+    #[cfg_attr(not(feature = "cupti"), allow(dead_code))]
+    Pooled,
+    /// A virtual-memory mapping (`cuMemMap`).
+    #[cfg_attr(not(feature = "cupti"), allow(dead_code))]
+    Mapped,
+}
+
 impl Heap {
+    /// How each live recorded allocation was made, by address.
+    pub(crate) fn recorded_made(&self, addr: u64) -> Option<Made> {
+        self.external.get(&addr).map(|&(_, m)| m)
+    }
+
     /// Records `requested` bytes the program allocated at `addr` on stream `raw` (the
     /// backend's handle). A block still recorded at `addr` is forgotten first: its free was
     /// not seen (the program freed it through a call not observed, or before observing began).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn record_external_at(
         &mut self,
         backend: &dyn Backend,
         raw: RawStream,
         addr: u64,
         requested: u64,
+        made: Made,
         ctx: Option<Context>,
     ) -> Result<()> {
         // Checked before anything changes: a size that cannot be rounded is refused whole.
@@ -27,7 +49,7 @@ impl Heap {
             .max(1)
             .checked_next_multiple_of(MIN_BLOCK)
             .ok_or(InvalidRequest::RoundingOverflow { requested, to: Rounding::Block })?;
-        if let Some(stale) = self.external.remove(&addr) {
+        if let Some((stale, _)) = self.external.remove(&addr) {
             self.forget_external(backend, stale, None);
         }
         let stream = match self.external_streams.get(&raw) {
@@ -39,7 +61,7 @@ impl Heap {
             }
         };
         let b = self.record_external(stream, addr, size, requested, ctx);
-        self.external.insert(addr, b);
+        self.external.insert(addr, (b, made));
         Ok(())
     }
 
@@ -56,7 +78,7 @@ impl Heap {
         let Some(span) = len.checked_sub(1) else { return 0 };
         let last = addr.saturating_add(span);
         let mut forgotten = 0;
-        while let Some((&a, &b)) = self.external.range(addr..=last).next() {
+        while let Some((&a, &(b, _))) = self.external.range(addr..=last).next() {
             self.external.remove(&a);
             self.forget_external(backend, b, ctx);
             forgotten += 1;
