@@ -54,7 +54,8 @@ pub struct LeakCandidate {
     /// Steps where the program marked them, else windows (a tenth of the history's events).
     pub unit: LeakUnit,
     /// Program steps per window where no steps were marked, estimated from the history: how
-    /// often a loop body's lines run (see [`leaks`]); 1 with step markers.
+    /// often a loop body's lines run (see [`leaks`]). With step markers, the steps that
+    /// occurred over the windows: 1 up to 100 steps, more where windows group them.
     pub steps_per_window: f64,
 }
 
