@@ -300,3 +300,24 @@ fn growth_in_under_half_the_steps_since_it_began_is_not_a_leak() {
     assert_eq!(found.len(), 1, "only the steady leak: {sites:?}");
     assert_eq!(found[0].bytes_per_step, 512, "{sites:?}");
 }
+
+/// At the boundary: memory kept in exactly half the steps since it began (steps 3, 5 and 7 of
+/// 10) is a leak, at half its size a step.
+#[test]
+fn growth_in_half_the_steps_since_it_began_is_a_leak() {
+    let _turn = STEPS.lock().unwrap_or_else(|e| e.into_inner());
+    let alloc = CachingAllocator::new(SimBackend::new(1 << 40));
+    let s = alloc.default_stream();
+    let mut kept = Vec::new();
+    for i in 0..10 {
+        vramscope::step(i);
+        if [3, 5, 7].contains(&i) {
+            keep(&alloc, &s, &mut kept);
+        }
+        temporary(&alloc, &s);
+    }
+    let found = report::leaks(&alloc.snapshot());
+    assert_eq!(found.len(), 1, "{found:?}");
+    let c = &found[0];
+    assert_eq!((c.bytes_per_step, c.growing_steps, c.grew_from, c.grew_until), (1 << 19, 3, 3, 7), "{c:?}");
+}
