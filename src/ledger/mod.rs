@@ -3,22 +3,24 @@
 //!
 //! ```
 //! let alloc = vramscope::device(0);
-//! let x = alloc.alloc::<f32>(&alloc.default_stream(), 1 << 20)?;
+//! let x = alloc.alloc::<u8>(&alloc.default_stream(), 256 << 20)?;
 //! let ledger = vramscope::ledger::take(0);
 //! print!("{}", ledger.to_text());
 //! # drop(x);
 //! # Ok::<(), vramscope::Error>(())
 //! ```
 //!
-//! prints, on an H200 with the observer started first (`vramscope::observe::start()`):
+//! prints, on an H200 with the observer started first (`vramscope::observe::start()`; the
+//! whole run, step by step, is `examples/ledger.rs`):
 //!
 //! ```text
-//! Device 0 ledger: 1.73 GiB held by this process (NVML's figure for pid 619)
-//!   CUDA context, limits, modules          518.00 MiB  NVML's figure for this process, read when …
-//!   modules loaded since                    68.12 MiB  CUPTI module loads (cubin bytes)
-//!   allocator cuda 1                         1.00 GiB  1.00 GiB allocated, 0 B cached
-//!   ...
-//!   not explained                            1.88 MiB  modules loaded lazily, library workspaces, …
+//! Device 0 ledger: 786.00 MiB held by this process (NVML's figure for pid 616)
+//!   CUDA context, limits, modules       530.00 MiB  NVML, this process, when CUPTI saw it made
+//!   modules loaded since                       0 B  CUPTI module loads (cubin bytes)
+//!   allocator cuda #1                   256.00 MiB  256.00 MiB allocated, 0 B cached
+//!   the driver's stream-ordered pool           0 B  0 B in use, 0 B held unused
+//!   virtual-memory mappings observed           0 B  cuMemMap calls seen by CUPTI
+//!   not explained                              0 B  modules loaded lazily, library workspaces, NCCL …
 //! ```
 //!
 //! Each part is read from a counter of its own; none is worked out from the total, and only
