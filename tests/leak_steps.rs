@@ -321,3 +321,37 @@ fn growth_in_half_the_steps_since_it_began_is_a_leak() {
     let c = &found[0];
     assert_eq!((c.bytes_per_step, c.growing_steps, c.grew_from, c.grew_until), (1 << 19, 3, 3, 7), "{c:?}");
 }
+
+/// When growth began, for the rate: a pause in the growth counts only when it is long (at
+/// least three steps without a rise) and unusual (over three times the median pause).
+/// - Every step but a hole of two: began at the first step; 17 MiB over 19 steps.
+/// - Kept at steps 0, 2, 4, 5, 9, 11 and 13 of 15 (pauses 1, 1, 0, 3, 1, 1: the pause of three
+///   is exactly three times the usual one, not over it): began at the first; 7 MiB over 14.
+/// - Kept at steps 0, 2, 3, 5, 10, 11 and 13 of 15 (pauses 1, 0, 1, 4, 0, 1: four is over three
+///   times the usual one): began after it; 3 MiB over the last 4 steps.
+/// - Kept once, nine steps of nothing, then every step: began after the pause, 1 MiB a step
+///   (the first step kept still opens `grew_from`).
+/// - Kept every fourth step: rises in under half the steps since it began, no leak.
+#[test]
+fn growth_begins_after_a_long_unusual_pause_only() {
+    let _turn = STEPS.lock().unwrap_or_else(|e| e.into_inner());
+    let run = |keeps: &dyn Fn(u64) -> bool, steps: u64| {
+        let alloc = CachingAllocator::new(SimBackend::new(1 << 40));
+        let s = alloc.default_stream();
+        let mut kept = Vec::new();
+        for i in 0..steps {
+            vramscope::step(i);
+            if keeps(i) {
+                keep(&alloc, &s, &mut kept);
+            }
+            temporary(&alloc, &s);
+        }
+        let found = report::leaks(&alloc.snapshot());
+        found.iter().map(|c| (c.grew_from, c.bytes_per_step)).collect::<Vec<_>>()
+    };
+    assert_eq!(run(&|i| !(10..12).contains(&i), 20), [(0, (f64::from(17 << 20) / 19.0).round() as u64)]);
+    assert_eq!(run(&|i| [0, 2, 4, 5, 9, 11, 13].contains(&i), 15), [(0, (7 << 20) / 14)]);
+    assert_eq!(run(&|i| [0, 2, 3, 5, 10, 11, 13].contains(&i), 15), [(0, (3 << 20) / 4)]);
+    assert_eq!(run(&|i| i == 0 || i >= 10, 20), [(0, 1 << 20)]);
+    assert_eq!(run(&|i| i % 4 == 0, 40), []);
+}
