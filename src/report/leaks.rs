@@ -776,6 +776,16 @@ mod tests {
         let long: Vec<u64> = (0..40).map(|i| 512 * (i % 15 + 1)).collect();
         assert_eq!(repeats(&long, 10), None);
         assert_eq!(repeats(&[], 10), None);
+        // A pattern whose prefix repeats inside it (512, 512, 4096): the period is found by
+        // falling back along the borders, not by the first mismatch.
+        let inner: Vec<u64> = (0..60).map(|i| if i % 3 == 2 { 4096 } else { 512 }).collect();
+        assert_eq!(repeats(&inner, 10), Some(20));
+        let nested: Vec<u64> = (0..80).map(|i| [1, 1, 2, 1, 1, 3, 1, 1][i % 8]).collect();
+        assert_eq!(repeats(&nested, 5), Some(10));
+        // Broken in its last step: no period, however well it repeated before.
+        let mut broken: Vec<u64> = (0..19).map(|i| if i % 2 == 0 { 2 } else { 1 }).collect();
+        broken.push(3);
+        assert_eq!(repeats(&broken, 3), None);
     }
 
     #[test]
