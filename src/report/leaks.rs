@@ -775,6 +775,10 @@ mod tests {
         // Too few repeats of a long pattern to tell it from chance.
         let long: Vec<u64> = (0..40).map(|i| 512 * (i % 15 + 1)).collect();
         assert_eq!(repeats(&long, 10), None);
+        // Twice in the second half is not ten times, however short the pattern is beside it.
+        let twice: Vec<u64> = (0..60).map(|i| 512 * (i % 15 + 1)).collect();
+        assert_eq!(repeats(&twice, 10), None);
+        assert_eq!(repeats(&twice, 2), Some(4));
         assert_eq!(repeats(&[], 10), None);
         // A pattern whose prefix repeats inside it (512, 512, 4096): the period is found by
         // falling back along the borders, not by the first mismatch.
