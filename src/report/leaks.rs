@@ -792,6 +792,23 @@ mod tests {
         assert_eq!(repeats(&broken, 3), None);
     }
 
+    /// What the history could not show carries the ring's dropped entries and whose file it
+    /// is (PyTorch's `max_entries` is named where the file is PyTorch's).
+    #[test]
+    fn limits_carry_dropped_entries_and_whose_file_it_is() {
+        let alloc = crate::CachingAllocator::new(crate::backend::HostBackend::new(1 << 26));
+        let x = alloc.alloc::<u8>(&alloc.default_stream(), 4096).unwrap();
+        let mut snap = alloc.snapshot();
+        snap.history_dropped = 7;
+        let (_, l) = leaks_with_limits(&snap);
+        assert_eq!((l.dropped, l.from_pytorch), (7, false));
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/torch/leaky_train.snapshot.pickle");
+        let torch = Snapshot::load(path).unwrap();
+        let (_, l) = leaks_with_limits(&torch);
+        assert!(l.from_pytorch);
+        drop(x);
+    }
+
     #[test]
     fn fill_breaks_between_words_within_the_width() {
         assert_eq!(fill("a bb ccc dddd", 6), "a bb\nccc\ndddd\n");
