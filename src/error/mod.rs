@@ -7,6 +7,11 @@ use std::fmt;
 
 /// Bytes exactly, with thousands separators: `262,144 B`.
 pub(crate) fn fmt_bytes_exact(n: u64) -> String {
+    thousands(n) + " B"
+}
+
+/// A count with thousands separators: `9,937`.
+pub(crate) fn thousands(n: u64) -> String {
     let digits = n.to_string();
     let mut out = String::with_capacity(digits.len() + digits.len() / 3 + 2);
     for (i, c) in digits.chars().enumerate() {
@@ -15,7 +20,6 @@ pub(crate) fn fmt_bytes_exact(n: u64) -> String {
         }
         out.push(c);
     }
-    out.push_str(" B");
     out
 }
 

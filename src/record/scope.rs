@@ -155,15 +155,7 @@ pub(crate) fn allocations_within(id: u32) -> u64 {
 /// The path of scope `id`, outermost first (`["train", "forward"]`).
 pub(crate) fn path(id: u32) -> Vec<String> {
     let t = table().lock();
-    let mut out = Vec::new();
-    let mut i = id;
-    while i != ROOT {
-        let Some(node) = t.nodes.get(i as usize) else { break };
-        out.push(node.name.to_string());
-        i = node.parent;
-    }
-    out.reverse();
-    out
+    t.ancestry(id).iter().map(|&i| t.name(i)).collect()
 }
 
 /// Scope paths a snapshot keeps whole; deeper ones keep their outermost
@@ -180,21 +172,14 @@ pub const KEPT_INNER: usize = 15;
 /// else cut in the middle (`…, "… 9,937 scopes …", …`).
 pub(crate) fn snapshot_path(id: u32) -> Vec<String> {
     let t = table().lock();
-    let mut ids = Vec::new();
-    let mut i = id;
-    while i != ROOT {
-        let Some(node) = t.nodes.get(i as usize) else { break };
-        ids.push(i);
-        i = node.parent;
-    }
-    ids.reverse();
-    let name = |i: &u32| t.nodes[*i as usize].name.to_string();
+    let ids = t.ancestry(id);
+    let name = |&i: &u32| t.name(i);
     if ids.len() <= MAX_SCOPE_DEPTH {
         return ids.iter().map(name).collect();
     }
     let cut = ids.len() - KEPT_OUTER - KEPT_INNER;
     let mut out: Vec<String> = ids[..KEPT_OUTER].iter().map(name).collect();
-    out.push(format!("… {} scopes …", crate::error::fmt_bytes_exact(cut as u64).trim_end_matches(" B")));
+    out.push(format!("… {} scopes …", crate::error::thousands(cut as u64)));
     out.extend(ids[ids.len() - KEPT_INNER..].iter().map(name));
     out
 }
@@ -205,6 +190,24 @@ pub(crate) fn is_within(id: u32, ancestor: u32) -> bool {
 }
 
 impl Table {
+    /// Scope `id` and the scopes it lies in, outermost first, the root left out.
+    fn ancestry(&self, id: u32) -> Vec<u32> {
+        let mut ids = Vec::new();
+        let mut i = id;
+        while i != ROOT {
+            let Some(node) = self.nodes.get(i as usize) else { break };
+            ids.push(i);
+            i = node.parent;
+        }
+        ids.reverse();
+        ids
+    }
+
+    /// The name of scope `id`, which exists.
+    fn name(&self, id: u32) -> String {
+        self.nodes[id as usize].name.to_string()
+    }
+
     /// Whether scope `id` is `ancestor` or lies inside it (under the table's lock).
     fn within(&self, id: u32, ancestor: u32) -> bool {
         let mut i = id;
