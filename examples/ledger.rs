@@ -40,24 +40,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 }
 
 #[cfg(all(feature = "cuda", feature = "cupti"))]
+#[path = "../tests/common/cublas.rs"]
+mod cublas;
+
+#[cfg(all(feature = "cuda", feature = "cupti"))]
 mod gpu {
     use cudarc::driver::{result, CudaContext};
 
-    /// `cublasCreate_v2` and `cublasDestroy_v2`, from the cuBLAS found on the loader's path.
-    fn cublas() -> Option<(libloading::Library, Create, Destroy)> {
-        for name in ["libcublas.so", "libcublas.so.13", "libcublas.so.12"] {
-            // SAFETY: loading cuBLAS runs its initializers, which need only the driver.
-            let Ok(lib) = (unsafe { libloading::Library::new(name) }) else { continue };
-            // SAFETY: the signatures of `cublas_api.h`; the library is returned with them.
-            let create: Create = unsafe { *lib.get::<Create>(b"cublasCreate_v2\0").ok()? };
-            // SAFETY: as above.
-            let destroy: Destroy = unsafe { *lib.get::<Destroy>(b"cublasDestroy_v2\0").ok()? };
-            return Some((lib, create, destroy));
-        }
-        None
-    }
-    type Create = unsafe extern "C" fn(*mut *mut std::ffi::c_void) -> i32;
-    type Destroy = unsafe extern "C" fn(*mut std::ffi::c_void) -> i32;
+    use super::cublas;
 
     pub(super) fn steps(show: fn(&str)) -> Result<(), Box<dyn std::error::Error>> {
         let Ok(ctx) = CudaContext::new(0) else {
@@ -72,7 +62,7 @@ mod gpu {
         let pooled = stream.alloc_zeros::<u8>(32 << 20)?;
         stream.synchronize()?;
         show("pool: 32 MiB from the stream-ordered pool (cudarc's alloc_zeros)");
-        let handle = cublas().map(|(lib, create, destroy)| {
+        let handle = cublas::load().map(|(lib, create, destroy)| {
             let mut h = std::ptr::null_mut();
             // SAFETY: `h` is a valid out pointer.
             let status = unsafe { create(&mut h) };

@@ -7,21 +7,8 @@
 
 use vramscope::testing::{MemTest, Metric};
 
-type Create = unsafe extern "C" fn(*mut *mut std::ffi::c_void) -> i32;
-type Destroy = unsafe extern "C" fn(*mut std::ffi::c_void) -> i32;
-
-fn cublas() -> Option<(libloading::Library, Create, Destroy)> {
-    for name in ["libcublas.so", "libcublas.so.13", "libcublas.so.12"] {
-        // SAFETY: loading cuBLAS runs its initializers, which need only the driver.
-        let Ok(lib) = (unsafe { libloading::Library::new(name) }) else { continue };
-        // SAFETY: the signatures of `cublas_api.h`; the library is returned with them.
-        let create: Create = unsafe { *lib.get::<Create>(b"cublasCreate_v2\0").ok()? };
-        // SAFETY: as above.
-        let destroy: Destroy = unsafe { *lib.get::<Destroy>(b"cublasDestroy_v2\0").ok()? };
-        return Some((lib, create, destroy));
-    }
-    None
-}
+#[path = "common/cublas.rs"]
+mod cublas;
 
 fn within_target(l: &vramscope::ledger::Ledger) {
     let (Some(total), Some(rest)) = (l.total, l.not_explained()) else { panic!("no total:\n{}", l.to_text()) };
@@ -42,7 +29,7 @@ fn a_kept_cublas_handle_is_named_and_the_ledger_explains_the_process() {
             return;
         }
     };
-    let Some((_lib, create, destroy)) = cublas() else {
+    let Some((_lib, create, destroy)) = cublas::load() else {
         eprintln!("skipped: cuBLAS not found");
         return;
     };
