@@ -70,19 +70,15 @@ pub const TOP_SITES: usize = 5;
 
 /// The ledger of device `device` now (see the module's documentation).
 pub fn take(device: usize) -> Ledger {
-    let observed = seen::allocator(device).filter(|_| seen::running());
-    // Observing, with nothing seen on this device yet: an empty part, not an unseen one.
-    let nothing_yet = observed.is_none() && seen::running();
-    let mut l = take_from(device, driver_reading(device), observed.as_ref());
-    if nothing_yet {
-        l.unseen.retain(|u| !u.starts_with(UNOBSERVED));
-        (l.observed, l.mapped) = (Some(Vec::new()), Some(0));
-    }
-    l
+    let allocator = seen::allocator(device);
+    let observed = match (&allocator, seen::running()) {
+        (Some(a), true) => Observed::By(a),
+        // Observing, with nothing seen on this device yet: an empty part, not an unseen one.
+        (None, true) => Observed::Nothing,
+        (_, false) => Observed::Not,
+    };
+    assemble(device, driver_reading(device), observed)
 }
-
-/// The start of the line saying that allocations outside vramscope's allocators are not seen.
-const UNOBSERVED: &str = "allocations outside vramscope's allocators";
 
 /// The ledger of device `device` from a driver reading given (NVML's answers, or answers
 /// recorded on a GPU: how the ledger is tested and benchmarked on machines without one) and
@@ -90,6 +86,20 @@ const UNOBSERVED: &str = "allocations outside vramscope's allocators";
 /// made by [`CachingAllocator::external`] with the same kind of records). The rest is read
 /// as [`take`] reads it.
 pub fn take_from(device: usize, driver: Result<DriverReading, String>, observed: Option<&CachingAllocator>) -> Ledger {
+    assemble(device, driver, observed.map_or(Observed::Not, Observed::By))
+}
+
+/// What observes the device's allocations outside vramscope's allocators.
+enum Observed<'a> {
+    /// Nothing: the observer is not running.
+    Not,
+    /// The observer, which has seen nothing on the device yet.
+    Nothing,
+    /// The allocator holding what was observed.
+    By(&'a CachingAllocator),
+}
+
+fn assemble(device: usize, driver: Result<DriverReading, String>, observed: Observed<'_>) -> Ledger {
     let mut unseen = Vec::new();
     let driver = driver.map_err(|why| unseen.push(why)).ok();
     let gpu = driver.is_some();
@@ -111,7 +121,7 @@ pub fn take_from(device: usize, driver: Result<DriverReading, String>, observed:
                 .into(),
         );
     }
-    let observing = observed.is_some();
+    let observing = !matches!(observed, Observed::Not);
     let mut allocators = Vec::new();
     for a in CachingAllocator::all() {
         let name = a.backend().name();
@@ -133,12 +143,17 @@ pub fn take_from(device: usize, driver: Result<DriverReading, String>, observed:
         });
     }
     let (observed, mapped) = match observed {
-        Some(a) => {
+        Observed::By(a) => {
             let (owners, mapped) = observed_by_owner(a);
             (Some(owners), Some(mapped))
         }
-        None => {
-            unseen.push(format!("{UNOBSERVED} (cudarc, candle, cuBLAS): start vramscope::observe (feature cupti)"));
+        Observed::Nothing => (Some(Vec::new()), Some(0)),
+        Observed::Not => {
+            unseen.push(
+                "allocations outside vramscope's allocators (cudarc, candle, cuBLAS): start \
+                 vramscope::observe (feature cupti)"
+                    .into(),
+            );
             (None, None)
         }
     };
