@@ -4,6 +4,7 @@
 use super::select::{merge, within};
 use super::{sanitize, Failure, MemTest, Metric, Verdict};
 use crate::error::{fmt_bytes, fmt_bytes_exact as exact};
+use crate::ledger::Ledger;
 use crate::report::{self, plural, FoldedKind};
 use crate::snapshot::Snapshot;
 use std::collections::{BTreeMap, BTreeSet};
@@ -283,16 +284,21 @@ fn grew_in(when: &When, iters: u64) -> String {
 }
 
 impl Evidence {
-    pub(super) fn new(path: &[String], before: &[Snapshot], after: &[Snapshot]) -> Evidence {
+    /// The evidence from the snapshots before and after the measured iterations; `ledger`,
+    /// the test device's at the end, goes with the snapshots after.
+    pub(super) fn new(path: &[String], before: &[Snapshot], after: &[Snapshot], ledger: Ledger) -> Evidence {
         let pick = |snaps: &[Snapshot], inside: bool| {
             merge(snaps.iter().map(|s| within(s, path, inside)).collect()).unwrap_or_else(|| Snapshot::empty("none"))
         };
+        let (mut after_inside, mut after_outside) = (pick(after, true), pick(after, false));
+        after_inside.ledger = Some(ledger.clone());
+        after_outside.ledger = Some(ledger);
         Evidence {
             path: path.to_vec(),
             before: pick(before, true),
-            after: pick(after, true),
+            after: after_inside,
             outside_before: pick(before, false),
-            outside_after: pick(after, false),
+            outside_after: after_outside,
         }
     }
 
@@ -450,11 +456,8 @@ impl Evidence {
         };
         let live = report::folded(after, FoldedKind::Live);
         let growth = growth_folded(&report::folded(before, FoldedKind::Live), &live);
-        // The snapshot carries the device's ledger: what the whole process held there at the end.
-        let mut kept = after.clone();
-        kept.ledger = Some(crate::ledger::take(test.device));
         let mut files: Vec<(&str, Vec<u8>)> =
-            vec![("report.txt", v.report.as_bytes().to_vec()), ("snapshot.json", kept.to_json().into_bytes())];
+            vec![("report.txt", v.report.as_bytes().to_vec()), ("snapshot.json", after.to_json().into_bytes())];
         // The SVGs with the `flamegraph` feature; the folded stacks they are drawn from always
         // (any flamegraph tool draws them: `inferno-flamegraph growth.folded > growth.svg`).
         #[cfg(feature = "flamegraph")]

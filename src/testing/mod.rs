@@ -424,7 +424,10 @@ impl MemTest {
         };
         let after = self.snapshots(scope, alone);
         let before = before.unwrap_or_default();
-        let ev = evidence::Evidence::new(&path, &before, &after);
+        // The device's ledger at the end goes with the evidence: the one the last measure took
+        // where the metric counts the device, else one taken now.
+        let ledger = end.ledger.clone().unwrap_or_else(|| crate::ledger::take(self.device));
+        let ev = evidence::Evidence::new(&path, &before, &after, ledger);
         verdict.report = ev.report(self, &verdict, &failure);
         let (written, problem) = ev.write(self, &verdict);
         verdict.evidence = written;
