@@ -358,8 +358,8 @@ fn plain(s: &str) -> String {
     s.chars().map(|c| if c.is_control() { '?' } else { c }).collect()
 }
 
-/// `s` cut to `width` characters, with `…` where cut.
-fn clip(s: &str, width: usize) -> String {
+/// `s` cut to `width` characters, with `…` where cut, control characters shown as `?`.
+pub(crate) fn clip(s: &str, width: usize) -> String {
     if s.chars().count() <= width {
         return plain(s);
     }

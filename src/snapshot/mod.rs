@@ -14,7 +14,7 @@ pub(crate) use torch::stats_of;
 pub use crate::backend::DriverPool;
 pub(crate) use build::HISTORY_REQUESTED_SINCE;
 pub use build::SNAPSHOT_VERSION;
-pub(crate) use ledger::push_unseen;
+pub(crate) use ledger::{clip, push_unseen};
 pub use ledger::{
     AllocatorPart, ContextPart, DriverReading, Ledger, OwnerPart, PoolPart, SitePart, TotalSource, NOT_EXPLAINED_HINT,
     PROGRAM,

@@ -502,7 +502,7 @@ fn device_parts(s: &mut String, before: &crate::ledger::Ledger, after: &crate::l
         s.push_str("  what grew, by the device's ledger (baseline to end):\n");
         for (name, d) in &grew {
             let d = u64::try_from(*d).unwrap_or(u64::MAX);
-            let _ = writeln!(s, "    {:<48} +{}", clip_name(name, 48), exact_and_round(d));
+            let _ = writeln!(s, "    {:<48} +{}", crate::snapshot::clip(name, 48), exact_and_round(d));
         }
     }
     for o in after.observed.iter().flatten() {
@@ -511,7 +511,8 @@ fn device_parts(s: &mut String, before: &crate::ledger::Ledger, after: &crate::l
             let had = old.and_then(|b| b.sites.iter().find(|x| x.site == site.site)).map_or(0, |x| x.bytes);
             if site.bytes > had {
                 let at = format!("{} at {}", o.owner, site.site);
-                let _ = writeln!(s, "      {:<46} +{}", clip_name(&at, 46), exact_and_round(site.bytes - had));
+                let _ =
+                    writeln!(s, "      {:<46} +{}", crate::snapshot::clip(&at, 46), exact_and_round(site.bytes - had));
             }
         }
     }
@@ -522,16 +523,6 @@ fn device_parts(s: &mut String, before: &crate::ledger::Ledger, after: &crate::l
         s.push_str("  other memory tests ran at the same time: the device's bytes count theirs too;\n");
         s.push_str("  run this test alone (`cargo test NAME`, or RUST_TEST_THREADS=1) to trust the figure\n");
     }
-}
-
-/// A part or site name within `width` columns.
-fn clip_name(name: &str, width: usize) -> String {
-    if name.chars().count() <= width {
-        return name.to_string();
-    }
-    let mut out: String = name.chars().take(width - 1).collect();
-    out.push('…');
-    out
 }
 
 #[cfg(feature = "flamegraph")]
