@@ -46,6 +46,12 @@ impl<K: Hash + Eq, T> Interner<K, T> {
     pub(crate) fn into_items(self) -> Vec<T> {
         self.items
     }
+
+    /// The items, in order of first appearance, and the table that found them (to be dropped
+    /// elsewhere: a table of millions of keys takes a while to free).
+    pub(crate) fn into_parts(self) -> (Vec<T>, HashMap<K, u32>) {
+        (self.items, self.ids)
+    }
 }
 
 impl<T: Hash + Eq + Clone> Interner<T, T> {

@@ -3,7 +3,7 @@
 //! Anything that would construct an object (`GLOBAL`, `REDUCE`, ...) is an error: reading a
 //! snapshot never runs code.
 
-use std::cell::RefCell;
+use std::cell::{Cell, Ref, RefCell, RefMut};
 use std::collections::HashMap;
 use std::fmt;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -23,9 +23,51 @@ pub(crate) enum Value {
     Float(f64),
     Str(Rc<str>),
     Bytes(Rc<[u8]>),
-    List(Rc<RefCell<Vec<Value>>>),
+    List(Rc<Node<Vec<Value>>>),
     Tuple(Rc<[Value]>),
-    Dict(Rc<RefCell<Vec<(Value, Value)>>>),
+    Dict(Rc<Node<Vec<(Value, Value)>>>),
+    /// What a [`Reshape`] made of a value while the pickle was read, put in the memo in the
+    /// value's place so that later references to it find the result, not the value.
+    Kept(Kept),
+}
+
+/// A value a [`Reshape`] has read into a form of its own (an index into its own tables).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kept {
+    /// An entry of a trace: the reader's list `list`, item `index`.
+    Entry { list: u32, index: u32 },
+    /// A list of frames, read as a stack (`None`: an empty one).
+    Stack(Option<u32>),
+    /// One frame.
+    Frame(u32),
+}
+
+/// A mutable container (list or dict) with what the reader needs to know of it: where the
+/// memo keeps it, and whether it was pushed a second time (a memo GET or a DUP).
+pub(crate) struct Node<T> {
+    items: RefCell<T>,
+    /// The memo index that stores it last ([`NOT_MEMOIZED`] if none).
+    memo: Cell<u32>,
+    /// Pushed a second time: kept for the cycle check.
+    again: Cell<bool>,
+}
+
+/// The memo index of a container no memo slot stores (or one past what 32 bits index).
+const NOT_MEMOIZED: u32 = u32::MAX;
+
+impl<T> Node<T> {
+    fn new(items: T) -> Node<T> {
+        Node { items: RefCell::new(items), memo: Cell::new(NOT_MEMOIZED), again: Cell::new(false) }
+    }
+
+    /// The items, borrowed.
+    pub(crate) fn borrow(&self) -> Ref<'_, T> {
+        self.items.borrow()
+    }
+
+    pub(crate) fn borrow_mut(&self) -> RefMut<'_, T> {
+        self.items.borrow_mut()
+    }
 }
 
 /// A whole value tree handed to another thread to be freed.
@@ -51,27 +93,46 @@ unsafe impl Send for Detached {}
 
 /// Dropping a deeply nested value recursively would overflow the stack (a hostile pickle can
 /// nest a million lists in a few megabytes): containers that are dropped for good hand their
-/// items to a work list instead.
+/// items that are themselves containers dropped for good to a work list instead. What stays
+/// in a container drops in place without recursing (a number, a string, a container shared
+/// elsewhere, whose count only falls), and a container with no such items needs no work list:
+/// the dicts of a snapshot's events drop without one.
 impl Drop for Value {
     fn drop(&mut self) {
-        fn take_children(v: &mut Value, out: &mut Vec<Value>) {
+        /// Whether `v` is a container that dropping it frees, with items of its own.
+        fn owned_container(v: &Value) -> bool {
             match v {
-                Value::List(l) if Rc::strong_count(l) == 1 => out.append(&mut l.borrow_mut()),
+                Value::List(l) => Rc::strong_count(l) == 1 && !l.borrow().is_empty(),
+                Value::Dict(d) => Rc::strong_count(d) == 1 && !d.borrow().is_empty(),
+                Value::Tuple(t) => Rc::strong_count(t) == 1 && !t.is_empty(),
+                _ => false,
+            }
+        }
+        /// Moves the containers among `v`'s items that dropping them frees to `out`.
+        fn take_children(v: &mut Value, out: &mut Vec<Value>) {
+            let mut take = |item: &mut Value| {
+                if owned_container(item) {
+                    out.push(std::mem::replace(item, Value::None));
+                }
+            };
+            match v {
+                Value::List(l) if Rc::strong_count(l) == 1 => l.borrow_mut().iter_mut().for_each(take),
                 Value::Dict(d) if Rc::strong_count(d) == 1 => {
-                    for (k, v) in d.borrow_mut().drain(..) {
-                        out.push(k);
-                        out.push(v);
-                    }
+                    d.borrow_mut().iter_mut().for_each(|(k, v)| {
+                        take(k);
+                        take(v);
+                    });
                 }
                 Value::Tuple(t) => {
                     if let Some(items) = Rc::get_mut(t) {
-                        for item in items.iter_mut() {
-                            out.push(std::mem::replace(item, Value::None));
-                        }
+                        items.iter_mut().for_each(take);
                     }
                 }
                 _ => {}
             }
+        }
+        if !owned_container(self) {
+            return;
         }
         let mut work = Vec::new();
         take_children(self, &mut work);
@@ -95,6 +156,7 @@ impl fmt::Debug for Value {
             Value::List(l) => write!(f, "<list of {}>", l.borrow().len()),
             Value::Tuple(t) => write!(f, "<tuple of {}>", t.len()),
             Value::Dict(d) => write!(f, "<dict of {}>", d.borrow().len()),
+            Value::Kept(k) => write!(f, "<{k:?}>"),
         }
     }
 }
@@ -120,6 +182,9 @@ impl Value {
             Value::List(_) => "list",
             Value::Tuple(_) => "tuple",
             Value::Dict(_) => "dict",
+            Value::Kept(Kept::Entry { .. }) => "trace entry (read already)",
+            Value::Kept(Kept::Stack(_)) => "list of frames (read already)",
+            Value::Kept(Kept::Frame(_)) => "frame (read already)",
         }
     }
 
@@ -312,12 +377,83 @@ fn long_value(r: &Reader<'_>, bytes: &[u8]) -> Result<Value, PickleError> {
     Ok(Value::int(i128::from_le_bytes(buf)))
 }
 
+/// The memo: what the pickle stored for later references, by index.
+pub(crate) struct Memo(Vec<Option<Value>>);
+
+impl Memo {
+    /// Puts `kept` in the memo slot of `container` where the memo still stores it there, so
+    /// that later references find what the reader made of it, and the memo no longer keeps the
+    /// container alive.
+    /// Whether it did (a container stored nowhere, or stored again elsewhere since, is left).
+    pub(crate) fn keep(&mut self, container: &Value, kept: Kept) -> bool {
+        let idx = match container {
+            Value::List(n) => n.memo.get(),
+            Value::Dict(n) => n.memo.get(),
+            _ => return false,
+        };
+        match self.0.get_mut(idx as usize) {
+            Some(slot) if slot.as_ref().and_then(container_id) == container_id(container) => {
+                *slot = Some(Value::Kept(kept));
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+/// A reader that reads parts of a pickle while it is parsed, into a form of its own, so that
+/// the generic value tree of those parts is never built whole: each part is read and dropped
+/// as soon as it is complete.
+pub(crate) trait Reshape {
+    /// What stops the reading.
+    type Error;
+
+    /// `items`, each complete, are about to be appended to the list `stack[at]` (the top of
+    /// `stack`). The reader may take any of them; those it leaves are appended. It may put what
+    /// it made of a container in the container's memo slot ([`Memo::keep`]).
+    fn append(
+        &mut self,
+        stack: &[Value],
+        at: usize,
+        items: &mut Vec<Value>,
+        memo: &mut Memo,
+    ) -> Result<(), Self::Error>;
+}
+
+/// Reads the generic value tree only.
+struct Plain;
+
+impl Reshape for Plain {
+    type Error = std::convert::Infallible;
+    fn append(&mut self, _: &[Value], _: usize, _: &mut Vec<Value>, _: &mut Memo) -> Result<(), Self::Error> {
+        Ok(())
+    }
+}
+
+/// Why [`parse_with`] stopped.
+#[derive(Debug)]
+pub(crate) enum Failure<E> {
+    /// The data is not a pickle this reader reads.
+    Pickle(PickleError),
+    /// The [`Reshape`] refused a part of it.
+    Reader(E),
+}
+
 /// Parses a whole pickle and returns the value it stops with.
 pub(crate) fn parse(data: &[u8]) -> Result<Value, PickleError> {
+    parse_with(data, &mut Plain).map_err(|f| match f {
+        Failure::Pickle(e) => e,
+        Failure::Reader(never) => match never {},
+    })
+}
+
+/// Parses a whole pickle, `reshape` reading the lists it recognizes as they are filled.
+pub(crate) fn parse_with<R: Reshape>(data: &[u8], reshape: &mut R) -> Result<Value, Failure<R::Error>> {
     let mut stack: Vec<Value> = Vec::new();
-    let mut memo: Vec<Option<Value>> = Vec::new();
+    let mut memo = Memo(Vec::new());
     let mut again: Vec<Value> = Vec::new();
-    let result = parse_into(data, &mut stack, &mut memo, &mut again);
+    let mut refused = None;
+    let result = parse_into(data, &mut stack, &mut memo, &mut again, reshape, &mut refused);
     // A memo reference or a DUP can put a container inside itself (`l = []; l.append(l)`):
     // such a value could never be dropped. Whether the pickle was read or not, a cycle among
     // what it built is broken (every list and dict emptied) and reported. A cycle holds a
@@ -327,13 +463,16 @@ pub(crate) fn parse(data: &[u8]) -> Result<Value, PickleError> {
     // `fuzz/run.sh`).
     if !again.is_empty() && has_cycle(again.iter()) {
         empty_containers(again.iter());
-        return Err(PickleError {
+        return Err(Failure::Pickle(PickleError {
             truncated: false,
             offset: data.len(),
             message: "the pickle holds a reference cycle (a list or dict inside itself); snapshots never do".into(),
-        });
+        }));
     }
-    result
+    match (result, refused) {
+        (_, Some(e)) => Err(Failure::Reader(e)),
+        (result, None) => result.map_err(Failure::Pickle),
+    }
 }
 
 /// Whether the first bytes of a pickle can begin one: `Err` with the error where they cannot
@@ -377,9 +516,12 @@ fn has_cycle<'a>(roots: impl Iterator<Item = &'a Value>) -> bool {
         Done,
     }
     let mut marks: HashMap<usize, Mark, BuildHasherDefault<AddressHasher>> = HashMap::default();
+    // A container with no container among its items is in no cycle: a snapshot's frames,
+    // shared thousands of times, are dicts of strings and numbers.
+    let holds_container = |v: &Value| (0..).map_while(|i| child_container(v, i)).any(|c| c.is_some());
     for root in roots {
         let Some(id) = container_id(root) else { continue };
-        if marks.contains_key(&id) {
+        if !holds_container(root) || marks.contains_key(&id) {
             continue;
         }
         marks.insert(id, Mark::Open);
@@ -445,31 +587,37 @@ fn empty_containers<'a>(roots: impl Iterator<Item = &'a Value>) {
     }
 }
 
-/// Keeps `v` in `again` if it is a container not kept there yet.
+/// Keeps `v` in `again` if it is a container not kept there yet (lists and dicts say so
+/// themselves; tuples, rare in a snapshot, are told apart by address).
 fn note_again(
     again: &mut Vec<Value>,
-    ids: &mut std::collections::HashSet<usize, BuildHasherDefault<AddressHasher>>,
+    tuples: &mut std::collections::HashSet<usize, BuildHasherDefault<AddressHasher>>,
     v: &Value,
 ) {
-    if let Some(id) = container_id(v) {
-        if ids.insert(id) {
-            again.push(v.clone());
-        }
+    let first = match v {
+        Value::List(n) => !n.again.replace(true),
+        Value::Dict(n) => !n.again.replace(true),
+        Value::Tuple(_) => container_id(v).is_some_and(|id| tuples.insert(id)),
+        _ => false,
+    };
+    if first {
+        again.push(v.clone());
     }
 }
 
 /// Reads the pickle, keeping in `again` each container it pushes a second time (a memo GET or
 /// a DUP), once each, for [`parse`] to check for cycles.
-fn parse_into(
+fn parse_into<R: Reshape>(
     data: &[u8],
     stack: &mut Vec<Value>,
-    memo: &mut Vec<Option<Value>>,
+    memo: &mut Memo,
     again: &mut Vec<Value>,
+    reshape: &mut R,
+    refused: &mut Option<R::Error>,
 ) -> Result<Value, PickleError> {
     let mut r = Reader { data, pos: 0, op_at: 0 };
     let mut marks: Vec<usize> = Vec::new();
-    // The containers already in `again`: a snapshot shares each frame list by memo thousands
-    // of times, and one entry per container is all the cycle check needs.
+    // The tuples already in `again`: one entry per container is all the cycle check needs.
     let mut again_ids: std::collections::HashSet<usize, BuildHasherDefault<AddressHasher>> = Default::default();
 
     macro_rules! pop {
@@ -477,6 +625,18 @@ fn parse_into(
             stack.pop().ok_or_else(|| r.err("the stack is empty"))?
         };
     }
+    // Where the items since the last MARK begin on the stack.
+    macro_rules! mark {
+        () => {{
+            let m = marks.pop().ok_or_else(|| r.err("no MARK before a collection opcode"))?;
+            if m > stack.len() {
+                return Err(r.err("MARK refers past the stack"));
+            }
+            m
+        }};
+    }
+    // Items to append, in a vector kept from one APPENDS to the next.
+    let mut scratch: Vec<Value> = Vec::new();
     macro_rules! since_mark {
         () => {{
             let m = marks.pop().ok_or_else(|| r.err("no MARK before a collection opcode"))?;
@@ -486,21 +646,28 @@ fn parse_into(
             stack.split_off(m)
         }};
     }
-    fn put(memo: &mut Vec<Option<Value>>, idx: usize, v: Value, r: &Reader<'_>) -> Result<(), PickleError> {
+    fn put(memo: &mut Memo, idx: usize, v: Value, r: &Reader<'_>) -> Result<(), PickleError> {
         // A memo index more than the bytes read so far cannot come from a real pickler.
         if idx > r.pos + 1024 {
             return Err(r.err(format!("memo index {idx} is implausibly large")));
         }
+        let at = u32::try_from(idx).unwrap_or(NOT_MEMOIZED);
+        match &v {
+            Value::List(n) => n.memo.set(at),
+            Value::Dict(n) => n.memo.set(at),
+            _ => {}
+        }
+        let memo = &mut memo.0;
         if memo.len() <= idx {
             memo.resize(idx + 1, None);
         }
         memo[idx] = Some(v);
         Ok(())
     }
-    fn get(memo: &[Option<Value>], idx: usize, r: &Reader<'_>) -> Result<Value, PickleError> {
-        memo.get(idx).cloned().flatten().ok_or_else(|| r.err(format!("memo index {idx} was never stored")))
+    fn get(memo: &Memo, idx: usize, r: &Reader<'_>) -> Result<Value, PickleError> {
+        memo.0.get(idx).cloned().flatten().ok_or_else(|| r.err(format!("memo index {idx} was never stored")))
     }
-    fn append(target: &Value, items: Vec<Value>, r: &Reader<'_>) -> Result<(), PickleError> {
+    fn append(target: &Value, items: impl ExactSizeIterator<Item = Value>, r: &Reader<'_>) -> Result<(), PickleError> {
         match target {
             Value::List(l) => {
                 l.borrow_mut().extend(items);
@@ -509,21 +676,24 @@ fn parse_into(
             other => Err(r.err(format!("APPEND to a {} instead of a list", other.type_name()))),
         }
     }
-    fn set_items(target: &Value, items: Vec<Value>, r: &Reader<'_>) -> Result<(), PickleError> {
-        if !items.len().is_multiple_of(2) {
+    /// Moves the key-value pairs `stack[from..]` into the dict below them, `stack[from - 1]`.
+    fn set_items(stack: &mut Vec<Value>, from: usize, r: &Reader<'_>) -> Result<(), PickleError> {
+        let n = stack.len() - from;
+        if !n.is_multiple_of(2) {
             return Err(r.err("SETITEMS with an odd number of values"));
         }
-        match target {
-            Value::Dict(d) => {
-                let mut d = d.borrow_mut();
-                let mut it = items.into_iter();
-                while let (Some(k), Some(v)) = (it.next(), it.next()) {
-                    d.push((k, v));
-                }
-                Ok(())
-            }
-            other => Err(r.err(format!("SETITEM on a {} instead of a dict", other.type_name()))),
+        let target = from.checked_sub(1).map(|t| &stack[t]).ok_or_else(|| r.err("SETITEMS with no dict"))?;
+        let Value::Dict(d) = target else {
+            return Err(r.err(format!("SETITEM on a {} instead of a dict", target.type_name())));
+        };
+        let d = Rc::clone(d);
+        let mut d = d.borrow_mut();
+        d.reserve(n / 2);
+        let mut it = stack.drain(from..);
+        while let (Some(k), Some(v)) = (it.next(), it.next()) {
+            d.push((k, v));
         }
+        Ok(())
     }
 
     loop {
@@ -543,10 +713,10 @@ fn parse_into(
                 let v = pop!();
                 return Ok(v);
             }
-            b'}' => stack.push(Value::Dict(Rc::default())),
-            b']' => stack.push(Value::List(Rc::default())),
+            b'}' => stack.push(Value::Dict(Rc::new(Node::new(Vec::new())))),
+            b']' => stack.push(Value::List(Rc::new(Node::new(Vec::new())))),
             b')' => stack.push(Value::Tuple(Rc::from(Vec::new()))),
-            0x8f => stack.push(Value::List(Rc::default())),
+            0x8f => stack.push(Value::List(Rc::new(Node::new(Vec::new())))),
             b'(' => marks.push(stack.len()),
             b'N' => stack.push(Value::None),
             0x88 => stack.push(Value::Bool(true)),
@@ -630,7 +800,7 @@ fn parse_into(
                 stack.push(if op == b't' {
                     Value::Tuple(Rc::from(items))
                 } else {
-                    Value::List(Rc::new(RefCell::new(items)))
+                    Value::List(Rc::new(Node::new(items)))
                 });
             }
             0x85..=0x87 => {
@@ -643,38 +813,46 @@ fn parse_into(
             }
             b'l' => {
                 let items = since_mark!();
-                stack.push(Value::List(Rc::new(RefCell::new(items))));
+                stack.push(Value::List(Rc::new(Node::new(items))));
             }
             b'd' => {
-                let items = since_mark!();
-                let d = Value::Dict(Rc::default());
-                set_items(&d, items, &r)?;
-                stack.push(d);
+                let m = mark!();
+                stack.insert(m, Value::Dict(Rc::new(Node::new(Vec::new()))));
+                set_items(stack, m + 1, &r)?;
             }
             b'a' => {
                 let v = pop!();
-                let target = stack.last().ok_or_else(|| r.err("APPEND with no list"))?;
-                append(target, vec![v], &r)?;
+                let mut items = vec![v];
+                let at = stack.len().checked_sub(1).ok_or_else(|| r.err("APPEND with no list"))?;
+                if let Err(e) = reshape.append(stack, at, &mut items, memo) {
+                    *refused = Some(e);
+                    return Err(r.err("the reader refused what it read"));
+                }
+                append(&stack[at], items.drain(..), &r)?;
             }
             b'e' | 0x90 => {
-                let items = since_mark!();
-                let target = stack.last().ok_or_else(|| r.err("APPENDS with no list"))?;
-                append(target, items, &r)?;
+                let m = mark!();
+                scratch.extend(stack.drain(m..));
+                let at = stack.len().checked_sub(1).ok_or_else(|| r.err("APPENDS with no list"))?;
+                if let Err(e) = reshape.append(stack, at, &mut scratch, memo) {
+                    *refused = Some(e);
+                    return Err(r.err("the reader refused what it read"));
+                }
+                append(&stack[at], scratch.drain(..), &r)?;
             }
             b's' => {
-                let v = pop!();
-                let k = pop!();
-                let target = stack.last().ok_or_else(|| r.err("SETITEM with no dict"))?;
-                set_items(target, vec![k, v], &r)?;
+                if stack.len() < 3 {
+                    return Err(r.err(format!("SETITEM with {} values on the stack", stack.len())));
+                }
+                set_items(stack, stack.len() - 2, &r)?;
             }
             b'u' => {
-                let items = since_mark!();
-                let target = stack.last().ok_or_else(|| r.err("SETITEMS with no dict"))?;
-                set_items(target, items, &r)?;
+                let m = mark!();
+                set_items(stack, m, &r)?;
             }
             0x94 => {
                 let v = stack.last().cloned().ok_or_else(|| r.err("MEMOIZE with an empty stack"))?;
-                let idx = memo.len();
+                let idx = memo.0.len();
                 put(memo, idx, v, &r)?;
             }
             b'q' => {

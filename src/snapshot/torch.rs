@@ -6,7 +6,7 @@ use super::model::{
     BlockInfo, BlockState, ContextInfo, FrameId, HistoryEntry, ScopeId, SegmentInfo, Snapshot, StackId, ThreadId,
     MAX_DEVICES,
 };
-use super::pickle::{self, Value};
+use super::pickle::{self, Kept, Memo, Value};
 use crate::alloc::{MemoryStats, Pool};
 use crate::error::{Error, Result};
 use crate::intern::Interner;
@@ -103,16 +103,21 @@ const DROP_ELSEWHERE_ABOVE: usize = 16 << 20;
 const BYTES_PER_ELEMENT: usize = 2;
 
 /// Frames, stacks and scopes interned while reading, and what was made of each value the
-/// pickle shares, by its identity ([`Value::identity`]), so that a shared frame list, frame or
-/// scope string is read once however often it is referenced.
+/// pickle shares, so that a shared frame list, frame or scope string is read once however
+/// often it is referenced.
+///
+/// While the pickle is parsed, what was made of a list or dict goes in its memo slot
+/// ([`Kept`]), and the value itself may be freed; after, the tree is whole and values are
+/// known by their address ([`Value::identity`]). Each map keeps the value it was made from, so
+/// that its address is not reused by another value while the map knows it.
 struct Tables {
     frames: Interner<Frame>,
     stacks: Interner<Vec<FrameId>>,
     /// Scope paths from PyTorch's `user_metadata` strings (`a/b`); index 0 is the root.
     scopes: Interner<String, Vec<String>>,
-    stack_of: HashMap<usize, Option<StackId>>,
-    frame_of: HashMap<usize, FrameId>,
-    scope_of: HashMap<usize, ScopeId>,
+    stack_of: HashMap<usize, (Value, Option<StackId>)>,
+    frame_of: HashMap<usize, (Value, FrameId)>,
+    scope_of: HashMap<usize, (Value, ScopeId)>,
 }
 
 impl Tables {
@@ -140,50 +145,61 @@ impl Tables {
     ) -> Result<ScopeId> {
         let Some(v) = meta.filter(|v| v.as_str().is_some_and(|t| !t.is_empty())) else { return Ok(ScopeId::ROOT) };
         let Some(id) = v.identity() else { return Ok(ScopeId::ROOT) };
-        if let Some(&scope) = self.scope_of.get(&id) {
+        if let Some(&(_, scope)) = self.scope_of.get(&id) {
             return Ok(scope);
         }
         budget.spend_bytes(v.byte_len(), at, source)?;
         let text = v.as_str().unwrap_or_default();
         let scope = ScopeId(self.scopes.id(text.to_string(), |text| text.split('/').map(str::to_string).collect()));
-        self.scope_of.insert(id, scope);
+        self.scope_of.insert(id, (v.clone(), scope));
         Ok(scope)
     }
 
-    /// The stack of a `frames` list; `None` when it is empty or absent.
+    /// The stack of a `frames` list; `None` when it is empty or absent. `memo` is the parser's
+    /// while the pickle is being parsed: the list's and each new frame's slots then get what
+    /// was made of them.
     fn stack(
         &mut self,
-        frames: Option<Value>,
+        frames: Option<&Value>,
+        mut memo: Option<&mut Memo>,
         budget: &mut Budget,
         at: &dyn Fn() -> String,
         source: &str,
     ) -> Result<Option<StackId>> {
         let Some(frames) = frames else { return Ok(None) };
+        if let Value::Kept(Kept::Stack(known)) = frames {
+            return Ok(known.map(StackId));
+        }
         let id = frames.identity();
-        if let Some(&known) = id.and_then(|id| self.stack_of.get(&id)) {
+        if let Some(&(_, known)) = id.and_then(|id| self.stack_of.get(&id)) {
             return Ok(known);
         }
         budget.spend(frames.len(), at, source)?;
-        let list = frames.items().unwrap_or_default();
-        let mut ids = Vec::with_capacity(list.len());
-        for (i, f) in list.iter().enumerate() {
-            let known = f.identity().and_then(|id| self.frame_of.get(&id));
-            let frame = match known {
-                Some(&frame) => frame,
-                None => {
-                    let frame =
-                        FrameId(self.frames.intern(read_frame(f, budget, &|| format!("{}: frame {i}", at()), source)?));
-                    if let Some(id) = f.identity() {
-                        self.frame_of.insert(id, frame);
-                    }
-                    frame
-                }
-            };
-            ids.push(frame);
+        let mut ids = Vec::with_capacity(frames.len());
+        if let Some(list) = frames.items_ref() {
+            for (i, f) in list.iter().enumerate() {
+                let frame = match f {
+                    Value::Kept(Kept::Frame(frame)) => FrameId(*frame),
+                    _ => match f.identity().and_then(|id| self.frame_of.get(&id)) {
+                        Some(&(_, frame)) => frame,
+                        None => {
+                            let read = read_frame(f, budget, &|| format!("{}: frame {i}", at()), source)?;
+                            let frame = FrameId(self.frames.intern(read));
+                            let kept = memo.as_deref_mut().is_some_and(|m| m.keep(f, Kept::Frame(frame.0)));
+                            if let (false, Some(id)) = (kept, f.identity()) {
+                                self.frame_of.insert(id, (f.clone(), frame));
+                            }
+                            frame
+                        }
+                    },
+                };
+                ids.push(frame);
+            }
         }
         let stack = (!ids.is_empty()).then(|| StackId(self.stacks.intern(ids)));
-        if let Some(id) = id {
-            self.stack_of.insert(id, stack);
+        let kept = memo.is_some_and(|m| m.keep(frames, Kept::Stack(stack.map(|s| s.0))));
+        if let (false, Some(id)) = (kept, id) {
+            self.stack_of.insert(id, (frames.clone(), stack));
         }
         Ok(stack)
     }
@@ -226,7 +242,12 @@ fn text(v: &Value, key: &str, budget: &mut Budget, at: &dyn Fn() -> String, sour
 }
 
 fn uint(v: &Value, key: &str, at: &dyn Fn() -> String, source: &str) -> Result<u64> {
-    let x = v.get(key).ok_or_else(|| bad(source, format!("{}: missing `{key}`", at())))?;
+    field_uint(v.get(key).as_ref(), key, at, source)
+}
+
+/// A field's value (`v`, `None` where absent) as a non-negative integer below 2^64.
+fn field_uint(v: Option<&Value>, key: &str, at: &dyn Fn() -> String, source: &str) -> Result<u64> {
+    let x = v.ok_or_else(|| bad(source, format!("{}: missing `{key}`", at())))?;
     x.as_i128()
         .and_then(|n| u64::try_from(n).ok())
         .ok_or_else(|| bad(source, format!("{}: `{key}` is {x:?}, expected a non-negative integer below 2^64", at())))
@@ -304,6 +325,9 @@ fn to_json(
             _ => return Err(bad(source, format!("{}: integer {i} does not fit 64 bits", at()))),
         },
         Value::Float(f) => serde_json::Number::from_f64(*f).map_or(J::Null, J::Number),
+        Value::Kept(_) => {
+            return Err(bad(source, format!("{}: a {} where plain data was expected", at(), v.type_name())))
+        }
         Value::Str(s) => J::String(s.to_string()),
         Value::Bytes(b) => J::Array(b.iter().map(|&x| J::from(x)).collect()),
         Value::List(_) | Value::Tuple(_) => {
@@ -388,22 +412,31 @@ impl Snapshot {
     }
 
     fn read_pytorch_pickle(data: &[u8], source: &str, limit: super::ReadLimit) -> Result<Snapshot> {
-        let root = pickle::parse(data).map_err(|e| bad(source, e.to_string()))?;
-        let read = Snapshot::from_pickle_value(&root, data.len(), source, limit);
+        let mut traces = TraceReader {
+            tables: Tables::new(),
+            budget: Budget::for_bytes(data.len(), limit),
+            source,
+            lists: TraceLists::default(),
+        };
+        let root = pickle::parse_with(data, &mut traces).map_err(|f| match f {
+            pickle::Failure::Pickle(e) => bad(source, e.to_string()),
+            pickle::Failure::Reader(e) => e,
+        })?;
+        let read = Snapshot::from_pickle_value(&root, traces, source);
         // A large file's value tree takes a fifth of the read to free: another core frees it
         // while the caller goes on with the snapshot.
         if data.len() >= DROP_ELSEWHERE_ABOVE {
-            // SAFETY: `from_pickle_value` has returned, and with it every clone it made; it
-            // kept containers' identities only (`Tables`), and the snapshot it built owns
-            // copies, not values of the tree.
+            // SAFETY: `from_pickle_value` has returned and dropped the trace reader, and with
+            // them every clone they made (`Tables` and `TraceLists` keep clones, and are gone);
+            // the snapshot it built owns copies, not values of the tree.
             let tree = unsafe { pickle::Detached::new(root) };
             let _ = std::thread::Builder::new().name("vramscope-free".into()).spawn(move || drop(tree));
         }
         read
     }
 
-    fn from_pickle_value(root: &Value, data_len: usize, source: &str, limit: super::ReadLimit) -> Result<Snapshot> {
-        let mut budget = Budget::for_bytes(data_len, limit);
+    fn from_pickle_value(root: &Value, traces: TraceReader<'_>, source: &str) -> Result<Snapshot> {
+        let TraceReader { tables: mut t, mut budget, lists, .. } = traces;
         let segments_v = root.get("segments").ok_or_else(|| {
             bad(source, format!("a {} without `segments`: not a PyTorch memory snapshot", root.type_name()))
         })?;
@@ -411,7 +444,6 @@ impl Snapshot {
         let segs = segments_v
             .items()
             .ok_or_else(|| bad(source, format!("`segments` is a {}, expected a list", segments_v.type_name())))?;
-        let mut t = Tables::new();
         let mut segments = Vec::with_capacity(segs.len());
         for (si, seg) in segs.iter().enumerate() {
             let at = || format!("segments[{si}]");
@@ -437,7 +469,7 @@ impl Snapshot {
                     Some("inactive") => BlockState::Inactive,
                     other => return Err(bad(source, format!("{}: unknown block state {other:?}", at()))),
                 };
-                let stack = t.stack(b.get("frames"), &mut budget, &at, source)?;
+                let stack = t.stack(b.get("frames").as_ref(), None, &mut budget, &at, source)?;
                 // vramscope writes a block's scope beside its frames (not in PyTorch's schema):
                 // it stands where the allocation's entry has left the trace.
                 let scope = t.scope(b.get("user_metadata").as_ref(), &mut budget, &at, source)?;
@@ -452,7 +484,7 @@ impl Snapshot {
                 });
             }
             let total_size = uint(seg, "total_size", &at, source)?;
-            let made_by = t.stack(seg.get("frames"), &mut budget, &at, source)?;
+            let made_by = t.stack(seg.get("frames").as_ref(), None, &mut budget, &at, source)?;
             segments.push(SegmentInfo {
                 address: uint(seg, "address", &at, source)?,
                 total_size,
@@ -491,7 +523,7 @@ impl Snapshot {
             });
         }
         segments.sort_by_key(|s| s.address);
-        let (history, time_origin_us) = read_history(root, &mut t, &mut budget, source)?;
+        let (history, time_origin_us) = read_history(root, lists, &mut t, &mut budget, source)?;
         // Devices are named on each part only in a snapshot of several.
         let mut devices: Vec<usize> =
             segments.iter().filter_map(|s| s.device).chain(history.iter().filter_map(|e| e.device)).collect();
@@ -536,6 +568,11 @@ impl Snapshot {
             None => Vec::new(),
         };
         let stats = stats_of(&segments);
+        let (stacks, found) = t.stacks.into_parts();
+        // A large table is freed on another core while the caller goes on with the snapshot.
+        if found.len() >= 100_000 {
+            let _ = std::thread::Builder::new().name("vramscope-free".into()).spawn(move || drop(found));
+        }
         Ok(Snapshot {
             version: SNAPSHOT_VERSION,
             device,
@@ -544,7 +581,7 @@ impl Snapshot {
             history,
             history_dropped: 0,
             frames: t.frames.into_items(),
-            stacks: t.stacks.into_items(),
+            stacks,
             scopes: t.scopes.into_items(),
             threads: vec!["unknown".into()],
             stats,
@@ -558,16 +595,128 @@ impl Snapshot {
     }
 }
 
+/// Reads the trace entries of a PyTorch snapshot while its pickle is parsed: each batch of
+/// entries appended to a list of `device_traces` is read into [`HistoryEntry`]s and dropped,
+/// so the generic tree of a trace (a dict per event, a list of frames per event), many times
+/// the size of what is read of it, never exists whole. What the rest of the file holds is read
+/// from the tree after the parse, as before.
+struct TraceReader<'s> {
+    tables: Tables,
+    budget: Budget,
+    source: &'s str,
+    lists: TraceLists,
+}
+
+/// The trace lists read so far, with their entries and the entries' `time_us`. Each keeps its
+/// list (the tree holds it anyway), so that its address names it.
+#[derive(Default)]
+struct TraceLists {
+    lists: Vec<TraceList>,
+    list_of: HashMap<usize, u32>,
+}
+
+struct TraceList {
+    /// Held so that its address is not reused while `list_of` names it.
+    _list: Value,
+    entries: Vec<HistoryEntry>,
+    times: Vec<i128>,
+    /// The list's items read, entries or not.
+    seen: usize,
+}
+
+impl pickle::Reshape for TraceReader<'_> {
+    type Error = Error;
+
+    fn append(&mut self, stack: &[Value], at: usize, items: &mut Vec<Value>, memo: &mut Memo) -> Result<()> {
+        let Some(device) = device_trace_at(stack, at) else { return Ok(()) };
+        let list = &stack[at];
+        let id = list.identity().expect("a list has an address");
+        let lists = &mut self.lists.lists;
+        let slot = *self.lists.list_of.entry(id).or_insert_with(|| {
+            lists.push(TraceList { _list: list.clone(), entries: Vec::new(), times: Vec::new(), seen: 0 });
+            (lists.len() - 1) as u32
+        });
+        let (source, budget) = (self.source, &mut self.budget);
+        let first = lists[slot as usize].seen + list.len();
+        let batch = || format!("device_traces[{device}]");
+        budget.spend(items.len(), &batch, source)?;
+        budget.hold::<(HistoryEntry, i128)>(items.len(), &batch, source)?;
+        let out = &mut lists[slot as usize];
+        // The budget bounds the entries; memory it cannot have is an error.
+        let room = |e| bad(source, format!("{}: memory for {} more entries: {e}", batch(), items.len()));
+        out.entries.try_reserve(items.len()).map_err(room)?;
+        out.times.try_reserve(items.len()).map_err(room)?;
+        for (k, e) in items.drain(..).enumerate() {
+            let at = || format!("device_traces[{device}][{}]", first + k);
+            let read = match &e {
+                // An entry the pickle shares: the same event again.
+                Value::Kept(Kept::Entry { list, index }) => {
+                    let from = &lists[*list as usize];
+                    Some((from.times[*index as usize], from.entries[*index as usize].clone()))
+                }
+                _ => read_entry(&e, &mut self.tables, Some(&mut *memo), budget, &at, source)?,
+            };
+            let out = &mut lists[slot as usize];
+            out.seen += 1;
+            if let Some((time, entry)) = read {
+                if !matches!(e, Value::Kept(_)) {
+                    memo.keep(&e, Kept::Entry { list: slot, index: out.entries.len() as u32 });
+                }
+                out.entries.push(entry);
+                out.times.push(time);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The device whose trace `stack[at]` is, when it is one: the root dict is at the bottom of the
+/// stack with its keys and values above it, the key `device_traces`, then its list of traces,
+/// then the traces read and not yet appended to it, the last of them `stack[at]`.
+fn device_trace_at(stack: &[Value], at: usize) -> Option<usize> {
+    if !matches!(stack.first(), Some(Value::Dict(_))) || !matches!(stack.get(at), Some(Value::List(_))) {
+        return None;
+    }
+    let mut key = 1;
+    while key + 2 <= at {
+        match &stack[key] {
+            Value::Str(k) if &**k == "device_traces" => {
+                let Value::List(traces) = &stack[key + 1] else { return None };
+                let waiting = &stack[key + 2..at];
+                return waiting
+                    .iter()
+                    .all(|v| matches!(v, Value::List(_)))
+                    .then(|| traces.borrow().len() + waiting.len());
+            }
+            Value::Str(_) => key += 2,
+            _ => return None,
+        }
+    }
+    None
+}
+
 /// Every device's trace (`device_traces[d]` is device `d`'s), merged into one history in time
 /// order, each device's entries in their own order; each entry with its device. The origin of
-/// the entries' `time_ns` is the earliest `time_us` of all. Each entry is made once: a trace's
-/// list is read in place, and one device's entries need no merge.
-fn read_history(root: &Value, t: &mut Tables, budget: &mut Budget, source: &str) -> Result<(Vec<HistoryEntry>, u64)> {
+/// the entries' `time_ns` is the earliest `time_us` of all. A trace's entries are those the
+/// [`TraceReader`] read while the pickle was parsed, after any the list was made with.
+fn read_history(
+    root: &Value,
+    mut read: TraceLists,
+    t: &mut Tables,
+    budget: &mut Budget,
+    source: &str,
+) -> Result<(Vec<HistoryEntry>, u64)> {
     let Some(traces) = root.get("device_traces") else { return Ok((Vec::new(), 0)) };
     budget.spend(traces.len(), &|| "device_traces".to_string(), source)?;
     let traces = traces
         .items()
         .ok_or_else(|| bad(source, format!("`device_traces` is a {}, expected a list", traces.type_name())))?;
+    let slot_of = |trace: &Value| trace.identity().and_then(|id| read.list_of.get(&id)).map(|&slot| slot as usize);
+    // How often each list read while parsing is listed (twice is the same events twice).
+    let mut uses = vec![0usize; read.lists.len()];
+    for slot in traces.iter().filter_map(slot_of) {
+        uses[slot] += 1;
+    }
     // Each device's entries, and beside them their times in microseconds, as read.
     let mut per_device: Vec<(Vec<HistoryEntry>, Vec<i128>)> = Vec::new();
     for (d, trace) in traces.iter().enumerate() {
@@ -581,15 +730,29 @@ fn read_history(root: &Value, t: &mut Tables, budget: &mut Budget, source: &str)
             times.try_reserve_exact(items.len()).map_err(room)?;
             for (i, e) in items.iter().enumerate() {
                 let at = || format!("device_traces[{d}][{i}]");
-                if let Some((time, mut entry)) = read_entry(e, t, budget, &at, source)? {
-                    entry.device = Some(d);
+                if let Some((time, entry)) = read_entry(e, t, None, budget, &at, source)? {
                     out.push(entry);
                     times.push(time);
                 }
             }
         }
+        if let Some(slot) = slot_of(trace) {
+            let list = &mut read.lists[slot];
+            uses[slot] -= 1;
+            if out.is_empty() && uses[slot] == 0 {
+                out = std::mem::take(&mut list.entries);
+                times = std::mem::take(&mut list.times);
+            } else {
+                out.extend(list.entries.iter().cloned());
+                times.extend(list.times.iter().copied());
+            }
+        }
+        for entry in &mut out {
+            entry.device = Some(d);
+        }
         per_device.push((out, times));
     }
+    drop(read);
     let Some(t0) = per_device.iter().flat_map(|(_, times)| times).min().copied() else {
         return Ok((Vec::new(), 0));
     };
@@ -622,47 +785,83 @@ fn read_history(root: &Value, t: &mut Tables, budget: &mut Budget, source: &str)
     Ok((merged, origin))
 }
 
-/// One trace entry with its `time_us`; `None` for an action vramscope does not know.
+/// The fields of a trace entry vramscope reads, found in one pass over its dict (a key given
+/// twice has the value given last, as in the dict Python builds).
+#[derive(Default)]
+struct EntryFields<'v> {
+    action: Option<&'v Value>,
+    addr: Option<&'v Value>,
+    size: Option<&'v Value>,
+    stream: Option<&'v Value>,
+    time_us: Option<&'v Value>,
+    frames: Option<&'v Value>,
+    user_metadata: Option<&'v Value>,
+    compile_context: Option<&'v Value>,
+    device_free: Option<&'v Value>,
+}
+
+/// One trace entry with its `time_us`; `None` for an action vramscope does not know (or an
+/// item that is not a dict). `memo` is the parser's while the pickle is parsed.
 fn read_entry(
     e: &Value,
     t: &mut Tables,
+    memo: Option<&mut Memo>,
     budget: &mut Budget,
     at: &dyn Fn() -> String,
     source: &str,
 ) -> Result<Option<(i128, HistoryEntry)>> {
     budget.spend(e.len(), at, source)?;
-    let Some(action) = e.get("action").as_ref().and_then(Value::as_str).and_then(Action::from_name) else {
+    let Value::Dict(dict) = e else { return Ok(None) };
+    let pairs = dict.borrow();
+    let mut f = EntryFields::default();
+    for (k, v) in pairs.iter() {
+        let Value::Str(k) = k else { continue };
+        let field = match &**k {
+            "action" => &mut f.action,
+            "addr" => &mut f.addr,
+            "size" => &mut f.size,
+            "stream" => &mut f.stream,
+            "time_us" => &mut f.time_us,
+            "frames" => &mut f.frames,
+            "user_metadata" => &mut f.user_metadata,
+            "compile_context" => &mut f.compile_context,
+            "device_free" => &mut f.device_free,
+            _ => continue,
+        };
+        *field = Some(v);
+    }
+    let Some(action) = f.action.and_then(Value::as_str).and_then(Action::from_name) else {
         return Ok(None);
     };
-    let time_us = e.get("time_us").and_then(|v| v.as_i128()).unwrap_or(0);
-    let stack = t.stack(e.get("frames"), budget, at, source)?;
-    let meta = e.get("user_metadata");
-    let scope = t.scope(meta.as_ref(), budget, at, source)?;
-    let user_metadata = match &meta {
+    let time_us = f.time_us.and_then(Value::as_i128).unwrap_or(0);
+    let stack = t.stack(f.frames, memo, budget, at, source)?;
+    let scope = t.scope(f.user_metadata, budget, at, source)?;
+    let user_metadata = match f.user_metadata {
         Some(v) if !matches!(v, Value::Str(_)) => {
             Some(to_json(v, 0, budget, &|| format!("{}.user_metadata", at()), source)?)
         }
         _ => None,
     };
-    let compile_context = match e.get("compile_context") {
+    let compile_context = match f.compile_context {
         Some(c @ Value::Str(_)) => {
             budget.spend_bytes(c.byte_len(), at, source)?;
             c.as_str().map(str::to_string)
         }
         _ => None,
     };
+    let field = |v: Option<&Value>, key: &str| field_uint(v, key, at, source);
     Ok(Some((
         time_us,
         HistoryEntry {
             action,
             // PyTorch's `oom` entries have no address but the bytes the device had free.
             addr: if action == Action::Oom {
-                uint(e, "device_free", at, source).or_else(|_| uint(e, "addr", at, source)).unwrap_or(0)
+                field(f.device_free, "device_free").or_else(|_| field(f.addr, "addr")).unwrap_or(0)
             } else {
-                uint(e, "addr", at, source)?
+                field(f.addr, "addr")?
             },
-            size: uint(e, "size", at, source)?,
-            stream: uint(e, "stream", at, source).unwrap_or(0),
+            size: field(f.size, "size")?,
+            stream: field(f.stream, "stream").unwrap_or(0),
             device: None,
             time_ns: 0,
             context: context_in(stack, scope),
