@@ -131,6 +131,36 @@ pub(crate) fn read_input(path: &std::path::Path, what: &str) -> crate::error::Re
 
 /// [`read_input`], with the read limit as an argument (tests use a small one).
 fn read_input_within(path: &std::path::Path, what: &str, limit: u64, named: &str) -> crate::error::Result<Vec<u8>> {
+    open_input_within(path, what, limit, named)?.read_all()
+}
+
+/// An input file opened for reading: what its head says it is, and its bytes, the head first,
+/// read as the reader asks for them and counted against the read limit. A gzipped file is
+/// decompressed on a thread of its own, ahead of the reader.
+pub(crate) struct Input {
+    pub(crate) kind: FileKind,
+    head: std::io::Cursor<Vec<u8>>,
+    rest: Box<dyn std::io::Read + Send>,
+    /// Bytes read, the head's included.
+    read: u64,
+    limit: u64,
+    named: String,
+    name: String,
+    /// The file's size on disk.
+    size: u64,
+    gzipped: bool,
+    /// Why a read failed, as the error to report (the reader sees an I/O error only).
+    failure: Option<crate::error::Error>,
+}
+
+/// Opens `path` as [`read_input`] reads it, reading its head only.
+pub(crate) fn open_input(path: &std::path::Path, what: &str) -> crate::error::Result<(Input, ReadLimit)> {
+    let size = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+    let limit = read_limit(size)?;
+    Ok((open_input_within(path, what, limit.bytes, limit.named)?, limit))
+}
+
+fn open_input_within(path: &std::path::Path, what: &str, limit: u64, named: &str) -> crate::error::Result<Input> {
     use std::io::Read;
     let name = || path.display().to_string();
     let io = |error| crate::error::Error::Io { path: name(), error };
@@ -143,43 +173,34 @@ fn read_input_within(path: &std::path::Path, what: &str, limit: u64, named: &str
     let mut magic = Vec::with_capacity(2);
     (&mut file).take(2).read_to_end(&mut magic).map_err(io)?;
     let gzipped = magic == GZIP_MAGIC;
-    let too_large = || {
-        let what = if gzipped {
-            "a gzip file that expands past".to_string()
-        } else {
-            format!("a file of {}, over", crate::error::fmt_bytes(meta.len()))
-        };
-        format(format!(
-            "{what} the read limit of {} ({named}); to read it, set a larger one (--read-limit SIZE, or \
-             {READ_LIMIT_ENV}=SIZE){}",
-            crate::error::fmt_bytes(limit),
-            if gzipped { ", or decompress it first" } else { "" }
-        ))
-    };
-    if !gzipped && meta.len() > limit {
-        return Err(too_large());
-    }
     // One byte past the limit tells "too large" from "exactly that".
-    let mut reader: Box<dyn Read> = if gzipped {
+    let rest: Box<dyn Read + Send> = if gzipped {
         let input = std::io::BufReader::new(std::io::Cursor::new(magic).chain(file));
-        Box::new(GzMembers::new(input).take(limit.saturating_add(1)))
+        Box::new(Ahead::spawn(GzMembers::new(input).take(limit.saturating_add(1))))
     } else {
         Box::new(std::io::Cursor::new(magic).chain(file))
     };
-    // A corrupt or cut-off gzip stream says so, not only what the I/O layer calls it (flate2
-    // reports both as one of these kinds; a failing disk stays an I/O error).
-    let read_error = |error: std::io::Error| {
-        use std::io::ErrorKind::{InvalidData, InvalidInput, UnexpectedEof};
-        if gzipped && matches!(error.kind(), InvalidData | InvalidInput | UnexpectedEof) {
-            format(format!("a gzip file that does not decompress ({error}): is it whole?"))
-        } else {
-            io(error)
-        }
+    let mut input = Input {
+        kind: FileKind::Json,
+        head: std::io::Cursor::new(Vec::new()),
+        rest,
+        read: 0,
+        limit,
+        named: named.to_string(),
+        name: name(),
+        size: meta.len(),
+        gzipped,
+        failure: None,
     };
+    if !gzipped && meta.len() > limit {
+        return Err(input.too_large());
+    }
     let mut data = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0).min(HEAD_BYTES));
-    (&mut reader).take(HEAD_BYTES as u64).read_to_end(&mut data).map_err(read_error)?;
+    if let Err(e) = (&mut input).take(HEAD_BYTES as u64).read_to_end(&mut data) {
+        return Err(input.failure.take().unwrap_or_else(|| io(e)));
+    }
     let inside = |m: String| format(if gzipped { format!("gzipped; inside it, {m}") } else { m });
-    match sniff(&data, what) {
+    input.kind = match sniff(&data, what) {
         Err(m) => {
             let whitespace_head = data.len() == HEAD_BYTES && data.iter().all(u8::is_ascii_whitespace);
             return Err(inside(if whitespace_head {
@@ -191,10 +212,13 @@ fn read_input_within(path: &std::path::Path, what: &str, limit: u64, named: &str
                 m
             }));
         }
+        Ok(kind) => kind,
+    };
+    match input.kind {
         // The head must parse as the start of what it claims to be: a file whose third byte
         // is already wrong is refused now, not after gigabytes were read.
-        Ok(FileKind::Pickle) => pickle::check_head(&data).map_err(|e| inside(e.to_string()))?,
-        Ok(FileKind::Json) => {
+        FileKind::Pickle => pickle::check_head(&data).map_err(|e| inside(e.to_string()))?,
+        FileKind::Json => {
             let mut values = serde_json::Deserializer::from_slice(&data).into_iter::<serde::de::IgnoredAny>();
             if let Some(Err(e)) = values.next() {
                 if e.classify() != serde_json::error::Category::Eof {
@@ -203,28 +227,157 @@ fn read_input_within(path: &std::path::Path, what: &str, limit: u64, named: &str
             }
         }
     }
-    // Where the size is known, the memory is taken at once, and refused as an error.
-    let expected = if gzipped { 0 } else { usize::try_from(meta.len()).unwrap_or(usize::MAX) };
-    data.try_reserve_exact(expected.saturating_sub(data.len())).map_err(|_| {
-        format(format!("{} of memory to read it could not be had", crate::error::fmt_bytes(meta.len())))
-    })?;
-    let mut chunk = vec![0u8; 1 << 20];
-    loop {
-        let n = match reader.read(&mut chunk) {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(read_error(e)),
-        };
-        if data.len() as u64 + n as u64 > limit {
-            return Err(too_large());
-        }
-        data.try_reserve(n).map_err(|_| {
-            format(format!("memory to read past {} could not be had", crate::error::fmt_bytes(data.len() as u64)))
-        })?;
-        data.extend_from_slice(&chunk[..n]);
+    input.head = std::io::Cursor::new(data);
+    Ok(input)
+}
+
+impl Input {
+    fn format(&self, message: String) -> crate::error::Error {
+        crate::error::Error::Format { source_name: self.name.clone(), message }
     }
-    Ok(data)
+
+    fn too_large(&self) -> crate::error::Error {
+        let what = if self.gzipped {
+            "a gzip file that expands past".to_string()
+        } else {
+            format!("a file of {}, over", crate::error::fmt_bytes(self.size))
+        };
+        self.format(format!(
+            "{what} the read limit of {} ({}); to read it, set a larger one (--read-limit SIZE, or \
+             {READ_LIMIT_ENV}=SIZE){}",
+            crate::error::fmt_bytes(self.limit),
+            self.named,
+            if self.gzipped { ", or decompress it first" } else { "" }
+        ))
+    }
+
+    /// The file's size on disk where its bytes are read as they are (not gzipped).
+    pub(crate) fn plain_size(&self) -> Option<u64> {
+        (!self.gzipped).then_some(self.size)
+    }
+
+    /// The error that stopped a read, once (the reader of [`Input`] sees an I/O error only).
+    pub(crate) fn failure(&mut self) -> Option<crate::error::Error> {
+        self.failure.take()
+    }
+
+    /// Reads the rest of the file, and returns it all.
+    fn read_all(mut self) -> crate::error::Result<Vec<u8>> {
+        use std::io::Read;
+        let mut data = std::mem::take(self.head.get_mut());
+        // Where the size is known, the memory is taken at once, and refused as an error.
+        let expected = if self.gzipped { 0 } else { usize::try_from(self.size).unwrap_or(usize::MAX) };
+        data.try_reserve_exact(expected.saturating_sub(data.len())).map_err(|_| {
+            self.format(format!("{} of memory to read it could not be had", crate::error::fmt_bytes(self.size)))
+        })?;
+        let mut chunk = vec![0u8; 1 << 20];
+        loop {
+            let n = match self.read(&mut chunk) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    let name = self.name.clone();
+                    return Err(self.failure().unwrap_or(crate::error::Error::Io { path: name, error: e }));
+                }
+            };
+            data.try_reserve(n).map_err(|_| {
+                self.format(format!(
+                    "memory to read past {} could not be had",
+                    crate::error::fmt_bytes(data.len() as u64)
+                ))
+            })?;
+            data.extend_from_slice(&chunk[..n]);
+        }
+        Ok(data)
+    }
+}
+
+impl std::io::Read for Input {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.head.read(buf)?;
+        if n > 0 {
+            return Ok(n);
+        }
+        match self.rest.read(buf) {
+            Ok(n) => {
+                self.read += n as u64;
+                if self.read + self.head.get_ref().len() as u64 > self.limit {
+                    self.failure = Some(self.too_large());
+                    return Err(std::io::Error::other("past the read limit"));
+                }
+                Ok(n)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => Err(e),
+            Err(error) => {
+                // A corrupt or cut-off gzip stream says so, not only what the I/O layer calls
+                // it (flate2 reports both as one of these kinds; a failing disk stays an I/O
+                // error).
+                use std::io::ErrorKind::{InvalidData, InvalidInput, UnexpectedEof};
+                let message = error.to_string();
+                self.failure =
+                    Some(if self.gzipped && matches!(error.kind(), InvalidData | InvalidInput | UnexpectedEof) {
+                        self.format(format!("a gzip file that does not decompress ({error}): is it whole?"))
+                    } else {
+                        crate::error::Error::Io { path: self.name.clone(), error }
+                    });
+                Err(std::io::Error::other(message))
+            }
+        }
+    }
+}
+
+/// A reader that reads its source on a thread of its own, a few chunks ahead of its user:
+/// decompression runs on another core while the parser works. The thread ends when the data
+/// does, on an error, or when the user drops the reader.
+struct Ahead {
+    chunks: std::sync::mpsc::Receiver<std::io::Result<Vec<u8>>>,
+    chunk: std::io::Cursor<Vec<u8>>,
+    done: bool,
+}
+
+impl Ahead {
+    fn spawn(mut source: impl std::io::Read + Send + 'static) -> Ahead {
+        let (tx, chunks) = std::sync::mpsc::sync_channel(4);
+        let spawned = std::thread::Builder::new().name("vramscope-read".into()).spawn(move || loop {
+            let mut chunk = vec![0u8; 1 << 20];
+            match source.read(&mut chunk) {
+                Ok(0) => break,
+                Ok(n) => {
+                    chunk.truncate(n);
+                    if tx.send(Ok(chunk)).is_err() {
+                        break;
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    let _ = tx.send(Err(e));
+                    break;
+                }
+            }
+        });
+        let done = spawned.is_err();
+        Ahead { chunks, chunk: std::io::Cursor::new(Vec::new()), done }
+    }
+}
+
+impl std::io::Read for Ahead {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        loop {
+            let n = self.chunk.read(buf)?;
+            if n > 0 || buf.is_empty() || self.done {
+                return Ok(n);
+            }
+            match self.chunks.recv() {
+                Ok(Ok(chunk)) => self.chunk = std::io::Cursor::new(chunk),
+                Ok(Err(e)) => {
+                    self.done = true;
+                    return Err(e);
+                }
+                Err(_) => self.done = true,
+            }
+        }
+    }
 }
 
 /// The gzip members of a stream one after the other (`cat a.gz b.gz`), as `gzip -d` reads them:

@@ -298,15 +298,36 @@ impl fmt::Display for PickleError {
     }
 }
 
-struct Reader<'a> {
-    data: &'a [u8],
-    pos: usize,
+/// The pickle's bytes, read from their source a chunk at a time: a file is parsed as it is
+/// read, never held whole.
+struct Reader<'s> {
+    src: &'s mut dyn std::io::Read,
+    buf: Vec<u8>,
+    /// The next byte, in `buf`.
+    at: usize,
+    /// The offset in the data of `buf[0]`.
+    base: usize,
+    /// The source has no more bytes.
+    eof: bool,
+    /// Where the opcode being read began, in the data.
     op_at: usize,
 }
 
-impl<'a> Reader<'a> {
+/// Bytes asked of the source at a time.
+const CHUNK: usize = 1 << 20;
+
+impl<'s> Reader<'s> {
+    fn new(src: &'s mut dyn std::io::Read) -> Self {
+        Reader { src, buf: Vec::new(), at: 0, base: 0, eof: false, op_at: 0 }
+    }
+
+    /// The offset in the data of the next byte.
+    fn pos(&self) -> usize {
+        self.base + self.at
+    }
+
     fn err(&self, message: impl Into<String>) -> PickleError {
-        PickleError { offset: self.op_at, message: message.into(), truncated: false }
+        err_at(self.op_at, message)
     }
 
     /// An error of data that ends early.
@@ -314,20 +335,63 @@ impl<'a> Reader<'a> {
         PickleError { truncated: true, ..self.err(message) }
     }
 
-    fn take(&mut self, n: usize) -> Result<&'a [u8], PickleError> {
-        if n > self.data.len() - self.pos {
-            return Err(self.short(format!(
-                "the data ends early: {n} bytes needed, {} left (is the file truncated?)",
-                self.data.len() - self.pos
-            )));
+    /// The bytes left in the buffer.
+    fn left(&self) -> usize {
+        self.buf.len() - self.at
+    }
+
+    /// Reads until `n` bytes are in the buffer past `at`, or the source ends. The buffer grows
+    /// as bytes arrive, never by what a length in the data claims.
+    #[cold]
+    fn fill(&mut self, n: usize) -> Result<(), PickleError> {
+        if self.at > 0 {
+            self.buf.drain(..self.at);
+            self.base += self.at;
+            self.at = 0;
         }
-        let s = &self.data[self.pos..self.pos + n];
-        self.pos += n;
+        while self.buf.len() < n && !self.eof {
+            let old = self.buf.len();
+            self.buf.resize(old + CHUNK, 0);
+            match self.src.read(&mut self.buf[old..]) {
+                Ok(0) => {
+                    self.buf.truncate(old);
+                    self.eof = true;
+                }
+                Ok(k) => self.buf.truncate(old + k),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => self.buf.truncate(old),
+                Err(e) => {
+                    self.buf.truncate(old);
+                    return Err(err_at(self.pos(), format!("the data could not be read: {e}")));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn take(&mut self, n: usize) -> Result<&[u8], PickleError> {
+        if n > self.left() {
+            self.fill(n)?;
+            if n > self.left() {
+                return Err(self.short(format!(
+                    "the data ends early: {n} bytes needed, {} left (is the file truncated?)",
+                    self.left()
+                )));
+            }
+        }
+        let s = &self.buf[self.at..self.at + n];
+        self.at += n;
         Ok(s)
     }
 
+    #[inline]
     fn u8(&mut self) -> Result<u8, PickleError> {
-        Ok(self.take(1)?[0])
+        match self.buf.get(self.at) {
+            Some(&b) => {
+                self.at += 1;
+                Ok(b)
+            }
+            None => Ok(self.take(1)?[0]),
+        }
     }
 
     fn u16(&mut self) -> Result<u16, PickleError> {
@@ -342,31 +406,49 @@ impl<'a> Reader<'a> {
         Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
     }
 
+    /// A length read from the data, checked against the bytes that follow it.
     fn len(&mut self, n: u64) -> Result<usize, PickleError> {
-        usize::try_from(n).ok().filter(|&n| n <= self.data.len() - self.pos).ok_or_else(|| {
-            self.short(format!(
-                "a length of {n} bytes runs past the end of the data ({} left)",
-                self.data.len() - self.pos
-            ))
+        let fits = usize::try_from(n).ok();
+        if let Some(n) = fits.filter(|&n| n > self.left()) {
+            self.fill(n)?;
+        }
+        fits.filter(|&n| n <= self.left()).ok_or_else(|| {
+            self.short(format!("a length of {n} bytes runs past the end of the data ({} left)", self.left()))
         })
     }
 
-    fn line(&mut self) -> Result<&'a [u8], PickleError> {
-        let rest = &self.data[self.pos..];
-        let end = rest.iter().position(|&b| b == b'\n').ok_or_else(|| self.short("unterminated text argument"))?;
-        self.pos += end + 1;
-        Ok(&rest[..end])
+    fn line(&mut self) -> Result<&[u8], PickleError> {
+        let mut searched = 0;
+        loop {
+            if let Some(end) = self.buf[self.at + searched..].iter().position(|&b| b == b'\n') {
+                let end = searched + end;
+                let s = &self.buf[self.at..self.at + end];
+                self.at += end + 1;
+                return Ok(s);
+            }
+            searched = self.left();
+            if self.eof {
+                return Err(self.short("unterminated text argument"));
+            }
+            self.fill(self.left() + 1)?;
+        }
     }
 }
 
-fn str_value(r: &Reader<'_>, bytes: &[u8]) -> Result<Value, PickleError> {
-    std::str::from_utf8(bytes).map(|s| Value::Str(Rc::from(s))).map_err(|_| r.err("a string is not valid UTF-8"))
+fn err_at(offset: usize, message: impl Into<String>) -> PickleError {
+    PickleError { offset, message: message.into(), truncated: false }
+}
+
+fn str_value(op_at: usize, bytes: &[u8]) -> Result<Value, PickleError> {
+    std::str::from_utf8(bytes)
+        .map(|s| Value::Str(Rc::from(s)))
+        .map_err(|_| err_at(op_at, "a string is not valid UTF-8"))
 }
 
 /// Little-endian two's-complement integer of at most 16 bytes.
-fn long_value(r: &Reader<'_>, bytes: &[u8]) -> Result<Value, PickleError> {
+fn long_value(op_at: usize, bytes: &[u8]) -> Result<Value, PickleError> {
     if bytes.len() > 16 {
-        return Err(r.err(format!("an integer of {} bytes does not fit in 128 bits", bytes.len())));
+        return Err(err_at(op_at, format!("an integer of {} bytes does not fit in 128 bits", bytes.len())));
     }
     if bytes.is_empty() {
         return Ok(Value::Int(0));
@@ -410,13 +492,15 @@ pub(crate) trait Reshape {
 
     /// `items`, each complete, are about to be appended to the list `stack[at]` (the top of
     /// `stack`). The reader may take any of them; those it leaves are appended. It may put what
-    /// it made of a container in the container's memo slot ([`Memo::keep`]).
+    /// it made of a container in the container's memo slot ([`Memo::keep`]). `read` is the
+    /// bytes of the pickle read so far.
     fn append(
         &mut self,
         stack: &[Value],
         at: usize,
         items: &mut Vec<Value>,
         memo: &mut Memo,
+        read: usize,
     ) -> Result<(), Self::Error>;
 }
 
@@ -425,7 +509,7 @@ struct Plain;
 
 impl Reshape for Plain {
     type Error = std::convert::Infallible;
-    fn append(&mut self, _: &[Value], _: usize, _: &mut Vec<Value>, _: &mut Memo) -> Result<(), Self::Error> {
+    fn append(&mut self, _: &[Value], _: usize, _: &mut Vec<Value>, _: &mut Memo, _: usize) -> Result<(), Self::Error> {
         Ok(())
     }
 }
@@ -440,20 +524,27 @@ pub(crate) enum Failure<E> {
 }
 
 /// Parses a whole pickle and returns the value it stops with.
-pub(crate) fn parse(data: &[u8]) -> Result<Value, PickleError> {
-    parse_with(data, &mut Plain).map_err(|f| match f {
+pub(crate) fn parse(mut data: &[u8]) -> Result<Value, PickleError> {
+    parse_with(&mut data, &mut Plain).map(|(v, _)| v).map_err(|f| match f {
         Failure::Pickle(e) => e,
         Failure::Reader(never) => match never {},
     })
 }
 
-/// Parses a whole pickle, `reshape` reading the lists it recognizes as they are filled.
-pub(crate) fn parse_with<R: Reshape>(data: &[u8], reshape: &mut R) -> Result<Value, Failure<R::Error>> {
+/// Parses a whole pickle read from `src` as it goes (up to its STOP opcode, no further),
+/// `reshape` reading the lists it recognizes as they are filled. Returns the value and the
+/// bytes the pickle took.
+pub(crate) fn parse_with<R: Reshape>(
+    src: &mut dyn std::io::Read,
+    reshape: &mut R,
+) -> Result<(Value, usize), Failure<R::Error>> {
     let mut stack: Vec<Value> = Vec::new();
     let mut memo = Memo(Vec::new());
     let mut again: Vec<Value> = Vec::new();
     let mut refused = None;
-    let result = parse_into(data, &mut stack, &mut memo, &mut again, reshape, &mut refused);
+    let mut r = Reader::new(src);
+    let result = parse_into(&mut r, &mut stack, &mut memo, &mut again, reshape, &mut refused);
+    let read = r.pos();
     // A memo reference or a DUP can put a container inside itself (`l = []; l.append(l)`):
     // such a value could never be dropped. Whether the pickle was read or not, a cycle among
     // what it built is broken (every list and dict emptied) and reported. A cycle holds a
@@ -465,13 +556,13 @@ pub(crate) fn parse_with<R: Reshape>(data: &[u8], reshape: &mut R) -> Result<Val
         empty_containers(again.iter());
         return Err(Failure::Pickle(PickleError {
             truncated: false,
-            offset: data.len(),
+            offset: read,
             message: "the pickle holds a reference cycle (a list or dict inside itself); snapshots never do".into(),
         }));
     }
     match (result, refused) {
         (_, Some(e)) => Err(Failure::Reader(e)),
-        (result, None) => result.map_err(Failure::Pickle),
+        (result, None) => result.map(|v| (v, read)).map_err(Failure::Pickle),
     }
 }
 
@@ -608,14 +699,13 @@ fn note_again(
 /// Reads the pickle, keeping in `again` each container it pushes a second time (a memo GET or
 /// a DUP), once each, for [`parse`] to check for cycles.
 fn parse_into<R: Reshape>(
-    data: &[u8],
+    r: &mut Reader<'_>,
     stack: &mut Vec<Value>,
     memo: &mut Memo,
     again: &mut Vec<Value>,
     reshape: &mut R,
     refused: &mut Option<R::Error>,
 ) -> Result<Value, PickleError> {
-    let mut r = Reader { data, pos: 0, op_at: 0 };
     let mut marks: Vec<usize> = Vec::new();
     // The tuples already in `again`: one entry per container is all the cycle check needs.
     let mut again_ids: std::collections::HashSet<usize, BuildHasherDefault<AddressHasher>> = Default::default();
@@ -648,7 +738,7 @@ fn parse_into<R: Reshape>(
     }
     fn put(memo: &mut Memo, idx: usize, v: Value, r: &Reader<'_>) -> Result<(), PickleError> {
         // A memo index more than the bytes read so far cannot come from a real pickler.
-        if idx > r.pos + 1024 {
+        if idx > r.pos() + 1024 {
             return Err(r.err(format!("memo index {idx} is implausibly large")));
         }
         let at = u32::try_from(idx).unwrap_or(NOT_MEMOIZED);
@@ -697,7 +787,8 @@ fn parse_into<R: Reshape>(
     }
 
     loop {
-        r.op_at = r.pos;
+        r.op_at = r.pos();
+        let op_at = r.op_at;
         let op = r.u8().map_err(|_| r.short("the data ends before the STOP opcode (is the file truncated?)"))?;
         match op {
             0x80 => {
@@ -736,7 +827,7 @@ fn parse_into<R: Reshape>(
             0x8a => {
                 let n = r.u8()? as usize;
                 let b = r.take(n)?;
-                stack.push(long_value(&r, b)?);
+                stack.push(long_value(op_at, b)?);
             }
             0x8b => {
                 let n = r.u32()? as i32;
@@ -745,15 +836,17 @@ fn parse_into<R: Reshape>(
                 }
                 let n = r.len(n as u64)?;
                 let b = r.take(n)?;
-                stack.push(long_value(&r, b)?);
+                stack.push(long_value(op_at, b)?);
             }
             b'I' => {
                 let line = r.line()?;
-                let s = std::str::from_utf8(line).map_err(|_| r.err("INT argument is not text"))?;
+                let s = std::str::from_utf8(line).map_err(|_| err_at(op_at, "INT argument is not text"))?;
                 let v = match s {
                     "01" => Value::Bool(true),
                     "00" => Value::Bool(false),
-                    _ => Value::int(s.parse().map_err(|_| r.err(format!("INT argument `{s}` is not an integer")))?),
+                    _ => Value::int(
+                        s.parse().map_err(|_| err_at(op_at, format!("INT argument `{s}` is not an integer")))?,
+                    ),
                 };
                 stack.push(v);
             }
@@ -765,18 +858,18 @@ fn parse_into<R: Reshape>(
                 let n = r.u32()?;
                 let n = r.len(u64::from(n))?;
                 let b = r.take(n)?;
-                stack.push(str_value(&r, b)?);
+                stack.push(str_value(op_at, b)?);
             }
             0x8c => {
                 let n = r.u8()? as usize;
                 let b = r.take(n)?;
-                stack.push(str_value(&r, b)?);
+                stack.push(str_value(op_at, b)?);
             }
             0x8d => {
                 let n = r.u64()?;
                 let n = r.len(n)?;
                 let b = r.take(n)?;
-                stack.push(str_value(&r, b)?);
+                stack.push(str_value(op_at, b)?);
             }
             b'C' | b'U' => {
                 let n = r.u8()? as usize;
@@ -824,7 +917,7 @@ fn parse_into<R: Reshape>(
                 let v = pop!();
                 let mut items = vec![v];
                 let at = stack.len().checked_sub(1).ok_or_else(|| r.err("APPEND with no list"))?;
-                if let Err(e) = reshape.append(stack, at, &mut items, memo) {
+                if let Err(e) = reshape.append(stack, at, &mut items, memo, r.pos()) {
                     *refused = Some(e);
                     return Err(r.err("the reader refused what it read"));
                 }
@@ -834,7 +927,7 @@ fn parse_into<R: Reshape>(
                 let m = mark!();
                 scratch.extend(stack.drain(m..));
                 let at = stack.len().checked_sub(1).ok_or_else(|| r.err("APPENDS with no list"))?;
-                if let Err(e) = reshape.append(stack, at, &mut scratch, memo) {
+                if let Err(e) = reshape.append(stack, at, &mut scratch, memo, r.pos()) {
                     *refused = Some(e);
                     return Err(r.err("the reader refused what it read"));
                 }

@@ -31,39 +31,50 @@ fn bad(source: &str, message: impl Into<String>) -> Error {
 /// What the reader keeps of the file (the history's entries, the segments' blocks) is also
 /// bounded by the read limit, checked before it is built: a file that stands for millions of
 /// events in a few bytes each is refused at once, not after it filled memory.
+///
+/// A file read as it is parsed (a gzipped one, whose size is known only at its end) earns its
+/// budget as its bytes are read ([`Budget::grow`]).
 struct Budget {
-    left: u64,
+    spent: u64,
     total: u64,
-    /// Bytes the reader may still keep ([`ReadLimit::keep`](super::ReadLimit::keep)), and
-    /// how that bound is named in a refusal.
-    memory_left: u64,
-    keep: String,
+    /// Bytes held for what the reader keeps, against
+    /// [`ReadLimit::keep`](super::ReadLimit::keep) of the bytes read.
+    held: u64,
+    /// The pickle's bytes read so far.
+    read: u64,
+    limit: super::ReadLimit,
 }
 
 impl Budget {
     fn for_bytes(n: usize, limit: super::ReadLimit) -> Budget {
-        let total = 1_000_000u64.saturating_add((n as u64).saturating_mul(8));
-        let (memory_left, keep) = limit.keep(n as u64);
-        Budget { left: total, total, memory_left, keep }
+        let mut budget = Budget { spent: 0, total: 0, held: 0, read: 0, limit };
+        budget.grow(n);
+        budget
+    }
+
+    /// Counts the pickle's bytes read so far (`read`, if more than counted).
+    fn grow(&mut self, read: usize) {
+        self.read = self.read.max(read as u64);
+        self.total = 1_000_000u64.saturating_add(self.read.saturating_mul(8));
     }
 
     /// Holds memory for `n` values of type `T` read at `at`, or says the file expands past
     /// the read limit.
     fn hold<T>(&mut self, n: usize, at: &dyn Fn() -> String, source: &str) -> Result<()> {
         let bytes = (n as u64).saturating_mul(std::mem::size_of::<T>() as u64);
-        match self.memory_left.checked_sub(bytes) {
-            Some(left) => {
-                self.memory_left = left;
+        let (keep, named) = self.limit.keep(self.read);
+        match self.held.checked_add(bytes).filter(|&held| held <= keep) {
+            Some(held) => {
+                self.held = held;
                 Ok(())
             }
             None => Err(bad(
                 source,
                 format!(
-                    "{}: {n} entries would take {}, past what the reader may keep ({}); to read it, \
+                    "{}: {n} entries would take {}, past what the reader may keep ({named}); to read it, \
                      set a read limit (--read-limit SIZE, or {}=SIZE)",
                     at(),
                     crate::error::fmt_bytes(bytes),
-                    self.keep,
                     super::READ_LIMIT_ENV,
                 ),
             )),
@@ -77,9 +88,9 @@ impl Budget {
 
     /// Spends `n` elements for what is read at `at`, or says the file expands too far.
     fn spend(&mut self, n: usize, at: &dyn Fn() -> String, source: &str) -> Result<()> {
-        match self.left.checked_sub(n as u64) {
-            Some(left) => {
-                self.left = left;
+        match self.spent.checked_add(n as u64).filter(|&spent| spent <= self.total) {
+            Some(spent) => {
+                self.spent = spent;
                 Ok(())
             }
             None => Err(bad(
@@ -354,10 +365,27 @@ impl Snapshot {
     ///
     /// What the file may expand to, and what the reader builds of it, are bounded by the read
     /// limit ([`config::READ_LIMIT_ENV`](crate::config::READ_LIMIT_ENV)).
+    ///
+    /// A pickle is parsed as it is read (and decompressed, on another thread), never held
+    /// whole.
     pub fn load(path: impl AsRef<std::path::Path>) -> Result<Snapshot> {
         let path = path.as_ref();
-        let (data, limit) = super::read_input(path, "a vramscope JSON snapshot")?;
-        Self::from_bytes_within(&data, &path.display().to_string(), limit)
+        let (input, limit) = super::open_input(path, "a vramscope JSON snapshot")?;
+        let source = path.display().to_string();
+        match input.kind {
+            super::FileKind::Pickle => {
+                let mut input = input;
+                let size = input.plain_size().and_then(|n| usize::try_from(n).ok()).unwrap_or(0);
+                let read = Self::read_pytorch_pickle(&mut input, size, &source, limit);
+                // What stopped the file's read is the error, not what the parser made of it.
+                let snap = match (read, input.failure()) {
+                    (_, Some(e)) => return Err(e),
+                    (read, None) => read?,
+                };
+                Self::checked_pytorch(snap, &source)
+            }
+            super::FileKind::Json => Self::from_bytes_within(&input.read_all()?, &source, limit),
+        }
     }
 
     /// Reads a snapshot from bytes (JSON or pickle); `source` names them in errors.
@@ -403,36 +431,54 @@ impl Snapshot {
         Self::from_pytorch_pickle_within(data, source, super::read_limit(data.len() as u64)?)
     }
 
-    pub(crate) fn from_pytorch_pickle_within(data: &[u8], source: &str, limit: super::ReadLimit) -> Result<Snapshot> {
-        let snap = Self::read_pytorch_pickle(data, source, limit)?;
+    pub(crate) fn from_pytorch_pickle_within(
+        mut data: &[u8],
+        source: &str,
+        limit: super::ReadLimit,
+    ) -> Result<Snapshot> {
+        let size = data.len();
+        let snap = Self::read_pytorch_pickle(&mut data, size, source, limit)?;
+        Self::checked_pytorch(snap, source)
+    }
+
+    /// `snap`, read from a PyTorch pickle, if it is consistent.
+    fn checked_pytorch(snap: Snapshot, source: &str) -> Result<Snapshot> {
         snap.validate().map_err(|m| {
             bad(source, format!("inconsistent PyTorch snapshot (segments counted in address order): {m}"))
         })?;
         Ok(snap)
     }
 
-    fn read_pytorch_pickle(data: &[u8], source: &str, limit: super::ReadLimit) -> Result<Snapshot> {
+    /// Reads a snapshot pickle from `data`, parsed as it is read; `size` is its size where
+    /// known (0 where not: its budget grows as it is read).
+    fn read_pytorch_pickle(
+        data: &mut dyn std::io::Read,
+        size: usize,
+        source: &str,
+        limit: super::ReadLimit,
+    ) -> Result<Snapshot> {
         let mut traces = TraceReader {
             tables: Tables::new(),
-            budget: Budget::for_bytes(data.len(), limit),
+            budget: Budget::for_bytes(size, limit),
             source,
             lists: TraceLists::default(),
         };
-        let root = pickle::parse_with(data, &mut traces).map_err(|f| match f {
+        let (root, read) = pickle::parse_with(data, &mut traces).map_err(|f| match f {
             pickle::Failure::Pickle(e) => bad(source, e.to_string()),
             pickle::Failure::Reader(e) => e,
         })?;
-        let read = Snapshot::from_pickle_value(&root, traces, source);
+        traces.budget.grow(read);
+        let snapshot = Snapshot::from_pickle_value(&root, traces, source);
         // A large file's value tree takes a fifth of the read to free: another core frees it
         // while the caller goes on with the snapshot.
-        if data.len() >= DROP_ELSEWHERE_ABOVE {
+        if read >= DROP_ELSEWHERE_ABOVE {
             // SAFETY: `from_pickle_value` has returned and dropped the trace reader, and with
             // them every clone they made (`Tables` and `TraceLists` keep clones, and are gone);
             // the snapshot it built owns copies, not values of the tree.
             let tree = unsafe { pickle::Detached::new(root) };
             let _ = std::thread::Builder::new().name("vramscope-free".into()).spawn(move || drop(tree));
         }
-        read
+        snapshot
     }
 
     fn from_pickle_value(root: &Value, traces: TraceReader<'_>, source: &str) -> Result<Snapshot> {
@@ -627,8 +673,16 @@ struct TraceList {
 impl pickle::Reshape for TraceReader<'_> {
     type Error = Error;
 
-    fn append(&mut self, stack: &[Value], at: usize, items: &mut Vec<Value>, memo: &mut Memo) -> Result<()> {
+    fn append(
+        &mut self,
+        stack: &[Value],
+        at: usize,
+        items: &mut Vec<Value>,
+        memo: &mut Memo,
+        read: usize,
+    ) -> Result<()> {
         let Some(device) = device_trace_at(stack, at) else { return Ok(()) };
+        self.budget.grow(read);
         let list = &stack[at];
         let id = list.identity().expect("a list has an address");
         let lists = &mut self.lists.lists;
