@@ -356,12 +356,13 @@ pub struct HistoryEntry {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context: Option<ContextInfo>,
     /// PyTorch's `compile_context` of the event (`N/A` outside `torch.compile`), kept as read.
+    /// (Boxed, as `user_metadata`: a history of millions of entries holds few of either.)
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub compile_context: Option<String>,
+    pub compile_context: Option<Box<str>>,
     /// PyTorch's `user_metadata` of the event where it is not a string (a string is a scope
     /// path, in `context`), kept as read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub user_metadata: Option<serde_json::Value>,
+    pub user_metadata: Option<Box<serde_json::Value>>,
 }
 
 /// The `backend` of a snapshot read from PyTorch's pickle format.
@@ -595,5 +596,16 @@ impl PartTables {
         }
         t.size += t.frames.len() as u64;
         t
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A PyTorch history holds millions of entries: each byte here is megabytes there.
+    #[test]
+    fn a_history_entry_takes_104_bytes() {
+        assert_eq!(std::mem::size_of::<HistoryEntry>(), 104);
     }
 }

@@ -50,6 +50,9 @@ pub(crate) struct Node<T> {
     memo: Cell<u32>,
     /// Pushed a second time: kept for the cycle check.
     again: Cell<bool>,
+    /// What a [`Reshape`] made of it, for references that reach it after (one made before
+    /// it was read, or one that did not go through the memo).
+    kept: Cell<Option<Kept>>,
 }
 
 /// The memo index of a container no memo slot stores (or one past what 32 bits index).
@@ -57,7 +60,12 @@ const NOT_MEMOIZED: u32 = u32::MAX;
 
 impl<T> Node<T> {
     fn new(items: T) -> Node<T> {
-        Node { items: RefCell::new(items), memo: Cell::new(NOT_MEMOIZED), again: Cell::new(false) }
+        Node {
+            items: RefCell::new(items),
+            memo: Cell::new(NOT_MEMOIZED),
+            again: Cell::new(false),
+            kept: Cell::new(None),
+        }
     }
 
     /// The items, borrowed.
@@ -162,6 +170,17 @@ impl fmt::Debug for Value {
 }
 
 impl Value {
+    /// What a [`Reshape`] made of this value, if it did: the value is one it kept, or a
+    /// container it read.
+    pub(crate) fn kept(&self) -> Option<Kept> {
+        match self {
+            Value::Kept(k) => Some(*k),
+            Value::List(n) => n.kept.get(),
+            Value::Dict(n) => n.kept.get(),
+            _ => None,
+        }
+    }
+
     /// An integer, in 64 bits where it fits.
     pub(crate) fn int(i: i128) -> Value {
         match i64::try_from(i) {
@@ -466,11 +485,18 @@ impl Memo {
     /// Puts `kept` in the memo slot of `container` where the memo still stores it there, so
     /// that later references find what the reader made of it, and the memo no longer keeps the
     /// container alive.
-    /// Whether it did (a container stored nowhere, or stored again elsewhere since, is left).
+    /// The container remembers it too ([`Value::kept`]). Whether the memo took it (a
+    /// container stored nowhere, or stored again elsewhere since, is left there).
     pub(crate) fn keep(&mut self, container: &Value, kept: Kept) -> bool {
         let idx = match container {
-            Value::List(n) => n.memo.get(),
-            Value::Dict(n) => n.memo.get(),
+            Value::List(n) => {
+                n.kept.set(Some(kept));
+                n.memo.get()
+            }
+            Value::Dict(n) => {
+                n.kept.set(Some(kept));
+                n.memo.get()
+            }
             _ => return false,
         };
         match self.0.get_mut(idx as usize) {

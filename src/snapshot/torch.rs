@@ -178,7 +178,7 @@ impl Tables {
         source: &str,
     ) -> Result<Option<StackId>> {
         let Some(frames) = frames else { return Ok(None) };
-        if let Value::Kept(Kept::Stack(known)) = frames {
+        if let Some(Kept::Stack(known)) = frames.kept() {
             return Ok(known.map(StackId));
         }
         let id = frames.identity();
@@ -189,8 +189,8 @@ impl Tables {
         let mut ids = Vec::with_capacity(frames.len());
         if let Some(list) = frames.items_ref() {
             for (i, f) in list.iter().enumerate() {
-                let frame = match f {
-                    Value::Kept(Kept::Frame(frame)) => FrameId(*frame),
+                let frame = match f.kept() {
+                    Some(Kept::Frame(frame)) => FrameId(frame),
                     _ => match f.identity().and_then(|id| self.frame_of.get(&id)) {
                         Some(&(_, frame)) => frame,
                         None => {
@@ -702,18 +702,18 @@ impl pickle::Reshape for TraceReader<'_> {
         out.times.try_reserve(items.len()).map_err(room)?;
         for (k, e) in items.drain(..).enumerate() {
             let at = || format!("device_traces[{device}][{}]", first + k);
-            let read = match &e {
+            let read = match e.kept() {
                 // An entry the pickle shares: the same event again.
-                Value::Kept(Kept::Entry { list, index }) => {
-                    let from = &lists[*list as usize];
-                    Some((from.times[*index as usize], from.entries[*index as usize].clone()))
+                Some(Kept::Entry { list, index }) => {
+                    let from = &lists[list as usize];
+                    Some((from.times[index as usize], from.entries[index as usize].clone()))
                 }
                 _ => read_entry(&e, &mut self.tables, Some(&mut *memo), budget, &at, source)?,
             };
             let out = &mut lists[slot as usize];
             out.seen += 1;
             if let Some((time, entry)) = read {
-                if !matches!(e, Value::Kept(_)) {
+                if e.kept().is_none() {
                     memo.keep(&e, Kept::Entry { list: slot, index: out.entries.len() as u32 });
                 }
                 out.entries.push(entry);
@@ -892,7 +892,7 @@ fn read_entry(
     let scope = t.scope(f.user_metadata, budget, at, source)?;
     let user_metadata = match f.user_metadata {
         Some(v) if !matches!(v, Value::Str(_)) => {
-            Some(to_json(v, 0, budget, &|| format!("{}.user_metadata", at()), source)?)
+            Some(Box::new(to_json(v, 0, budget, &|| format!("{}.user_metadata", at()), source)?))
         }
         _ => None,
     };
@@ -920,7 +920,7 @@ fn read_entry(
             time_ns: 0,
             context: context_in(stack, scope),
             // "N/A" (outside torch.compile) is what the writer puts where there is none.
-            compile_context: compile_context.filter(|c| c != "N/A"),
+            compile_context: compile_context.filter(|c| c != "N/A").map(String::into_boxed_str),
             user_metadata,
         },
     )))
