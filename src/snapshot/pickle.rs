@@ -937,7 +937,7 @@ fn parse_into<R: Reshape>(
             b'd' => {
                 let m = mark!();
                 stack.insert(m, Value::Dict(Rc::new(Node::new(Vec::new()))));
-                set_items(stack, m + 1, &r)?;
+                set_items(stack, m + 1, r)?;
             }
             b'a' => {
                 let v = pop!();
@@ -947,7 +947,7 @@ fn parse_into<R: Reshape>(
                     *refused = Some(e);
                     return Err(r.err("the reader refused what it read"));
                 }
-                append(&stack[at], items.drain(..), &r)?;
+                append(&stack[at], items.drain(..), r)?;
             }
             b'e' | 0x90 => {
                 let m = mark!();
@@ -957,42 +957,42 @@ fn parse_into<R: Reshape>(
                     *refused = Some(e);
                     return Err(r.err("the reader refused what it read"));
                 }
-                append(&stack[at], scratch.drain(..), &r)?;
+                append(&stack[at], scratch.drain(..), r)?;
             }
             b's' => {
                 if stack.len() < 3 {
                     return Err(r.err(format!("SETITEM with {} values on the stack", stack.len())));
                 }
-                set_items(stack, stack.len() - 2, &r)?;
+                set_items(stack, stack.len() - 2, r)?;
             }
             b'u' => {
                 let m = mark!();
-                set_items(stack, m, &r)?;
+                set_items(stack, m, r)?;
             }
             0x94 => {
                 let v = stack.last().cloned().ok_or_else(|| r.err("MEMOIZE with an empty stack"))?;
                 let idx = memo.0.len();
-                put(memo, idx, v, &r)?;
+                put(memo, idx, v, r)?;
             }
             b'q' => {
                 let idx = r.u8()? as usize;
                 let v = stack.last().cloned().ok_or_else(|| r.err("BINPUT with an empty stack"))?;
-                put(memo, idx, v, &r)?;
+                put(memo, idx, v, r)?;
             }
             b'r' => {
                 let idx = r.u32()? as usize;
                 let v = stack.last().cloned().ok_or_else(|| r.err("LONG_BINPUT with an empty stack"))?;
-                put(memo, idx, v, &r)?;
+                put(memo, idx, v, r)?;
             }
             b'h' => {
                 let idx = r.u8()? as usize;
-                let v = get(memo, idx, &r)?;
+                let v = get(memo, idx, r)?;
                 note_again(again, &mut again_ids, &v);
                 stack.push(v);
             }
             b'j' => {
                 let idx = r.u32()? as usize;
-                let v = get(memo, idx, &r)?;
+                let v = get(memo, idx, r)?;
                 note_again(again, &mut again_ids, &v);
                 stack.push(v);
             }
