@@ -566,7 +566,7 @@ pub(crate) fn parse_with<R: Reshape>(
 ) -> Result<(Value, usize), Failure<R::Error>> {
     let mut stack: Vec<Value> = Vec::new();
     let mut memo = Memo(Vec::new());
-    let mut again: Vec<Value> = Vec::new();
+    let mut again: Vec<Again> = Vec::new();
     let mut refused = None;
     let mut r = Reader::new(src);
     let result = parse_into(&mut r, &mut stack, &mut memo, &mut again, reshape, &mut refused);
@@ -578,8 +578,12 @@ pub(crate) fn parse_with<R: Reshape>(
     // contained), so those containers are where to look: what the stack and the memo still
     // hold would miss a cycle popped off the stack before STOP, which leaked (found by
     // `fuzz/run.sh`).
-    if !again.is_empty() && has_cycle(again.iter()) {
-        empty_containers(again.iter());
+    // Only containers still alive can be in a cycle (a cycle keeps its members alive); those
+    // the reader took and dropped are not looked at.
+    let alive: Vec<Value> = again.iter().filter_map(Again::upgrade).collect();
+    drop(again);
+    if !alive.is_empty() && has_cycle(alive.iter()) {
+        empty_containers(alive.iter());
         return Err(Failure::Pickle(PickleError {
             truncated: false,
             offset: read,
@@ -704,10 +708,36 @@ fn empty_containers<'a>(roots: impl Iterator<Item = &'a Value>) {
     }
 }
 
+/// A container pushed a second time, known without keeping it alive.
+enum Again {
+    List(std::rc::Weak<Node<Vec<Value>>>),
+    Dict(std::rc::Weak<Node<Vec<(Value, Value)>>>),
+    Tuple(std::rc::Weak<[Value]>),
+}
+
+impl Again {
+    fn of(v: &Value) -> Option<Again> {
+        match v {
+            Value::List(n) => Some(Again::List(Rc::downgrade(n))),
+            Value::Dict(n) => Some(Again::Dict(Rc::downgrade(n))),
+            Value::Tuple(t) => Some(Again::Tuple(Rc::downgrade(t))),
+            _ => None,
+        }
+    }
+
+    fn upgrade(&self) -> Option<Value> {
+        match self {
+            Again::List(w) => w.upgrade().map(Value::List),
+            Again::Dict(w) => w.upgrade().map(Value::Dict),
+            Again::Tuple(w) => w.upgrade().map(Value::Tuple),
+        }
+    }
+}
+
 /// Keeps `v` in `again` if it is a container not kept there yet (lists and dicts say so
 /// themselves; tuples, rare in a snapshot, are told apart by address).
 fn note_again(
-    again: &mut Vec<Value>,
+    again: &mut Vec<Again>,
     tuples: &mut std::collections::HashSet<usize, BuildHasherDefault<AddressHasher>>,
     v: &Value,
 ) {
@@ -718,7 +748,7 @@ fn note_again(
         _ => false,
     };
     if first {
-        again.push(v.clone());
+        again.extend(Again::of(v));
     }
 }
 
@@ -728,7 +758,7 @@ fn parse_into<R: Reshape>(
     r: &mut Reader<'_>,
     stack: &mut Vec<Value>,
     memo: &mut Memo,
-    again: &mut Vec<Value>,
+    again: &mut Vec<Again>,
     reshape: &mut R,
     refused: &mut Option<R::Error>,
 ) -> Result<Value, PickleError> {
