@@ -1,0 +1,395 @@
+//! The trace of a PyTorch snapshot, read while its pickle is parsed.
+
+use super::budget::{Budget, BYTES_PER_ELEMENT};
+use super::tables::Tables;
+use super::{bad, context_in, field_uint, to_json};
+use crate::error::{Error, Result};
+use crate::record::Action;
+use crate::snapshot::model::HistoryEntry;
+use crate::snapshot::pickle::{self, Kept, Memo, Value};
+use std::collections::HashMap;
+
+/// Reads the trace entries of a PyTorch snapshot while its pickle is parsed: each batch of
+/// entries appended to a list of `device_traces` is read into [`HistoryEntry`]s and dropped,
+/// so the generic tree of a trace (a dict per event, a list of frames per event), many times
+/// the size of what is read of it, never exists whole. What the rest of the file holds is read
+/// from the tree after the parse.
+pub(super) struct TraceReader<'s> {
+    pub(super) tables: Tables,
+    pub(super) budget: Budget,
+    pub(super) source: &'s str,
+    pub(super) lists: TraceLists,
+}
+
+/// The trace lists read so far, with their entries and the entries' `time_us`. Each keeps its
+/// list (the tree holds it anyway), so that its address names it.
+#[derive(Default)]
+pub(super) struct TraceLists {
+    lists: Vec<TraceList>,
+    list_of: HashMap<usize, u32>,
+}
+
+struct TraceList {
+    /// Held so that its address is not reused while `list_of` names it.
+    _list: Value,
+    entries: Vec<HistoryEntry>,
+    times: Vec<i128>,
+    /// The list's items read, entries or not.
+    seen: usize,
+}
+
+impl pickle::Reshape for TraceReader<'_> {
+    type Error = Error;
+
+    fn append(
+        &mut self,
+        stack: &[Value],
+        at: usize,
+        items: &mut Vec<Value>,
+        memo: &mut Memo,
+        read: usize,
+    ) -> Result<()> {
+        let Some(device) = device_trace_at(stack, at) else { return Ok(()) };
+        self.budget.grow(read);
+        let list = &stack[at];
+        let id = list.identity().expect("a list has an address");
+        let lists = &mut self.lists.lists;
+        let slot = *self.lists.list_of.entry(id).or_insert_with(|| {
+            lists.push(TraceList { _list: list.clone(), entries: Vec::new(), times: Vec::new(), seen: 0 });
+            (lists.len() - 1) as u32
+        });
+        let (source, budget) = (self.source, &mut self.budget);
+        let first = lists[slot as usize].seen + list.len();
+        let batch = || format!("device_traces[{device}]");
+        budget.spend(items.len(), &batch, source)?;
+        budget.hold::<(HistoryEntry, i128)>(items.len(), &batch, source)?;
+        let out = &mut lists[slot as usize];
+        // The budget bounds the entries; memory it cannot have is an error.
+        let room = |e| bad(source, format!("{}: memory for {} more entries: {e}", batch(), items.len()));
+        out.entries.try_reserve(items.len()).map_err(room)?;
+        out.times.try_reserve(items.len()).map_err(room)?;
+        for (k, e) in items.drain(..).enumerate() {
+            let at = || format!("device_traces[{device}][{}]", first + k);
+            let read = match e.kept() {
+                // An entry the pickle shares: the same event again.
+                Some(Kept::Entry { list, index }) => {
+                    let from = &lists[list as usize];
+                    let entry = &from.entries[index as usize];
+                    // Each reference copies the entry's text: paid for as if read again.
+                    budget.spend(ENTRY_FIELDS, &at, source)?;
+                    budget.spend_bytes(entry.compile_context.as_ref().map_or(0, |c| c.len()), &at, source)?;
+                    if let Some(meta) = &entry.user_metadata {
+                        let written = serde_json::to_vec(meta).map_or(0, |v| v.len());
+                        budget.spend_bytes(written.saturating_mul(BYTES_PER_ELEMENT), &at, source)?;
+                    }
+                    Some((from.times[index as usize], entry.clone()))
+                }
+                _ => read_entry(&e, &mut self.tables, Some(&mut *memo), budget, &at, source)?,
+            };
+            let out = &mut lists[slot as usize];
+            out.seen += 1;
+            if let Some((time, entry)) = read {
+                if e.kept().is_none() {
+                    memo.keep(&e, Kept::Entry { list: slot, index: out.entries.len() as u32 });
+                }
+                out.entries.push(entry);
+                out.times.push(time);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The device whose trace `stack[at]` is, when it is one: the root dict is at the bottom of the
+/// stack with its keys and values above it, the key `device_traces`, then its list of traces,
+/// then the traces read and not yet appended to it, the last of them `stack[at]`.
+fn device_trace_at(stack: &[Value], at: usize) -> Option<usize> {
+    if !matches!(stack.first(), Some(Value::Dict(_))) || !matches!(stack.get(at), Some(Value::List(_))) {
+        return None;
+    }
+    let mut key = 1;
+    while key + 2 <= at {
+        match &stack[key] {
+            Value::Str(k) if &**k == "device_traces" => {
+                let Value::List(traces) = &stack[key + 1] else { return None };
+                let waiting = &stack[key + 2..at];
+                return waiting
+                    .iter()
+                    .all(|v| matches!(v, Value::List(_)))
+                    .then(|| traces.borrow().len() + waiting.len());
+            }
+            Value::Str(_) => key += 2,
+            _ => return None,
+        }
+    }
+    None
+}
+
+/// Every device's trace (`device_traces[d]` is device `d`'s), merged into one history in time
+/// order, each device's entries in their own order; each entry with its device. The origin of
+/// the entries' `time_ns` is the earliest `time_us` of all. A trace's entries are those the
+/// [`TraceReader`] read while the pickle was parsed, after any the list was made with.
+pub(super) fn read_history(
+    root: &Value,
+    mut read: TraceLists,
+    t: &mut Tables,
+    budget: &mut Budget,
+    source: &str,
+) -> Result<(Vec<HistoryEntry>, u64)> {
+    let Some(traces) = root.get("device_traces") else { return Ok((Vec::new(), 0)) };
+    budget.spend(traces.len(), &|| "device_traces".to_string(), source)?;
+    let traces = traces
+        .items()
+        .ok_or_else(|| bad(source, format!("`device_traces` is a {}, expected a list", traces.type_name())))?;
+    let slot_of = |trace: &Value| trace.identity().and_then(|id| read.list_of.get(&id)).map(|&slot| slot as usize);
+    // How often each list read while parsing is listed (twice is the same events twice).
+    let mut uses = vec![0usize; read.lists.len()];
+    for slot in traces.iter().filter_map(slot_of) {
+        uses[slot] += 1;
+    }
+    // Each device's entries, and beside them their times in microseconds, as read.
+    let mut per_device: Vec<(Vec<HistoryEntry>, Vec<i128>)> = Vec::new();
+    for (d, trace) in traces.iter().enumerate() {
+        let (mut out, mut times) = (Vec::new(), Vec::new());
+        if let Some(items) = trace.items_ref() {
+            budget.spend(items.len(), &|| format!("device_traces[{d}]"), source)?;
+            budget.hold::<(HistoryEntry, i128)>(items.len(), &|| format!("device_traces[{d}]"), source)?;
+            // The budget bounds the entries; memory it cannot have is an error.
+            let room = |e| bad(source, format!("device_traces[{d}]: memory for {} entries: {e}", items.len()));
+            out.try_reserve_exact(items.len()).map_err(room)?;
+            times.try_reserve_exact(items.len()).map_err(room)?;
+            for (i, e) in items.iter().enumerate() {
+                let at = || format!("device_traces[{d}][{i}]");
+                if let Some((time, entry)) = read_entry(e, t, None, budget, &at, source)? {
+                    out.push(entry);
+                    times.push(time);
+                }
+            }
+        }
+        if let Some(slot) = slot_of(trace) {
+            let list = &mut read.lists[slot];
+            uses[slot] -= 1;
+            if out.is_empty() && uses[slot] == 0 {
+                out = std::mem::take(&mut list.entries);
+                times = std::mem::take(&mut list.times);
+            } else {
+                out.extend(list.entries.iter().cloned());
+                times.extend(list.times.iter().copied());
+            }
+        }
+        for entry in &mut out {
+            entry.device = Some(d);
+        }
+        per_device.push((out, times));
+    }
+    drop(read);
+    let Some(t0) = per_device.iter().flat_map(|(_, times)| times).min().copied() else {
+        return Ok((Vec::new(), 0));
+    };
+    // Saturating: a hostile file's times may be any 128-bit integers, in any order.
+    let ns = |time: i128| u64::try_from(time.saturating_sub(t0).max(0).saturating_mul(1000)).unwrap_or(u64::MAX);
+    let origin = u64::try_from(t0.max(0)).unwrap_or(u64::MAX);
+    if per_device.iter().filter(|(out, _)| !out.is_empty()).count() <= 1 {
+        let (mut out, times) = per_device.into_iter().find(|(out, _)| !out.is_empty()).unwrap_or_default();
+        for (entry, time) in out.iter_mut().zip(times) {
+            entry.time_ns = ns(time);
+        }
+        return Ok((out, origin));
+    }
+    let mut merged = Vec::new();
+    let total = per_device.iter().map(|(out, _)| out.len()).sum();
+    merged.try_reserve_exact(total).map_err(|e| bad(source, format!("memory for {total} trace entries: {e}")))?;
+    // A merge by time that keeps each device's order (ties to the lower device): the heap holds
+    // each device's next entry's time.
+    let mut lists: Vec<_> = per_device.into_iter().map(|(out, times)| out.into_iter().zip(times).peekable()).collect();
+    let mut heads: std::collections::BinaryHeap<std::cmp::Reverse<(i128, usize)>> =
+        lists.iter_mut().enumerate().filter_map(|(d, l)| Some(std::cmp::Reverse((l.peek()?.1, d)))).collect();
+    while let Some(std::cmp::Reverse((_, d))) = heads.pop() {
+        let Some((mut entry, time)) = lists[d].next() else { continue };
+        entry.time_ns = ns(time);
+        merged.push(entry);
+        if let Some((_, time)) = lists[d].peek() {
+            heads.push(std::cmp::Reverse((*time, d)));
+        }
+    }
+    Ok((merged, origin))
+}
+
+/// The fields of a PyTorch trace entry: what reading one costs in the budget's elements.
+const ENTRY_FIELDS: usize = 8;
+
+/// The fields of a trace entry vramscope reads, found in one pass over its dict (a key given
+/// twice has the value given last, as in the dict Python builds).
+#[derive(Default)]
+struct EntryFields<'v> {
+    action: Option<&'v Value>,
+    addr: Option<&'v Value>,
+    size: Option<&'v Value>,
+    stream: Option<&'v Value>,
+    time_us: Option<&'v Value>,
+    frames: Option<&'v Value>,
+    user_metadata: Option<&'v Value>,
+    compile_context: Option<&'v Value>,
+    device_free: Option<&'v Value>,
+}
+
+/// One trace entry with its `time_us`; `None` for an action vramscope does not know (or an
+/// item that is not a dict). `memo` is the parser's while the pickle is parsed.
+pub(super) fn read_entry(
+    e: &Value,
+    t: &mut Tables,
+    memo: Option<&mut Memo>,
+    budget: &mut Budget,
+    at: &dyn Fn() -> String,
+    source: &str,
+) -> Result<Option<(i128, HistoryEntry)>> {
+    budget.spend(e.len(), at, source)?;
+    let Value::Dict(dict) = e else { return Ok(None) };
+    let pairs = dict.borrow();
+    let mut f = EntryFields::default();
+    for (k, v) in pairs.iter() {
+        let Value::Str(k) = k else { continue };
+        let field = match &**k {
+            "action" => &mut f.action,
+            "addr" => &mut f.addr,
+            "size" => &mut f.size,
+            "stream" => &mut f.stream,
+            "time_us" => &mut f.time_us,
+            "frames" => &mut f.frames,
+            "user_metadata" => &mut f.user_metadata,
+            "compile_context" => &mut f.compile_context,
+            "device_free" => &mut f.device_free,
+            _ => continue,
+        };
+        *field = Some(v);
+    }
+    let Some(action) = f.action.and_then(Value::as_str).and_then(Action::from_name) else {
+        return Ok(None);
+    };
+    let time_us = f.time_us.and_then(Value::as_i128).unwrap_or(0);
+    let stack = t.stack(f.frames, memo, budget, at, source)?;
+    let scope = t.scope(f.user_metadata, budget, at, source)?;
+    let user_metadata = match f.user_metadata {
+        Some(v) if !matches!(v, Value::Str(_)) => {
+            Some(Box::new(to_json(v, 0, budget, &|| format!("{}.user_metadata", at()), source)?))
+        }
+        _ => None,
+    };
+    let compile_context = match f.compile_context {
+        Some(c @ Value::Str(_)) => {
+            budget.spend_bytes(c.byte_len(), at, source)?;
+            c.as_str().map(str::to_string)
+        }
+        _ => None,
+    };
+    let field = |v: Option<&Value>, key: &str| field_uint(v, key, at, source);
+    Ok(Some((
+        time_us,
+        HistoryEntry {
+            action,
+            // PyTorch's `oom` entries have no address but the bytes the device had free.
+            addr: if action == Action::Oom {
+                field(f.device_free, "device_free").or_else(|_| field(f.addr, "addr")).unwrap_or(0)
+            } else {
+                field(f.addr, "addr")?
+            },
+            size: field(f.size, "size")?,
+            stream: field(f.stream, "stream").unwrap_or(0),
+            device: None,
+            time_ns: 0,
+            context: context_in(stack, scope),
+            // "N/A" (outside torch.compile) is what the writer puts where there is none.
+            compile_context: compile_context.filter(|c| c != "N/A").map(String::into_boxed_str),
+            user_metadata,
+        },
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::snapshot::model::Snapshot;
+
+    /// The snapshot read from the whole value tree, no trace read while parsing: what the
+    /// streamed read is held to.
+    fn from_tree(data: &[u8]) -> Result<Snapshot> {
+        let limit = crate::snapshot::read_limit(data.len() as u64)?;
+        let root = pickle::parse(data).map_err(|e| bad("tree", e.to_string()))?;
+        let traces = TraceReader {
+            tables: Tables::new(),
+            budget: Budget::for_bytes(data.len(), limit),
+            source: "tree",
+            lists: TraceLists::default(),
+        };
+        Snapshot::checked_pytorch(Snapshot::from_pickle_value(&root, traces, "tree")?, "tree")
+    }
+
+    fn streamed(data: &[u8]) -> Result<Snapshot> {
+        Snapshot::from_pytorch_pickle(data, "tree")
+    }
+
+    /// `pickle.dumps({"segments": [], "device_traces": [[e1, e2, e1], [e4, e3]]}, protocol=4)`:
+    /// `e1` is listed twice (a memo reference), `e2` shares `e1`'s frame list, and the two
+    /// devices' events interleave in time.
+    const SHARED: &[u8] = b"\x80\x04\x95A\x01\x00\x00\x00\x00\x00\x00}\x94(\x8c\x08segments\x94]\x94\x8c\rdevice_traces\x94]\x94(]\x94(}\x94(\x8c\x06action\x94\x8c\x05alloc\x94\x8c\x04addr\x94M\x00\x10\x8c\x04size\x94M\x00\x02\x8c\x06stream\x94K\x00\x8c\x07time_us\x94K\x05\x8c\x06frames\x94]\x94(}\x94(\x8c\x04name\x94\x8c\x05train\x94\x8c\x08filename\x94\x8c\x04a.py\x94\x8c\x04line\x94K\x03u}\x94(h\x10\x8c\x04step\x94h\x12\x8c\x04b.py\x94h\x14K\tueu}\x94(h\x07\x8c\x0efree_requested\x94h\tM\x00\x10h\nM\x00\x02h\x0bK\x00h\x0cK\x07h\rh\x0euh\x06e]\x94(}\x94(h\x07\x8c\rsegment_alloc\x94h\tM\x00 h\nJ\x00\x00 \x00h\x0bK\x00h\x0cK\x01h\r]\x94u}\x94(h\x07h\x08h\tM\x00 h\nM\x00\x04h\x0bK\x00h\x0cK\x06h\r]\x94h\x15aueeu.";
+
+    #[test]
+    fn shared_entries_and_frame_lists_read_as_from_the_whole_tree() {
+        let (streamed, tree) = (streamed(SHARED).unwrap(), from_tree(SHARED).unwrap());
+        assert_eq!(streamed, tree);
+        assert_eq!(streamed.history.len(), 5);
+        let h = &streamed.history;
+        let actions: Vec<_> = h.iter().map(|e| (e.device, e.action, e.addr)).collect();
+        assert_eq!(
+            actions,
+            [
+                (Some(1), Action::SegmentAlloc, 8192),
+                (Some(0), Action::Alloc, 4096),
+                (Some(1), Action::Alloc, 8192),
+                (Some(0), Action::FreeRequested, 4096),
+                (Some(0), Action::Alloc, 4096),
+            ]
+        );
+        // One stack for e1 and e2 (shared), one for e3; e4 has none.
+        let stack = |i: usize| h[i].context.and_then(|c| c.stack);
+        assert_eq!(stack(1), stack(3));
+        assert_eq!(stack(1), stack(4));
+        assert_ne!(stack(1), stack(2));
+        assert_eq!(stack(0), None);
+        assert_eq!(streamed.stacks.len(), 2);
+    }
+
+    /// Every PyTorch pickle under `fixtures/` (recorded by PyTorch, written by vramscope, and
+    /// hostile ones) reads the same, or fails, both ways.
+    #[test]
+    fn every_fixture_pickle_reads_as_from_the_whole_tree() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures");
+        let mut work = vec![root];
+        let mut read = 0;
+        while let Some(dir) = work.pop() {
+            for entry in std::fs::read_dir(&dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    work.push(path);
+                    continue;
+                }
+                let data = std::fs::read(&path).unwrap();
+                if data.first() != Some(&0x80) {
+                    continue;
+                }
+                match (streamed(&data), from_tree(&data)) {
+                    // Frames, stacks and scopes are numbered in the order they are read (the
+                    // trace's first now): the same snapshot writes the same pickle.
+                    (Ok(a), Ok(b)) => {
+                        assert_eq!(a.history.len(), b.history.len(), "{}", path.display());
+                        assert!(a.to_pytorch_pickle() == b.to_pytorch_pickle(), "{}", path.display());
+                    }
+                    (Err(_), Err(_)) => {}
+                    (a, b) => panic!("{}: streamed {:?}, from the tree {:?}", path.display(), a.err(), b.err()),
+                }
+                read += 1;
+            }
+        }
+        assert!(read >= 20, "{read} pickles");
+    }
+}
