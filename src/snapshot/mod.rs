@@ -81,11 +81,20 @@ impl ReadLimit {
     /// snapshot's model takes about 2 to 3 times its pickle; a file whose few bytes stand for
     /// millions of entries (memo references) is refused before they are made.
     pub(crate) fn keep(&self, read: u64) -> (u64, String) {
+        let keep = self.keep_bytes(read);
         if self.explicit {
-            (self.bytes, format!("the read limit of {} ({})", crate::error::fmt_bytes(self.bytes), self.named))
+            (keep, format!("the read limit of {} ({})", crate::error::fmt_bytes(self.bytes), self.named))
         } else {
-            let keep = read.saturating_mul(16).max(256 << 20).min(self.bytes);
             (keep, format!("{}, 16 times the data read and at least 256 MiB", crate::error::fmt_bytes(keep)))
+        }
+    }
+
+    /// [`ReadLimit::keep`]'s bytes alone (nothing formatted: the reader asks once an event).
+    pub(crate) fn keep_bytes(&self, read: u64) -> u64 {
+        if self.explicit {
+            self.bytes
+        } else {
+            read.saturating_mul(16).max(256 << 20).min(self.bytes)
         }
     }
 }

@@ -126,6 +126,7 @@ impl Again {
 
 /// Keeps `v` in `again` if it is a container not kept there yet (lists and dicts say so
 /// themselves; tuples, rare in a snapshot, are told apart by address).
+#[inline]
 pub(super) fn note_again(
     again: &mut Vec<Again>,
     tuples: &mut std::collections::HashSet<usize, BuildHasherDefault<AddressHasher>>,

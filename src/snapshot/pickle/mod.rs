@@ -44,6 +44,9 @@ pub(crate) enum Kept {
     Stack(Option<u32>),
     /// One frame.
     Frame(u32),
+    /// A dict whose items a reader took as they were set ([`Reshape::dict`]): what it read
+    /// waits, in its batch `batch`, at `index`.
+    Pending { batch: u32, index: u32 },
 }
 
 /// A mutable container (list or dict) with what the reader needs to know of it: where the
@@ -185,6 +188,15 @@ impl Value {
         }
     }
 
+    /// Says on a container what a [`Reshape`] made of it (no memo slot changes).
+    pub(crate) fn remember(&self, kept: Kept) {
+        match self {
+            Value::List(n) => n.kept.set(Some(kept)),
+            Value::Dict(n) => n.kept.set(Some(kept)),
+            _ => {}
+        }
+    }
+
     /// An integer, in 64 bits where it fits.
     pub(crate) fn int(i: i128) -> Value {
         match i64::try_from(i) {
@@ -208,6 +220,7 @@ impl Value {
             Value::Kept(Kept::Entry { .. }) => "trace entry (read already)",
             Value::Kept(Kept::Stack(_)) => "list of frames (read already)",
             Value::Kept(Kept::Frame(_)) => "frame (read already)",
+            Value::Kept(Kept::Pending { .. }) => "trace entry (being read)",
         }
     }
 
@@ -336,6 +349,12 @@ fn long_value(op_at: usize, bytes: &[u8]) -> Result<Value, PickleError> {
         return Ok(Value::Int(0));
     }
     let negative = bytes[bytes.len() - 1] & 0x80 != 0;
+    // Up to 8 bytes (every address and size of a snapshot): sign-extended in 64 bits.
+    if bytes.len() <= 8 {
+        let mut buf = [if negative { 0xff } else { 0 }; 8];
+        buf[..bytes.len()].copy_from_slice(bytes);
+        return Ok(Value::Int(i64::from_le_bytes(buf)));
+    }
     let mut buf = [if negative { 0xff } else { 0 }; 16];
     buf[..bytes.len()].copy_from_slice(bytes);
     Ok(Value::int(i128::from_le_bytes(buf)))
@@ -380,17 +399,34 @@ pub(crate) trait Reshape {
     type Error;
 
     /// `items`, each complete, are about to be appended to the list `stack[at]` (the top of
-    /// `stack`). The reader may take any of them; those it leaves are appended. It may put what
-    /// it made of a container in the container's memo slot ([`Memo::keep`]). `read` is the
-    /// bytes of the pickle read so far.
+    /// `stack`; `marks` are the stack positions of the MARKs still open). The reader may take
+    /// any of them; those it leaves are appended. It may put what it made of a container in
+    /// the container's memo slot ([`Memo::keep`]). `read` is the bytes of the pickle read so
+    /// far.
     fn append(
         &mut self,
         stack: &[Value],
+        marks: &[usize],
         at: usize,
         items: &mut Vec<Value>,
         memo: &mut Memo,
         read: usize,
     ) -> Result<(), Self::Error>;
+
+    /// The key-value pairs `stack[from..]` are about to be set, in one SETITEMS, in the dict
+    /// `stack[from - 1]`; `marks` are the stack positions of the MARKs still open. The reader
+    /// may take them instead (`true`): they are dropped, never set, and the dict stays as it
+    /// was. `read` is the bytes of the pickle read so far.
+    fn dict(
+        &mut self,
+        _stack: &[Value],
+        _marks: &[usize],
+        _from: usize,
+        _memo: &mut Memo,
+        _read: usize,
+    ) -> Result<bool, Self::Error> {
+        Ok(false)
+    }
 }
 
 /// Reads the generic value tree only.
@@ -398,7 +434,15 @@ struct Plain;
 
 impl Reshape for Plain {
     type Error = std::convert::Infallible;
-    fn append(&mut self, _: &[Value], _: usize, _: &mut Vec<Value>, _: &mut Memo, _: usize) -> Result<(), Self::Error> {
+    fn append(
+        &mut self,
+        _: &[Value],
+        _: &[usize],
+        _: usize,
+        _: &mut Vec<Value>,
+        _: &mut Memo,
+        _: usize,
+    ) -> Result<(), Self::Error> {
         Ok(())
     }
 }
@@ -531,14 +575,22 @@ fn parse_into<R: Reshape>(
             _ => {}
         }
         let memo = &mut memo.0;
-        if memo.len() <= idx {
+        if memo.len() == idx {
+            memo.push(Some(v));
+            return Ok(());
+        }
+        if memo.len() < idx {
             memo.resize(idx + 1, None);
         }
         memo[idx] = Some(v);
         Ok(())
     }
+    #[inline(always)]
     fn get(memo: &Memo, idx: usize, r: &Reader<'_>) -> Result<Value, PickleError> {
-        memo.0.get(idx).cloned().flatten().ok_or_else(|| r.err(format!("memo index {idx} was never stored")))
+        match memo.0.get(idx) {
+            Some(Some(v)) => Ok(v.clone()),
+            _ => Err(r.err(format!("memo index {idx} was never stored"))),
+        }
     }
     fn append(target: &Value, items: impl ExactSizeIterator<Item = Value>, r: &Reader<'_>) -> Result<(), PickleError> {
         match target {
@@ -700,7 +752,7 @@ fn parse_into<R: Reshape>(
                 let v = pop!();
                 let mut items = vec![v];
                 let at = stack.len().checked_sub(1).ok_or_else(|| r.err("APPEND with no list"))?;
-                if let Err(e) = reshape.append(stack, at, &mut items, memo, r.pos()) {
+                if let Err(e) = reshape.append(stack, &marks, at, &mut items, memo, r.pos()) {
                     *refused = Some(e);
                     return Err(r.err("the reader refused what it read"));
                 }
@@ -710,7 +762,7 @@ fn parse_into<R: Reshape>(
                 let m = mark!();
                 scratch.extend(stack.drain(m..));
                 let at = stack.len().checked_sub(1).ok_or_else(|| r.err("APPENDS with no list"))?;
-                if let Err(e) = reshape.append(stack, at, &mut scratch, memo, r.pos()) {
+                if let Err(e) = reshape.append(stack, &marks, at, &mut scratch, memo, r.pos()) {
                     *refused = Some(e);
                     return Err(r.err("the reader refused what it read"));
                 }
@@ -724,7 +776,14 @@ fn parse_into<R: Reshape>(
             }
             b'u' => {
                 let m = mark!();
-                set_items(stack, m, r)?;
+                match reshape.dict(stack, &marks, m, memo, r.pos()) {
+                    Ok(true) => stack.truncate(m),
+                    Ok(false) => set_items(stack, m, r)?,
+                    Err(e) => {
+                        *refused = Some(e);
+                        return Err(r.err("the reader refused what it read"));
+                    }
+                }
             }
             0x94 => {
                 let v = stack.last().cloned().ok_or_else(|| r.err("MEMOIZE with an empty stack"))?;

@@ -49,7 +49,7 @@ impl Budget {
     /// the read limit.
     pub(super) fn hold<T>(&mut self, n: usize, at: &dyn Fn() -> String, source: &str) -> Result<()> {
         let bytes = (n as u64).saturating_mul(std::mem::size_of::<T>() as u64);
-        let (keep, named) = self.limit.keep(self.read);
+        let keep = self.limit.keep_bytes(self.read);
         match self.held.checked_add(bytes).filter(|&held| held <= keep) {
             Some(held) => {
                 self.held = held;
@@ -58,14 +58,20 @@ impl Budget {
             None => Err(bad(
                 source,
                 format!(
-                    "{}: {n} entries would take {}, past what the reader may keep ({named}); to read it, \
+                    "{}: {n} entries would take {}, past what the reader may keep ({}); to read it, \
                      set a read limit (--read-limit SIZE, or {}=SIZE)",
                     at(),
                     crate::error::fmt_bytes(bytes),
+                    self.limit.keep(self.read).1,
                     crate::snapshot::READ_LIMIT_ENV,
                 ),
             )),
         }
+    }
+
+    /// Gives back what [`Budget::hold`] held for `n` values of type `T`.
+    pub(super) fn release<T>(&mut self, n: usize) {
+        self.held = self.held.saturating_sub((n as u64).saturating_mul(std::mem::size_of::<T>() as u64));
     }
 
     /// Spends the elements that copying `bytes` bytes of text costs.

@@ -248,6 +248,8 @@ impl Snapshot {
             budget: Budget::for_bytes(size, limit),
             source,
             lists: TraceLists::default(),
+            pending: Vec::new(),
+            batch: 0,
         };
         let (root, read) = pickle::parse_with(data, &mut traces).map_err(|f| match f {
             pickle::Failure::Pickle(e) => bad(source, e.to_string()),

@@ -81,34 +81,51 @@ impl Tables {
         if let Some(&(_, known)) = id.and_then(|id| self.stack_of.get(&id)) {
             return Ok(known);
         }
-        budget.spend(frames.len(), at, source)?;
-        let mut ids = Vec::with_capacity(frames.len());
-        if let Some(list) = frames.items_ref() {
-            for (i, f) in list.iter().enumerate() {
-                let frame = match f.kept() {
-                    Some(Kept::Frame(frame)) => FrameId(frame),
-                    _ => match f.identity().and_then(|id| self.frame_of.get(&id)) {
-                        Some(&(_, frame)) => frame,
-                        None => {
-                            let read = read_frame(f, budget, &|| format!("{}: frame {i}", at()), source)?;
-                            let frame = FrameId(self.frames.intern(read));
-                            let kept = memo.as_deref_mut().is_some_and(|m| m.keep(f, Kept::Frame(frame.0)));
-                            if let (false, Some(id)) = (kept, f.identity()) {
-                                self.frame_of.insert(id, (f.clone(), frame));
-                            }
-                            frame
-                        }
-                    },
-                };
-                ids.push(frame);
+        let stack = match frames.items_ref() {
+            Some(list) => self.stack_of_items(&list, memo.as_deref_mut(), budget, at, source)?,
+            None => {
+                budget.spend(0, at, source)?;
+                None
             }
-        }
-        let stack = (!ids.is_empty()).then(|| StackId(self.stacks.intern(ids)));
+        };
         let kept = memo.is_some_and(|m| m.keep(frames, Kept::Stack(stack.map(|s| s.0))));
         if let (false, Some(id)) = (kept, id) {
             self.stack_of.insert(id, (frames.clone(), stack));
         }
         Ok(stack)
+    }
+
+    /// The stack of the frames `items` (a list's items, or those about to be appended to one);
+    /// `None` when there are none.
+    pub(super) fn stack_of_items(
+        &mut self,
+        items: &[Value],
+        mut memo: Option<&mut Memo>,
+        budget: &mut Budget,
+        at: &dyn Fn() -> String,
+        source: &str,
+    ) -> Result<Option<StackId>> {
+        budget.spend(items.len(), at, source)?;
+        let mut ids = Vec::with_capacity(items.len());
+        for (i, f) in items.iter().enumerate() {
+            let frame = match f.kept() {
+                Some(Kept::Frame(frame)) => FrameId(frame),
+                _ => match f.identity().and_then(|id| self.frame_of.get(&id)) {
+                    Some(&(_, frame)) => frame,
+                    None => {
+                        let read = read_frame(f, budget, &|| format!("{}: frame {i}", at()), source)?;
+                        let frame = FrameId(self.frames.intern(read));
+                        let kept = memo.as_deref_mut().is_some_and(|m| m.keep(f, Kept::Frame(frame.0)));
+                        if let (false, Some(id)) = (kept, f.identity()) {
+                            self.frame_of.insert(id, (f.clone(), frame));
+                        }
+                        frame
+                    }
+                },
+            };
+            ids.push(frame);
+        }
+        Ok((!ids.is_empty()).then(|| StackId(self.stacks.intern(ids))))
     }
 }
 

@@ -19,6 +19,11 @@ pub(super) struct TraceReader<'s> {
     pub(super) budget: Budget,
     pub(super) source: &'s str,
     pub(super) lists: TraceLists,
+    /// Events read as their dict's items were set ([`pickle::Reshape::dict`]), waiting for
+    /// their batch to be appended to its trace (`None` once taken).
+    pub(super) pending: Vec<Option<Option<(i128, HistoryEntry)>>>,
+    /// The batch `pending` holds ([`Kept::Pending`]).
+    pub(super) batch: u32,
 }
 
 /// The trace lists read so far, with their entries and the entries' `time_us`. Each keeps its
@@ -38,30 +43,92 @@ struct TraceList {
     seen: usize,
 }
 
+impl TraceReader<'_> {
+    /// The slot of trace list `list` in `lists`, made on its first batch.
+    fn slot_of(&mut self, list: &Value) -> u32 {
+        let id = list.identity().expect("a list has an address");
+        let lists = &mut self.lists.lists;
+        *self.lists.list_of.entry(id).or_insert_with(|| {
+            lists.push(TraceList { _list: list.clone(), entries: Vec::new(), times: Vec::new(), seen: 0 });
+            (lists.len() - 1) as u32
+        })
+    }
+}
+
+/// Python's pickler sets a dict's items and appends a list's in batches of this many (one item
+/// alone by APPEND or SETITEM): a batch of fewer into an empty container is the only one it
+/// gets.
+const PICKLER_BATCH: usize = 1000;
+
 impl pickle::Reshape for TraceReader<'_> {
     type Error = Error;
+
+    /// An event's items, read straight from the parser's stack: its dict is never filled.
+    fn dict(&mut self, stack: &[Value], marks: &[usize], from: usize, memo: &mut Memo, read: usize) -> Result<bool> {
+        let Some(at) = from.checked_sub(1) else { return Ok(false) };
+        let pairs = stack.len() - from;
+        let fresh = matches!(&stack[at], Value::Dict(d) if d.borrow().is_empty()) && stack[at].kept().is_none();
+        if !fresh || !pairs.is_multiple_of(2) || pairs / 2 >= PICKLER_BATCH {
+            return Ok(false);
+        }
+        // The events of a batch wait on the stack above their trace's MARK.
+        let Some(&batch_mark) = marks.last() else { return Ok(false) };
+        let Some(list_at) = batch_mark.checked_sub(1).filter(|&l| l < at) else { return Ok(false) };
+        let Some(device) = device_trace_at(stack, list_at) else { return Ok(false) };
+        self.budget.grow(read);
+        let slot = self.slot_of(&stack[list_at]);
+        let index = self.lists.lists[slot as usize].seen + stack[list_at].len() + (at - batch_mark);
+        let (source, budget) = (self.source, &mut self.budget);
+        let at_entry = || format!("device_traces[{device}][{index}]");
+        // Its place in the trace, paid for here rather than when the batch is appended.
+        budget.spend(1, &at_entry, source)?;
+        budget.hold::<(HistoryEntry, i128)>(1, &at_entry, source)?;
+        let items = stack[from..].chunks_exact(2).map(|p| (&p[0], &p[1]));
+        let read = read_entry_pairs(items, pairs / 2, &mut self.tables, Some(memo), budget, &at_entry, source)?;
+        self.pending.push(Some(read));
+        stack[at].remember(Kept::Pending { batch: self.batch, index: (self.pending.len() - 1) as u32 });
+        Ok(true)
+    }
 
     fn append(
         &mut self,
         stack: &[Value],
+        marks: &[usize],
         at: usize,
         items: &mut Vec<Value>,
         memo: &mut Memo,
         read: usize,
     ) -> Result<()> {
+        if let Some(Kept::Stack(_)) = stack[at].kept() {
+            return Err(bad(self.source, "a list of frames appended to after it was read (a pickler never does so)"));
+        }
+        let whole = (2..PICKLER_BATCH).contains(&items.len());
+        if let Some((device, index)) = event_frames_at(stack, marks, at, &self.lists).filter(|_| whole) {
+            // An event's frames, read as they are appended: the list is never filled.
+            self.budget.grow(read);
+            let at_entry = || format!("device_traces[{device}][{index}]");
+            let stack_id =
+                self.tables.stack_of_items(items, Some(&mut *memo), &mut self.budget, &at_entry, self.source)?;
+            items.clear();
+            let kept = Kept::Stack(stack_id.map(|s| s.0));
+            if !memo.keep(&stack[at], kept) {
+                stack[at].remember(kept);
+            }
+            return Ok(());
+        }
         let Some(device) = device_trace_at(stack, at) else { return Ok(()) };
         self.budget.grow(read);
         let list = &stack[at];
-        let id = list.identity().expect("a list has an address");
-        let lists = &mut self.lists.lists;
-        let slot = *self.lists.list_of.entry(id).or_insert_with(|| {
-            lists.push(TraceList { _list: list.clone(), entries: Vec::new(), times: Vec::new(), seen: 0 });
-            (lists.len() - 1) as u32
-        });
-        let (source, budget) = (self.source, &mut self.budget);
+        let slot = self.slot_of(list);
+        let (source, budget, lists) = (self.source, &mut self.budget, &mut self.lists.lists);
         let first = lists[slot as usize].seen + list.len();
         let batch = || format!("device_traces[{device}]");
-        budget.spend(items.len(), &batch, source)?;
+        // The events read as their items were set paid for their place then: each once (the
+        // pickle may list one many times).
+        let waiting = self.pending.iter().filter(|p| p.is_some()).count();
+        budget.spend(items.len().saturating_sub(waiting), &batch, source)?;
+        // The batch's memory is held whole, in place of what its events held one by one.
+        budget.release::<(HistoryEntry, i128)>(waiting);
         budget.hold::<(HistoryEntry, i128)>(items.len(), &batch, source)?;
         let out = &mut lists[slot as usize];
         // The budget bounds the entries; memory it cannot have is an error.
@@ -71,6 +138,17 @@ impl pickle::Reshape for TraceReader<'_> {
         for (k, e) in items.drain(..).enumerate() {
             let at = || format!("device_traces[{device}][{}]", first + k);
             let read = match e.kept() {
+                Some(Kept::Pending { batch, index }) if batch == self.batch => {
+                    // Taken once; listed again in the same batch, a skipped event is skipped
+                    // again (a kept one is an entry by now, below).
+                    self.pending[index as usize].take().flatten()
+                }
+                Some(Kept::Pending { .. }) => {
+                    return Err(bad(
+                        source,
+                        format!("{}: an event read in an earlier batch of a trace and listed only now", at()),
+                    ))
+                }
                 // An entry the pickle shares: the same event again.
                 Some(Kept::Entry { list, index }) => {
                     let from = &lists[list as usize];
@@ -89,15 +167,43 @@ impl pickle::Reshape for TraceReader<'_> {
             let out = &mut lists[slot as usize];
             out.seen += 1;
             if let Some((time, entry)) = read {
-                if e.kept().is_none() {
+                if !matches!(e.kept(), Some(Kept::Entry { .. })) {
                     memo.keep(&e, Kept::Entry { list: slot, index: out.entries.len() as u32 });
                 }
                 out.entries.push(entry);
                 out.times.push(time);
             }
         }
+        // What a batch left waiting (a hostile file popped it) is gone with it.
+        self.pending.clear();
+        self.batch = self.batch.wrapping_add(1);
         Ok(())
     }
+}
+
+/// Where the list `stack[at]` is the `frames` of an event being read ([`TraceReader::dict`]):
+/// the event's device and index in its trace. Only a list not filled before is one (the
+/// caller also asks that one APPENDS fill it whole).
+fn event_frames_at(stack: &[Value], marks: &[usize], at: usize, lists: &TraceLists) -> Option<(usize, usize)> {
+    let fresh = matches!(&stack[at], Value::List(l) if l.borrow().is_empty()) && stack[at].kept().is_none();
+    let key = at.checked_sub(1)?;
+    if !fresh || !matches!(&stack[key], Value::Str(k) if &**k == "frames") {
+        return None;
+    }
+    // The event's dict, its items since its MARK (keys at even offsets), in a batch of a trace.
+    let (&event_mark, rest) = marks.split_last()?;
+    let event = event_mark.checked_sub(1)?;
+    if key < event_mark || !(key - event_mark).is_multiple_of(2) || !matches!(&stack[event], Value::Dict(_)) {
+        return None;
+    }
+    let &batch_mark = rest.last()?;
+    let list_at = batch_mark.checked_sub(1).filter(|&l| l < event)?;
+    let device = device_trace_at(stack, list_at)?;
+    let seen = stack[list_at]
+        .identity()
+        .and_then(|id| lists.list_of.get(&id))
+        .map_or(0, |&slot| lists.lists[slot as usize].seen);
+    Some((device, seen + stack[list_at].len() + (event - batch_mark)))
 }
 
 /// The device whose trace `stack[at]` is, when it is one: the root dict is at the bottom of the
@@ -246,8 +352,34 @@ pub(super) fn read_entry(
     budget.spend(e.len(), at, source)?;
     let Value::Dict(dict) = e else { return Ok(None) };
     let pairs = dict.borrow();
+    read_fields(pairs.iter().map(|(k, v)| (k, v)), t, memo, budget, at, source)
+}
+
+/// [`read_entry`] of an event whose `n` key-value pairs are `items`, not in a dict.
+pub(super) fn read_entry_pairs<'v>(
+    items: impl Iterator<Item = (&'v Value, &'v Value)>,
+    n: usize,
+    t: &mut Tables,
+    memo: Option<&mut Memo>,
+    budget: &mut Budget,
+    at: &dyn Fn() -> String,
+    source: &str,
+) -> Result<Option<(i128, HistoryEntry)>> {
+    budget.spend(n, at, source)?;
+    read_fields(items, t, memo, budget, at, source)
+}
+
+/// The event of key-value pairs `items`.
+fn read_fields<'v>(
+    items: impl Iterator<Item = (&'v Value, &'v Value)>,
+    t: &mut Tables,
+    memo: Option<&mut Memo>,
+    budget: &mut Budget,
+    at: &dyn Fn() -> String,
+    source: &str,
+) -> Result<Option<(i128, HistoryEntry)>> {
     let mut f = EntryFields::default();
-    for (k, v) in pairs.iter() {
+    for (k, v) in items {
         let Value::Str(k) = k else { continue };
         let field = match &**k {
             "action" => &mut f.action,
@@ -320,6 +452,8 @@ mod tests {
             budget: Budget::for_bytes(data.len(), limit),
             source: "tree",
             lists: TraceLists::default(),
+            pending: Vec::new(),
+            batch: 0,
         };
         Snapshot::checked_pytorch(Snapshot::from_pickle_value(&root, traces, "tree")?, "tree")
     }
