@@ -67,8 +67,9 @@ impl pickle::Reshape for TraceReader<'_> {
     fn dict(&mut self, stack: &[Value], marks: &[usize], from: usize, memo: &mut Memo, read: usize) -> Result<bool> {
         let Some(at) = from.checked_sub(1) else { return Ok(false) };
         let pairs = stack.len() - from;
-        let fresh = matches!(&stack[at], Value::Dict(d) if d.borrow().is_empty()) && stack[at].kept().is_none();
-        if !fresh || !pairs.is_multiple_of(2) || pairs / 2 >= PICKLER_BATCH {
+        let empty = matches!(&stack[at], Value::Dict(d) if d.borrow().is_empty());
+        let read_already = matches!(stack[at].kept(), Some(Kept::Pending { .. }));
+        if !empty || !(read_already || stack[at].kept().is_none()) {
             return Ok(false);
         }
         // The events of a batch wait on the stack above their trace's MARK.
@@ -80,11 +81,25 @@ impl pickle::Reshape for TraceReader<'_> {
         let index = self.lists.lists[slot as usize].seen + stack[list_at].len() + (at - batch_mark);
         let (source, budget) = (self.source, &mut self.budget);
         let at_entry = || format!("device_traces[{device}][{index}]");
+        if read_already {
+            return Err(bad(
+                source,
+                format!("{}: an event whose items are set in two batches (a pickler sets them in one)", at_entry()),
+            ));
+        }
+        if !pairs.is_multiple_of(2) || pairs / 2 >= PICKLER_BATCH {
+            return Ok(false);
+        }
         // Its place in the trace, paid for here rather than when the batch is appended.
         budget.spend(1, &at_entry, source)?;
         budget.hold::<(HistoryEntry, i128)>(1, &at_entry, source)?;
         let items = stack[from..].chunks_exact(2).map(|p| (&p[0], &p[1]));
-        let read = read_entry_pairs(items, pairs / 2, &mut self.tables, Some(memo), budget, &at_entry, source)?;
+        // An event that does not read may be completed by a later SETITEMS (no pickler writes
+        // one so, but the file is a valid pickle): its dict is filled and read whole instead.
+        let Ok(read) = read_entry_pairs(items, pairs / 2, &mut self.tables, Some(memo), budget, &at_entry, source)
+        else {
+            return Ok(false);
+        };
         self.pending.push(Some(read));
         stack[at].remember(Kept::Pending { batch: self.batch, index: (self.pending.len() - 1) as u32 });
         Ok(true)
@@ -491,6 +506,27 @@ mod tests {
         assert_ne!(stack(1), stack(2));
         assert_eq!(stack(0), None);
         assert_eq!(streamed.stacks.len(), 2);
+    }
+
+    /// Shapes no pickler writes: read as the tree reads them where the streamed reader can,
+    /// else refused saying what it met.
+    #[test]
+    fn containers_filled_in_two_batches_read_whole_or_are_refused() {
+        // The first event's items in two SETITEMS, the first lacking `size`: read whole.
+        let two_batches = b"\x80\x04}\x94(\x8c\x08segments]\x94\x8c\rdevice_traces]\x94]\x94(}\x94(\x8c\x06action\x8c\x05alloc\x8c\x04addrM\x00\x10u(\x8c\x04sizeM\x00\x02\x8c\x06streamK\x00\x8c\x07time_usK\x05u}\x94(\x8c\x06action\x8c\x05alloc\x8c\x04addrM\x00 \x8c\x04sizeM\x00\x02\x8c\x06streamK\x00\x8c\x07time_usK\x06ueau.";
+        assert_eq!(from_tree(two_batches).unwrap().history.len(), 2);
+        assert_eq!(streamed(two_batches).unwrap(), from_tree(two_batches).unwrap());
+        // The same, the first batch an event already: refused.
+        let complete_first = b"\x80\x04}\x94(\x8c\x08segments]\x94\x8c\x0ddevice_traces]\x94]\x94(}\x94(\x8c\x06action\x8c\x05alloc\x8c\x04addrM\x00\x10\x8c\x04sizeM\x00\x02u(\x8c\x06streamK\x00\x8c\x07time_usK\x05u}\x94(\x8c\x06action\x8c\x05alloc\x8c\x04addrM\x00 \x8c\x04sizeM\x00\x02\x8c\x06streamK\x00\x8c\x07time_usK\x06ueau.";
+        assert_eq!(from_tree(complete_first).unwrap().history.len(), 2);
+        let e = streamed(complete_first).unwrap_err().to_string();
+        assert!(e.contains("device_traces[0][0]: an event whose items are set in two batches"), "{e}");
+        // The first event's frames in two APPENDS.
+        let frames_twice = b"\x80\x04}\x94(\x8c\x08segments]\x94\x8c\rdevice_traces]\x94]\x94(}\x94(\x8c\x06action\x8c\x05alloc\x8c\x04addrM\x00\x10\x8c\x04sizeM\x00\x02\x8c\x06streamK\x00\x8c\x07time_usK\x05\x8c\x06frames]\x94(}\x94(\x8c\x04name\x8c\x01f\x8c\x08filename\x8c\x04a.py\x8c\x04lineK\x03u}\x94(\x8c\x04name\x8c\x01f\x8c\x08filename\x8c\x04a.py\x8c\x04lineK\x03ue(}\x94(\x8c\x04name\x8c\x01f\x8c\x08filename\x8c\x04a.py\x8c\x04lineK\x03u}\x94(\x8c\x04name\x8c\x01f\x8c\x08filename\x8c\x04a.py\x8c\x04lineK\x03ueu}\x94(\x8c\x06action\x8c\x05alloc\x8c\x04addrM\x00 \x8c\x04sizeM\x00\x02\x8c\x06streamK\x00\x8c\x07time_usK\x06ueau.";
+        let tree = from_tree(frames_twice).unwrap();
+        assert_eq!(tree.stacks[tree.history[0].context.unwrap().stack.unwrap().index()].len(), 4);
+        let e = streamed(frames_twice).unwrap_err().to_string();
+        assert!(e.contains("a list of frames appended to after it was read"), "{e}");
     }
 
     /// Every PyTorch pickle under `fixtures/` (recorded by PyTorch, written by vramscope, and
