@@ -311,7 +311,8 @@ impl std::io::Read for Input {
         match self.rest.read(buf) {
             Ok(n) => {
                 self.read += n as u64;
-                if self.read + self.head.get_ref().len() as u64 > self.limit {
+                // The head was read from `rest` too: counted once, in `read`.
+                if self.read > self.limit {
                     self.failure = Some(self.too_large());
                     return Err(std::io::Error::other("past the read limit"));
                 }
@@ -587,5 +588,14 @@ mod tests {
         assert!(e.contains("a gzip file that expands past the read limit of 2.00 MiB (a test's limit)"), "{e}");
         assert!(e.contains("--read-limit SIZE, or VRAMSCOPE_READ_LIMIT=SIZE), or decompress it first"), "{e}");
         assert_eq!(read_input_within(&path, "a JSON trace", 3 << 20, "a test's limit").unwrap().len(), 3 << 20);
+        // Read as a stream (as a pickle is parsed), the same bytes under the same limit.
+        let mut all = Vec::new();
+        let mut input = open_input_within(&path, "a JSON trace", 3 << 20, "a test's limit").unwrap();
+        std::io::Read::read_to_end(&mut input, &mut all).unwrap();
+        assert_eq!(all.len(), 3 << 20);
+        let mut input = open_input_within(&path, "a JSON trace", (3 << 20) - 1, "a test's limit").unwrap();
+        assert!(std::io::Read::read_to_end(&mut input, &mut Vec::new()).is_err());
+        let e = input.failure().unwrap().to_string();
+        assert!(e.contains("a gzip file that expands past the read limit"), "{e}");
     }
 }
