@@ -45,10 +45,15 @@ fn format_err(source: &str, message: impl Into<String>) -> Error {
 impl Trace {
     /// Reads a trace from a file: a PyTorch snapshot pickle (its `device_traces`) or a JSON trace
     /// `{"events": [["a"|"f", addr, size, stream], ...]}`, either of them gzipped or not.
+    /// A pickle is parsed as it is read, never held whole.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Trace> {
         let path = path.as_ref();
-        let (data, limit) = crate::snapshot::read_input(path, "a JSON trace")?;
-        Self::from_bytes_within(&data, &path.display().to_string(), limit)
+        let (mut input, limit) = crate::snapshot::open_input(path, "a JSON trace")?;
+        let source = path.display().to_string();
+        match input.kind {
+            FileKind::Pickle => Self::from_snapshot(Snapshot::from_pytorch_input(&mut input, &source, limit)?, &source),
+            FileKind::Json => Self::from_bytes_within(&input.read_all()?, &source, limit),
+        }
     }
 
     /// Reads a trace from bytes; `source` names them in errors.
@@ -94,7 +99,11 @@ impl Trace {
     /// The allocations and completed frees of a PyTorch snapshot's `device_traces` (of the
     /// device with the most events), read as a [`Snapshot`]'s history.
     fn from_pickle(data: &[u8], source: &str, limit: crate::snapshot::ReadLimit) -> Result<Trace> {
-        let all = Snapshot::from_pytorch_pickle_within(data, source, limit)?;
+        Self::from_snapshot(Snapshot::from_pytorch_pickle_within(data, source, limit)?, source)
+    }
+
+    /// The trace of a snapshot read from PyTorch's pickle (see [`Trace::from_pickle`]).
+    fn from_snapshot(all: Snapshot, source: &str) -> Result<Trace> {
         let mut events_on: std::collections::BTreeMap<usize, usize> = std::collections::BTreeMap::new();
         for e in &all.history {
             *events_on.entry(e.device.unwrap_or(all.device)).or_default() += 1;

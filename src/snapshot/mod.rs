@@ -34,7 +34,7 @@ pub(crate) enum FileKind {
     Json,
 }
 
-/// How much of a file's head [`read_input`] looks at before reading the rest.
+/// How much of a file's head [`open_input`] looks at before reading the rest.
 const HEAD_BYTES: usize = 64 * 1024;
 
 /// The first two bytes of a gzip stream (RFC 1952).
@@ -122,23 +122,16 @@ pub(crate) fn read_limit(size: u64) -> crate::error::Result<ReadLimit> {
     }
 }
 
-/// Reads an input file whole: only a regular file (a FIFO would block forever and a device
-/// such as `/dev/zero` never ends), and only once its first bytes say it is a pickle or JSON
-/// (`what` names the JSON expected) and parse as the start of one, so that a large file of
-/// something else is refused after reading its head, not all of it. A gzipped file (`gzip` or
-/// Python's `gzip.open`, known by its magic bytes, whatever its name) is read as what it holds,
-/// under the same rules. What a file expands to is bounded by the read limit
-/// ([`READ_LIMIT_ENV`]), named in the refusal; memory the reader cannot have is an error, not an
-/// abort.
-///
-/// Returns the bytes and the read limit, which also bounds what the reader builds of them.
-pub(crate) fn read_input(path: &std::path::Path, what: &str) -> crate::error::Result<(Vec<u8>, ReadLimit)> {
+/// Reads an input file whole, as [`open_input`] opens it (the tests' way to read one).
+#[cfg(test)]
+fn read_input(path: &std::path::Path, what: &str) -> crate::error::Result<(Vec<u8>, ReadLimit)> {
     let size = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
     let limit = read_limit(size)?;
     Ok((read_input_within(path, what, limit.bytes, limit.named)?, limit))
 }
 
 /// [`read_input`], with the read limit as an argument (tests use a small one).
+#[cfg(test)]
 fn read_input_within(path: &std::path::Path, what: &str, limit: u64, named: &str) -> crate::error::Result<Vec<u8>> {
     open_input_within(path, what, limit, named)?.read_all()
 }
@@ -162,7 +155,17 @@ pub(crate) struct Input {
     failure: Option<crate::error::Error>,
 }
 
-/// Opens `path` as [`read_input`] reads it, reading its head only.
+/// Opens an input file, reading its head only: only a regular file (a FIFO would block forever
+/// and a device such as `/dev/zero` never ends), and only once its first bytes say it is a
+/// pickle or JSON (`what` names the JSON expected) and parse as the start of one, so that a
+/// large file of something else is refused after reading its head, not all of it. A gzipped
+/// file (`gzip` or Python's `gzip.open`, known by its magic bytes, whatever its name) is read as
+/// what it holds, under the same rules. What a file expands to is bounded by the read limit
+/// ([`READ_LIMIT_ENV`]), named in the refusal; memory the reader cannot have is an error, not an
+/// abort.
+///
+/// Returns the file, to be read as a stream or whole ([`Input::read_all`]), and the read limit,
+/// which also bounds what the reader builds of it.
 pub(crate) fn open_input(path: &std::path::Path, what: &str) -> crate::error::Result<(Input, ReadLimit)> {
     let size = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
     let limit = read_limit(size)?;
@@ -271,7 +274,7 @@ impl Input {
     }
 
     /// Reads the rest of the file, and returns it all.
-    fn read_all(mut self) -> crate::error::Result<Vec<u8>> {
+    pub(crate) fn read_all(mut self) -> crate::error::Result<Vec<u8>> {
         use std::io::Read;
         let mut data = std::mem::take(self.head.get_mut());
         // Where the size is known, the memory is taken at once, and refused as an error.

@@ -159,19 +159,25 @@ impl Snapshot {
         let (input, limit) = super::open_input(path, "a vramscope JSON snapshot")?;
         let source = path.display().to_string();
         match input.kind {
-            super::FileKind::Pickle => {
-                let mut input = input;
-                let size = input.plain_size().and_then(|n| usize::try_from(n).ok()).unwrap_or(0);
-                let read = Self::read_pytorch_pickle(&mut input, size, &source, limit);
-                // What stopped the file's read is the error, not what the parser made of it.
-                let snap = match (read, input.failure()) {
-                    (_, Some(e)) => return Err(e),
-                    (read, None) => read?,
-                };
-                Self::checked_pytorch(snap, &source)
-            }
+            super::FileKind::Pickle => Self::from_pytorch_input(&mut { input }, &source, limit),
             super::FileKind::Json => Self::from_bytes_within(&input.read_all()?, &source, limit),
         }
+    }
+
+    /// Reads PyTorch's snapshot pickle from an opened file, parsed as it is read.
+    pub(crate) fn from_pytorch_input(
+        input: &mut super::Input,
+        source: &str,
+        limit: crate::snapshot::ReadLimit,
+    ) -> Result<Snapshot> {
+        let size = input.plain_size().and_then(|n| usize::try_from(n).ok()).unwrap_or(0);
+        let read = Self::read_pytorch_pickle(input, size, source, limit);
+        // What stopped the file's read is the error, not what the parser made of it.
+        let snap = match (read, input.failure()) {
+            (_, Some(e)) => return Err(e),
+            (read, None) => read?,
+        };
+        Self::checked_pytorch(snap, source)
     }
 
     /// Reads a snapshot from bytes (JSON or pickle); `source` names them in errors.
