@@ -94,9 +94,9 @@ impl Detached {
     /// # Safety
     ///
     /// `root` is the only way to reach every container inside it: no clone of it or of any
-    /// container it holds lives elsewhere (the parser's memo is gone once [`parse`] returns;
-    /// readers that keep containers' identities, their addresses, keep no clones). A clone
-    /// kept elsewhere would share a non-atomic count with the thread that frees the tree.
+    /// container it holds lives elsewhere (the parser's memo is gone once [`parse_with`]
+    /// returns; a reader's tables that hold clones are dropped first). A clone kept elsewhere
+    /// would share a non-atomic count with the thread that frees the tree.
     pub(crate) unsafe fn new(root: Value) -> Detached {
         Detached(root)
     }
@@ -367,18 +367,14 @@ impl Memo {
     /// Puts `kept` in the memo slot of `container` where the memo still stores it there, so
     /// that later references find what the reader made of it, and the memo no longer keeps the
     /// container alive.
-    /// The container remembers it too ([`Value::kept`]). Whether the memo took it (a
-    /// container stored nowhere, or stored again elsewhere since, is left there).
+    ///
+    /// The container remembers it too ([`Value::remember`]). Returns whether the memo took it
+    /// (a container stored nowhere, or stored again elsewhere since, is left there).
     pub(crate) fn keep(&mut self, container: &Value, kept: Kept) -> bool {
+        container.remember(kept);
         let idx = match container {
-            Value::List(n) => {
-                n.kept.set(Some(kept));
-                n.memo.get()
-            }
-            Value::Dict(n) => {
-                n.kept.set(Some(kept));
-                n.memo.get()
-            }
+            Value::List(n) => n.memo.get(),
+            Value::Dict(n) => n.memo.get(),
             _ => return false,
         };
         match self.0.get_mut(idx as usize) {
@@ -405,13 +401,15 @@ pub(crate) trait Reshape {
     /// far.
     fn append(
         &mut self,
-        stack: &[Value],
-        marks: &[usize],
-        at: usize,
-        items: &mut Vec<Value>,
-        memo: &mut Memo,
-        read: usize,
-    ) -> Result<(), Self::Error>;
+        _stack: &[Value],
+        _marks: &[usize],
+        _at: usize,
+        _items: &mut Vec<Value>,
+        _memo: &mut Memo,
+        _read: usize,
+    ) -> Result<(), Self::Error> {
+        Ok(())
+    }
 
     /// The key-value pairs `stack[from..]` are about to be set, in one SETITEMS, in the dict
     /// `stack[from - 1]`; `marks` are the stack positions of the MARKs still open. The reader
@@ -434,17 +432,6 @@ struct Plain;
 
 impl Reshape for Plain {
     type Error = std::convert::Infallible;
-    fn append(
-        &mut self,
-        _: &[Value],
-        _: &[usize],
-        _: usize,
-        _: &mut Vec<Value>,
-        _: &mut Memo,
-        _: usize,
-    ) -> Result<(), Self::Error> {
-        Ok(())
-    }
 }
 
 /// Why [`parse_with`] stopped.
@@ -556,12 +543,21 @@ fn parse_into<R: Reshape>(
     let mut scratch: Vec<Value> = Vec::new();
     macro_rules! since_mark {
         () => {{
-            let m = marks.pop().ok_or_else(|| r.err("no MARK before a collection opcode"))?;
-            if m > stack.len() {
-                return Err(r.err("MARK refers past the stack"));
-            }
+            let m = mark!();
             stack.split_off(m)
         }};
+    }
+    // What the reader answers; a refusal stops the parse, and is the error reported.
+    macro_rules! reader {
+        ($answer:expr) => {
+            match $answer {
+                Ok(v) => v,
+                Err(e) => {
+                    *refused = Some(e);
+                    return Err(r.err("the reader refused what it read"));
+                }
+            }
+        };
     }
     fn put(memo: &mut Memo, idx: usize, v: Value, r: &Reader<'_>) -> Result<(), PickleError> {
         // A memo index more than the bytes read so far cannot come from a real pickler.
@@ -748,24 +744,17 @@ fn parse_into<R: Reshape>(
                 stack.insert(m, Value::Dict(Rc::new(Node::new(Vec::new()))));
                 set_items(stack, m + 1, r)?;
             }
-            b'a' => {
-                let v = pop!();
-                let mut items = vec![v];
-                let at = stack.len().checked_sub(1).ok_or_else(|| r.err("APPEND with no list"))?;
-                if let Err(e) = reshape.append(stack, &marks, at, &mut items, memo, r.pos()) {
-                    *refused = Some(e);
-                    return Err(r.err("the reader refused what it read"));
-                }
-                append(&stack[at], items.drain(..), r)?;
-            }
-            b'e' | 0x90 => {
-                let m = mark!();
-                scratch.extend(stack.drain(m..));
-                let at = stack.len().checked_sub(1).ok_or_else(|| r.err("APPENDS with no list"))?;
-                if let Err(e) = reshape.append(stack, &marks, at, &mut scratch, memo, r.pos()) {
-                    *refused = Some(e);
-                    return Err(r.err("the reader refused what it read"));
-                }
+            b'a' | b'e' | 0x90 => {
+                let name = if op == b'a' {
+                    scratch.push(pop!());
+                    "APPEND"
+                } else {
+                    let m = mark!();
+                    scratch.extend(stack.drain(m..));
+                    "APPENDS"
+                };
+                let at = stack.len().checked_sub(1).ok_or_else(|| r.err(format!("{name} with no list")))?;
+                reader!(reshape.append(stack, &marks, at, &mut scratch, memo, r.pos()));
                 append(&stack[at], scratch.drain(..), r)?;
             }
             b's' => {
@@ -776,13 +765,10 @@ fn parse_into<R: Reshape>(
             }
             b'u' => {
                 let m = mark!();
-                match reshape.dict(stack, &marks, m, memo, r.pos()) {
-                    Ok(true) => stack.truncate(m),
-                    Ok(false) => set_items(stack, m, r)?,
-                    Err(e) => {
-                        *refused = Some(e);
-                        return Err(r.err("the reader refused what it read"));
-                    }
+                if reader!(reshape.dict(stack, &marks, m, memo, r.pos())) {
+                    stack.truncate(m);
+                } else {
+                    set_items(stack, m, r)?;
                 }
             }
             0x94 => {

@@ -15,8 +15,7 @@ use crate::error::{Error, Result};
 use crate::record::Action;
 use budget::Budget;
 use std::collections::HashMap;
-use tables::Tables;
-use trace::{read_history, TraceLists, TraceReader};
+use trace::{read_history, TraceReader};
 
 fn bad(source: &str, message: impl Into<String>) -> Error {
     Error::Format { source_name: source.to_string(), message: message.into() }
@@ -156,10 +155,10 @@ impl Snapshot {
     /// whole.
     pub fn load(path: impl AsRef<std::path::Path>) -> Result<Snapshot> {
         let path = path.as_ref();
-        let (input, limit) = super::open_input(path, "a vramscope JSON snapshot")?;
+        let (mut input, limit) = super::open_input(path, "a vramscope JSON snapshot")?;
         let source = path.display().to_string();
         match input.kind {
-            super::FileKind::Pickle => Self::from_pytorch_input(&mut { input }, &source, limit),
+            super::FileKind::Pickle => Self::from_pytorch_input(&mut input, &source, limit),
             super::FileKind::Json => Self::from_bytes_within(&input.read_all()?, &source, limit),
         }
     }
@@ -249,14 +248,7 @@ impl Snapshot {
         source: &str,
         limit: crate::snapshot::ReadLimit,
     ) -> Result<Snapshot> {
-        let mut traces = TraceReader {
-            tables: Tables::new(),
-            budget: Budget::for_bytes(size, limit),
-            source,
-            lists: TraceLists::default(),
-            pending: Vec::new(),
-            batch: 0,
-        };
+        let mut traces = TraceReader::new(source, Budget::for_bytes(size, limit));
         let (root, read) = pickle::parse_with(data, &mut traces).map_err(|f| match f {
             pickle::Failure::Pickle(e) => bad(source, e.to_string()),
             pickle::Failure::Reader(e) => e,

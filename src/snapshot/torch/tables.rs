@@ -83,10 +83,7 @@ impl Tables {
         }
         let stack = match frames.items_ref() {
             Some(list) => self.stack_of_items(&list, memo.as_deref_mut(), budget, at, source)?,
-            None => {
-                budget.spend(0, at, source)?;
-                None
-            }
+            None => None,
         };
         let kept = memo.is_some_and(|m| m.keep(frames, Kept::Stack(stack.map(|s| s.0))));
         if let (false, Some(id)) = (kept, id) {

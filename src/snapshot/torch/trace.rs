@@ -17,13 +17,13 @@ use std::collections::HashMap;
 pub(super) struct TraceReader<'s> {
     pub(super) tables: Tables,
     pub(super) budget: Budget,
-    pub(super) source: &'s str,
+    source: &'s str,
     pub(super) lists: TraceLists,
     /// Events read as their dict's items were set ([`pickle::Reshape::dict`]), waiting for
     /// their batch to be appended to its trace (`None` once taken).
-    pub(super) pending: Vec<Option<Option<(i128, HistoryEntry)>>>,
+    pending: Vec<Option<Option<(i128, HistoryEntry)>>>,
     /// The batch `pending` holds ([`Kept::Pending`]).
-    pub(super) batch: u32,
+    batch: u32,
 }
 
 /// The trace lists read so far, with their entries and the entries' `time_us`. Each keeps its
@@ -43,7 +43,19 @@ struct TraceList {
     seen: usize,
 }
 
-impl TraceReader<'_> {
+impl<'s> TraceReader<'s> {
+    /// A reader of the traces of the pickle `source`, within `budget`.
+    pub(super) fn new(source: &'s str, budget: Budget) -> Self {
+        TraceReader {
+            tables: Tables::new(),
+            budget,
+            source,
+            lists: TraceLists::default(),
+            pending: Vec::new(),
+            batch: 0,
+        }
+    }
+
     /// The slot of trace list `list` in `lists`, made on its first batch.
     fn slot_of(&mut self, list: &Value) -> u32 {
         let id = list.identity().expect("a list has an address");
@@ -74,11 +86,8 @@ impl pickle::Reshape for TraceReader<'_> {
         }
         // The events of a batch wait on the stack above their trace's MARK.
         let Some(&batch_mark) = marks.last() else { return Ok(false) };
-        let Some(list_at) = batch_mark.checked_sub(1).filter(|&l| l < at) else { return Ok(false) };
-        let Some(device) = device_trace_at(stack, list_at) else { return Ok(false) };
+        let Some((device, index)) = event_place(stack, batch_mark, at, &self.lists) else { return Ok(false) };
         self.budget.grow(read);
-        let slot = self.slot_of(&stack[list_at]);
-        let index = self.lists.lists[slot as usize].seen + stack[list_at].len() + (at - batch_mark);
         let (source, budget) = (self.source, &mut self.budget);
         let at_entry = || format!("device_traces[{device}][{index}]");
         if read_already {
@@ -125,10 +134,7 @@ impl pickle::Reshape for TraceReader<'_> {
             let stack_id =
                 self.tables.stack_of_items(items, Some(&mut *memo), &mut self.budget, &at_entry, self.source)?;
             items.clear();
-            let kept = Kept::Stack(stack_id.map(|s| s.0));
-            if !memo.keep(&stack[at], kept) {
-                stack[at].remember(kept);
-            }
+            memo.keep(&stack[at], Kept::Stack(stack_id.map(|s| s.0)));
             return Ok(());
         }
         let Some(device) = device_trace_at(stack, at) else { return Ok(()) };
@@ -211,14 +217,19 @@ fn event_frames_at(stack: &[Value], marks: &[usize], at: usize, lists: &TraceLis
     if key < event_mark || !(key - event_mark).is_multiple_of(2) || !matches!(&stack[event], Value::Dict(_)) {
         return None;
     }
-    let &batch_mark = rest.last()?;
+    event_place(stack, *rest.last()?, event, lists)
+}
+
+/// Where the dict `stack[event]` is an event of a batch of a trace whose MARK is at
+/// `batch_mark` (the trace's list just below it): the event's device and its index in the
+/// trace (the trace's items read in earlier batches, those it was made with, and the events of
+/// this batch before it).
+fn event_place(stack: &[Value], batch_mark: usize, event: usize, lists: &TraceLists) -> Option<(usize, usize)> {
     let list_at = batch_mark.checked_sub(1).filter(|&l| l < event)?;
     let device = device_trace_at(stack, list_at)?;
-    let seen = stack[list_at]
-        .identity()
-        .and_then(|id| lists.list_of.get(&id))
-        .map_or(0, |&slot| lists.lists[slot as usize].seen);
-    Some((device, seen + stack[list_at].len() + (event - batch_mark)))
+    let list = &stack[list_at];
+    let seen = list.identity().and_then(|id| lists.list_of.get(&id)).map_or(0, |&slot| lists.lists[slot as usize].seen);
+    Some((device, seen + list.len() + (event - batch_mark)))
 }
 
 /// The device whose trace `stack[at]` is, when it is one: the root dict is at the bottom of the
@@ -364,10 +375,12 @@ pub(super) fn read_entry(
     at: &dyn Fn() -> String,
     source: &str,
 ) -> Result<Option<(i128, HistoryEntry)>> {
-    budget.spend(e.len(), at, source)?;
-    let Value::Dict(dict) = e else { return Ok(None) };
+    let Value::Dict(dict) = e else {
+        budget.spend(e.len(), at, source)?;
+        return Ok(None);
+    };
     let pairs = dict.borrow();
-    read_fields(pairs.iter().map(|(k, v)| (k, v)), t, memo, budget, at, source)
+    read_entry_pairs(pairs.iter().map(|(k, v)| (k, v)), pairs.len(), t, memo, budget, at, source)
 }
 
 /// [`read_entry`] of an event whose `n` key-value pairs are `items`, not in a dict.
@@ -381,18 +394,6 @@ pub(super) fn read_entry_pairs<'v>(
     source: &str,
 ) -> Result<Option<(i128, HistoryEntry)>> {
     budget.spend(n, at, source)?;
-    read_fields(items, t, memo, budget, at, source)
-}
-
-/// The event of key-value pairs `items`.
-fn read_fields<'v>(
-    items: impl Iterator<Item = (&'v Value, &'v Value)>,
-    t: &mut Tables,
-    memo: Option<&mut Memo>,
-    budget: &mut Budget,
-    at: &dyn Fn() -> String,
-    source: &str,
-) -> Result<Option<(i128, HistoryEntry)>> {
     let mut f = EntryFields::default();
     for (k, v) in items {
         let Value::Str(k) = k else { continue };
@@ -462,14 +463,7 @@ mod tests {
     fn from_tree(data: &[u8]) -> Result<Snapshot> {
         let limit = crate::snapshot::read_limit(data.len() as u64)?;
         let root = pickle::parse(data).map_err(|e| bad("tree", e.to_string()))?;
-        let traces = TraceReader {
-            tables: Tables::new(),
-            budget: Budget::for_bytes(data.len(), limit),
-            source: "tree",
-            lists: TraceLists::default(),
-            pending: Vec::new(),
-            batch: 0,
-        };
+        let traces = TraceReader::new("tree", Budget::for_bytes(data.len(), limit));
         Snapshot::checked_pytorch(Snapshot::from_pickle_value(&root, traces, "tree")?, "tree")
     }
 
