@@ -64,7 +64,7 @@ pub(super) fn has_cycle<'a>(roots: impl Iterator<Item = &'a Value>) -> bool {
 
 /// Hashes addresses (multiplicative mixing: their low bits are always zero).
 #[derive(Default)]
-pub(super) struct AddressHasher(u64);
+pub(crate) struct AddressHasher(u64);
 
 impl Hasher for AddressHasher {
     fn finish(&self) -> u64 {

@@ -6,16 +6,26 @@
 mod cycles;
 mod input;
 
-use cycles::{empty_containers, has_cycle, note_again, AddressHasher, Again};
+pub(crate) use cycles::AddressHasher;
+use cycles::{empty_containers, has_cycle, note_again, Again};
 use input::{err_at, Reader};
 use std::cell::{Cell, Ref, RefCell, RefMut};
 use std::fmt;
 use std::hash::BuildHasherDefault;
 use std::rc::Rc;
 
+/// A map keyed by the address of a value ([`Value::identity`]): addresses are not chosen by
+/// the file, so a multiplicative hash serves, at a fraction of SipHash's cost per event.
+pub(crate) type AddressMap<V> = std::collections::HashMap<usize, V, BuildHasherDefault<AddressHasher>>;
+
 /// A value read from a pickle. Containers are shared (`Rc`) because the pickle memo lets one
 /// container appear in several places, and dicts and lists are filled after they are memoized.
-#[derive(Clone)]
+///
+/// The tag takes a whole word (`repr(u64)`): the payload then starts on a word and a value is
+/// copied as three words. With a one-byte tag, the copies of the parser's hottest opcodes
+/// (memo references, MEMOIZE) moved the bytes beside the tag as overlapping pieces that later
+/// whole-word reads stalled on. The size is the same, 24 bytes.
+#[repr(u64)]
 pub(crate) enum Value {
     None,
     Bool(bool),
@@ -113,7 +123,19 @@ unsafe impl Send for Detached {}
 /// elsewhere, whose count only falls), and a container with no such items needs no work list:
 /// the dicts of a snapshot's events drop without one.
 impl Drop for Value {
+    #[inline]
     fn drop(&mut self) {
+        // Most values dropped are numbers, strings and kept values: no work list to consider.
+        if !matches!(self, Value::List(_) | Value::Dict(_) | Value::Tuple(_)) {
+            return;
+        }
+        self.drop_container();
+    }
+}
+
+impl Value {
+    #[inline(never)]
+    fn drop_container(&mut self) {
         /// Whether `v` is a container that dropping it frees, with items of its own.
         fn owned_container(v: &Value) -> bool {
             match v {
@@ -155,6 +177,31 @@ impl Drop for Value {
             take_children(&mut v, &mut work);
             // `v` is now shallow and drops without recursion.
         }
+    }
+}
+
+/// Half the opcodes of a snapshot push a memoized value again, so a clone is on the parser's
+/// hottest path. Built variant by variant, the clone went through a temporary whose tag byte
+/// was stored apart from its payload, and reading the temporary back whole stalled on every
+/// clone (about 8% of a large pickle's read, by `perf`). Here the count of a shared value is
+/// raised and its 24 bytes copied as they lie.
+impl Clone for Value {
+    #[inline]
+    fn clone(&self) -> Value {
+        match self {
+            Value::Big(i) => return Value::Big(i.clone()),
+            // A clone forgotten raises the count by one: the copy below owns that share.
+            Value::Str(s) => std::mem::forget(Rc::clone(s)),
+            Value::Bytes(b) => std::mem::forget(Rc::clone(b)),
+            Value::List(l) => std::mem::forget(Rc::clone(l)),
+            Value::Tuple(t) => std::mem::forget(Rc::clone(t)),
+            Value::Dict(d) => std::mem::forget(Rc::clone(d)),
+            Value::None | Value::Bool(_) | Value::Int(_) | Value::Float(_) | Value::Kept(_) => {}
+        }
+        // SAFETY: every variant but `Big` (returned above) is plain data or one `Rc`, whose
+        // count was raised by one just above: the bitwise copy is a second owner of a share
+        // that exists for it, as `Rc::clone` would make, and dropping either drops one share.
+        unsafe { std::ptr::read(self) }
     }
 }
 
@@ -341,6 +388,7 @@ fn str_value(op_at: usize, bytes: &[u8]) -> Result<Value, PickleError> {
 }
 
 /// Little-endian two's-complement integer of at most 16 bytes.
+#[inline]
 fn long_value(op_at: usize, bytes: &[u8]) -> Result<Value, PickleError> {
     if bytes.len() > 16 {
         return Err(err_at(op_at, format!("an integer of {} bytes does not fit in 128 bits", bytes.len())));
@@ -349,11 +397,13 @@ fn long_value(op_at: usize, bytes: &[u8]) -> Result<Value, PickleError> {
         return Ok(Value::Int(0));
     }
     let negative = bytes[bytes.len() - 1] & 0x80 != 0;
-    // Up to 8 bytes (every address and size of a snapshot): sign-extended in 64 bits.
+    // Up to 8 bytes (every address and size of a snapshot): sign-extended in 64 bits, built
+    // in a register (a copy into a buffer read back whole stalled the parser on every address).
     if bytes.len() <= 8 {
-        let mut buf = [if negative { 0xff } else { 0 }; 8];
-        buf[..bytes.len()].copy_from_slice(bytes);
-        return Ok(Value::Int(i64::from_le_bytes(buf)));
+        let bits = bytes.iter().rev().fold(0u64, |v, &b| (v << 8) | u64::from(b));
+        let unused = 64 - 8 * bytes.len() as u32;
+        // Shifted up and back arithmetically: the sign bit fills the bytes above.
+        return Ok(Value::Int(((bits << unused) as i64) >> unused));
     }
     let mut buf = [if negative { 0xff } else { 0 }; 16];
     buf[..bytes.len()].copy_from_slice(bytes);
@@ -394,21 +444,20 @@ pub(crate) trait Reshape {
     /// What stops the reading.
     type Error;
 
-    /// `items`, each complete, are about to be appended to the list `stack[at]` (the top of
-    /// `stack`; `marks` are the stack positions of the MARKs still open). The reader may take
-    /// any of them; those it leaves are appended. It may put what it made of a container in
-    /// the container's memo slot ([`Memo::keep`]). `read` is the bytes of the pickle read so
-    /// far.
+    /// The items `stack[at + 1..]`, each complete, are about to be appended, by one APPEND or
+    /// APPENDS, to the list `stack[at]`; `marks` are the stack positions of the MARKs still
+    /// open. The reader may take them instead (`true`): they are dropped, never appended, and
+    /// the list stays as it was. It may put what it made of a container in the container's
+    /// memo slot ([`Memo::keep`]). `read` is the bytes of the pickle read so far.
     fn append(
         &mut self,
         _stack: &[Value],
         _marks: &[usize],
         _at: usize,
-        _items: &mut Vec<Value>,
         _memo: &mut Memo,
         _read: usize,
-    ) -> Result<(), Self::Error> {
-        Ok(())
+    ) -> Result<bool, Self::Error> {
+        Ok(false)
     }
 
     /// The key-value pairs `stack[from..]` are about to be set, in one SETITEMS, in the dict
@@ -539,8 +588,6 @@ fn parse_into<R: Reshape>(
             m
         }};
     }
-    // Items to append, in a vector kept from one APPENDS to the next.
-    let mut scratch: Vec<Value> = Vec::new();
     macro_rules! since_mark {
         () => {{
             let m = mark!();
@@ -581,12 +628,19 @@ fn parse_into<R: Reshape>(
         memo[idx] = Some(v);
         Ok(())
     }
-    #[inline(always)]
-    fn get(memo: &Memo, idx: usize, r: &Reader<'_>) -> Result<Value, PickleError> {
-        match memo.0.get(idx) {
-            Some(Some(v)) => Ok(v.clone()),
-            _ => Err(r.err(format!("memo index {idx} was never stored"))),
-        }
+    // A memo reference: the value pushed again. The value is cloned straight onto the stack
+    // (most opcodes of a snapshot are these), never moved through a `Result`.
+    macro_rules! get {
+        ($idx:expr) => {{
+            let idx = $idx;
+            match memo.0.get(idx) {
+                Some(Some(v)) => {
+                    note_again(again, &mut again_ids, v);
+                    stack.push(v.clone());
+                }
+                _ => return Err(r.err(format!("memo index {idx} was never stored"))),
+            }
+        }};
     }
     fn append(target: &Value, items: impl ExactSizeIterator<Item = Value>, r: &Reader<'_>) -> Result<(), PickleError> {
         match target {
@@ -745,17 +799,20 @@ fn parse_into<R: Reshape>(
                 set_items(stack, m + 1, r)?;
             }
             b'a' | b'e' | 0x90 => {
-                let name = if op == b'a' {
-                    scratch.push(pop!());
-                    "APPEND"
+                // The items stay on the stack while the reader looks at them: most are taken,
+                // and none is moved twice.
+                let (from, name) = if op == b'a' {
+                    (stack.len().checked_sub(1).ok_or_else(|| r.err("the stack is empty"))?, "APPEND")
                 } else {
-                    let m = mark!();
-                    scratch.extend(stack.drain(m..));
-                    "APPENDS"
+                    (mark!(), "APPENDS")
                 };
-                let at = stack.len().checked_sub(1).ok_or_else(|| r.err(format!("{name} with no list")))?;
-                reader!(reshape.append(stack, &marks, at, &mut scratch, memo, r.pos()));
-                append(&stack[at], scratch.drain(..), r)?;
+                let at = from.checked_sub(1).ok_or_else(|| r.err(format!("{name} with no list")))?;
+                if reader!(reshape.append(stack, &marks, at, memo, r.pos())) {
+                    stack.truncate(from);
+                } else {
+                    let list = stack[at].clone();
+                    append(&list, stack.drain(from..), r)?;
+                }
             }
             b's' => {
                 if stack.len() < 3 {
@@ -786,18 +843,8 @@ fn parse_into<R: Reshape>(
                 let v = stack.last().cloned().ok_or_else(|| r.err("LONG_BINPUT with an empty stack"))?;
                 put(memo, idx, v, r)?;
             }
-            b'h' => {
-                let idx = r.u8()? as usize;
-                let v = get(memo, idx, r)?;
-                note_again(again, &mut again_ids, &v);
-                stack.push(v);
-            }
-            b'j' => {
-                let idx = r.u32()? as usize;
-                let v = get(memo, idx, r)?;
-                note_again(again, &mut again_ids, &v);
-                stack.push(v);
-            }
+            b'h' => get!(r.u8()? as usize),
+            b'j' => get!(r.u32()? as usize),
             b'0' => {
                 pop!();
             }
@@ -832,6 +879,55 @@ mod tests {
         // LONG1 of 9 bytes: 2^64.
         let v = parse(&[0x80, 2, 0x8a, 9, 0, 0, 0, 0, 0, 0, 0, 0, 1, b'.']).unwrap();
         assert_eq!(v.as_i128(), Some(1 << 64));
+        assert_eq!(std::mem::size_of::<Option<Value>>(), 24, "a memo slot is a value's size");
+    }
+
+    #[test]
+    fn integers_of_every_width_read_as_python_writes_them() {
+        // Python's LONG1 writes the fewest two's-complement bytes, little-endian; each width
+        // from 1 to 16 bytes, either sign, at the edges of the width and inside it.
+        let mut seen = 0;
+        for width in 1..=16u32 {
+            let top = 1i128 << (8 * width - 1).min(126);
+            for n in [top - 1, -top, top / 3, -top / 3, 0, -1, 1] {
+                let bytes = n.to_le_bytes();
+                let mut op = vec![0x80, 2, 0x8a, width as u8];
+                op.extend_from_slice(&bytes[..width as usize]);
+                op.push(b'.');
+                let read = parse(&op).unwrap().as_i128();
+                // The bytes given, sign-extended: what Python's `int.from_bytes(.., signed=True)` gives.
+                let mut wide = [if bytes[width as usize - 1] & 0x80 != 0 { 0xff } else { 0 }; 16];
+                wide[..width as usize].copy_from_slice(&bytes[..width as usize]);
+                assert_eq!(read, Some(i128::from_le_bytes(wide)), "{width} bytes of {n}");
+                seen += 1;
+            }
+        }
+        assert_eq!(seen, 16 * 7);
+    }
+
+    #[test]
+    fn a_clone_shares_what_it_clones_and_dropping_it_gives_the_share_back() {
+        let text: Rc<str> = Rc::from("frames");
+        let list = Rc::new(Node::new(vec![Value::Int(1)]));
+        let tuple: Rc<[Value]> = Rc::from(vec![Value::Str(Rc::clone(&text))]);
+        let values = [
+            Value::Str(Rc::clone(&text)),
+            Value::List(Rc::clone(&list)),
+            Value::Tuple(Rc::clone(&tuple)),
+            Value::Big(Box::new(-(1 << 100))),
+            Value::Kept(Kept::Frame(7)),
+        ];
+        // `text` is held by itself, `values[0]` and the tuple's item.
+        assert_eq!((Rc::strong_count(&text), Rc::strong_count(&list), Rc::strong_count(&tuple)), (3, 2, 2));
+        let clones: Vec<Value> = values.iter().map(Value::clone).collect();
+        assert_eq!((Rc::strong_count(&text), Rc::strong_count(&list), Rc::strong_count(&tuple)), (4, 3, 3));
+        assert_eq!(clones[3].as_i128(), Some(-(1 << 100)));
+        assert_eq!(clones[4].kept(), Some(Kept::Frame(7)));
+        assert_eq!(clones[1].identity(), values[1].identity(), "a container is shared, not copied");
+        drop(clones);
+        assert_eq!((Rc::strong_count(&text), Rc::strong_count(&list), Rc::strong_count(&tuple)), (3, 2, 2));
+        drop(values);
+        assert_eq!((Rc::strong_count(&text), Rc::strong_count(&list), Rc::strong_count(&tuple)), (2, 1, 1));
     }
 
     #[test]

@@ -6,8 +6,8 @@ use crate::error::Result;
 use crate::intern::Interner;
 use crate::record::Frame;
 use crate::snapshot::model::{FrameId, ScopeId, StackId};
+use crate::snapshot::pickle::AddressMap;
 use crate::snapshot::pickle::{Kept, Memo, Value};
-use std::collections::HashMap;
 
 /// Frames, stacks and scopes interned while reading, and what was made of each value the
 /// pickle shares, so that a shared frame list, frame or scope string is read once however
@@ -22,9 +22,12 @@ pub(super) struct Tables {
     pub(super) stacks: Interner<Vec<FrameId>>,
     /// Scope paths from PyTorch's `user_metadata` strings (`a/b`); index 0 is the root.
     pub(super) scopes: Interner<String, Vec<String>>,
-    pub(super) stack_of: HashMap<usize, (Value, Option<StackId>)>,
-    pub(super) frame_of: HashMap<usize, (Value, FrameId)>,
-    pub(super) scope_of: HashMap<usize, (Value, ScopeId)>,
+    pub(super) stack_of: AddressMap<(Value, Option<StackId>)>,
+    pub(super) frame_of: AddressMap<(Value, FrameId)>,
+    pub(super) scope_of: AddressMap<(Value, ScopeId)>,
+    /// The frames of the stack being read, kept from one stack to the next: a stack met before
+    /// is found without a new vector.
+    ids: Vec<FrameId>,
 }
 
 impl Tables {
@@ -35,9 +38,10 @@ impl Tables {
             frames: Interner::default(),
             stacks: Interner::default(),
             scopes,
-            stack_of: HashMap::new(),
-            frame_of: HashMap::new(),
-            scope_of: HashMap::new(),
+            stack_of: AddressMap::default(),
+            frame_of: AddressMap::default(),
+            scope_of: AddressMap::default(),
+            ids: Vec::new(),
         }
     }
 
@@ -103,7 +107,8 @@ impl Tables {
         source: &str,
     ) -> Result<Option<StackId>> {
         budget.spend(items.len(), at, source)?;
-        let mut ids = Vec::with_capacity(items.len());
+        let mut ids = std::mem::take(&mut self.ids);
+        ids.clear();
         for (i, f) in items.iter().enumerate() {
             let frame = match f.kept() {
                 Some(Kept::Frame(frame)) => FrameId(frame),
@@ -122,7 +127,9 @@ impl Tables {
             };
             ids.push(frame);
         }
-        Ok((!ids.is_empty()).then(|| StackId(self.stacks.intern(ids))))
+        let stack = (!ids.is_empty()).then(|| StackId(self.stacks.intern_ref(&ids[..])));
+        self.ids = ids;
+        Ok(stack)
     }
 }
 

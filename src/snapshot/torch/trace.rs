@@ -6,8 +6,8 @@ use super::{bad, context_in, field_uint, to_json};
 use crate::error::{Error, Result};
 use crate::record::Action;
 use crate::snapshot::model::HistoryEntry;
+use crate::snapshot::pickle::AddressMap;
 use crate::snapshot::pickle::{self, Kept, Memo, Value};
-use std::collections::HashMap;
 
 /// Reads the trace entries of a PyTorch snapshot while its pickle is parsed: each batch of
 /// entries appended to a list of `device_traces` is read into [`HistoryEntry`]s and dropped,
@@ -31,7 +31,7 @@ pub(super) struct TraceReader<'s> {
 #[derive(Default)]
 pub(super) struct TraceLists {
     lists: Vec<TraceList>,
-    list_of: HashMap<usize, u32>,
+    list_of: AddressMap<u32>,
 }
 
 struct TraceList {
@@ -114,15 +114,8 @@ impl pickle::Reshape for TraceReader<'_> {
         Ok(true)
     }
 
-    fn append(
-        &mut self,
-        stack: &[Value],
-        marks: &[usize],
-        at: usize,
-        items: &mut Vec<Value>,
-        memo: &mut Memo,
-        read: usize,
-    ) -> Result<()> {
+    fn append(&mut self, stack: &[Value], marks: &[usize], at: usize, memo: &mut Memo, read: usize) -> Result<bool> {
+        let items = &stack[at + 1..];
         if let Some(Kept::Stack(_)) = stack[at].kept() {
             return Err(bad(self.source, "a list of frames appended to after it was read (a pickler never does so)"));
         }
@@ -133,11 +126,10 @@ impl pickle::Reshape for TraceReader<'_> {
             let at_entry = || format!("device_traces[{device}][{index}]");
             let stack_id =
                 self.tables.stack_of_items(items, Some(&mut *memo), &mut self.budget, &at_entry, self.source)?;
-            items.clear();
             memo.keep(&stack[at], Kept::Stack(stack_id.map(|s| s.0)));
-            return Ok(());
+            return Ok(true);
         }
-        let Some(device) = device_trace_at(stack, at) else { return Ok(()) };
+        let Some(device) = device_trace_at(stack, at) else { return Ok(false) };
         self.budget.grow(read);
         let list = &stack[at];
         let slot = self.slot_of(list);
@@ -156,7 +148,7 @@ impl pickle::Reshape for TraceReader<'_> {
         let room = |e| bad(source, format!("{}: memory for {} more entries: {e}", batch(), items.len()));
         out.entries.try_reserve(items.len()).map_err(room)?;
         out.times.try_reserve(items.len()).map_err(room)?;
-        for (k, e) in items.drain(..).enumerate() {
+        for (k, e) in items.iter().enumerate() {
             let at = || format!("device_traces[{device}][{}]", first + k);
             let read = match e.kept() {
                 Some(Kept::Pending { batch, index }) if batch == self.batch => {
@@ -183,13 +175,13 @@ impl pickle::Reshape for TraceReader<'_> {
                     }
                     Some((from.times[index as usize], entry.clone()))
                 }
-                _ => read_entry(&e, &mut self.tables, Some(&mut *memo), budget, &at, source)?,
+                _ => read_entry(e, &mut self.tables, Some(&mut *memo), budget, &at, source)?,
             };
             let out = &mut lists[slot as usize];
             out.seen += 1;
             if let Some((time, entry)) = read {
                 if !matches!(e.kept(), Some(Kept::Entry { .. })) {
-                    memo.keep(&e, Kept::Entry { list: slot, index: out.entries.len() as u32 });
+                    memo.keep(e, Kept::Entry { list: slot, index: out.entries.len() as u32 });
                 }
                 out.entries.push(entry);
                 out.times.push(time);
@@ -198,7 +190,7 @@ impl pickle::Reshape for TraceReader<'_> {
         // What a batch left waiting (a hostile file popped it) is gone with it.
         self.pending.clear();
         self.batch = self.batch.wrapping_add(1);
-        Ok(())
+        Ok(true)
     }
 }
 
@@ -309,9 +301,6 @@ pub(super) fn read_history(
                 times.extend(list.times.iter().copied());
             }
         }
-        for entry in &mut out {
-            entry.device = Some(d);
-        }
         per_device.push((out, times));
     }
     drop(read);
@@ -321,9 +310,15 @@ pub(super) fn read_history(
     // Saturating: a hostile file's times may be any 128-bit integers, in any order.
     let ns = |time: i128| u64::try_from(time.saturating_sub(t0).max(0).saturating_mul(1000)).unwrap_or(u64::MAX);
     let origin = u64::try_from(t0.max(0)).unwrap_or(u64::MAX);
+    // Each entry's device and time are set in one pass over the entries, which for a long
+    // trace are hundreds of megabytes.
     if per_device.iter().filter(|(out, _)| !out.is_empty()).count() <= 1 {
-        let (mut out, times) = per_device.into_iter().find(|(out, _)| !out.is_empty()).unwrap_or_default();
+        let Some((d, (mut out, times))) = per_device.into_iter().enumerate().find(|(_, (out, _))| !out.is_empty())
+        else {
+            return Ok((Vec::new(), origin));
+        };
         for (entry, time) in out.iter_mut().zip(times) {
+            entry.device = Some(d);
             entry.time_ns = ns(time);
         }
         return Ok((out, origin));
@@ -338,6 +333,7 @@ pub(super) fn read_history(
         lists.iter_mut().enumerate().filter_map(|(d, l)| Some(std::cmp::Reverse((l.peek()?.1, d)))).collect();
     while let Some(std::cmp::Reverse((_, d))) = heads.pop() {
         let Some((mut entry, time)) = lists[d].next() else { continue };
+        entry.device = Some(d);
         entry.time_ns = ns(time);
         merged.push(entry);
         if let Some((_, time)) = lists[d].peek() {
