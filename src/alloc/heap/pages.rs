@@ -5,7 +5,6 @@ use super::accounting::Note;
 use super::Heap;
 use crate::alloc::ids::{BlockId, SegmentId, StreamId};
 use crate::backend::Backend;
-use crate::config::LimitMax;
 use crate::error::BackendError;
 
 /// The block kept aside by the last free, whose merge [`Heap::grow`] defers (see
@@ -25,9 +24,6 @@ const LOOK: usize = 8;
 
 /// What ordering a stream after another is for, where a segment changes stream.
 const TAKE_OVER: &str = "to take over its cached segment";
-
-/// How many sizes [`Heap::churned_at_ceiling`] remembers.
-const CEILING_CHURNS: usize = 64;
 
 /// On a heap whose one stream holds every segment, a request that finds no cached block and
 /// is over the soft limit gives back no whole cached segment larger than this many times what
@@ -70,18 +66,11 @@ impl Heap {
         self.stats.reserved_bytes.current()
     }
 
-    /// Reserved bytes above which the allocator reclaims before growing: never above its cap,
-    /// so that reclaiming gives back what the cap would refuse before the cap refuses it.
+    /// Reserved bytes above which the allocator reclaims before growing (see
+    /// [`Limit::soft`](super::limit::Limit::soft)).
     pub(super) fn soft_limit(&self, backend: &dyn Backend, size: u64) -> u64 {
-        let mut limit = self.cap.unwrap_or(u64::MAX);
-        if let Some(f) = self.limit_factor {
-            limit = limit.min(self.factor_limit(f, size));
-        }
-        if let Some(t) = self.config.garbage_collection_threshold {
-            let allowed = self.cap.unwrap_or_else(|| backend.total_memory());
-            limit = limit.min((allowed as f64 * t) as u64);
-        }
-        limit
+        let threshold = self.config.garbage_collection_threshold;
+        self.limit.soft(self.stats.allocated_bytes.current(), size, threshold, || backend.total_memory())
     }
 
     /// Refuses, as the backend refuses a request when the device is full, `more` bytes that
@@ -90,31 +79,12 @@ impl Heap {
     /// pages of a cached block), so that a refusal takes the same road as the device's own:
     /// the cache is given back and the request retried, then out of memory.
     pub(super) fn within_cap(&self, more: u64) -> Result<(), BackendError> {
-        match self.cap {
-            Some(cap) if self.reserved().saturating_add(more) > cap => Err(BackendError::OutOfMemory {
-                requested: more,
-                message: format!(
-                    "{} more would pass what the allocator may reserve, {} (per_process_memory_fraction, \
-                     or the capacity set on CUDA), with {} reserved",
-                    crate::error::fmt_bytes(more),
-                    crate::error::fmt_bytes(cap),
-                    crate::error::fmt_bytes(self.reserved()),
-                ),
-            }),
-            _ => Ok(()),
-        }
-    }
-
-    /// What a fragmentation limit of `f` lets reserved reach for a request of `size` bytes: `f`
-    /// times the peak of allocated bytes, the request counted.
-    fn factor_limit(&self, f: f64, size: u64) -> u64 {
-        let peak = self.limit_peak.max(self.stats.allocated_bytes.current() + size);
-        (peak as f64 * f) as u64
+        self.limit.within_cap(self.reserved(), more)
     }
 
     /// The fragmentation limit in force (it rises from the configured one on churn).
     pub(crate) fn fragmentation_limit(&self) -> Option<f64> {
-        self.limit_factor
+        self.limit.factor()
     }
 
     /// Called before asking the backend for `need` bytes to serve a request of `size` bytes (a
@@ -140,49 +110,9 @@ impl Heap {
     /// comparison changed no decision in 1,972 replays (986 fixture and random traces, both
     /// segment kinds), and went.
     pub(super) fn note_regrowth(&mut self, size: u64, need: u64) {
-        if size > self.released_since_peak || self.stats.allocated_bytes.current() + size > self.limit_peak {
-            return;
+        if self.limit.note_regrowth(size, need, self.stats.allocated_bytes.current(), self.reserved()) {
+            self.note(Note::LimitRaised);
         }
-        self.released_since_peak = 0;
-        let spared = std::mem::take(&mut self.released_wanted);
-        if let (Some(f), Some(max)) = (self.limit_factor, self.limit_max) {
-            // What growing now without giving anything back takes, in steps of 0.5%, or what
-            // the reclaims that gave memory back since the peak wanted, if more (known where
-            // their need was exact): that limit would have spared this request's growth and the
-            // give-back that made it churn.
-            let now = self.reserved() + need;
-            let wanted = now.max(spared);
-            let wanted = wanted as f64 / self.limit_peak.max(1) as f64;
-            let step = 0.005 * f64::from(1u32 << self.raises_since_peak.min(6));
-            let next = (f + step).max((wanted * 200.0).ceil() / 200.0);
-            let next = (next * 1000.0).round() / 1000.0;
-            if f < max {
-                self.limit_factor = Some(next.min(max));
-                self.raises_since_peak += 1;
-                self.note(Note::LimitRaised);
-            } else if self.config.fragmentation_limit_max == LimitMax::Auto && self.churned_at_ceiling(size) {
-                // Only the automatic ceiling gives way; one the user set holds.
-                self.limit_factor = Some(next);
-                self.raises_since_peak += 1;
-                self.note(Note::LimitRaised);
-            }
-        }
-    }
-
-    /// Notes that a request of `size` bytes churned with the limit at its ceiling; true if a
-    /// request of that size (in pages) churned there before. Once is what a workload's
-    /// first passes may cost; twice, at the same size, is a loop's steady state, which holding
-    /// to the ceiling would make call the backend on every step from then on.
-    fn churned_at_ceiling(&mut self, size: u64) -> bool {
-        let key = size.next_multiple_of(self.page);
-        if self.ceiling_churns.contains(&key) {
-            return true;
-        }
-        if self.ceiling_churns.len() == CEILING_CHURNS {
-            self.ceiling_churns.remove(0);
-        }
-        self.ceiling_churns.push(key);
-        false
     }
 
     /// Gives cached memory back until `reserved + need <= limit` or nothing is left to give:
@@ -224,8 +154,7 @@ impl Heap {
         };
         self.give_back(backend, need, limit, releasable);
         if exact && self.reserved() < before {
-            let wanted = before + need;
-            self.released_wanted = self.released_wanted.max(wanted);
+            self.limit.note_wanted(before + need);
         }
     }
 
@@ -245,7 +174,7 @@ impl Heap {
             }
             let size = self.blocks[b].size;
             if self.release_segment_of(backend, b) {
-                self.released_since_peak = self.released_since_peak.max(size);
+                self.limit.note_released(size);
             }
         }
         if self.can_unmap && releasable.holes && self.reserved() + need > limit {
@@ -262,7 +191,7 @@ impl Heap {
                 // requests of the same step that the hole serves.
                 let want = (self.reserved() + need).saturating_sub(limit);
                 if self.unmap_block(backend, b, want) {
-                    self.released_since_peak = self.released_since_peak.max(size);
+                    self.limit.note_released(size);
                 }
             }
         }
@@ -714,7 +643,7 @@ mod tests {
         for streams in [1, 2] {
             let (mut h, sim) = heap("release_pages:false,fragmentation_limit:1.0,fragmentation_limit_max:off");
             // Without a limit while the setup allocates: each stream reserves its own segment.
-            let limit = h.limit_factor.take();
+            let limit = h.limit.set_factor(None);
             if streams == 2 {
                 // Stream 1's own small segment, in use.
                 another_stream_holds_a_segment(&mut h, &sim);
@@ -722,7 +651,7 @@ mod tests {
             let small = h.alloc(&sim, StreamId(0), MIB, None).unwrap();
             h.free(&sim, small.block, None);
             h.settle();
-            h.limit_factor = limit;
+            h.limit.set_factor(limit);
             assert_eq!(h.stats.segment.pool_current(Pool::Small), streams);
             assert_eq!(h.holds_every_segment_of_both(StreamId(0)), streams == 1);
             // 100 MiB over a limit of 100 MiB: releasing a cached 2 MiB small segment would
