@@ -722,8 +722,9 @@ impl CachingAllocator {
         self.scope_split(scope).0
     }
 
-    /// Live blocks inside `scope` and outside it, counted under one lock.
-    pub(crate) fn scope_split(&self, scope: crate::record::Scope) -> (ScopeUsage, ScopeUsage) {
+    /// Live blocks inside `scope` and outside it, counted under one lock, and whether anything
+    /// was ever allocated here inside `scope` (a site of the scope is recorded), live or not.
+    pub(crate) fn scope_split(&self, scope: crate::record::Scope) -> (ScopeUsage, ScopeUsage, bool) {
         let locked = self.shared.lock_as_is();
         let heap = &locked.heap;
         let sites = &heap.recorder().sites.sites;
@@ -743,7 +744,8 @@ impl CachingAllocator {
             u.requested_bytes += b.requested;
             u.blocks += 1;
         });
-        (usage, rest)
+        let used = usage.blocks > 0 || sites.iter().any(|s| within(s.scope));
+        (usage, rest, used)
     }
 
     /// Every allocator alive in the process (the default devices and those built with

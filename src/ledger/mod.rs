@@ -292,7 +292,8 @@ fn driver_reading(device: usize) -> Result<DriverReading, String> {
     if !crate::backend::cuda::driver_library_present() {
         return Err("the driver's figures: no GPU (no CUDA driver); the parts below are vramscope's own".into());
     }
-    let a = crate::backend::cuda::moments::nvml_answer(device)?;
+    // Said as what is missing, then why: the line reads "not seen: the driver's figures: ...".
+    let a = crate::backend::cuda::moments::nvml_answer(device).map_err(|why| format!("the driver's figures: {why}"))?;
     Ok(DriverReading::new(a.pid, a.used, a.total, a.processes))
 }
 

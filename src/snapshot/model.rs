@@ -428,13 +428,20 @@ impl Snapshot {
     pub fn devices(&self) -> Vec<usize> {
         let segments = self.segments.iter().map(|s| s.device);
         let events = self.history.iter().map(|e| e.device);
-        let mut out: Vec<usize> = segments.chain(events).map(|d| d.unwrap_or(self.device)).collect();
-        if out.is_empty() {
-            out.push(self.device);
+        // A history of millions of entries names a few devices, mostly the one named last: no
+        // list of every entry's device is made.
+        let mut seen = std::collections::BTreeSet::new();
+        let mut last = None;
+        for d in segments.chain(events).map(|d| d.unwrap_or(self.device)) {
+            if last != Some(d) {
+                seen.insert(d);
+                last = Some(d);
+            }
         }
-        out.sort_unstable();
-        out.dedup();
-        out
+        if seen.is_empty() {
+            seen.insert(self.device);
+        }
+        seen.into_iter().collect()
     }
 
     /// The part of the snapshot on `device`: its segments and history, as a snapshot of that

@@ -389,9 +389,11 @@ impl Evidence {
         };
         let subject = match (test.metric, outside) {
             (Metric::LiveBytes, false) => "live bytes of the test's blocks (bytes asked for, all allocators)",
-            (Metric::LiveBytes, true) => "live bytes outside the test's scope (bytes asked for, all allocators)",
+            (Metric::LiveBytes, true) => {
+                "live bytes outside the test's scope (bytes asked for, allocators the body used)"
+            }
             (Metric::LiveBlocks, false) => "live blocks of the test (all allocators)",
-            (Metric::LiveBlocks, true) => "live blocks outside the test's scope (all allocators)",
+            (Metric::LiveBlocks, true) => "live blocks outside the test's scope (allocators the body used)",
             (Metric::ReservedBytes, _) => "reserved bytes (every allocator: the test's and any other's)",
             (Metric::DeviceBytes, _) => "the process's bytes on the device (the ledger's total)",
         };

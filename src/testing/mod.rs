@@ -123,8 +123,9 @@ pub struct Verdict {
     pub growth: i64,
     /// Allocations the body made inside the test's scope, in every allocator (freed ones too).
     pub allocations: u64,
-    /// Growth of live memory outside the test's scope, where the test ran alone (no other
-    /// memory test overlapped it) so that it can be told apart from a neighbour's.
+    /// Growth of live memory outside the test's scope, in the allocators the body allocated in,
+    /// where the test ran alone (no other memory test overlapped it) so that it can be told
+    /// apart from a neighbour's.
     pub unattributed_growth: Option<i64>,
     /// The full text report (per-iteration figures and the sites that grew).
     pub report: String,
@@ -279,11 +280,16 @@ impl MemTest {
                 m.unscoped_allocators += 1;
                 continue;
             }
-            let (inside, outside) = alloc.scope_split(scope);
+            let (inside, outside, used) = alloc.scope_split(scope);
             m.bytes = m.bytes.saturating_add(inside.requested_bytes);
             m.blocks = m.blocks.saturating_add(inside.blocks);
-            m.outside_bytes = m.outside_bytes.saturating_add(outside.requested_bytes);
-            m.outside_blocks = m.outside_blocks.saturating_add(outside.blocks);
+            // Memory outside the scope counts only in allocators the body used: an allocator
+            // it never allocated in serves other code (another test of the binary running
+            // beside it, memory test or not), whose growth is not the body's.
+            if used {
+                m.outside_bytes = m.outside_bytes.saturating_add(outside.requested_bytes);
+                m.outside_blocks = m.outside_blocks.saturating_add(outside.blocks);
+            }
             if self.metric == Metric::ReservedBytes {
                 m.reserved = m.reserved.saturating_add(alloc.memory_reserved());
             }
@@ -321,8 +327,10 @@ impl MemTest {
     /// body allocated nothing in any of them (a test that measures nothing proves nothing: it
     /// may allocate through another allocator or a thread that never entered the test's
     /// scope); and when it ran alone (no other memory test overlapped it) and live memory
-    /// outside its scope grew at every measured iteration (a thread of the body that did not
-    /// enter its scope).
+    /// outside its scope, in the allocators the body allocated in, grew at every measured
+    /// iteration (a thread of the body that did not enter its scope). Allocators the body never
+    /// used are left out of that count: in a test binary, they serve the tests running beside
+    /// it, plain tests included.
     pub fn run<R: Outcome>(&self, mut body: impl FnMut() -> R) -> Result<(Verdict, R)> {
         let runs = self.warmup.checked_add(self.iters).filter(|n| *n <= MAX_ITERATIONS).ok_or_else(|| {
             crate::Error::from(crate::error::UsageError::TooManyIterations {
@@ -449,8 +457,8 @@ impl MemTest {
         CachingAllocator::all()
             .into_iter()
             .filter(|a| {
-                let (inside, outside) = a.scope_split(scope);
-                inside.blocks > 0 || (everything && outside.blocks > 0)
+                let (inside, outside, used) = a.scope_split(scope);
+                inside.blocks > 0 || (everything && used && outside.blocks > 0)
             })
             .map(|a| a.snapshot())
             .collect()
