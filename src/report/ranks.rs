@@ -107,11 +107,25 @@ fn rank(name: &str, snap: &Snapshot) -> Rank {
 /// names; across ranks, the sites whose live bytes differ most. A rank that holds more than
 /// the others (an embedding table on rank 0, a pipeline stage's activations) shows there.
 pub fn ranks(snapshots: &[(String, Snapshot)]) -> Ranks {
-    let per_rank: Vec<Rank> = snapshots.iter().map(|(name, snap)| rank(name, snap)).collect();
+    // Each rank's figures and live sites on the cores there are, a share of the ranks each.
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let share = snapshots.len().div_ceil(cores).max(1);
+    let per: Vec<(Rank, Vec<super::LiveGroup>)> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (snapshots.chunks(share))
+            .map(|part| {
+                scope.spawn(move || {
+                    part.iter().map(|(name, snap)| (rank(name, snap), super::live(snap))).collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        workers.into_iter().flat_map(|w| w.join().expect("a rank's report does not panic")).collect()
+    });
     let n = snapshots.len();
     let mut by_site: BTreeMap<String, Vec<u64>> = BTreeMap::new();
-    for (r, (_, snap)) in snapshots.iter().enumerate() {
-        for g in super::live(snap) {
+    let mut per_rank = Vec::with_capacity(n);
+    for (r, (figures, live)) in per.into_iter().enumerate() {
+        per_rank.push(figures);
+        for g in live {
             let bytes = by_site.entry(g.site).or_insert_with(|| vec![0; n]);
             bytes[r] = bytes[r].saturating_add(g.requested_bytes);
         }

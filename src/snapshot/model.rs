@@ -10,9 +10,29 @@ macro_rules! table_id {
         $(#[$doc])*
         ///
         /// Serialized as the bare index, as format versions 1 to 4 wrote it.
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
         #[serde(transparent)]
         pub struct $name(pub u32);
+
+        /// As a `u32`; a slice of ids (a stack's frames, interned by their list) is hashed in
+        /// one write per 64 ids, as `u32`'s own slices are, not one per id: a reader of
+        /// PyTorch's default stacks (dozens of C++ frames each) hashed a stack per event.
+        impl std::hash::Hash for $name {
+            #[inline]
+            fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+                self.0.hash(state)
+            }
+
+            fn hash_slice<H: std::hash::Hasher>(data: &[Self], state: &mut H) {
+                let mut buf = [0u8; 256];
+                for chunk in data.chunks(64) {
+                    for (b, id) in buf.chunks_exact_mut(4).zip(chunk) {
+                        b.copy_from_slice(&id.0.to_ne_bytes());
+                    }
+                    state.write(&buf[..chunk.len() * 4]);
+                }
+            }
+        }
 
         impl $name {
             /// Its index in the table.
