@@ -18,7 +18,8 @@
 //! - [`expand`]: growing a segment in place at its end (PyTorch's expandable segments);
 //! - [`alias`]: views, a range's free pages mapped again at addresses of their own;
 //! - [`recorded`]: memory the program allocated elsewhere, recorded as segments of one block
-//!   (`CachingAllocator::external`, the CUDA observer);
+//!   (`CachingAllocator::external`, the CUDA observer), found by address in a part of its own
+//!   ([`recorded_map::RecordedMap`]);
 //! - [`accounting`]: what each happening adds to the statistics and the history: the heap's
 //!   algorithms say what happened (`Note`) and only this file writes counters and history
 //!   events, but for `reset_peaks` and `reset_accumulated` (the public resets, which are the
@@ -42,6 +43,7 @@ mod expand;
 mod limit;
 mod pages;
 mod recorded;
+mod recorded_map;
 pub(crate) use recorded::Made;
 mod sizing;
 mod streams;
@@ -52,6 +54,7 @@ use crate::record::{Context, RecordConfig, Recorder};
 use accounting::Note;
 pub(crate) use check::check_heap;
 use limit::Limit;
+use recorded_map::RecordedMap;
 use streams::{PendingEvent, StreamSlot};
 
 /// Smallest block, and the granularity of rounding.
@@ -173,11 +176,9 @@ pub(crate) struct Heap {
     unchecked_loans: Vec<streams::UncheckedLoan>,
     /// A buffer for the free blocks of a range that a view is looked for in (`alias.rs`).
     free_blocks: Vec<alias::FreeBlock>,
-    /// Memory the program allocated itself, recorded by address, in order (an unmapped range
-    /// forgets every mapping inside it; see `recorded.rs`), with how each was made.
-    external: std::collections::BTreeMap<u64, (BlockId, Made)>,
-    /// The streams of that memory, by the backend's handle.
-    external_streams: std::collections::HashMap<RawStream, StreamId>,
+    /// Memory the program allocated itself, recorded by address, and its streams (see
+    /// `recorded.rs`).
+    recorded: RecordedMap,
 }
 
 /// What [`Heap::grow`] found for a request.
@@ -243,8 +244,7 @@ impl Heap {
             recorder: Recorder::new(record),
             request_ctx: None,
             free_logged: false,
-            external: Default::default(),
-            external_streams: Default::default(),
+            recorded: RecordedMap::default(),
         }
     }
 

@@ -28,7 +28,7 @@ pub(crate) enum Made {
 impl Heap {
     /// How each live recorded allocation was made, by address.
     pub(crate) fn recorded_made(&self, addr: u64) -> Option<Made> {
-        self.external.get(&addr).map(|&(_, m)| m)
+        self.recorded.made(addr)
     }
 
     /// Records `requested` bytes the program allocated at `addr` on stream `raw` (the
@@ -49,19 +49,19 @@ impl Heap {
             .max(1)
             .checked_next_multiple_of(MIN_BLOCK)
             .ok_or(InvalidRequest::RoundingOverflow { requested, to: Rounding::Block })?;
-        if let Some((stale, _)) = self.external.remove(&addr) {
+        if let Some(stale) = self.recorded.remove(addr) {
             self.forget_external(backend, stale, None);
         }
-        let stream = match self.external_streams.get(&raw) {
-            Some(&s) => s,
+        let stream = match self.recorded.stream(raw) {
+            Some(s) => s,
             None => {
                 let s = if raw == 0 { StreamId(0) } else { self.add_stream(raw)? };
-                self.external_streams.insert(raw, s);
+                self.recorded.set_stream(raw, s);
                 s
             }
         };
         let b = self.record_external(stream, addr, size, requested, ctx);
-        self.external.insert(addr, (b, made));
+        self.recorded.insert(addr, b, made);
         Ok(())
     }
 
@@ -78,8 +78,7 @@ impl Heap {
         let Some(span) = len.checked_sub(1) else { return 0 };
         let last = addr.saturating_add(span);
         let mut forgotten = 0;
-        while let Some((&a, &(b, _))) = self.external.range(addr..=last).next() {
-            self.external.remove(&a);
+        while let Some(b) = self.recorded.remove_first_in(addr, last) {
             self.forget_external(backend, b, ctx);
             forgotten += 1;
         }
