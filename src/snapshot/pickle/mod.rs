@@ -396,7 +396,6 @@ fn long_value(op_at: usize, bytes: &[u8]) -> Result<Value, PickleError> {
     if bytes.is_empty() {
         return Ok(Value::Int(0));
     }
-    let negative = bytes[bytes.len() - 1] & 0x80 != 0;
     // Up to 8 bytes (every address and size of a snapshot): sign-extended in 64 bits, built
     // in a register (a copy into a buffer read back whole stalled the parser on every address).
     if bytes.len() <= 8 {
@@ -405,6 +404,7 @@ fn long_value(op_at: usize, bytes: &[u8]) -> Result<Value, PickleError> {
         // Shifted up and back arithmetically: the sign bit fills the bytes above.
         return Ok(Value::Int(((bits << unused) as i64) >> unused));
     }
+    let negative = bytes[bytes.len() - 1] & 0x80 != 0;
     let mut buf = [if negative { 0xff } else { 0 }; 16];
     buf[..bytes.len()].copy_from_slice(bytes);
     Ok(Value::int(i128::from_le_bytes(buf)))
