@@ -61,7 +61,7 @@ impl CachingAllocator {
         let mut locked = self.shared.lock();
         let ctx = pending.map(|p| {
             p.count_allocation();
-            p.intern(locked.heap.recorder_mut())
+            locked.heap.intern(p)
         });
         locked.heap.record_external_at(&*self.shared.backend, stream, addr, bytes, made, ctx)
     }
@@ -83,7 +83,7 @@ impl CachingAllocator {
         }
         let pending = self.shared.capture.get_for_free().map(Pending::capture);
         let mut locked = self.shared.lock();
-        let ctx = pending.map(|p| p.intern(locked.heap.recorder_mut()));
+        let ctx = pending.map(|p| locked.heap.intern(p));
         locked.heap.forget_external_range_at(&*self.shared.backend, addr, len, ctx)
     }
 }

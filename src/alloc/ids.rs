@@ -94,22 +94,41 @@ pub(crate) trait SlotId: Copy {
     fn index(self) -> usize;
 }
 
-/// A vector of slots indexed by their typed id.
+/// A vector of slots indexed by their typed id, with the ids of released slots kept for reuse.
+/// A released slot keeps its item (the heap marks blocks and segments dead itself), so that
+/// ids stay valid indexes and iteration sees every slot ever filled.
 #[derive(Debug, Clone)]
 pub(crate) struct Slots<I, T> {
     items: Vec<T>,
+    /// Released slots, the last released reused first.
+    released: Vec<I>,
     id: PhantomData<I>,
 }
 
 impl<I: SlotId, T> Slots<I, T> {
     pub(crate) fn new() -> Self {
-        Slots { items: Vec::new(), id: PhantomData }
+        Slots { items: Vec::new(), released: Vec::new(), id: PhantomData }
     }
 
-    /// Appends `item`, returning its id.
-    pub(crate) fn push(&mut self, item: T) -> I {
-        self.items.push(item);
-        I::new(self.items.len() - 1)
+    /// Stores `item` in the slot released last, or a new one; returns its id.
+    #[inline]
+    pub(crate) fn insert(&mut self, item: T) -> I {
+        match self.released.pop() {
+            Some(id) => {
+                self.items[id.index()] = item;
+                id
+            }
+            None => {
+                self.items.push(item);
+                I::new(self.items.len() - 1)
+            }
+        }
+    }
+
+    /// Makes slot `id` free for the next [`Slots::insert`]; its item stays until then.
+    #[inline]
+    pub(crate) fn release(&mut self, id: I) {
+        self.released.push(id);
     }
 
     /// Every slot with its id.
@@ -141,9 +160,15 @@ mod tests {
     fn ids_name_slots_and_absence_costs_nothing() {
         assert_eq!(std::mem::size_of::<Option<BlockId>>(), 4);
         let mut s: Slots<BlockId, &str> = Slots::new();
-        let (a, b) = (s.push("a"), s.push("b"));
+        let (a, b) = (s.insert("a"), s.insert("b"));
         assert_eq!((a.index(), b.index(), s[b]), (0, 1, "b"));
         assert_eq!(format!("{b:?}"), "block 1");
         assert_eq!(s.iter().map(|(i, x)| (i, *x)).collect::<Vec<_>>(), [(a, "a"), (b, "b")]);
+        // A released slot is reused, the last released first; its item stays until then.
+        s.release(a);
+        s.release(b);
+        assert_eq!(s[a], "a");
+        assert_eq!((s.insert("c"), s.insert("d"), s.insert("e").index()), (b, a, 2));
+        assert_eq!((s[a], s[b]), ("d", "c"));
     }
 }

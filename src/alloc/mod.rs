@@ -243,7 +243,7 @@ impl Shared {
             if logged {
                 locked.heap.free_unrecorded(&*shared.backend, b);
             } else {
-                let ctx = pending.map(|p| p.intern(locked.heap.recorder_mut()));
+                let ctx = pending.map(|p| locked.heap.intern(p));
                 locked.heap.free(&*shared.backend, b, ctx);
             }
             if locked.heap.has_pending() && !shared.waiting.load(Ordering::Relaxed) {
@@ -498,7 +498,7 @@ impl CachingAllocator {
             } else {
                 let ctx = pending.map(|p| {
                     p.count_allocation();
-                    p.intern(locked.heap.recorder_mut())
+                    locked.heap.intern(p)
                 });
                 site = ctx.map(|c| c.site);
                 match locked.heap.alloc(&*self.shared.backend, stream.id, bytes, ctx) {
@@ -660,7 +660,7 @@ impl CachingAllocator {
 
     /// Sets the accumulated totals (`.allocated`, `.freed`, retries, OOMs) to zero.
     pub fn reset_accumulated_stats(&self) {
-        self.shared.lock().heap.stats_mut().reset_accumulated();
+        self.shared.lock().heap.reset_accumulated();
     }
 
     /// All statistics, typed: current, peak, allocated and freed of every counter, per pool.
@@ -691,7 +691,7 @@ impl CachingAllocator {
     pub fn record_memory_history(&self, config: RecordConfig) {
         let mut locked = self.shared.lock_as_is();
         self.shared.capture.set(&config);
-        locked.heap.recorder_mut().set_config(config);
+        locked.heap.set_record_config(config);
     }
 
     /// What the allocator records now.
@@ -701,7 +701,7 @@ impl CachingAllocator {
 
     /// Empties the history (blocks keep their context).
     pub fn clear_history(&self) {
-        self.shared.lock_as_is().heap.recorder_mut().history.clear();
+        self.shared.lock_as_is().heap.clear_history();
     }
 
     /// Live bytes and blocks allocated inside `scope` (or scopes within it), on any thread.

@@ -8,7 +8,7 @@ use crate::alloc::heap::{self, Heap};
 use crate::alloc::CachingAllocator;
 use crate::frames::Symbolizer;
 use crate::intern::Interner;
-use crate::record::{snapshot_path, thread_name, Action, Context, Event, Frame};
+use crate::record::{snapshot_path, thread_name, Context, Event, Frame};
 
 /// The version of the snapshot model written by this build.
 ///
@@ -365,7 +365,7 @@ impl CachingAllocator {
     pub fn snapshot(&self) -> Snapshot {
         let mut raw = {
             let mut locked = self.shared.lock_as_is();
-            locked.heap.recorder_mut().event(Action::Snapshot, 0, 0, 0, None);
+            locked.heap.note_snapshot();
             copy(&locked.heap)
         };
         let mut sym = self.shared.symbols.lock();

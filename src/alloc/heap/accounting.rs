@@ -2,10 +2,126 @@
 //! algorithms say what happened ([`Note`]); [`Heap::note`] turns each happening into the
 //! statistics (PyTorch's counters) and the history events it implies, so that neither is
 //! woven into the algorithms, and a counter's rule is read in one place.
+//!
+//! What is counted and recorded is a part of its own, [`Accounting`]: its fields are private
+//! to this file, so the statistics and the history change here or through its named methods
+//! (the public resets, the recorder's settings), nowhere else.
 
-use super::{BlockState, Heap, Pool, StreamId, Trips};
+use super::{BlockState, Heap, Pool, Stats, StreamId, Trips};
 use crate::alloc::park::Logged;
-use crate::record::{Action, Context};
+use crate::record::{Action, Context, Pending, RecordConfig, Recorder};
+
+/// The heap's statistics and history, with what deciding them needs.
+#[derive(Debug)]
+pub(super) struct Accounting {
+    stats: Stats,
+    /// Stacks, history and what to record.
+    recorder: Recorder,
+    /// Who made the request being served, while [`Heap::alloc`] runs: the segments it
+    /// reserves and the pages it maps are recorded as its doing, as PyTorch's `segment_alloc`
+    /// and `segment_map` entries carry the stack of the allocation that caused them.
+    request_ctx: Option<Context>,
+    /// Set during [`Heap::free_unrecorded`]: the free's history event was logged elsewhere.
+    free_logged: bool,
+    /// Whether the inactive-split peaks were reset to what merging the block kept aside
+    /// leaves ([`Heap::reset_peaks`]), which may lie below their current values: handed out
+    /// unmerged instead, the block lifts them to the current values. Merged, it leaves
+    /// them right; the flag may outlive it (lifting a peak to its current value is always
+    /// right), and is not cleared there: a store on every merge cost a replayed operation
+    /// about 4 instructions (`benches/instructions.sh`).
+    peaks_behind: bool,
+    /// The last error a `Drop` (or a background step) could not report.
+    last_error: Option<String>,
+}
+
+impl Accounting {
+    pub(super) fn new(stats: Stats, record: RecordConfig) -> Self {
+        Accounting {
+            stats,
+            recorder: Recorder::new(record),
+            request_ctx: None,
+            free_logged: false,
+            peaks_behind: false,
+            last_error: None,
+        }
+    }
+
+    #[inline]
+    pub(super) fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    pub(super) fn recorder(&self) -> &Recorder {
+        &self.recorder
+    }
+
+    /// Sets who made the request being served (`None` when it is done).
+    #[inline]
+    pub(super) fn serving(&mut self, ctx: Option<Context>) {
+        self.request_ctx = ctx;
+    }
+
+    /// Whether the free about to be noted was logged already (by a thread's parking slot).
+    pub(super) fn free_logged_elsewhere(&mut self, logged: bool) {
+        self.free_logged = logged;
+    }
+
+    /// Keeps `message` as the last error nobody could be told of.
+    #[cold]
+    pub(super) fn keep_error(&mut self, message: String) {
+        self.last_error = Some(message);
+    }
+
+    pub(super) fn last_error(&self) -> Option<&str> {
+        self.last_error.as_deref()
+    }
+
+    /// Whether the inactive-split peaks may lie below their current values (see
+    /// [`Accounting::peaks_behind`]'s field).
+    #[inline]
+    pub(super) fn peaks_behind(&self) -> bool {
+        self.peaks_behind
+    }
+
+    /// Every peak to its current value; with `settled`, the inactive-split peaks to those
+    /// statistics' (what merging the block kept aside leaves).
+    pub(super) fn reset_peaks(&mut self, settled: Option<Stats>) {
+        self.stats.reset_peaks();
+        self.peaks_behind = settled.is_some();
+        if let Some(settled) = settled {
+            self.stats.inactive_split.set_peaks_to(&settled.inactive_split);
+            self.stats.inactive_split_bytes.set_peaks_to(&settled.inactive_split_bytes);
+        }
+    }
+
+    /// The block kept aside was handed out unmerged after [`Accounting::reset_peaks`] set
+    /// the inactive-split peaks to what merging it would have left: they must not stay below
+    /// the current values.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn lift_split_peaks(&mut self) {
+        self.stats.inactive_split.lift_peaks();
+        self.stats.inactive_split_bytes.lift_peaks();
+        self.peaks_behind = false;
+    }
+
+    pub(super) fn reset_accumulated(&mut self) {
+        self.stats.reset_accumulated();
+    }
+
+    /// Stores a captured stack in the recorder's tables (no history event).
+    pub(super) fn intern(&mut self, p: Pending) -> Context {
+        p.intern(&mut self.recorder)
+    }
+
+    pub(super) fn set_record_config(&mut self, config: RecordConfig) {
+        self.recorder.set_config(config);
+    }
+
+    pub(super) fn clear_history(&mut self) {
+        self.recorder.history.clear();
+    }
+}
 
 /// Something that happened to blocks, segments or pages, with what the statistics and the
 /// history need to know about it.
@@ -52,13 +168,15 @@ pub(super) enum Note {
     GrewOversize,
     /// The backend was asked whether a stream's queued work is done.
     StreamQuery,
+    /// A snapshot was taken: PyTorch's `snapshot` entry in the history.
+    Snapshot,
 }
 
 impl Heap {
     /// Counts the round trips made through threads' parking slots since the last pull (see
     /// `park`): an allocation and a free each, of a block that stays allocated.
     pub(crate) fn note_round_trips(&mut self, t: &Trips) {
-        let st = &mut self.stats;
+        let st = &mut self.accounting.stats;
         for (pool, [n, bytes, requested]) in [Pool::Small, Pool::Large].into_iter().zip(t.pools) {
             st.allocation.add_round_trips(pool, n);
             st.active.add_round_trips(pool, n);
@@ -91,44 +209,46 @@ impl Heap {
         } else {
             Action::FreeCompleted
         };
-        self.recorder.event_at(action, addr, requested, stream.0, e.alloc, e.ticks);
+        self.accounting.recorder.event_at(action, addr, requested, stream.0, e.alloc, e.ticks);
     }
 
     /// Counts and records `n`. Always inlined: each caller names one kind of note, so the
     /// match folds away and the hot paths pay nothing for the indirection.
     #[inline(always)]
     pub(super) fn note(&mut self, n: Note) {
-        let st = &mut self.stats;
+        let oversize = |size: u64| self.setup.config.max_split_size.is_some_and(|m| size >= m);
+        let a = &mut self.accounting;
+        let st = &mut a.stats;
         match n {
             Note::GrewOversize => st.oversize_segments.inc(1),
             Note::StreamQuery => st.num_stream_queries += 1,
             Note::Alloc { addr, size, requested, pool, stream, ctx } => {
                 // The history records the bytes asked for, as PyTorch's trace does (its viewer
                 // draws a block that width; the block's size is in the segment).
-                self.recorder.event(Action::Alloc, addr, requested, stream.0, ctx);
+                a.recorder.event(Action::Alloc, addr, requested, stream.0, ctx);
                 st.allocation.inc(pool, 1);
                 st.allocated_bytes.inc(pool, size);
                 st.active.inc(pool, 1);
                 st.active_bytes.inc(pool, size);
                 st.requested_bytes.inc(pool, requested);
-                if self.is_oversize(size) {
-                    self.stats.oversize_allocations.inc(1);
+                if oversize(size) {
+                    st.oversize_allocations.inc(1);
                 }
             }
             Note::Release { addr, size, requested, pool, stream, ctx, waiting } => {
                 st.allocation.dec(pool, 1);
                 st.allocated_bytes.dec(pool, size);
                 st.requested_bytes.dec(pool, requested);
-                if self.is_oversize(size) {
-                    self.stats.oversize_allocations.dec(1);
+                if oversize(size) {
+                    st.oversize_allocations.dec(1);
                 }
-                if !self.free_logged {
+                if !a.free_logged {
                     let action = if waiting { Action::FreeRequested } else { Action::FreeCompleted };
-                    self.recorder.event(action, addr, requested, stream.0, ctx);
+                    a.recorder.event(action, addr, requested, stream.0, ctx);
                 }
             }
             Note::WaitOver { addr, requested, stream } => {
-                self.recorder.event(Action::FreeCompleted, addr, requested, stream.0, None);
+                a.recorder.event(Action::FreeCompleted, addr, requested, stream.0, None);
             }
             Note::Deactivate { size, pool } => {
                 st.active.dec(pool, 1);
@@ -146,46 +266,36 @@ impl Heap {
                 st.inactive_split.dec(pool, 1);
                 st.inactive_split_bytes.dec(pool, size);
             }
-            Note::SegmentReserved { addr, size, pool, stream, growable } => {
-                self.streams[stream.index()].segments[pool as usize] += 1;
-                self.streams[stream.index()].growable += u32::from(growable);
-                self.growable += u32::from(growable);
-                self.recorder.event(Action::SegmentAlloc, addr, size, stream.0, self.request_ctx);
+            Note::SegmentReserved { addr, size, pool, stream, .. } => {
+                a.recorder.event(Action::SegmentAlloc, addr, size, stream.0, a.request_ctx);
                 st.num_device_alloc += 1;
                 st.segment.inc(pool, 1);
                 st.reserved_bytes.inc(pool, size);
-                if self.is_oversize(size) {
-                    self.stats.oversize_segments.inc(1);
+                if oversize(size) {
+                    st.oversize_segments.inc(1);
                 }
             }
-            Note::SegmentReleased { addr, size, mapped, pool, stream, growable } => {
-                self.streams[stream.index()].segments[pool as usize] -= 1;
-                self.streams[stream.index()].growable -= u32::from(growable);
-                self.growable -= u32::from(growable);
-                self.recorder.event(Action::SegmentFree, addr, size, stream.0, None);
+            Note::SegmentReleased { addr, size, mapped, pool, stream, .. } => {
+                a.recorder.event(Action::SegmentFree, addr, size, stream.0, None);
                 st.num_device_free += 1;
                 st.segment.dec(pool, 1);
                 st.reserved_bytes.dec(pool, mapped);
-                if self.is_oversize(size) {
-                    self.stats.oversize_segments.dec(1);
+                if oversize(size) {
+                    st.oversize_segments.dec(1);
                 }
             }
-            Note::SegmentAdopted { addr, size, pool, from, to, growable } => {
-                self.streams[from.index()].segments[pool as usize] -= 1;
-                self.streams[to.index()].segments[pool as usize] += 1;
-                self.streams[from.index()].growable -= u32::from(growable);
-                self.streams[to.index()].growable += u32::from(growable);
-                self.recorder.event(Action::SegmentFree, addr, size, from.0, None);
-                self.recorder.event(Action::SegmentAlloc, addr, size, to.0, self.request_ctx);
+            Note::SegmentAdopted { addr, size, from, to, .. } => {
+                a.recorder.event(Action::SegmentFree, addr, size, from.0, None);
+                a.recorder.event(Action::SegmentAlloc, addr, size, to.0, a.request_ctx);
                 st.num_segment_adoptions += 1;
             }
             Note::Pages { addr, len, pool, stream, mapped } => {
                 if mapped {
-                    self.recorder.event(Action::SegmentMap, addr, len, stream.0, self.request_ctx);
+                    a.recorder.event(Action::SegmentMap, addr, len, stream.0, a.request_ctx);
                     st.num_device_map += 1;
                     st.reserved_bytes.inc(pool, len);
                 } else {
-                    self.recorder.event(Action::SegmentUnmap, addr, len, stream.0, None);
+                    a.recorder.event(Action::SegmentUnmap, addr, len, stream.0, None);
                     st.num_device_unmap += 1;
                     st.reserved_bytes.dec(pool, len);
                 }
@@ -197,16 +307,28 @@ impl Heap {
             Note::Oom { requested, device_free } => {
                 st.num_ooms += 1;
                 // PyTorch's `oom` entry: the address is the bytes the device still had free.
-                self.recorder.event(Action::Oom, device_free, requested, 0, None);
+                a.recorder.event(Action::Oom, device_free, requested, 0, None);
             }
             Note::Retry => st.num_alloc_retries += 1,
             Note::SyncAllStreams => st.num_sync_all_streams += 1,
             Note::BackendError => st.num_backend_errors += 1,
             Note::LimitRaised => st.num_limit_raises += 1,
+            Note::Snapshot => a.recorder.event(Action::Snapshot, 0, 0, 0, None),
         }
+        // Which streams hold which segments: the streams' part keeps its own count.
         match n {
-            Note::SegmentReserved { stream, .. } | Note::SegmentReleased { stream, .. } => self.track_home(stream),
-            Note::SegmentAdopted { from, to, .. } => {
+            Note::SegmentReserved { stream, pool, growable, .. } => {
+                self.count_segment(stream, pool, growable, true);
+                self.track_home(stream);
+            }
+            Note::SegmentReleased { stream, pool, growable, .. } => {
+                self.count_segment(stream, pool, growable, false);
+                self.track_home(stream);
+            }
+            Note::SegmentAdopted { from, to, pool, growable, .. } => {
+                // Both counted before the home is decided again: it compares the streams.
+                self.count_segment(from, pool, growable, false);
+                self.count_segment(to, pool, growable, true);
                 self.track_home(from);
                 self.track_home(to);
             }

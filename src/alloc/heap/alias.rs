@@ -152,7 +152,7 @@ impl Heap {
         lacks: u64,
         blocks: &mut Vec<FreeBlock>,
     ) -> Option<BlockId> {
-        let need = size.next_multiple_of(self.page);
+        let need = size.next_multiple_of(self.setup.page);
         self.list_free_blocks(range, blocks);
         // Whether `[addr, addr + len)` lies in one free block.
         let is_free = |&(addr, len): &(u64, u64)| holder(blocks, addr).is_some_and(|(a, s, _)| a + s >= addr + len);
@@ -172,7 +172,7 @@ impl Heap {
         if have < need {
             let growth = super::expand::Growth { seg: range, by: need - have };
             if let Err(e) = self.grow_in_place(backend, growth) {
-                self.last_error = Some(format!("growing the range for a view: {e}"));
+                self.accounting.keep_error(format!("growing the range for a view: {e}"));
                 return None;
             }
             self.list_free_blocks(range, blocks);
@@ -202,7 +202,7 @@ impl Heap {
             Ok(addr) => addr,
             Err(e) => {
                 self.note(Note::BackendError);
-                self.last_error = Some(format!("a view of {} mappings ({need} bytes): {e}", maps.len()));
+                self.accounting.keep_error(format!("a view of {} mappings ({need} bytes): {e}", maps.len()));
                 return None;
             }
         };
@@ -376,7 +376,7 @@ impl Heap {
         // SAFETY: the caller's promise, passed on; `at` and `span` are a view this heap made.
         if let Err(e) = unsafe { backend.unalias(at, span, raw) } {
             self.note(Note::BackendError);
-            self.last_error = Some(format!("unmapping the view at {at:#x}: {e}"));
+            self.accounting.keep_error(format!("unmapping the view at {at:#x}: {e}"));
             return false;
         }
         true
@@ -412,12 +412,12 @@ mod tests {
         h.free(&sim, blocks[0].block, None);
         h.free(&sim, blocks[2].block, None);
         h.settle();
-        let (reserved, calls) = (h.reserved(), h.stats.num_device_map);
+        let (reserved, calls) = (h.reserved(), h.accounting.stats().num_device_map);
         // 8 MiB: no hole fits, growing would map 4 pages; the holes' 4 pages map none.
         let v = h.alloc(&sim, s, 8 * MIB, None).unwrap();
         assert!(v.lent, "a view's block is freed through the heap");
         assert_eq!(h.reserved(), reserved, "a view reserves nothing");
-        assert_eq!((h.stats.num_device_map, sim.views()), (calls + 1, 1), "one view mapped");
+        assert_eq!((h.accounting.stats().num_device_map, sim.views()), (calls + 1, 1), "one view mapped");
         let range = h.segments[h.blocks[blocks[1].block].segment].clone();
         assert!(v.addr >= range.addr + range.size || v.addr + 8 * MIB <= range.addr, "at addresses of its own");
         assert_eq!((h.views[0].len, h.views[0].span), (8 * MIB, 8 * MIB));
@@ -431,9 +431,13 @@ mod tests {
         h.free(&sim, v.block, None);
         h.settle();
         check_heap(&h).unwrap();
-        let calls = h.stats.num_device_map;
+        let calls = h.accounting.stats().num_device_map;
         let again = h.alloc(&sim, s, 7 * MIB, None).unwrap();
-        assert_eq!((again.addr, h.stats.num_device_map), (v.addr, calls), "the kept view, no backend call");
+        assert_eq!(
+            (again.addr, h.accounting.stats().num_device_map),
+            (v.addr, calls),
+            "the kept view, no backend call"
+        );
         h.free(&sim, again.block, None);
         // Emptying the cache gives the idle view back.
         h.settle();
@@ -463,9 +467,9 @@ mod tests {
         // Holes of 100 and 212 MiB; 250 MiB fits neither. Their wholly free mappings hold 96
         // and 208 MiB: the view takes the first six, then ten from 304 MiB on, the last only
         // for its first 10 MiB.
-        let calls = h.stats.num_device_map;
+        let calls = h.accounting.stats().num_device_map;
         let v = h.alloc(&sim, s, 250 * MIB, None).unwrap();
-        assert_eq!((h.reserved(), h.stats.num_device_map, sim.views()), (512 * MIB, calls + 1, 1));
+        assert_eq!((h.reserved(), h.accounting.stats().num_device_map, sim.views()), (512 * MIB, calls + 1, 1));
         let view = &h.views[0];
         assert_eq!((view.len, view.span), (250 * MIB, 256 * MIB));
         assert_eq!(&*view.runs, &[(base, 96 * MIB), (base + 304 * MIB, 154 * MIB)]);

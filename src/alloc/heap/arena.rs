@@ -7,12 +7,7 @@ use super::*;
 impl Heap {
     #[inline]
     pub(super) fn new_block(&mut self, b: Block) -> BlockId {
-        if let Some(i) = self.free_slots.pop() {
-            self.blocks[i] = b;
-            i
-        } else {
-            self.blocks.push(b)
-        }
+        self.blocks.insert(b)
     }
 
     /// Block `i`'s [`Extra`], made where it has none (a spare one where there is: see
@@ -37,12 +32,7 @@ impl Heap {
 
     /// A slot for a new segment (a released one's, or a new one).
     pub(super) fn new_segment(&mut self, seg: Segment) -> SegmentId {
-        if let Some(s) = self.free_segment_slots.pop() {
-            self.segments[s] = seg;
-            s
-        } else {
-            self.segments.push(seg)
-        }
+        self.segments.insert(seg)
     }
 
     #[inline]
@@ -53,7 +43,7 @@ impl Heap {
         let b = &mut self.blocks[i];
         b.prev = None;
         b.next = None;
-        self.free_slots.push(i);
+        self.blocks.release(i);
     }
 
     pub(super) fn pool_of_block(&self, i: BlockId) -> Pool {
@@ -90,7 +80,7 @@ impl Heap {
         let b = &self.blocks[i];
         let whole = b.prev.is_none() && b.next.is_none();
         // The shortest granule is a page.
-        if !self.can_unmap || b.size < self.page {
+        if !self.setup.can_unmap || b.size < self.setup.page {
             return Flags { whole, mapped_pages: false };
         }
         let seg = &self.segments[b.segment];
@@ -177,7 +167,7 @@ impl Heap {
 
     /// Whether the allocator unmaps the pages under free blocks.
     pub(crate) fn can_unmap(&self) -> bool {
-        self.can_unmap
+        self.setup.can_unmap
     }
 
     /// Whether free block `i` is on the free index's list of blocks with mapped whole pages.

@@ -47,7 +47,7 @@ pub(crate) fn check_heap(heap: &Heap) -> std::result::Result<(), String> {
         oversize_segments += u64::from(heap.is_oversize(seg.size));
         reserved[p] += seg.mapped;
         let mut unmapped = 0;
-        if seg.granule % heap.page != 0 || !seg.granule.is_power_of_two() {
+        if seg.granule % heap.setup.page != 0 || !seg.granule.is_power_of_two() {
             return Err(format!(
                 "segment {:#x}: granule {} is not a power-of-two multiple of the page",
                 seg.addr, seg.granule
@@ -56,7 +56,7 @@ pub(crate) fn check_heap(heap: &Heap) -> std::result::Result<(), String> {
         let grown_ok = seg.grown.first().is_none_or(|&g| g == seg.uniform_end)
             && seg.grown.windows(2).all(|w| w[0] < w[1])
             && seg.grown.last().is_none_or(|&g| g < seg.size)
-            && seg.grown.iter().all(|g| g % heap.page == 0)
+            && seg.grown.iter().all(|g| g % heap.setup.page == 0)
             && (seg.grown.is_empty() == (seg.uniform_end == seg.size))
             && seg.grown_at_page.len() as u64 == (seg.size - seg.uniform_end) >> seg.page_shift
             && seg.grown_at_page.iter().enumerate().all(|(p, &g)| {
@@ -93,7 +93,7 @@ pub(crate) fn check_heap(heap: &Heap) -> std::result::Result<(), String> {
     }
     let kept: Vec<[u32; 2]> = heap.streams.iter().map(|s| s.segments).collect();
     let total = held.iter().fold([0u64; 2], |t, h| [t[0] + u64::from(h[0]), t[1] + u64::from(h[1])]);
-    let counted = [Pool::Small, Pool::Large].map(|p| heap.stats.segment.pool_current(p));
+    let counted = [Pool::Small, Pool::Large].map(|p| heap.accounting.stats().segment.pool_current(p));
     if held != kept || total != counted {
         return Err(format!(
             "segments per stream and pool {kept:?} (in the statistics {counted:?}), recounted {held:?}"
@@ -113,7 +113,7 @@ pub(crate) fn check_heap(heap: &Heap) -> std::result::Result<(), String> {
     }
     // The home stream (`Heap::track_home`): one that holds the range, or with segments that do
     // not grow one that holds a large segment; none only where no stream does.
-    let holds = |i: usize| if heap.can_unmap { growable[i] > 0 } else { held[i][Pool::Large as usize] > 0 };
+    let holds = |i: usize| if heap.setup.can_unmap { growable[i] > 0 } else { held[i][Pool::Large as usize] > 0 };
     let any = (0..heap.streams.len()).any(holds);
     if heap.home.is_some_and(|h| !holds(h.index())) || heap.home.is_none() == any {
         return Err(format!("home stream {:?}, but segments per stream {held:?}, growable {growable:?}", heap.home));
@@ -187,7 +187,7 @@ pub(crate) fn check_heap(heap: &Heap) -> std::result::Result<(), String> {
                 nheld += 1;
                 let touching = seg.granules_touching(b.addr, b.size);
                 let mapped = !touching.clone().any(|pg| Heap::is_page_unmapped(seg, pg));
-                if !b.size.is_multiple_of(heap.page) || !b.addr.is_multiple_of(heap.page) || !mapped {
+                if !b.size.is_multiple_of(heap.setup.page) || !b.addr.is_multiple_of(heap.setup.page) || !mapped {
                     err = Some(format!("aliased block {:#x}+{} is not whole mapped pages", b.addr, b.size));
                 } else if seg.granule_span(touching.start, touching.start + 1).0 != b.addr {
                     err = Some(format!("aliased block {:#x} starts inside a mapping", b.addr));
@@ -232,7 +232,7 @@ pub(crate) fn check_heap(heap: &Heap) -> std::result::Result<(), String> {
         let p = Pool::Large as usize;
         held += runs.len();
         let span: u64 = runs.iter().map(|&h| heap.block(h).size).sum();
-        if !b.view || span != len || b.size > span || b.size + heap.page <= span {
+        if !b.view || span != len || b.size > span || b.size + heap.setup.page <= span {
             return Err(format!("view block {:#x} of {} bytes over {len} bytes holding {span}", b.addr, b.size));
         }
         if runs.iter().any(|&h| heap.block(h).state != BlockState::Aliased) {
@@ -253,7 +253,7 @@ pub(crate) fn check_heap(heap: &Heap) -> std::result::Result<(), String> {
     if whole != nwhole {
         return Err(format!("the free index lists {whole} whole segments but {nwhole} free blocks are whole"));
     }
-    let st = &heap.stats;
+    let st = &heap.accounting.stats();
     for (name, stat, recount) in [
         ("allocated_bytes", &st.allocated_bytes, allocated),
         ("active_bytes", &st.active_bytes, active),

@@ -50,7 +50,7 @@ impl Heap {
     /// `prefetch_side_stream` reserves 1.049 times its peak instead of 1.108 (`BENCHMARKS.md`,
     /// "One range grows beside other streams").
     pub(super) fn may_grow_in_place(&self, pool: Pool, stream: StreamId) -> bool {
-        self.can_unmap && pool == Pool::Large && self.streams[stream.index()].growable == self.growable
+        self.setup.can_unmap && pool == Pool::Large && self.streams[stream.index()].growable == self.growable
     }
 
     /// Reserves a segment of `size` bytes, with room to grow where [`Heap::may_grow_in_place`]
@@ -67,7 +67,7 @@ impl Heap {
     ) -> Result<(u64, u64), BackendError> {
         self.within_cap(size)?;
         if self.may_grow_in_place(pool, stream) {
-            let span = backend.total_memory().next_multiple_of(self.page).max(size);
+            let span = backend.total_memory().next_multiple_of(self.setup.page).max(size);
             match backend.reserve_growable(size, span) {
                 Ok(addr) => return Ok((addr, span - size)),
                 Err(e @ BackendError::OutOfMemory { .. }) => return Err(e),
@@ -112,7 +112,7 @@ impl Heap {
             if end >= size {
                 continue;
             }
-            let by = (size - end).next_multiple_of(self.page);
+            let by = (size - end).next_multiple_of(self.setup.page);
             if by <= seg.room && best.is_none_or(|(e, _)| end > e) {
                 best = Some((end, Growth { seg: s, by }));
             }
@@ -128,7 +128,7 @@ impl Heap {
         let seg = &self.segments[g.seg];
         let (start, old_size, pool, stream) = (seg.addr + seg.size, seg.size, seg.pool, seg.stream);
         self.within_cap(g.by)?;
-        let pieces: Vec<(u64, u64)> = granule_pieces(g.by, self.page).collect();
+        let pieces: Vec<(u64, u64)> = granule_pieces(g.by, self.setup.page).collect();
         self.map_pieces(backend, start, &pieces, stream)?;
         // Counted as oversize from the size it grows to (as a segment reserved at that size
         // would be), so that its release, at that size or larger, takes back what was counted.
@@ -177,7 +177,7 @@ impl Heap {
                     // inside a segment's addresses, and nothing has used it yet.
                     if let Err(e) = unsafe { backend.unmap(start, done, raw) } {
                         self.note(Note::BackendError);
-                        self.last_error = Some(format!("undoing a mapping at {start:#x}: {e}"));
+                        self.accounting.keep_error(format!("undoing a mapping at {start:#x}: {e}"));
                     }
                 }
                 return Err(e);

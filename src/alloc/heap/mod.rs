@@ -50,8 +50,8 @@ mod streams;
 use super::stats::{Pool, Stats};
 use crate::backend::{Backend, RawEvent, RawStream};
 use crate::error::{BackendError, Error, InvalidRequest, OomReport, Result, Rounding};
-use crate::record::{Context, RecordConfig, Recorder};
-use accounting::Note;
+use crate::record::{Context, Pending, RecordConfig, Recorder};
+use accounting::{Accounting, Note};
 pub(crate) use check::check_heap;
 use limit::Limit;
 use recorded_map::RecordedMap;
@@ -96,15 +96,27 @@ pub(crate) const IDLE_GROWS: u64 = 64;
 /// still in an order that no address decides.
 const ORDER_SHIFT: u32 = 44;
 
+/// What a heap was made with: settings read by every part, changed by none (but
+/// `defer_hot`, by tests).
+#[derive(Debug)]
+struct Setup {
+    device: usize,
+    config: AllocatorConfig,
+    /// The backend's page size (at least [`MIN_BLOCK`]): the unit of mapping.
+    page: u64,
+    /// Whether pages may be unmapped and mapped again (the backend can, and
+    /// `release_pages` is on).
+    can_unmap: bool,
+    /// Whether [`Heap::grow`] may defer merging the block freed last (off only to test that
+    /// deferring changes nothing).
+    defer_hot: bool,
+}
+
 /// The whole mutable state of one allocator.
 #[derive(Debug)]
 pub(crate) struct Heap {
-    device: usize,
-    config: AllocatorConfig,
-    page: u64,
-    can_unmap: bool,
+    setup: Setup,
     blocks: Slots<BlockId, Block>,
-    free_slots: Vec<BlockId>,
     /// Emptied [`Extra`]s kept for the next block that needs one (at most [`SPARE_EXTRAS`]),
     /// with the capacity of their `uses`: a block lent or used on another stream gets one at
     /// every allocation and gives it back at its free, two heap allocations and two frees a
@@ -113,7 +125,6 @@ pub(crate) struct Heap {
     #[allow(clippy::vec_box)]
     spare_extras: Vec<Box<Extra>>,
     segments: Slots<SegmentId, Segment>,
-    free_segment_slots: Vec<SegmentId>,
     free: FreeIndex,
     pending: Vec<PendingEvent>,
     /// Events recorded for pending frees so far ([`Heap::event_mark`]).
@@ -133,33 +144,14 @@ pub(crate) struct Heap {
     /// Whole free segments of streams found idle at the last sweep, for other streams to adopt
     /// before the next; see [`Heap::release_idle`].
     adoptable: Vec<BlockId>,
-    stats: Stats,
     /// The fragmentation limit and the cap, with what their rules remember.
     limit: Limit,
+    /// The statistics, the history and what deciding them needs.
+    accounting: Accounting,
     /// The block freed last, if it is kept aside unmerged for the next request of its exact
     /// size on its stream (or on another stream that takes its segment over); see
     /// [`Heap::settle`] and [`Heap::deferred_hot`].
     hot: Option<BlockId>,
-    /// Whether the inactive-split peaks were reset to what merging `hot` leaves
-    /// ([`Heap::reset_peaks`]), which may lie below their current values: handed out
-    /// unmerged instead, the block lifts them to the current values. Merged, it leaves
-    /// them right; the flag may outlive it (lifting a peak to its current value is always
-    /// right), and is not cleared there: a store on every merge cost a replayed operation
-    /// about 4 instructions (`benches/instructions.sh`).
-    peaks_behind: bool,
-    /// Whether [`Heap::grow`] may defer merging `hot` (off only to test that deferring
-    /// changes nothing).
-    defer_hot: bool,
-    /// The last error a `Drop` could not report.
-    last_error: Option<String>,
-    /// Stacks, history and what to record.
-    recorder: Recorder,
-    /// Who made the request being served, while [`Heap::alloc`] runs: the segments it
-    /// reserves and the pages it maps are recorded as its doing, as PyTorch's `segment_alloc`
-    /// and `segment_map` entries carry the stack of the allocation that caused them.
-    request_ctx: Option<Context>,
-    /// Set during [`Heap::free_unrecorded`]: the free's history event was logged elsewhere.
-    free_logged: bool,
     /// Whether large requests may be served through views of the range's free pages
     /// (`alias_pages`, on a backend that can alias; see `alias.rs`).
     alias_pages: bool,
@@ -211,9 +203,6 @@ impl Heap {
         debug_assert!(page.is_power_of_two());
         let stats = Stats { max_split_size: config.max_split_size.unwrap_or(u64::MAX), ..Stats::default() };
         Heap {
-            device,
-            page,
-            can_unmap: backend.can_unmap() && config.release_pages,
             alias_pages: backend.can_unmap() && config.release_pages && config.alias_pages && backend.can_alias(),
             views: Vec::new(),
             frees: 0,
@@ -221,10 +210,8 @@ impl Heap {
             unchecked_loans: Vec::new(),
             free_blocks: Vec::new(),
             blocks: Slots::new(),
-            free_slots: Vec::new(),
             spare_extras: Vec::new(),
             segments: Slots::new(),
-            free_segment_slots: Vec::new(),
             free: FreeIndex::new(),
             pending: Vec::new(),
             events_recorded: 0,
@@ -234,16 +221,16 @@ impl Heap {
             home: None,
             next_order: 0,
             adoptable: Vec::new(),
-            stats,
             limit: Limit::new(&config, backend, page),
             hot: None,
-            peaks_behind: false,
-            defer_hot: true,
-            last_error: None,
-            config,
-            recorder: Recorder::new(record),
-            request_ctx: None,
-            free_logged: false,
+            setup: Setup {
+                device,
+                page,
+                can_unmap: backend.can_unmap() && config.release_pages,
+                defer_hot: true,
+                config,
+            },
+            accounting: Accounting::new(stats, record),
             recorded: RecordedMap::default(),
         }
     }
@@ -258,9 +245,9 @@ impl Heap {
         requested: u64,
         ctx: Option<Context>,
     ) -> Result<Grant> {
-        self.request_ctx = ctx;
+        self.accounting.serving(ctx);
         let grant = self.serve(backend, stream, requested, ctx);
-        self.request_ctx = None;
+        self.accounting.serving(None);
         grant
     }
 
@@ -285,8 +272,8 @@ impl Heap {
                 // The block freed last has this very size: reuse it as it is (no index lookup,
                 // split or merge). Best fit could have picked another block of the same size.
                 self.hot = None;
-                if self.peaks_behind {
-                    self.lift_split_peaks();
+                if self.accounting.peaks_behind() {
+                    self.accounting.lift_split_peaks();
                 }
                 hot
             }
@@ -294,7 +281,7 @@ impl Heap {
                 // The block freed last may be about to become a whole segment that this request
                 // takes over from its stream; see `Heap::deferred_hot`.
                 let deferred = self.deferred_hot(pool, stream, size);
-                if deferred.is_none() || !self.defer_hot {
+                if deferred.is_none() || !self.setup.defer_hot {
                     self.settle();
                 }
                 // Whether the block comes from another stream's range (`Heap::serve_from_range`).
@@ -347,7 +334,7 @@ impl Heap {
         // served every size while one stream held them all).
         let (addr, size, pool, b_stream, view) = (b.addr, b.size, b.pool, b.stream, b.view);
         self.note(Note::Alloc { addr, size, requested, pool, stream, ctx });
-        self.limit.note_allocated(self.stats.allocated_bytes.current());
+        self.limit.note_allocated(self.accounting.stats().allocated_bytes.current());
         let class = BlockClass { size, pool, oversize: self.is_oversize(size), reusable };
         Ok(Grant { block, addr, class, lent: b_stream != stream || view })
     }
@@ -461,7 +448,7 @@ impl Heap {
         let mut seg_size = self
             .segment_size(size)
             .ok_or_else(|| Error::from(InvalidRequest::RoundingOverflow { requested, to: Rounding::Segment }))?;
-        let exact = size.next_multiple_of(self.page);
+        let exact = size.next_multiple_of(self.setup.page);
         // What follows may release, unmap, lend or move any free block, the request's stream's
         // own unchecked loans included: every stream is checked first.
         if self.unchecked != 0 {
@@ -495,7 +482,7 @@ impl Heap {
             // best fit among the other streams' free blocks is lent (`Heap::lendable`; unless
             // waiting failed just now).
             let fits = seg_size.max(exact);
-            let errors = self.stats.num_backend_errors;
+            let errors = self.accounting.stats().num_backend_errors;
             let taken = match deferred.filter(|d| d.segment_size <= fits) {
                 Some(d) if self.hot == Some(d.hot) => self.take_over_deferred(backend, d, stream).map(Grown::Handed),
                 Some(d) => self.take_over_merged(backend, d, stream).map(Grown::Free),
@@ -504,14 +491,16 @@ impl Heap {
             let taken = match taken {
                 // PyTorch's `max_split_size` rules give way rather than the limit: the best fit
                 // on the request's stream, whatever its size (see `Heap::keeps_oversize`).
-                None if self.config.max_split_size.is_some() => {
+                None if self.setup.config.max_split_size.is_some() => {
                     self.settle();
                     self.find_free(pool, stream, size, false).map(Grown::Free)
                 }
                 taken => taken,
             };
             let taken = match taken {
-                None if self.stats.num_backend_errors == errors => self.borrow(backend, pool, stream, size),
+                None if self.accounting.stats().num_backend_errors == errors => {
+                    self.borrow(backend, pool, stream, size)
+                }
                 taken => taken,
             };
             if let Some(taken) = taken {
@@ -557,7 +546,8 @@ impl Heap {
 
     fn add_segment(&mut self, pool: Pool, stream: StreamId, addr: u64, size: u64, room: u64) -> BlockId {
         let growable = room > 0;
-        let granule = if self.can_unmap { crate::backend::map_granule(size, self.page) } else { self.page };
+        let granule =
+            if self.setup.can_unmap { crate::backend::map_granule(size, self.setup.page) } else { self.setup.page };
         let order = self.next_order << ORDER_SHIFT;
         self.next_order = (self.next_order + 1) % (1 << (64 - ORDER_SHIFT));
         let seg = Segment {
@@ -572,7 +562,7 @@ impl Heap {
             uniform_end: size,
             grown: Vec::new(),
             grown_at_page: Vec::new(),
-            page_shift: self.page.trailing_zeros(),
+            page_shift: self.setup.page.trailing_zeros(),
             room,
             growable,
             unmapped_pages: vec![0; size.div_ceil(granule).div_ceil(64) as usize],
@@ -593,12 +583,12 @@ impl Heap {
         self.note(Note::Oom { requested, device_free: backend.free_memory() });
         let largest = self.largest_free();
         Error::OutOfMemory(Box::new(OomReport {
-            device: self.device,
+            device: self.setup.device,
             requested,
             rounded,
             capacity: backend.total_memory(),
             free: backend.free_memory(),
-            allocated: self.stats.allocated_bytes.current(),
+            allocated: self.accounting.stats().allocated_bytes.current(),
             reserved: self.reserved(),
             largest_free_block: largest,
             allowed: self.limit.cap(),
@@ -613,9 +603,9 @@ impl Heap {
     /// [`free`](Self::free) of a block whose free a thread logged already (a parked block:
     /// see `alloc::park`), or that was parked while nothing was recorded: no history event.
     pub(crate) fn free_unrecorded(&mut self, backend: &dyn Backend, i: BlockId) {
-        self.free_logged = true;
+        self.accounting.free_logged_elsewhere(true);
         self.free(backend, i, None);
-        self.free_logged = false;
+        self.accounting.free_logged_elsewhere(false);
     }
 
     /// The buffer of block `i` was dropped: stop counting it as allocated, and either return it
@@ -694,7 +684,7 @@ impl Heap {
                     // Without an event, wait for the stream itself before reuse.
                     self.note(Note::BackendError);
                     if let Err(e2) = backend.synchronize(raw) {
-                        self.last_error = Some(format!(
+                        self.accounting.keep_error(format!(
                             "block {:#x}: recording an event failed ({e}) and so did synchronizing ({e2}); \
                              the block is kept out of use",
                             self.blocks[i].addr
@@ -728,28 +718,12 @@ impl Heap {
     /// current value, as a reset after the merge would.
     pub(crate) fn reset_peaks(&mut self) {
         let settled = self.hot.map(|_| self.settled_stats());
-        self.stats.reset_peaks();
-        self.peaks_behind = settled.is_some();
-        if let Some(settled) = settled {
-            self.stats.inactive_split.set_peaks_to(&settled.inactive_split);
-            self.stats.inactive_split_bytes.set_peaks_to(&settled.inactive_split_bytes);
-        }
+        self.accounting.reset_peaks(settled);
     }
 
     /// The block the last free kept aside, if any: no longer live, not yet merged.
     pub(crate) fn kept_aside(&self) -> Option<BlockId> {
         self.hot
-    }
-
-    /// The block kept aside was handed out unmerged after [`Heap::reset_peaks`] set the
-    /// inactive-split peaks to what merging it would have left: they must not stay below
-    /// the current values.
-    #[cold]
-    #[inline(never)]
-    fn lift_split_peaks(&mut self) {
-        self.stats.inactive_split.lift_peaks();
-        self.stats.inactive_split_bytes.lift_peaks();
-        self.peaks_behind = false;
     }
 
     /// What [`Heap::settle`] would make of the block kept aside, without merging it: the
@@ -777,7 +751,7 @@ impl Heap {
     /// The statistics as they would be after [`Heap::settle`]: those of the blocks that
     /// merging changes (inactive split blocks) counted as `merge_free` counts them, on a copy.
     pub(crate) fn settled_stats(&self) -> Stats {
-        let mut st = self.stats.clone();
+        let mut st = self.accounting.stats().clone();
         if let Some(m) = self.hot_merge() {
             let pool = self.blocks[m.hot].pool;
             // `merge_free`'s order: the neighbours uncounted (each counted only if split,
@@ -887,36 +861,51 @@ impl Heap {
     // ----- what the allocator's handle reads and sets --------------------------------------
 
     pub(crate) fn device(&self) -> usize {
-        self.device
+        self.setup.device
     }
 
     pub(crate) fn config(&self) -> &AllocatorConfig {
-        &self.config
+        &self.setup.config
     }
 
     pub(crate) fn stats(&self) -> &Stats {
-        &self.stats
-    }
-
-    pub(crate) fn stats_mut(&mut self) -> &mut Stats {
-        &mut self.stats
+        self.accounting.stats()
     }
 
     pub(crate) fn recorder(&self) -> &Recorder {
-        &self.recorder
+        self.accounting.recorder()
     }
 
-    pub(crate) fn recorder_mut(&mut self) -> &mut Recorder {
-        &mut self.recorder
+    /// The public reset of the accumulated counters.
+    pub(crate) fn reset_accumulated(&mut self) {
+        self.accounting.reset_accumulated();
+    }
+
+    /// Stores a captured stack in the recorder's tables, for the context of an operation.
+    pub(crate) fn intern(&mut self, p: Pending) -> Context {
+        self.accounting.intern(p)
+    }
+
+    pub(crate) fn set_record_config(&mut self, config: RecordConfig) {
+        self.accounting.set_record_config(config);
+    }
+
+    pub(crate) fn clear_history(&mut self) {
+        self.accounting.clear_history();
+    }
+
+    /// Records that a snapshot was taken (PyTorch's `snapshot` entry).
+    pub(crate) fn note_snapshot(&mut self) {
+        self.note(Note::Snapshot);
     }
 
     /// The last error a `Drop` (or a background step) could not report.
     pub(crate) fn last_error(&self) -> Option<&str> {
-        self.last_error.as_deref()
+        self.accounting.last_error()
     }
 
     pub(crate) fn set_last_error(&mut self, message: String) {
-        self.last_error = Some(message);
+        self.accounting.keep_error(message);
     }
 
     /// The tensor description of allocated block `b`.

@@ -63,14 +63,14 @@ struct Releasable {
 
 impl Heap {
     pub(crate) fn reserved(&self) -> u64 {
-        self.stats.reserved_bytes.current()
+        self.accounting.stats().reserved_bytes.current()
     }
 
     /// Reserved bytes above which the allocator reclaims before growing (see
     /// [`Limit::soft`](super::limit::Limit::soft)).
     pub(super) fn soft_limit(&self, backend: &dyn Backend, size: u64) -> u64 {
-        let threshold = self.config.garbage_collection_threshold;
-        self.limit.soft(self.stats.allocated_bytes.current(), size, threshold, || backend.total_memory())
+        let threshold = self.setup.config.garbage_collection_threshold;
+        self.limit.soft(self.accounting.stats().allocated_bytes.current(), size, threshold, || backend.total_memory())
     }
 
     /// Refuses, as the backend refuses a request when the device is full, `more` bytes that
@@ -110,7 +110,7 @@ impl Heap {
     /// comparison changed no decision in 1,972 replays (986 fixture and random traces, both
     /// segment kinds), and went.
     pub(super) fn note_regrowth(&mut self, size: u64, need: u64) {
-        if self.limit.note_regrowth(size, need, self.stats.allocated_bytes.current(), self.reserved()) {
+        if self.limit.note_regrowth(size, need, self.accounting.stats().allocated_bytes.current(), self.reserved()) {
             self.note(Note::LimitRaised);
         }
     }
@@ -177,7 +177,7 @@ impl Heap {
                 self.limit.note_released(size);
             }
         }
-        if self.can_unmap && releasable.holes && self.reserved() + need > limit {
+        if self.setup.can_unmap && releasable.holes && self.reserved() + need > limit {
             // Largest holes first: they give back the most pages per call.
             let mut holes: Vec<(u64, u64, BlockId)> =
                 (self.free.with_mapped_pages().iter()).map(|&b| (self.blocks[b].size, self.order_key(b), b)).collect();
@@ -382,7 +382,7 @@ impl Heap {
         for b in whole {
             self.release_segment_of(backend, b);
         }
-        if pages && self.can_unmap {
+        if pages && self.setup.can_unmap {
             let holes = self.free.with_mapped_pages().to_vec();
             for b in holes {
                 self.unmap_block(backend, b, u64::MAX);
@@ -418,7 +418,7 @@ impl Heap {
             // and released once (marked below); queued device work is the backend's to wait for.
             if let Err(e) = unsafe { backend.release(addr, size) } {
                 self.note(Note::BackendError);
-                self.last_error = Some(format!("releasing segment {addr:#x}: {e}"));
+                self.accounting.keep_error(format!("releasing segment {addr:#x}: {e}"));
             }
             self.segments[i].live = false;
         }
@@ -440,7 +440,7 @@ impl Heap {
         // block), and the segment is live, reserved from this backend with this size.
         if let Err(e) = unsafe { backend.release(addr, size) } {
             self.note(Note::BackendError);
-            self.last_error = Some(format!("releasing segment {addr:#x}: {e}"));
+            self.accounting.keep_error(format!("releasing segment {addr:#x}: {e}"));
             return false;
         }
         self.unindex_free(b);
@@ -450,7 +450,7 @@ impl Heap {
         let seg = &mut self.segments[s];
         seg.live = false;
         seg.unmapped_pages = Vec::new();
-        self.free_segment_slots.push(s);
+        self.segments.release(s);
         true
     }
 
@@ -489,7 +489,7 @@ impl Heap {
             // and work of other streams was waited for before the blocks became free.
             if let Err(e) = unsafe { backend.unmap(addr, len, raw_stream) } {
                 self.note(Note::BackendError);
-                self.last_error = Some(format!("unmapping {len} bytes at {addr:#x}: {e}"));
+                self.accounting.keep_error(format!("unmapping {len} bytes at {addr:#x}: {e}"));
                 break;
             }
             self.set_pages(s, start..stop, true);
@@ -632,10 +632,10 @@ mod tests {
         // 2 MiB over the limit: releasing the 200 MiB segment would get under it, but that
         // segment is over `RELEASE_SPAN` times the 2 MiB the request lacks.
         h.alloc(&sim, StreamId(0), MIB, None).unwrap();
-        assert_eq!(h.stats.num_device_free, 0);
+        assert_eq!(h.accounting.stats().num_device_free, 0);
         assert_eq!(h.reserved(), 204 * MIB);
         assert_eq!(sim.used_memory(), 204 * MIB);
-        assert_eq!(h.stats.segment.pool_current(Pool::Large), 1, "still cached");
+        assert_eq!(h.accounting.stats().segment.pool_current(Pool::Large), 1, "still cached");
     }
 
     #[test]
@@ -652,13 +652,13 @@ mod tests {
             h.free(&sim, small.block, None);
             h.settle();
             h.limit.set_factor(limit);
-            assert_eq!(h.stats.segment.pool_current(Pool::Small), streams);
+            assert_eq!(h.accounting.stats().segment.pool_current(Pool::Small), streams);
             assert_eq!(h.holds_every_segment_of_both(StreamId(0)), streams == 1);
             // 100 MiB over a limit of 100 MiB: releasing a cached 2 MiB small segment would
             // not get under it anyway, and the next small tensor would reserve it again.
             h.alloc(&sim, StreamId(0), 100 * MIB, None).unwrap();
-            assert_eq!(h.stats.num_device_free, 0, "{streams} streams");
-            assert_eq!(h.stats.segment.pool_current(Pool::Small), streams, "still cached");
+            assert_eq!(h.accounting.stats().num_device_free, 0, "{streams} streams");
+            assert_eq!(h.accounting.stats().segment.pool_current(Pool::Small), streams, "still cached");
             assert_eq!(h.reserved(), (100 + 2 * streams) * MIB);
         }
     }
@@ -676,8 +676,8 @@ mod tests {
         let (mut h, sim) = over_the_limit();
         another_stream_holds_a_segment(&mut h, &sim);
         h.alloc(&sim, StreamId(0), MIB, None).unwrap();
-        assert_eq!(h.stats.num_device_free, 1, "the 200 MiB segment went back");
-        assert_eq!(h.stats.segment.pool_current(Pool::Large), 0);
+        assert_eq!(h.accounting.stats().num_device_free, 1, "the 200 MiB segment went back");
+        assert_eq!(h.accounting.stats().segment.pool_current(Pool::Large), 0);
     }
 
     /// A growing range holding two 100 MiB blocks, the first freed: a 100 MiB mapped hole
@@ -690,7 +690,7 @@ mod tests {
         h.alloc(&sim, StreamId(0), 100 * MIB, None).unwrap();
         h.free(&sim, a.block, None);
         h.settle();
-        assert_eq!((h.reserved(), h.stats.num_device_alloc), (200 * MIB, 1));
+        assert_eq!((h.reserved(), h.accounting.stats().num_device_alloc), (200 * MIB, 1));
         (h, sim)
     }
 
@@ -703,9 +703,9 @@ mod tests {
         assert_eq!(h.reserved(), 300 * MIB, "50 MiB of the hole unmapped, not all 100");
         assert_eq!(sim.used_memory(), 300 * MIB);
         // The hole's first 50 MiB stayed mapped: the next request of that size maps nothing.
-        let maps = h.stats.num_device_map;
+        let maps = h.accounting.stats().num_device_map;
         h.alloc(&sim, StreamId(0), 50 * MIB, None).unwrap();
-        assert_eq!(h.stats.num_device_map, maps);
+        assert_eq!(h.accounting.stats().num_device_map, maps);
         assert_eq!(h.reserved(), 300 * MIB);
     }
 
@@ -716,15 +716,15 @@ mod tests {
         // Alone, the request unmaps 50 MiB of the hole (above). With stream 1's 2 MiB segment
         // beside it, the range grows past the limit (300 MiB) by the whole request instead,
         // and the hole stays mapped, to serve or lend.
-        let (unmaps, maps) = (h.stats.num_device_unmap, h.stats.num_device_map);
+        let (unmaps, maps) = (h.accounting.stats().num_device_unmap, h.accounting.stats().num_device_map);
         h.alloc(&sim, StreamId(0), 150 * MIB, None).unwrap();
-        assert_eq!(h.stats.num_device_unmap, unmaps, "no page of the hole unmapped");
-        assert!(h.stats.num_device_map > maps, "the range grew");
+        assert_eq!(h.accounting.stats().num_device_unmap, unmaps, "no page of the hole unmapped");
+        assert!(h.accounting.stats().num_device_map > maps, "the range grew");
         assert_eq!(h.reserved(), 352 * MIB);
-        assert_eq!(h.stats.num_device_free, 0, "stream 1's small segment stays");
+        assert_eq!(h.accounting.stats().num_device_free, 0, "stream 1's small segment stays");
         // The hole serves the next request of its size without a call.
-        let before = h.stats.public().backend_memory_calls();
+        let before = h.accounting.stats().public().backend_memory_calls();
         h.alloc(&sim, StreamId(0), 100 * MIB, None).unwrap();
-        assert_eq!(h.stats.public().backend_memory_calls(), before);
+        assert_eq!(h.accounting.stats().public().backend_memory_calls(), before);
     }
 }

@@ -97,9 +97,9 @@ impl Heap {
         ctx: Option<Context>,
     ) -> BlockId {
         let pool = Self::pool_of(size);
-        self.request_ctx = ctx;
+        self.accounting.serving(ctx);
         let b = self.add_segment(pool, stream, addr, size, 0);
-        self.request_ctx = None;
+        self.accounting.serving(None);
         self.unindex_free(b);
         let blk = &mut self.blocks[b];
         blk.state = BlockState::Allocated;

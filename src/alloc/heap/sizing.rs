@@ -10,7 +10,7 @@ impl Heap {
         if size <= MIN_BLOCK {
             return Some(MIN_BLOCK);
         }
-        let d = u64::from(self.config.divisions_for(size));
+        let d = u64::from(self.setup.config.divisions_for(size));
         if d > 1 && size > MIN_BLOCK * d {
             // Round up to the next of `d` equal divisions between two powers of two.
             let floor = 1u64 << (63 - size.leading_zeros());
@@ -45,7 +45,7 @@ impl Heap {
     /// [`Heap::splits`]), so that they fill the slivers large blocks leave.
     pub(super) fn pool_for(&self, size: u64, stream: StreamId) -> Pool {
         match Self::pool_of(size) {
-            Pool::Small if self.can_unmap && self.holds_every_segment_of_both(stream) => Pool::Large,
+            Pool::Small if self.setup.can_unmap && self.holds_every_segment_of_both(stream) => Pool::Large,
             pool => pool,
         }
     }
@@ -59,7 +59,8 @@ impl Heap {
     /// Whether `stream` holds every live segment of `pool` (none held: true): its own count,
     /// kept in its slot, against the statistics' count of live segments.
     pub(super) fn holds_every_segment(&self, stream: StreamId, pool: Pool) -> bool {
-        u64::from(self.streams[stream.index()].segments[pool as usize]) == self.stats.segment.pool_current(pool)
+        u64::from(self.streams[stream.index()].segments[pool as usize])
+            == self.accounting.stats().segment.pool_current(pool)
     }
 
     /// Whether a free block of `block` bytes in segment `seg` is split to hand out all but
@@ -106,7 +107,7 @@ impl Heap {
     ///   ([`crate::config::LimitMax::Auto`]) to several times the peak. This is where PyTorch
     ///   frees oversize blocks: when the device is out of memory, not at a soft limit.
     pub(super) fn keeps_oversize(&self, block: BlockId, found: u64, size: u64) -> bool {
-        let Some(max) = self.config.max_split_size else {
+        let Some(max) = self.setup.config.max_split_size else {
             return false;
         };
         if self.segments[self.blocks[block].segment].room > 0 {
@@ -118,7 +119,7 @@ impl Heap {
     /// How much larger than an oversize request a block it takes whole may be
     /// (`max_non_split_rounding_mb`; PyTorch's 20 MiB by default).
     fn non_split_rounding(&self) -> u64 {
-        self.config.max_non_split_rounding.unwrap_or(LARGE_SEGMENT)
+        self.setup.config.max_non_split_rounding.unwrap_or(LARGE_SEGMENT)
     }
 
     /// The segment size PyTorch would choose for a block of `size`.
@@ -130,10 +131,10 @@ impl Heap {
         } else {
             size
         };
-        s.max(size).checked_next_multiple_of(self.page)
+        s.max(size).checked_next_multiple_of(self.setup.page)
     }
 
     pub(super) fn is_oversize(&self, size: u64) -> bool {
-        self.config.max_split_size.is_some_and(|m| size >= m)
+        self.setup.config.max_split_size.is_some_and(|m| size >= m)
     }
 }

@@ -142,7 +142,7 @@ impl Heap {
             if let Err(e) = backend.synchronize(self.streams[s].raw) {
                 *done = false;
                 self.note(Note::BackendError);
-                self.last_error = Some(format!("synchronizing a stream: {e}"));
+                self.accounting.keep_error(format!("synchronizing a stream: {e}"));
             }
         }
         self.complete_waited(backend, mark, |s| waited[s.index()]);
@@ -185,7 +185,7 @@ impl Heap {
                     }
                     Err(e) => {
                         self.note(Note::BackendError);
-                        self.last_error = Some(format!("querying an event: {e}"));
+                        self.accounting.keep_error(format!("querying an event: {e}"));
                         false
                     }
                 }
@@ -308,7 +308,7 @@ impl Heap {
     /// holds none the streams are counted again (the most large segments, the lowest id among
     /// equals). In constant time but for that count.
     pub(super) fn track_home(&mut self, s: StreamId) {
-        if self.can_unmap {
+        if self.setup.can_unmap {
             if self.streams[s.index()].growable > 0 {
                 self.home = Some(s);
             } else if self.home == Some(s) {
@@ -326,6 +326,22 @@ impl Heap {
             None if large(self, s) > 0 => Some(s),
             home => home,
         };
+    }
+
+    /// A segment of `pool` joined stream `s` (`joined`) or left it: the stream's counts, which
+    /// [`Heap::track_home`] reads next.
+    #[inline]
+    pub(super) fn count_segment(&mut self, s: StreamId, pool: Pool, growable: bool, joined: bool) {
+        let slot = &mut self.streams[s.index()];
+        if joined {
+            slot.segments[pool as usize] += 1;
+            slot.growable += u32::from(growable);
+            self.growable += u32::from(growable);
+        } else {
+            slot.segments[pool as usize] -= 1;
+            slot.growable -= u32::from(growable);
+            self.growable -= u32::from(growable);
+        }
     }
 
     /// Whether all work queued so far on `stream` is done (`Backend::stream_idle`; an error
@@ -349,7 +365,7 @@ impl Heap {
             Err(e) => {
                 self.streams[stream.index()].last_idle = false;
                 self.note(Note::BackendError);
-                self.last_error = Some(format!("querying whether stream {stream} is idle: {e}"));
+                self.accounting.keep_error(format!("querying whether stream {stream} is idle: {e}"));
                 false
             }
         }
@@ -407,7 +423,7 @@ impl Heap {
         size: u64,
     ) -> Result<Option<Grown>> {
         // A large size is in the large pool whatever the stream holds (`Heap::pool_for`).
-        if !self.config.share_idle_streams || Self::pool_of(size) != Pool::Large {
+        if !self.setup.config.share_idle_streams || Self::pool_of(size) != Pool::Large {
             return Ok(None);
         }
         let Some(owner) = self.home else { return Ok(None) };
@@ -559,7 +575,7 @@ impl Heap {
             if !ordered {
                 if let Err(e) = backend.synchronize(self.streams[borrower.index()].raw) {
                     self.note(Note::BackendError);
-                    self.last_error = Some(format!(
+                    self.accounting.keep_error(format!(
                         "stream {borrower} gave back blocks it had borrowed and could be neither waited \
                          for nor synchronized ({e}): the free memory around them is kept out of use"
                     ));
@@ -723,7 +739,7 @@ impl Heap {
             Ok(()) => true,
             Err(e) => {
                 self.note(Note::BackendError);
-                self.last_error = Some(format!("ordering stream {waiting} after stream {on} {why}: {e}"));
+                self.accounting.keep_error(format!("ordering stream {waiting} after stream {on} {why}: {e}"));
                 false
             }
         }

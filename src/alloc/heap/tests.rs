@@ -92,7 +92,7 @@ fn split_and_merge_keep_one_free_block_per_hole() {
     h.settle();
     assert_eq!(h.free.len(), 1, "everything merged back into the segment");
     assert_eq!(h.largest_free(), 2 << 20);
-    assert_eq!(h.stats.inactive_split_bytes.current(), 0);
+    assert_eq!(h.accounting.stats().inactive_split_bytes.current(), 0);
     h.release_cache(&sim, true);
     assert_eq!(sim.used_memory(), 0);
 }
@@ -104,7 +104,7 @@ fn the_block_freed_last_serves_the_next_request_of_its_size() {
     let b = h.alloc(&sim, StreamId(0), 1000, None).unwrap();
     h.free(&sim, b.block, None);
     assert_eq!(h.hot, Some(b.block), "kept aside, not merged");
-    assert_eq!(h.stats.active_bytes.current(), 1024, "but no longer counted as active");
+    assert_eq!(h.accounting.stats().active_bytes.current(), 1024, "but no longer counted as active");
     let again = h.alloc(&sim, StreamId(0), 900, None).unwrap();
     assert_eq!((again.block, again.addr), (b.block, b.addr));
     assert_eq!(h.hot, None);
@@ -129,7 +129,7 @@ fn the_block_freed_last_serves_the_next_request_of_its_size() {
 /// The heap's whole state in words, for comparing two heaps.
 fn state(h: &Heap) -> String {
     let mut s = format!("{h:?}\n{}", h.free.dump());
-    if !h.defer_hot {
+    if !h.setup.defer_hot {
         s = s.replace("defer_hot: false", "defer_hot: true");
     }
     s
@@ -281,7 +281,7 @@ proptest::proptest! {
             let mut c = AllocatorConfig::parse(conf).unwrap();
             c.release_pages &= mapped_pages;
             let mut h = Heap::new(0, c, RecordConfig::off(), &sim);
-            h.defer_hot = defer;
+            h.setup.defer_hot = defer;
             for _ in 1..6 {
                 let raw = sim.create_stream().unwrap();
                 h.add_stream(raw).unwrap();
@@ -364,13 +364,13 @@ proptest::proptest! {
         for (k, op) in ops.iter().enumerate() {
             match *op {
                 Op::Alloc { stream, bytes } | Op::Temporary { stream, bytes } => {
-                    let before = (h.stats.allocated_bytes.current(), live.len());
+                    let before = (h.accounting.stats().allocated_bytes.current(), live.len());
                     match h.alloc(&sim, StreamId(stream as u32), bytes, None) {
                         Ok(g) if matches!(op, Op::Temporary { .. }) => h.free(&sim, g.block, None),
                         Ok(g) => live.push(g.block),
                         Err(Error::OutOfMemory(r)) => {
                             proptest::prop_assert_eq!(r.allowed, Some(40 << 20));
-                            proptest::prop_assert_eq!(before, (h.stats.allocated_bytes.current(), live.len()));
+                            proptest::prop_assert_eq!(before, (h.accounting.stats().allocated_bytes.current(), live.len()));
                         }
                         Err(e) => proptest::prop_assert!(false, "op {}: {}", k, e),
                     }
@@ -470,7 +470,7 @@ fn a_temporary_on_each_new_stream_is_handed_out_without_merging() {
         h.free(&sim, g.block, None);
         last = Some((g.block, g.addr));
     }
-    assert_eq!(h.stats.num_segment_adoptions, 199);
+    assert_eq!(h.accounting.stats().num_segment_adoptions, 199);
     assert_eq!(h.reserved(), 2 << 20, "one segment throughout");
     h.settle();
     crate::alloc::heap::check_heap(&h).unwrap();
@@ -650,15 +650,15 @@ fn a_request_asks_about_a_loan_given_back_unasked_only_where_it_takes_it() {
     h.free(&sim, loan.block, None);
     assert_eq!(h.unchecked, 1 << 1);
     // Stream 0's request that the 20 MiB hole serves takes none of the loan: no question.
-    let asked = h.stats.num_stream_queries;
+    let asked = h.accounting.stats().num_stream_queries;
     let far = h.alloc(&sim, s, 16 << 20, None).unwrap();
     assert_eq!(far.addr, c.addr);
-    assert_eq!((h.stats.num_stream_queries, h.unchecked), (asked, 1 << 1), "not asked");
+    assert_eq!((h.accounting.stats().num_stream_queries, h.unchecked), (asked, 1 << 1), "not asked");
     // The request that takes the loan's memory asks, finds stream 1 busy, and orders stream
     // 0 after it.
     let near = h.alloc(&sim, s, 8 << 20, None).unwrap();
     assert_eq!(near.addr, a.addr);
-    assert_eq!((h.stats.num_stream_queries, h.unchecked), (asked + 1, 0), "asked once");
+    assert_eq!((h.accounting.stats().num_stream_queries, h.unchecked), (asked + 1, 0), "asked once");
     assert!(!h.streams[s1.index()].last_idle);
     assert!(!h.streams[s.index()].free_blocks_settled(), "stream 0 ordered after stream 1");
     for g in [b, d, far, near] {
@@ -741,7 +741,7 @@ fn loans_given_back_unasked_stay_out_of_use_where_their_stream_cannot_be_waited_
     let c = h.alloc(&sim, s2, 8 << 20, None).unwrap();
     assert_ne!(c.addr, addr, "not the memory stream 1's work may still use");
     assert_eq!(h.blocks[loan].state, BlockState::Stranded);
-    assert!(h.stats.num_backend_errors >= 2, "the failed order and synchronize are noted");
+    assert!(h.accounting.stats().num_backend_errors >= 2, "the failed order and synchronize are noted");
     assert_eq!((h.unchecked, h.unchecked_loans.len()), (0, 0));
     h.free(&sim, c.block, None);
     h.settle();
