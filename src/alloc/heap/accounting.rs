@@ -191,8 +191,8 @@ impl Heap {
         // from its range, taking its segments over). No locked operation came between the
         // trips and this pull, so noting them now decides as noting them then.
         for s in super::streams::streams_in(t.streams) {
-            self.note_freed(s);
-            self.streams[s.index()].last_alloc = self.grows;
+            self.streams.note_freed(s);
+            self.streams.mark_allocating(s);
         }
     }
 

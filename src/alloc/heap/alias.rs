@@ -60,6 +60,37 @@ fn holder(blocks: &[FreeBlock], addr: u64) -> Option<FreeBlock> {
     i.checked_sub(1).map(|i| blocks[i])
 }
 
+/// The views of ranges' free pages ([`View`]), in use and idle, with what making them needs.
+/// Its fields are private to this file: views are made, held and given back here.
+#[derive(Debug, Default)]
+pub(super) struct Views {
+    /// Whether large requests may be served through views of the range's free pages
+    /// (`alias_pages`, on a backend that can alias).
+    enabled: bool,
+    /// The views made so far, in use and idle.
+    list: Vec<View>,
+    /// A buffer for the free blocks of a range that a view is looked for in.
+    free_blocks: Vec<FreeBlock>,
+}
+
+impl Views {
+    pub(super) fn new(enabled: bool) -> Self {
+        Views { enabled, ..Views::default() }
+    }
+
+    /// Whether any view exists.
+    #[inline]
+    pub(super) fn any(&self) -> bool {
+        !self.list.is_empty()
+    }
+
+    /// Every view, in use and idle.
+    #[cfg(test)]
+    pub(super) fn all(&self) -> &[View] {
+        &self.list
+    }
+}
+
 /// Mappings of the range mapped once more at addresses of their own.
 #[derive(Debug)]
 pub(crate) struct View {
@@ -108,7 +139,7 @@ impl Heap {
         stream: StreamId,
         size: u64,
     ) -> Option<BlockId> {
-        if !self.alias_pages || size <= super::SMALL_SIZE || !self.may_grow_in_place(pool, stream) {
+        if !self.views.enabled || size <= super::SMALL_SIZE || !self.may_grow_in_place(pool, stream) {
             return None;
         }
         // A view may take any of the range's free mappings, loans given back unasked among
@@ -136,9 +167,9 @@ impl Heap {
     ) -> Option<BlockId> {
         // The range's free blocks go in a buffer kept between requests (views are tried on
         // every request that no hole fits; in a settled loop each finds a kept view).
-        let mut blocks = std::mem::take(&mut self.free_blocks);
+        let mut blocks = std::mem::take(&mut self.views.free_blocks);
         let served = self.serve_by_view_with(backend, stream, size, range, lacks, &mut blocks);
-        self.free_blocks = blocks;
+        self.views.free_blocks = blocks;
         served
     }
 
@@ -158,11 +189,12 @@ impl Heap {
         let is_free = |&(addr, len): &(u64, u64)| holder(blocks, addr).is_some_and(|(a, s, _)| a + s >= addr + len);
         let idle = self
             .views
+            .list
             .iter()
             .position(|v| v.range == range && v.held.is_empty() && v.len == need && v.runs.iter().all(is_free));
         if let Some(v) = idle {
             self.hold(v, size, stream, blocks);
-            return Some(self.views[v].block);
+            return Some(self.views.list[v].block);
         }
         let mut free = self.mapped_runs(range, blocks);
         let have: u64 = free.iter().map(|&(_, l)| l).sum();
@@ -210,8 +242,8 @@ impl Heap {
         let mut b = Block::fresh(addr, size, range, Pool::Large, stream, None);
         b.view = true;
         let block = self.new_block(b);
-        self.views.push(View { addr, runs: runs.into(), len: need, span, range, block, held: Vec::new() });
-        self.hold(self.views.len() - 1, size, stream, blocks);
+        self.views.list.push(View { addr, runs: runs.into(), len: need, span, range, block, held: Vec::new() });
+        self.hold(self.views.list.len() - 1, size, stream, blocks);
         Some(block)
     }
 
@@ -255,9 +287,9 @@ impl Heap {
     /// block out for a request of `size` bytes on `stream`. `blocks`: the range's free blocks
     /// as they are now ([`Heap::list_free_blocks`]), where each run's block is looked up.
     fn hold(&mut self, v: usize, size: u64, stream: StreamId, blocks: &[FreeBlock]) {
-        let mut held = Vec::with_capacity(self.views[v].runs.len());
-        for k in 0..self.views[v].runs.len() {
-            let (addr, len) = self.views[v].runs[k];
+        let mut held = Vec::with_capacity(self.views.list[v].runs.len());
+        for k in 0..self.views.list[v].runs.len() {
+            let (addr, len) = self.views.list[v].runs[k];
             // The free block that held the run before this view took any: the run's block
             // itself, or, where an earlier run of this view was carved from it, a block
             // after that one (carving keeps the run's part under the block's own name).
@@ -268,7 +300,7 @@ impl Heap {
             debug_assert_eq!(self.blocks[i].state, BlockState::Free);
             held.push(self.carve(i, addr, len));
         }
-        let view = &mut self.views[v];
+        let view = &mut self.views.list[v];
         view.held = held;
         let b = &mut self.blocks[view.block];
         b.size = size;
@@ -326,8 +358,8 @@ impl Heap {
     /// View block `i` is no longer used by any stream: its runs go back to the range's free
     /// blocks, and the view is kept, idle, for the next request of its length.
     pub(super) fn let_view_go(&mut self, i: BlockId) {
-        let v = self.views.iter().position(|v| v.block == i).expect("a view block has its view");
-        for h in std::mem::take(&mut self.views[v].held) {
+        let v = self.views.list.iter().position(|v| v.block == i).expect("a view block has its view");
+        for h in std::mem::take(&mut self.views.list[v].held) {
             self.blocks[h].state = BlockState::Free;
             self.merge_free(h);
         }
@@ -341,8 +373,8 @@ impl Heap {
     pub(super) fn drop_views(&mut self, backend: &dyn Backend, range: Option<SegmentId>, addr: u64, end: u64) -> bool {
         let mut ok = true;
         let mut v = 0;
-        while v < self.views.len() {
-            let view = &self.views[v];
+        while v < self.views.list.len() {
+            let view = &self.views.list[v];
             let hit = view.held.is_empty() && range.is_none_or(|r| r == view.range) && view.maps_any_of(addr, end);
             if !hit {
                 v += 1;
@@ -356,11 +388,30 @@ impl Heap {
                 v += 1;
                 continue;
             }
-            let view = self.views.swap_remove(v);
+            let view = self.views.list.swap_remove(v);
             self.drop_block(view.block);
             self.note(Note::View { mapped: false });
         }
         ok
+    }
+
+    /// Unmaps every view and forgets them all, at the allocator's end
+    /// ([`Heap::release_everything`]).
+    ///
+    /// # Safety
+    ///
+    /// No buffer exists: nothing on the host uses any view (every view is idle or held by a
+    /// block kept out of use).
+    pub(super) unsafe fn give_back_views(&mut self, backend: &dyn Backend) {
+        for v in 0..self.views.list.len() {
+            // SAFETY: no buffer exists (this function's contract), so nothing on the host uses
+            // the view; work queued on its block's stream is the backend's to order the unmap
+            // after. A view held by a block kept out of use (its streams could be neither waited
+            // for nor synchronized) is given back as that block's segment is: on the same
+            // promise, which those streams' failure already broke.
+            unsafe { self.unalias_view(backend, v) };
+        }
+        self.views.list.clear();
     }
 
     /// Unmaps view `v` (it stays listed); false, the error kept, if the backend refused.
@@ -370,7 +421,7 @@ impl Heap {
     /// Nothing on the host uses the view's memory, and no work queued on a stream other than
     /// its block's (which the backend orders the unmap after) does.
     pub(super) unsafe fn unalias_view(&mut self, backend: &dyn Backend, v: usize) -> bool {
-        let view = &self.views[v];
+        let view = &self.views.list[v];
         let (at, span) = (view.addr, view.span);
         let raw = self.streams[self.blocks[view.block].stream.index()].raw;
         // SAFETY: the caller's promise, passed on; `at` and `span` are a view this heap made.
@@ -384,13 +435,13 @@ impl Heap {
 
     /// Whether aliased block `i` of a range is held by a view in use.
     pub(crate) fn held_by_a_view(&self, i: BlockId) -> bool {
-        self.views.iter().any(|v| v.held.contains(&i))
+        self.views.list.iter().any(|v| v.held.contains(&i))
     }
 
     /// The views whose blocks are in use: each view's block, the range's blocks holding its
     /// runs, and the bytes they hold (for the snapshots and the invariant checks).
     pub(crate) fn views_in_use(&self) -> impl Iterator<Item = (BlockId, &[BlockId], u64)> + '_ {
-        self.views.iter().filter(|v| !v.held.is_empty()).map(|v| (v.block, v.held.as_slice(), v.len))
+        self.views.list.iter().filter(|v| !v.held.is_empty()).map(|v| (v.block, v.held.as_slice(), v.len))
     }
 }
 
@@ -420,8 +471,12 @@ mod tests {
         assert_eq!((h.accounting.stats().num_device_map, sim.views()), (calls + 1, 1), "one view mapped");
         let range = h.segments[h.blocks[blocks[1].block].segment].clone();
         assert!(v.addr >= range.addr + range.size || v.addr + 8 * MIB <= range.addr, "at addresses of its own");
-        assert_eq!((h.views[0].len, h.views[0].span), (8 * MIB, 8 * MIB));
-        assert_eq!(&*h.views[0].runs, &[(blocks[0].addr, 4 * MIB), (blocks[2].addr, 4 * MIB)], "the first hole first");
+        assert_eq!((h.views.list[0].len, h.views.list[0].span), (8 * MIB, 8 * MIB));
+        assert_eq!(
+            &*h.views.list[0].runs,
+            &[(blocks[0].addr, 4 * MIB), (blocks[2].addr, 4 * MIB)],
+            "the first hole first"
+        );
         check_heap(&h).unwrap();
         // The holes are held: a request that would fit one grows the range instead.
         let other = h.alloc(&sim, s, 4 * MIB, None).unwrap();
@@ -442,7 +497,7 @@ mod tests {
         // Emptying the cache gives the idle view back.
         h.settle();
         h.release_cache(&sim, true);
-        assert_eq!((sim.views(), h.views.len()), (0, 0));
+        assert_eq!((sim.views(), h.views.list.len()), (0, 0));
         check_heap(&h).unwrap();
     }
 
@@ -470,7 +525,7 @@ mod tests {
         let calls = h.accounting.stats().num_device_map;
         let v = h.alloc(&sim, s, 250 * MIB, None).unwrap();
         assert_eq!((h.reserved(), h.accounting.stats().num_device_map, sim.views()), (512 * MIB, calls + 1, 1));
-        let view = &h.views[0];
+        let view = &h.views.list[0];
         assert_eq!((view.len, view.span), (250 * MIB, 256 * MIB));
         assert_eq!(&*view.runs, &[(base, 96 * MIB), (base + 304 * MIB, 154 * MIB)]);
         check_heap(&h).unwrap();
@@ -485,7 +540,7 @@ mod tests {
         }
         h.settle();
         h.release_cache(&sim, true);
-        assert_eq!((sim.views(), h.views.len(), h.reserved()), (0, 0, 0));
+        assert_eq!((sim.views(), h.views.list.len(), h.reserved()), (0, 0, 0));
         check_heap(&h).unwrap();
     }
 

@@ -16,12 +16,13 @@ pub(crate) fn check_heap(heap: &Heap) -> std::result::Result<(), String> {
     let mut ranges: Vec<(u64, u64)> = Vec::new();
     // Loans given back unasked (`Heap::check_returns`): a stream's bit is set exactly where
     // loans of it are listed, each listed loan inside a live segment, owned by another stream.
-    let listed = heap.unchecked_loans.iter().fold(0u64, |m, l| m | super::streams::stream_bit(l.borrower));
-    if listed != heap.unchecked {
-        return Err(format!("unchecked loans: streams {:#b} marked, {listed:#b} listed", heap.unchecked));
+    let (unchecked, unchecked_loans) = heap.streams.unchecked();
+    let listed = unchecked_loans.iter().fold(0u64, |m, l| m | super::streams::stream_bit(l.borrower));
+    if listed != unchecked {
+        return Err(format!("unchecked loans: streams {:#b} marked, {listed:#b} listed", unchecked));
     }
     for (i, slot) in heap.streams.iter().enumerate() {
-        let owed = (heap.unchecked_loans.iter())
+        let owed = (unchecked_loans.iter())
             .filter(|l| l.owner.index() == i)
             .fold(0u64, |m, l| m | super::streams::stream_bit(l.borrower));
         if owed != slot.owed_by {
@@ -31,7 +32,7 @@ pub(crate) fn check_heap(heap: &Heap) -> std::result::Result<(), String> {
             ));
         }
     }
-    for l in &heap.unchecked_loans {
+    for l in unchecked_loans {
         let s = &heap.segments[l.segment];
         if !s.live || l.addr < s.addr || l.addr + l.size > s.addr + s.size || l.owner == l.borrower {
             return Err(format!(
@@ -105,18 +106,21 @@ pub(crate) fn check_heap(heap: &Heap) -> std::result::Result<(), String> {
         growable[seg.stream.index()] += 1;
     }
     let kept: Vec<u32> = heap.streams.iter().map(|s| s.growable).collect();
-    if growable != kept || growable.iter().sum::<u32>() != heap.growable {
+    if growable != kept || growable.iter().sum::<u32>() != heap.streams.growable() {
         return Err(format!(
             "segments reserved to grow per stream {kept:?} (in all {}), recounted {growable:?}",
-            heap.growable
+            heap.streams.growable()
         ));
     }
     // The home stream (`Heap::track_home`): one that holds the range, or with segments that do
     // not grow one that holds a large segment; none only where no stream does.
     let holds = |i: usize| if heap.setup.can_unmap { growable[i] > 0 } else { held[i][Pool::Large as usize] > 0 };
     let any = (0..heap.streams.len()).any(holds);
-    if heap.home.is_some_and(|h| !holds(h.index())) || heap.home.is_none() == any {
-        return Err(format!("home stream {:?}, but segments per stream {held:?}, growable {growable:?}", heap.home));
+    if heap.streams.home().is_some_and(|h| !holds(h.index())) || heap.streams.home().is_none() == any {
+        return Err(format!(
+            "home stream {:?}, but segments per stream {held:?}, growable {growable:?}",
+            heap.streams.home()
+        ));
     }
     ranges.sort_unstable();
     for w in ranges.windows(2) {

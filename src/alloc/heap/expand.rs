@@ -50,7 +50,7 @@ impl Heap {
     /// `prefetch_side_stream` reserves 1.049 times its peak instead of 1.108 (`BENCHMARKS.md`,
     /// "One range grows beside other streams").
     pub(super) fn may_grow_in_place(&self, pool: Pool, stream: StreamId) -> bool {
-        self.setup.can_unmap && pool == Pool::Large && self.streams[stream.index()].growable == self.growable
+        self.setup.can_unmap && pool == Pool::Large && self.streams[stream.index()].growable == self.streams.growable()
     }
 
     /// Reserves a segment of `size` bytes, with room to grow where [`Heap::may_grow_in_place`]

@@ -52,10 +52,11 @@ use crate::backend::{Backend, RawEvent, RawStream};
 use crate::error::{BackendError, Error, InvalidRequest, OomReport, Result, Rounding};
 use crate::record::{Context, Pending, RecordConfig, Recorder};
 use accounting::{Accounting, Note};
+use alias::Views;
 pub(crate) use check::check_heap;
 use limit::Limit;
 use recorded_map::RecordedMap;
-use streams::{PendingEvent, StreamSlot};
+use streams::Streams;
 
 /// Smallest block, and the granularity of rounding.
 pub(crate) const MIN_BLOCK: u64 = 512;
@@ -126,48 +127,21 @@ pub(crate) struct Heap {
     spare_extras: Vec<Box<Extra>>,
     segments: Slots<SegmentId, Segment>,
     free: FreeIndex,
-    pending: Vec<PendingEvent>,
-    /// Events recorded for pending frees so far ([`Heap::event_mark`]).
-    events_recorded: u64,
-    streams: Vec<StreamSlot>,
-    /// Requests that found no cached block (segments reserved or adopted): the clock that
-    /// tells idle streams.
-    grows: u64,
-    /// The stream whose memory serves other streams' large requests while it is idle (see
-    /// [`Heap::serve_from_range`]; kept by [`Heap::track_home`]).
-    home: Option<StreamId>,
-    /// Live segments reserved with room to grow in place, of every stream
-    /// ([`StreamSlot::growable`] summed; kept by [`Heap::note`]).
-    growable: u32,
     /// The next segment's place in reservation order ([`Segment::order`]).
     next_order: u64,
-    /// Whole free segments of streams found idle at the last sweep, for other streams to adopt
-    /// before the next; see [`Heap::release_idle`].
-    adoptable: Vec<BlockId>,
     /// The fragmentation limit and the cap, with what their rules remember.
     limit: Limit,
     /// The statistics, the history and what deciding them needs.
     accounting: Accounting,
+    /// Views of ranges' free pages (`alias.rs`).
+    views: Views,
+    /// The streams, the frees waiting for their events, the loans between them and what tells
+    /// idle ones.
+    streams: Streams,
     /// The block freed last, if it is kept aside unmerged for the next request of its exact
     /// size on its stream (or on another stream that takes its segment over); see
     /// [`Heap::settle`] and [`Heap::deferred_hot`].
     hot: Option<BlockId>,
-    /// Whether large requests may be served through views of the range's free pages
-    /// (`alias_pages`, on a backend that can alias; see `alias.rs`).
-    alias_pages: bool,
-    /// The views made so far, in use and idle.
-    views: Vec<alias::View>,
-    /// Memory that joined a stream's free blocks so far, counted (see
-    /// `StreamSlot::free_blocks_settled`).
-    frees: u64,
-    /// The streams (by bit, ids below 64) that gave back loans without being asked whether
-    /// they were idle, not yet checked ([`Heap::check_returns`]).
-    unchecked: u64,
-    /// Those loans (their owners are ordered after a borrower found busy; kept out of use if
-    /// it can be neither waited for nor synchronized; see [`Heap::check_returns`]).
-    unchecked_loans: Vec<streams::UncheckedLoan>,
-    /// A buffer for the free blocks of a range that a view is looked for in (`alias.rs`).
-    free_blocks: Vec<alias::FreeBlock>,
     /// Memory the program allocated itself, recorded by address, and its streams (see
     /// `recorded.rs`).
     recorded: RecordedMap,
@@ -203,24 +177,12 @@ impl Heap {
         debug_assert!(page.is_power_of_two());
         let stats = Stats { max_split_size: config.max_split_size.unwrap_or(u64::MAX), ..Stats::default() };
         Heap {
-            alias_pages: backend.can_unmap() && config.release_pages && config.alias_pages && backend.can_alias(),
-            views: Vec::new(),
-            frees: 0,
-            unchecked: 0,
-            unchecked_loans: Vec::new(),
-            free_blocks: Vec::new(),
+            views: Views::new(backend.can_unmap() && config.release_pages && config.alias_pages && backend.can_alias()),
             blocks: Slots::new(),
             spare_extras: Vec::new(),
             segments: Slots::new(),
             free: FreeIndex::new(),
-            pending: Vec::new(),
-            events_recorded: 0,
-            streams: vec![StreamSlot::new(0)],
-            grows: 0,
-            growable: 0,
-            home: None,
             next_order: 0,
-            adoptable: Vec::new(),
             limit: Limit::new(&config, backend, page),
             hot: None,
             setup: Setup {
@@ -231,6 +193,7 @@ impl Heap {
                 config,
             },
             accounting: Accounting::new(stats, record),
+            streams: Streams::new(),
             recorded: RecordedMap::default(),
         }
     }
@@ -262,11 +225,11 @@ impl Heap {
         let size = self
             .round_size(requested)
             .ok_or_else(|| Error::from(InvalidRequest::RoundingOverflow { requested, to: Rounding::Block }))?;
-        if !self.pending.is_empty() {
+        if self.streams.has_pending() {
             self.process_pending(backend);
         }
         let pool = self.pool_for(size, stream);
-        self.streams[stream.index()].last_alloc = self.grows;
+        self.streams.mark_allocating(stream);
         let block = match self.hot {
             Some(hot) if self.blocks[hot].size == size && self.blocks[hot].stream == stream => {
                 // The block freed last has this very size: reuse it as it is (no index lookup,
@@ -451,12 +414,11 @@ impl Heap {
         let exact = size.next_multiple_of(self.setup.page);
         // What follows may release, unmap, lend or move any free block, the request's stream's
         // own unchecked loans included: every stream is checked first.
-        if self.unchecked != 0 {
+        if self.streams.any_unchecked() {
             self.check_returns(backend, 0);
         }
         self.note_regrowth(size, seg_size);
-        self.grows += 1;
-        if self.grows.is_multiple_of(IDLE_GROWS) {
+        if self.streams.grew() {
             // The block freed last merges here; a hand-off takes the merged segment over.
             self.settle();
             self.release_idle(backend);
@@ -641,11 +603,11 @@ impl Heap {
             // Back among its owner's free blocks, the block freed last left as it was (as when
             // a wait completes: see `event_done`).
             if !clean {
-                self.note_freed(self.blocks[i].stream);
+                self.streams.note_freed(self.blocks[i].stream);
             }
             self.finish_free(i);
         } else if waiting == 0 {
-            self.note_freed(self.blocks[i].stream);
+            self.streams.note_freed(self.blocks[i].stream);
             self.settle();
             self.deactivate(i);
             // Kept aside for a request of the same size (the common alloc-free-alloc of a
@@ -675,9 +637,7 @@ impl Heap {
             let raw = self.streams[s.index()].raw;
             match backend.record_event(raw) {
                 Ok(event) => {
-                    let seq = self.events_recorded;
-                    self.events_recorded += 1;
-                    self.pending.push(PendingEvent { event, block: i, stream: s, seq, asked: 0 });
+                    self.streams.wait_for(event, i, s);
                     waiting += 1;
                 }
                 Err(e) => {
@@ -766,13 +726,6 @@ impl Heap {
             }
         }
         st
-    }
-
-    /// Memory that work queued on `stream` may still use joins its free blocks: they are no
-    /// longer settled (`StreamSlot::free_blocks_settled`) until it is next seen idle.
-    fn note_freed(&mut self, stream: StreamId) {
-        self.frees += 1;
-        self.streams[stream.index()].freed_at = self.frees;
     }
 
     /// The block is no longer used by any stream: merge it into a free neighbour (whose index

@@ -19,9 +19,6 @@ pub(super) struct Deferred {
     pub(super) segment_size: u64,
 }
 
-/// How many of the idle streams' segments offered last [`Heap::adopt`] looks at.
-const LOOK: usize = 8;
-
 /// What ordering a stream after another is for, where a segment changes stream.
 const TAKE_OVER: &str = "to take over its cached segment";
 
@@ -143,7 +140,7 @@ impl Heap {
     pub(super) fn reclaim(&mut self, backend: &dyn Backend, need: u64, limit: u64, exact: bool, alone: bool) {
         // What is released or unmapped may hold loans given back unasked, the requesting
         // stream's own too (`take` maps pages and may reclaim for them outside `grow`).
-        if self.unchecked != 0 {
+        if self.streams.any_unchecked() {
             self.check_returns(backend, 0);
         }
         let before = self.reserved();
@@ -197,15 +194,8 @@ impl Heap {
         }
     }
 
-    /// Whether free block `b` is a whole cached segment of a stream that is idle: one that has
-    /// not allocated during the last [`IDLE_GROWS`](super::IDLE_GROWS) requests that found no
-    /// cached block.
-    fn idle_whole(&self, b: BlockId) -> bool {
-        self.whole_free(b) && self.streams[self.blocks[b].stream.index()].last_alloc + super::IDLE_GROWS <= self.grows
-    }
-
     /// Whether block `b` is free and its segment's only block.
-    fn whole_free(&self, b: BlockId) -> bool {
+    pub(super) fn whole_free(&self, b: BlockId) -> bool {
         let blk = &self.blocks[b];
         blk.state == super::BlockState::Free && blk.prev.is_none() && blk.next.is_none()
     }
@@ -215,7 +205,7 @@ impl Heap {
     fn move_segment(&mut self, s: SegmentId, from: StreamId, to: StreamId) -> super::Pool {
         // Memory joins `to`'s free blocks (ordered after `from`'s work, not after anything
         // `to` was seen idle before).
-        self.note_freed(to);
+        self.streams.note_freed(to);
         let seg = &mut self.segments[s];
         seg.stream = to;
         let (addr, size, pool, growable) = (seg.addr, seg.size, seg.pool, seg.growable);
@@ -223,60 +213,11 @@ impl Heap {
         pool
     }
 
-    /// The sweep, every `IDLE_GROWS` requests that found no cached block: releases the idle
-    /// streams' whole segments that the last sweep offered for adoption and nobody took, and
-    /// offers those of the streams idle now. A program creating streams without end thus holds
-    /// the cache of at most about `2 * IDLE_GROWS` idle streams, and a sweep costs less than
-    /// one step per request on average.
-    pub(super) fn release_idle(&mut self, backend: &dyn Backend) {
-        for b in std::mem::take(&mut self.adoptable) {
-            if self.idle_whole(b) {
-                self.release_segment_of(backend, b);
-            }
-        }
-        let idle: Vec<BlockId> = self.free.whole().iter().copied().filter(|&b| self.idle_whole(b)).collect();
-        self.adoptable = idle;
-    }
-
-    /// Instead of reserving a new segment for `size` bytes on `stream`, takes over a whole
-    /// cached segment of at least that size that the last sweep offered: one of a stream idle
-    /// for [`IDLE_GROWS`](super::IDLE_GROWS) requests that found no cached block (a stream the
-    /// program is done with, as when it makes a stream per request). Looks at the last
-    /// [`LOOK`] offered only, so that a request costs constant time.
-    pub(super) fn adopt(
-        &mut self,
-        backend: &dyn Backend,
-        pool: super::Pool,
-        stream: StreamId,
-        size: u64,
-    ) -> Option<BlockId> {
-        let len = self.adoptable.len();
-        let mut k = len;
-        while k > len.saturating_sub(LOOK) {
-            k -= 1;
-            let b = self.adoptable[k];
-            if !self.idle_whole(b) {
-                self.adoptable.swap_remove(k);
-                continue;
-            }
-            let blk = &self.blocks[b];
-            if blk.pool != pool || blk.size < size || blk.stream == stream {
-                continue;
-            }
-            if !self.take_over(backend, b, stream) {
-                return None;
-            }
-            self.adoptable.swap_remove(k);
-            return Some(b);
-        }
-        None
-    }
-
     /// Moves whole free segment `b` of another stream to `stream`, with `stream`'s work
     /// ordered after the old stream's so that nothing it queued can still touch the memory
     /// when the new owner's work runs (`Backend::order_after`); false if the backend could not
     /// order them.
-    fn take_over(&mut self, backend: &dyn Backend, b: BlockId, stream: StreamId) -> bool {
+    pub(super) fn take_over(&mut self, backend: &dyn Backend, b: BlockId, stream: StreamId) -> bool {
         let old = self.blocks[b].stream;
         if !self.order_streams(backend, stream, old, TAKE_OVER) {
             return false;
@@ -397,19 +338,11 @@ impl Heap {
     /// [`Backend::release`] promises, so nothing is reused early; without this such segments
     /// stayed reserved until the process ended.
     pub(crate) fn release_everything(&mut self, backend: &dyn Backend) {
-        for p in std::mem::take(&mut self.pending) {
+        for p in self.streams.take_pending() {
             backend.destroy_event(p.event);
         }
-        // No buffer exists: every view is idle or held by a block kept out of use; both go.
-        for v in 0..self.views.len() {
-            // SAFETY: no buffer exists, so nothing on the host uses the view; work queued on its
-            // block's stream is the backend's to order the unmap after. A view held by a block
-            // kept out of use (its streams could be neither waited for nor synchronized) is
-            // given back as that block's segment is: on the same promise, which those streams'
-            // failure already broke.
-            unsafe { self.unalias_view(backend, v) };
-        }
-        self.views.clear();
+        // SAFETY: no buffer exists (the allocator's last reference is gone).
+        unsafe { self.give_back_views(backend) };
         let held: Vec<(SegmentId, u64, u64)> =
             self.segments.iter().filter(|(_, s)| s.live).map(|(i, s)| (i, s.addr, s.size)).collect();
         for (i, addr, size) in held {
@@ -433,7 +366,7 @@ impl Heap {
             (seg.addr, seg.size, seg.pool, seg.mapped, seg.growable)
         };
         // The segment is wholly free, so its views are idle: given back first.
-        if !self.views.is_empty() && !self.drop_views(backend, Some(s), addr, addr + size) {
+        if self.views.any() && !self.drop_views(backend, Some(s), addr, addr + size) {
             return false;
         }
         // SAFETY: `b` is free and indexed, so no buffer holds any of the segment (its only
@@ -480,7 +413,7 @@ impl Heap {
             let start = first;
             let (addr, len) = self.segments[s].granule_span(start, stop);
             // Idle views over these pages go first: a page a view maps cannot be unmapped.
-            if !self.views.is_empty() && !self.drop_views(backend, Some(s), addr, addr + len) {
+            if self.views.any() && !self.drop_views(backend, Some(s), addr, addr + len) {
                 break;
             }
             // SAFETY: whole granules inside free block `b` of a live segment, mapped (the runs
@@ -599,7 +532,6 @@ impl Heap {
 mod tests {
     use super::super::Pool;
     use super::*;
-    use crate::alloc::heap::streams::StreamSlot;
     use crate::backend::SimBackend;
     use crate::config::AllocatorConfig;
     use crate::record::RecordConfig;
@@ -666,7 +598,7 @@ mod tests {
     /// Stream 1 allocates 512 bytes: it holds a segment (of the small pool), and stream 0 no
     /// longer holds them all.
     fn another_stream_holds_a_segment(h: &mut Heap, sim: &SimBackend) {
-        h.streams.push(StreamSlot::new(1));
+        h.add_stream(1).unwrap();
         h.alloc(sim, StreamId(1), 512, None).unwrap();
         assert!(!h.holds_every_segment_of_both(StreamId(0)));
     }

@@ -69,6 +69,136 @@ impl StreamSlot {
     }
 }
 
+/// The streams an allocator knows and what is remembered about them: the frees waiting for
+/// their events, the clock that tells idle ones, the home stream, the segments offered for
+/// adoption and the loans given back unasked. Its fields are private to this file: the rules
+/// that change them are here, and the rest of the heap reads them or calls the methods below.
+#[derive(Debug)]
+pub(super) struct Streams {
+    slots: Vec<StreamSlot>,
+    pending: Vec<PendingEvent>,
+    /// Events recorded for pending frees so far ([`Heap::event_mark`]).
+    events_recorded: u64,
+    /// Requests that found no cached block (segments reserved or adopted): the clock that
+    /// tells idle streams.
+    grows: u64,
+    /// The stream whose memory serves other streams' large requests while it is idle (see
+    /// [`Heap::serve_from_range`]; kept by [`Heap::track_home`]).
+    home: Option<StreamId>,
+    /// Live segments reserved with room to grow in place, of every stream
+    /// ([`StreamSlot::growable`] summed; kept by [`Heap::count_segment`]).
+    growable: u32,
+    /// Whole free segments of streams found idle at the last sweep, for other streams to adopt
+    /// before the next; see [`Heap::release_idle`].
+    adoptable: Vec<BlockId>,
+    /// Memory that joined a stream's free blocks so far, counted (see
+    /// [`StreamSlot::free_blocks_settled`]).
+    frees: u64,
+    /// The streams (by bit, ids below 64) that gave back loans without being asked whether
+    /// they were idle, not yet checked ([`Heap::check_returns`]).
+    unchecked: u64,
+    /// Those loans (their owners are ordered after a borrower found busy; kept out of use if
+    /// it can be neither waited for nor synchronized; see [`Heap::check_returns`]).
+    unchecked_loans: Vec<UncheckedLoan>,
+}
+
+impl std::ops::Index<usize> for Streams {
+    type Output = StreamSlot;
+    #[inline]
+    fn index(&self, i: usize) -> &StreamSlot {
+        &self.slots[i]
+    }
+}
+
+impl Streams {
+    /// The default stream (raw stream 0) only.
+    pub(super) fn new() -> Self {
+        Streams {
+            slots: vec![StreamSlot::new(0)],
+            pending: Vec::new(),
+            events_recorded: 0,
+            grows: 0,
+            home: None,
+            growable: 0,
+            adoptable: Vec::new(),
+            frees: 0,
+            unchecked: 0,
+            unchecked_loans: Vec::new(),
+        }
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    pub(super) fn iter(&self) -> std::slice::Iter<'_, StreamSlot> {
+        self.slots.iter()
+    }
+
+    /// Whether frees wait for events.
+    #[inline]
+    pub(super) fn has_pending(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
+    /// The events frees wait for, handed over (at the allocator's end).
+    pub(super) fn take_pending(&mut self) -> Vec<PendingEvent> {
+        std::mem::take(&mut self.pending)
+    }
+
+    /// Block `block`'s free waits for `event`, recorded on `stream`.
+    pub(super) fn wait_for(&mut self, event: RawEvent, block: BlockId, stream: StreamId) {
+        let seq = self.events_recorded;
+        self.events_recorded += 1;
+        self.pending.push(PendingEvent { event, block, stream, seq, asked: 0 });
+    }
+
+    /// Whether loans went back unasked and their borrowers are not yet checked.
+    #[inline]
+    pub(super) fn any_unchecked(&self) -> bool {
+        self.unchecked != 0
+    }
+
+    /// Stream `s` allocates now (the idle clock's reading).
+    #[inline]
+    pub(super) fn mark_allocating(&mut self, s: StreamId) {
+        self.slots[s.index()].last_alloc = self.grows;
+    }
+
+    /// Memory that work queued on `stream` may still use joins its free blocks: they are no
+    /// longer settled ([`StreamSlot::free_blocks_settled`]) until it is next seen idle.
+    #[inline]
+    pub(super) fn note_freed(&mut self, stream: StreamId) {
+        self.frees += 1;
+        self.slots[stream.index()].freed_at = self.frees;
+    }
+
+    /// A request found no cached block: the idle clock ticks. True when it is time to sweep
+    /// the idle streams' segments ([`Heap::release_idle`]).
+    pub(super) fn grew(&mut self) -> bool {
+        self.grows += 1;
+        self.grows.is_multiple_of(IDLE_GROWS)
+    }
+
+    /// Live segments with room to grow in place, of every stream.
+    pub(super) fn growable(&self) -> u32 {
+        self.growable
+    }
+
+    /// The home stream ([`Heap::track_home`]).
+    pub(super) fn home(&self) -> Option<StreamId> {
+        self.home
+    }
+
+    /// The streams (by bit) with loans given back unasked, and those loans.
+    pub(super) fn unchecked(&self) -> (u64, &[UncheckedLoan]) {
+        (self.unchecked, &self.unchecked_loans)
+    }
+}
+
+/// How many of the idle streams' segments offered last [`Heap::adopt`] looks at.
+const LOOK: usize = 8;
+
 /// How many loans may go back unasked before the next is asked about at its free
 /// ([`Heap::hand_back`]): a bound on [`Heap::unchecked_loans`].
 const MAX_UNCHECKED: usize = 256;
@@ -124,7 +254,7 @@ impl Heap {
             let (addr, requested, stream) = (b.addr, b.requested, b.stream);
             // The other streams' work is done; the block's own stream's may not be (it was
             // queued before the free), so its free blocks are unsettled from here.
-            self.note_freed(stream);
+            self.streams.note_freed(stream);
             self.note(Note::WaitOver { addr, requested, stream });
             self.finish_free(block);
         }
@@ -132,14 +262,14 @@ impl Heap {
 
     /// Waits for the streams that pending frees wait on, then completes them.
     pub(crate) fn synchronize_pending(&mut self, backend: &dyn Backend) {
-        if self.pending.is_empty() {
+        if self.streams.pending.is_empty() {
             return;
         }
         self.note(Note::SyncAllStreams);
         let mark = self.event_mark();
-        let mut waited = vec![true; self.streams.len()];
+        let mut waited = vec![true; self.streams.slots.len()];
         for (s, done) in waited.iter_mut().enumerate() {
-            if let Err(e) = backend.synchronize(self.streams[s].raw) {
+            if let Err(e) = backend.synchronize(self.streams.slots[s].raw) {
                 *done = false;
                 self.note(Note::BackendError);
                 self.accounting.keep_error(format!("synchronizing a stream: {e}"));
@@ -152,7 +282,7 @@ impl Heap {
     /// the lock), and [`Heap::synchronized`] completes the frees that waited on events the
     /// wait has passed.
     pub(crate) fn event_mark(&self) -> u64 {
-        self.events_recorded
+        self.streams.events_recorded
     }
 
     /// The host waited for `stream` (every stream where `None`), the wait having begun after
@@ -171,8 +301,8 @@ impl Heap {
     /// (see [`Heap::process_pending`]).
     fn complete_waited(&mut self, backend: &dyn Backend, mark: u64, waited: impl Fn(StreamId) -> bool) {
         let mut k = 0;
-        while k < self.pending.len() {
-            let p = self.pending[k];
+        while k < self.streams.pending.len() {
+            let p = self.streams.pending[k];
             let done = if p.seq < mark && waited(p.stream) {
                 true
             } else {
@@ -180,7 +310,7 @@ impl Heap {
                     Ok(true) => true,
                     Ok(false) => {
                         let asked = p.asked + 1;
-                        self.pending[k].asked = asked;
+                        self.streams.pending[k].asked = asked;
                         asked >= 4 && asked.is_power_of_two() && self.idle(backend, p.stream)
                     }
                     Err(e) => {
@@ -192,7 +322,7 @@ impl Heap {
             };
             if done {
                 backend.destroy_event(p.event);
-                self.pending.swap_remove(k);
+                self.streams.pending.swap_remove(k);
                 self.event_done(p.block);
             } else {
                 k += 1;
@@ -203,7 +333,7 @@ impl Heap {
     /// Adds `stream` to the streams block `i` is used on.
     /// Whether frees wait for other streams' events.
     pub(crate) fn has_pending(&self) -> bool {
-        !self.pending.is_empty()
+        !self.streams.pending.is_empty()
     }
 
     pub(crate) fn record_stream(&mut self, i: BlockId, stream: StreamId) {
@@ -270,7 +400,7 @@ impl Heap {
     /// the stream reserves a small segment of its own right after, and holding one it may
     /// borrow again.
     fn may_borrow(&mut self, stream: StreamId, pool: Pool) -> bool {
-        let slot = &mut self.streams[stream.index()];
+        let slot = &mut self.streams.slots[stream.index()];
         if pool == Pool::Large || slot.segments[Pool::Small as usize] > 0 {
             return true;
         }
@@ -309,16 +439,16 @@ impl Heap {
     /// equals). In constant time but for that count.
     pub(super) fn track_home(&mut self, s: StreamId) {
         if self.setup.can_unmap {
-            if self.streams[s.index()].growable > 0 {
-                self.home = Some(s);
-            } else if self.home == Some(s) {
-                self.home = None;
+            if self.streams.slots[s.index()].growable > 0 {
+                self.streams.home = Some(s);
+            } else if self.streams.home == Some(s) {
+                self.streams.home = None;
             }
             return;
         }
-        let large = |h: &Heap, x: StreamId| h.streams[x.index()].segments[Pool::Large as usize];
-        self.home = match self.home {
-            Some(h) if h == s && large(self, s) == 0 => (0..self.streams.len())
+        let large = |h: &Heap, x: StreamId| h.streams.slots[x.index()].segments[Pool::Large as usize];
+        self.streams.home = match self.streams.home {
+            Some(h) if h == s && large(self, s) == 0 => (0..self.streams.slots.len())
                 .map(|i| StreamId(i as u32))
                 .filter(|&x| large(self, x) > 0)
                 .max_by_key(|&x| (large(self, x), std::cmp::Reverse(x.0))),
@@ -332,15 +462,15 @@ impl Heap {
     /// [`Heap::track_home`] reads next.
     #[inline]
     pub(super) fn count_segment(&mut self, s: StreamId, pool: Pool, growable: bool, joined: bool) {
-        let slot = &mut self.streams[s.index()];
+        let slot = &mut self.streams.slots[s.index()];
         if joined {
             slot.segments[pool as usize] += 1;
             slot.growable += u32::from(growable);
-            self.growable += u32::from(growable);
+            self.streams.growable += u32::from(growable);
         } else {
             slot.segments[pool as usize] -= 1;
             slot.growable -= u32::from(growable);
-            self.growable -= u32::from(growable);
+            self.streams.growable -= u32::from(growable);
         }
     }
 
@@ -348,14 +478,14 @@ impl Heap {
     /// counts as busy, and is noted).
     pub(super) fn idle(&mut self, backend: &dyn Backend, stream: StreamId) -> bool {
         self.note(Note::StreamQuery);
-        match backend.stream_idle(self.streams[stream.index()].raw) {
+        match backend.stream_idle(self.streams.slots[stream.index()].raw) {
             Ok(idle) => {
-                let slot = &mut self.streams[stream.index()];
+                let slot = &mut self.streams.slots[stream.index()];
                 if idle {
-                    slot.idle_at = self.frees;
+                    slot.idle_at = self.streams.frees;
                 }
                 slot.last_idle = idle;
-                if idle && self.unchecked & stream_bit(stream) != 0 {
+                if idle && self.streams.unchecked & stream_bit(stream) != 0 {
                     // The answer covers the loans it gave back unasked, whatever asked: its
                     // work queued before them is done.
                     self.forget_loans_of(stream);
@@ -363,7 +493,7 @@ impl Heap {
                 idle
             }
             Err(e) => {
-                self.streams[stream.index()].last_idle = false;
+                self.streams.slots[stream.index()].last_idle = false;
                 self.note(Note::BackendError);
                 self.accounting.keep_error(format!("querying whether stream {stream} is idle: {e}"));
                 false
@@ -426,16 +556,16 @@ impl Heap {
         if !self.setup.config.share_idle_streams || Self::pool_of(size) != Pool::Large {
             return Ok(None);
         }
-        let Some(owner) = self.home else { return Ok(None) };
+        let Some(owner) = self.streams.home else { return Ok(None) };
         // The owner's free blocks need no query where none joined them since the owner was
         // last seen idle (`StreamSlot::free_blocks_settled`): on CUDA each query is a
         // `cuStreamQuery`, about half a microsecond, and a request of a stream beside the range
         // asked one every time (`BENCHMARKS.md`, "Fewer stream queries").
-        let settled = self.streams[owner.index()].free_blocks_settled();
+        let settled = self.streams.slots[owner.index()].free_blocks_settled();
         if owner == stream || !(settled || self.idle(backend, owner)) {
             return Ok(None);
         }
-        self.streams[owner.index()].last_alloc = self.grows;
+        self.streams.slots[owner.index()].last_alloc = self.streams.grows;
         self.settle();
         let mut busy = false;
         let found = self.find_checked(backend, Pool::Large, (owner, stream), size, &mut busy);
@@ -504,22 +634,22 @@ impl Heap {
         let Some((borrower, from_range, used_by_owner)) = lent_to else { return (false, false) };
         let owner = self.blocks[i].stream;
         let (by, to) = (stream_bit(borrower), stream_bit(owner));
-        if by != 0 && to != 0 && self.streams[borrower.index()].last_idle {
-            if self.unchecked_loans.len() >= MAX_UNCHECKED {
+        if by != 0 && to != 0 && self.streams.slots[borrower.index()].last_idle {
+            if self.streams.unchecked_loans.len() >= MAX_UNCHECKED {
                 // Asked now and then all the same, so that the list stays short (the
                 // borrower's own loans need no answer: it stays idle when last asked).
                 self.check_returns(backend, !by);
             }
             let b = &self.blocks[i];
-            self.unchecked_loans.push(UncheckedLoan {
+            self.streams.unchecked_loans.push(UncheckedLoan {
                 borrower,
                 owner,
                 segment: b.segment,
                 addr: b.addr,
                 size: b.size,
             });
-            self.unchecked |= by;
-            self.streams[owner.index()].owed_by |= by;
+            self.streams.unchecked |= by;
+            self.streams.slots[owner.index()].owed_by |= by;
             uses.retain(|&s| s != borrower);
             return (true, !used_by_owner);
         }
@@ -557,8 +687,8 @@ impl Heap {
     /// use ([`Heap::strand_loans`]). Returns whether every stream asked about was idle.
     pub(super) fn check_returns(&mut self, backend: &dyn Backend, except: u64) -> bool {
         let mut all_idle = true;
-        for borrower in streams_in(self.unchecked & !except) {
-            self.unchecked &= !stream_bit(borrower);
+        for borrower in streams_in(self.streams.unchecked & !except) {
+            self.streams.unchecked &= !stream_bit(borrower);
             let owners = self.loan_owners(borrower);
             let mut ordered = self.idle(backend, borrower);
             if !ordered {
@@ -566,14 +696,14 @@ impl Heap {
                 ordered = true;
                 for owner in streams_in(owners) {
                     ordered = self.order_streams(backend, owner, borrower, "to take back blocks it lent");
-                    self.note_freed(owner);
+                    self.streams.note_freed(owner);
                     if !ordered {
                         break;
                     }
                 }
             }
             if !ordered {
-                if let Err(e) = backend.synchronize(self.streams[borrower.index()].raw) {
+                if let Err(e) = backend.synchronize(self.streams.slots[borrower.index()].raw) {
                     self.note(Note::BackendError);
                     self.accounting.keep_error(format!(
                         "stream {borrower} gave back blocks it had borrowed and could be neither waited \
@@ -589,7 +719,7 @@ impl Heap {
 
     /// The streams (by bit) whose free blocks took back loans `borrower` gave back unasked.
     fn loan_owners(&self, borrower: StreamId) -> u64 {
-        (self.unchecked_loans.iter()).filter(|l| l.borrower == borrower).fold(0, |m, l| m | stream_bit(l.owner))
+        (self.streams.unchecked_loans.iter()).filter(|l| l.borrower == borrower).fold(0, |m, l| m | stream_bit(l.owner))
     }
 
     /// Drops `borrower`'s loans given back unasked from the list and the marks, once asked
@@ -597,11 +727,11 @@ impl Heap {
     fn forget_loans_of(&mut self, borrower: StreamId) {
         let bit = stream_bit(borrower);
         let owners = self.loan_owners(borrower);
-        self.unchecked_loans.retain(|l| l.borrower != borrower);
+        self.streams.unchecked_loans.retain(|l| l.borrower != borrower);
         for owner in streams_in(owners) {
-            self.streams[owner.index()].owed_by &= !bit;
+            self.streams.slots[owner.index()].owed_by &= !bit;
         }
-        self.unchecked &= !bit;
+        self.streams.unchecked &= !bit;
     }
 
     /// The borrowers (by bit, `requester` aside) whose loans given back unasked
@@ -614,12 +744,12 @@ impl Heap {
         let (segment, lo, hi) = (blk.segment, blk.addr, blk.addr + size.min(blk.size));
         // Only the borrowers marked on the block's stream can have loans in it; the latest
         // loans first (a request often takes what was given back last), until all are found.
-        let marked = self.streams[blk.stream.index()].owed_by & !stream_bit(requester);
+        let marked = self.streams.slots[blk.stream.index()].owed_by & !stream_bit(requester);
         if marked == 0 {
             return 0;
         }
         let mut owed = 0;
-        for l in self.unchecked_loans.iter().rev() {
+        for l in self.streams.unchecked_loans.iter().rev() {
             if l.segment == segment && l.addr < hi && lo < l.addr + l.size {
                 owed |= stream_bit(l.borrower) & marked;
                 if owed == marked {
@@ -653,7 +783,7 @@ impl Heap {
         busy: &mut bool,
     ) -> Option<BlockId> {
         let b = self.find_free(pool, owner, size, true)?;
-        if self.streams[owner.index()].owed_by & !stream_bit(requester) == 0 {
+        if self.streams.slots[owner.index()].owed_by & !stream_bit(requester) == 0 {
             // No loan given back unasked lies in `owner`'s free blocks: the common case.
             return Some(b);
         }
@@ -687,7 +817,7 @@ impl Heap {
     /// other than [`Heap::find_checked`] (a view of its range's free mappings).
     pub(super) fn check_others(&mut self, backend: &dyn Backend, requester: StreamId) {
         let own = stream_bit(requester);
-        if self.unchecked & !own != 0 {
+        if self.streams.unchecked & !own != 0 {
             self.check_returns(backend, own);
         }
     }
@@ -702,7 +832,7 @@ impl Heap {
     /// shadow model in CI; its case is kept in `tests/shadow_model.proptest-regressions`).
     fn strand_loans(&mut self, borrower: StreamId) {
         self.settle();
-        let loans: Vec<_> = self.unchecked_loans.iter().filter(|l| l.borrower == borrower).copied().collect();
+        let loans: Vec<_> = self.streams.unchecked_loans.iter().filter(|l| l.borrower == borrower).copied().collect();
         for UncheckedLoan { segment: seg, addr, size, .. } in loans {
             let mut next = self.segments[seg].head.filter(|_| self.segments[seg].live);
             while let Some(b) = next {
@@ -735,7 +865,7 @@ impl Heap {
     /// `waiting`; false, the error noted with `why` (what the ordering was for), if the backend
     /// could not.
     pub(super) fn order_streams(&mut self, backend: &dyn Backend, waiting: StreamId, on: StreamId, why: &str) -> bool {
-        match backend.order_after(self.streams[waiting.index()].raw, self.streams[on.index()].raw) {
+        match backend.order_after(self.streams.slots[waiting.index()].raw, self.streams.slots[on.index()].raw) {
             Ok(()) => true,
             Err(e) => {
                 self.note(Note::BackendError);
@@ -745,16 +875,67 @@ impl Heap {
         }
     }
 
+    /// Whether free block `b` is a whole cached segment of a stream that is idle: one that has
+    /// not allocated during the last [`IDLE_GROWS`](IDLE_GROWS) requests that found no
+    /// cached block.
+    fn idle_whole(&self, b: BlockId) -> bool {
+        self.whole_free(b)
+            && self.streams.slots[self.blocks[b].stream.index()].last_alloc + IDLE_GROWS <= self.streams.grows
+    }
+
+    /// The sweep, every `IDLE_GROWS` requests that found no cached block: releases the idle
+    /// streams' whole segments that the last sweep offered for adoption and nobody took, and
+    /// offers those of the streams idle now. A program creating streams without end thus holds
+    /// the cache of at most about `2 * IDLE_GROWS` idle streams, and a sweep costs less than
+    /// one step per request on average.
+    pub(super) fn release_idle(&mut self, backend: &dyn Backend) {
+        for b in std::mem::take(&mut self.streams.adoptable) {
+            if self.idle_whole(b) {
+                self.release_segment_of(backend, b);
+            }
+        }
+        let idle: Vec<BlockId> = self.free.whole().iter().copied().filter(|&b| self.idle_whole(b)).collect();
+        self.streams.adoptable = idle;
+    }
+
+    /// Instead of reserving a new segment for `size` bytes on `stream`, takes over a whole
+    /// cached segment of at least that size that the last sweep offered: one of a stream idle
+    /// for [`IDLE_GROWS`](IDLE_GROWS) requests that found no cached block (a stream the
+    /// program is done with, as when it makes a stream per request). Looks at the last
+    /// [`LOOK`] offered only, so that a request costs constant time.
+    pub(super) fn adopt(&mut self, backend: &dyn Backend, pool: Pool, stream: StreamId, size: u64) -> Option<BlockId> {
+        let len = self.streams.adoptable.len();
+        let mut k = len;
+        while k > len.saturating_sub(LOOK) {
+            k -= 1;
+            let b = self.streams.adoptable[k];
+            if !self.idle_whole(b) {
+                self.streams.adoptable.swap_remove(k);
+                continue;
+            }
+            let blk = &self.blocks[b];
+            if blk.pool != pool || blk.size < size || blk.stream == stream {
+                continue;
+            }
+            if !self.take_over(backend, b, stream) {
+                return None;
+            }
+            self.streams.adoptable.swap_remove(k);
+            return Some(b);
+        }
+        None
+    }
+
     /// Adds a stream, returning its allocator-local id.
     pub(crate) fn add_stream(&mut self, raw: RawStream) -> Result<StreamId> {
-        let id =
-            u32::try_from(self.streams.len()).map_err(|_| Error::from(crate::error::UsageError::TooManyStreams))?;
-        self.streams.push(StreamSlot::new(raw));
+        let id = u32::try_from(self.streams.slots.len())
+            .map_err(|_| Error::from(crate::error::UsageError::TooManyStreams))?;
+        self.streams.slots.push(StreamSlot::new(raw));
         Ok(StreamId(id))
     }
 
     /// The backend's handles of the streams, by allocator-local id.
     pub(crate) fn raw_streams(&self) -> impl Iterator<Item = RawStream> + '_ {
-        self.streams.iter().map(|s| s.raw)
+        self.streams.slots.iter().map(|s| s.raw)
     }
 }

@@ -115,7 +115,7 @@ fn the_block_freed_last_serves_the_next_request_of_its_size() {
     assert_eq!(h.free.len(), 1);
     // A request on another stream does not take it.
     h.free(&sim, big.block, None);
-    h.streams.push(StreamSlot::new(1));
+    h.add_stream(1).unwrap();
     let other = h.alloc(&sim, StreamId(1), 4096, None).unwrap();
     assert_ne!(other.addr, big.addr);
     for g in [a, other] {
@@ -390,7 +390,7 @@ proptest::proptest! {
 /// Where live block `b` stands, whatever the addresses: its order key, or for a view's
 /// block those of the range's blocks that hold its runs.
 fn placed(h: &Heap, b: BlockId) -> Vec<u64> {
-    match h.views.iter().find(|v| v.block == b) {
+    match h.views.all().iter().find(|v| v.block == b) {
         Some(v) => v.held.iter().map(|&held| h.order_key(held)).collect(),
         None => vec![h.order_key(b)],
     }
@@ -401,7 +401,7 @@ fn placed(h: &Heap, b: BlockId) -> Vec<u64> {
 /// `check_heap` checks).
 fn memory_of(h: &Heap, b: BlockId) -> Vec<(u64, u64)> {
     let blk = &h.blocks[b];
-    match h.views.iter().find(|v| v.block == b) {
+    match h.views.all().iter().find(|v| v.block == b) {
         Some(v) => v.runs.iter().map(|&(p, len)| (p, p + len)).collect(),
         None => vec![(blk.addr, blk.addr + blk.size)],
     }
@@ -446,7 +446,7 @@ proptest::proptest! {
             for w in memory.windows(2) {
                 proptest::prop_assert!(w[0].1 <= w[1].0, "op {} ({:?}): {:x?} and {:x?} overlap", k, op, w[0], w[1]);
             }
-            proptest::prop_assert_eq!(sim.views(), h.views.len(), "op {}", k);
+            proptest::prop_assert_eq!(sim.views(), h.views.all().len(), "op {}", k);
         }
     }
 }
@@ -543,13 +543,13 @@ fn another_streams_large_requests_are_served_from_the_range_while_its_stream_is_
     assert_eq!((b2.addr, b2.lent), (a.addr, true));
     make_busy(&h, &sim, s1);
     h.free(&sim, b2.block, None);
-    assert_eq!((h.blocks[b2.block].state, h.unchecked), (BlockState::Free, 1 << 1));
+    assert_eq!((h.blocks[b2.block].state, h.streams.unchecked().0), (BlockState::Free, 1 << 1));
     let again = h.alloc(&sim, s1, 8 << 20, None).unwrap();
-    assert_eq!((again.addr, h.unchecked), (a.addr, 1 << 1), "its own request needs no answer");
+    assert_eq!((again.addr, h.streams.unchecked().0), (a.addr, 1 << 1), "its own request needs no answer");
     h.free(&sim, again.block, None);
     assert!(h.streams[s.index()].free_blocks_settled());
     let x = h.alloc(&sim, s, 4 << 20, None).unwrap();
-    assert_eq!(h.unchecked, 0, "asked");
+    assert_eq!(h.streams.unchecked().0, 0, "asked");
     assert!(!h.streams[s1.index()].last_idle);
     assert!(!h.streams[s.index()].free_blocks_settled(), "stream 0 ordered after stream 1");
     h.free(&sim, x.block, None);
@@ -648,17 +648,17 @@ fn a_request_asks_about_a_loan_given_back_unasked_only_where_it_takes_it() {
     assert_eq!(loan.addr, a.addr);
     make_busy(&h, &sim, s1);
     h.free(&sim, loan.block, None);
-    assert_eq!(h.unchecked, 1 << 1);
+    assert_eq!(h.streams.unchecked().0, 1 << 1);
     // Stream 0's request that the 20 MiB hole serves takes none of the loan: no question.
     let asked = h.accounting.stats().num_stream_queries;
     let far = h.alloc(&sim, s, 16 << 20, None).unwrap();
     assert_eq!(far.addr, c.addr);
-    assert_eq!((h.accounting.stats().num_stream_queries, h.unchecked), (asked, 1 << 1), "not asked");
+    assert_eq!((h.accounting.stats().num_stream_queries, h.streams.unchecked().0), (asked, 1 << 1), "not asked");
     // The request that takes the loan's memory asks, finds stream 1 busy, and orders stream
     // 0 after it.
     let near = h.alloc(&sim, s, 8 << 20, None).unwrap();
     assert_eq!(near.addr, a.addr);
-    assert_eq!((h.accounting.stats().num_stream_queries, h.unchecked), (asked + 1, 0), "asked once");
+    assert_eq!((h.accounting.stats().num_stream_queries, h.streams.unchecked().0), (asked + 1, 0), "asked once");
     assert!(!h.streams[s1.index()].last_idle);
     assert!(!h.streams[s.index()].free_blocks_settled(), "stream 0 ordered after stream 1");
     for g in [b, d, far, near] {
@@ -725,7 +725,7 @@ fn unasked_loan_then_waits_fail(
         loan = if elsewhere { b.block } else { a.block };
     }
     assert_eq!(h.blocks[loan].addr, a.addr);
-    assert_eq!(h.unchecked, 1 << 1);
+    assert_eq!(h.streams.unchecked().0, 1 << 1);
     sim.set_wait_plan(FaultPlan::From(0));
     (h, sim, a.addr, loan, [s, s1, s2])
 }
@@ -742,7 +742,7 @@ fn loans_given_back_unasked_stay_out_of_use_where_their_stream_cannot_be_waited_
     assert_ne!(c.addr, addr, "not the memory stream 1's work may still use");
     assert_eq!(h.blocks[loan].state, BlockState::Stranded);
     assert!(h.accounting.stats().num_backend_errors >= 2, "the failed order and synchronize are noted");
-    assert_eq!((h.unchecked, h.unchecked_loans.len()), (0, 0));
+    assert_eq!((h.streams.unchecked().0, h.streams.unchecked().1.len()), (0, 0));
     h.free(&sim, c.block, None);
     h.settle();
     crate::alloc::heap::check_heap(&h).unwrap();
