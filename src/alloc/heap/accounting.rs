@@ -62,6 +62,7 @@ impl Accounting {
     }
 
     /// Whether the free about to be noted was logged already (by a thread's parking slot).
+    #[inline]
     pub(super) fn free_logged_elsewhere(&mut self, logged: bool) {
         self.free_logged = logged;
     }

@@ -1,30 +1,40 @@
 //! The allocator's state behind its lock: blocks, segments, free indexes, pending frees and
 //! statistics, and the algorithms over them. Nothing here locks or knows about threads.
 //!
+//! The heap is its blocks and segments, the free index over them and the block freed last,
+//! with five parts that each own a concern: their fields are private to their file, so the
+//! rules that may change a part's state are the methods in that file.
+//!
 //! Where each rule lives:
 //!
 //! - here: serving a request (`alloc`: the block freed last, then best fit, then an idle
 //!   stream's segment, a block lent by another stream or a new segment, the block freed last
 //!   handed on as it lies where its segment changes stream) and freeing (`free`, merging with
-//!   free neighbours);
+//!   free neighbours); what the heap was made with (`Setup`, a plain record);
 //! - [`sizing`]: rounding, pools and segment sizes (PyTorch's rules), oversize blocks;
 //! - [`block`]: what the arena holds: blocks, their rarer parts, segments;
-//! - [`arena`]: the block and segment slots and the free index over free blocks;
-//! - [`limit`]: the fragmentation limit and the cap, a part of its own ([`limit::Limit`]):
-//!   their state is private to it, and the heap changes it only through its methods;
-//! - [`streams`]: streams, and blocks waiting for other streams' events before reuse;
-//! - [`pages`]: reclaiming and releasing cached memory under the limit, idle streams and
-//!   segment adoption, mapping and unmapping pages;
+//! - [`arena`]: new and dropped blocks and segments, spare [`Extra`]s, the free index's keys;
+//! - [`pages`]: reclaiming and releasing cached memory under the limit, taking a segment over
+//!   from another stream, mapping and unmapping pages;
 //! - [`expand`]: growing a segment in place at its end (PyTorch's expandable segments);
-//! - [`alias`]: views, a range's free pages mapped again at addresses of their own;
 //! - [`recorded`]: memory the program allocated elsewhere, recorded as segments of one block
-//!   (`CachingAllocator::external`, the CUDA observer), found by address in a part of its own
-//!   ([`recorded_map::RecordedMap`]);
-//! - [`accounting`]: what each happening adds to the statistics and the history: the heap's
-//!   algorithms say what happened (`Note`) and only this file writes counters and history
-//!   events, but for `reset_peaks` and `reset_accumulated` (the public resets, which are the
-//!   counters' own methods) and the recorder's settings;
+//!   (`CachingAllocator::external`, the CUDA observer);
 //! - [`check`]: the invariants, recounted from the blocks (tests and `check_invariants`).
+//!
+//! The parts:
+//!
+//! - [`limit::Limit`] (`limit.rs`): the fragmentation limit and the cap, with what their rules
+//!   remember; told of new figures, asked for the limit in force;
+//! - [`streams::Streams`] (`streams.rs`): the streams, the frees waiting for their events
+//!   (`record_stream`), the clock that tells idle streams, the home stream, the idle streams'
+//!   segments offered for adoption, and the loans between streams;
+//! - [`alias::Views`] (`alias.rs`): views, a range's free pages mapped again at addresses of
+//!   their own;
+//! - [`recorded_map::RecordedMap`] (`recorded_map.rs`): the program's own memory by address,
+//!   and its streams;
+//! - [`accounting::Accounting`] (`accounting.rs`): the statistics and the history. The heap's
+//!   algorithms say what happened (`Note`) and only that file writes counters and history
+//!   events: [`Heap::note`], the public resets, the recorder's settings.
 
 use super::config::AllocatorConfig;
 use super::free_index::{Flags, FreeIndex};

@@ -147,6 +147,7 @@ impl Streams {
     }
 
     /// Block `block`'s free waits for `event`, recorded on `stream`.
+    #[inline]
     pub(super) fn wait_for(&mut self, event: RawEvent, block: BlockId, stream: StreamId) {
         let seq = self.events_recorded;
         self.events_recorded += 1;
@@ -175,6 +176,7 @@ impl Streams {
 
     /// A request found no cached block: the idle clock ticks. True when it is time to sweep
     /// the idle streams' segments ([`Heap::release_idle`]).
+    #[inline]
     pub(super) fn grew(&mut self) -> bool {
         self.grows += 1;
         self.grows.is_multiple_of(IDLE_GROWS)
