@@ -161,6 +161,7 @@ pub mod error;
 mod frames;
 mod intern;
 pub mod ledger;
+mod model;
 #[cfg(feature = "cupti")]
 #[cfg_attr(docsrs, doc(cfg(feature = "cupti")))]
 pub mod observe;

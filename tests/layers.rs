@@ -15,6 +15,7 @@ const LAYERS: &[&[&str]] = &[
     &["backend"],
     &["record"],
     &["frames"],
+    &["model"],
     &["alloc"],
     &["device"],
     &["snapshot"],

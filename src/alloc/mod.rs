@@ -19,7 +19,8 @@ mod park;
 #[cfg(test)]
 mod park_tests;
 mod registry;
-pub(crate) mod stats;
+mod snapshot;
+pub(crate) use crate::model::stats;
 pub use stats::{Counter, MemoryStats, Pool, PoolCounters};
 
 pub use buffer::{Buffer, Pod};

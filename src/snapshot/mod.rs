@@ -1,27 +1,23 @@
-//! Snapshots: the model every report reads, how it is built from an allocator, and the
-//! PyTorch pickle reader.
+//! Snapshots in files: reading them (vramscope's JSON, PyTorch's pickles, gzipped or not, within
+//! a read budget), writing PyTorch's pickle, and checking them. The model itself, which every
+//! report reads and the allocator builds, is re-exported here from the layer below the
+//! allocator.
 
-mod build;
-mod ledger;
-mod model;
 pub(crate) mod pickle;
 mod pickle_write;
 mod torch;
 mod validate;
 
-pub(crate) use torch::stats_of;
-
 pub use crate::backend::DriverPool;
-pub(crate) use build::HISTORY_REQUESTED_SINCE;
-pub use build::SNAPSHOT_VERSION;
-pub(crate) use ledger::{clip, push_unseen};
-pub use ledger::{
+pub(crate) use crate::model::ledger::{clip, push_unseen};
+pub use crate::model::ledger::{
     AllocatorPart, ContextPart, DriverReading, Ledger, OwnerPart, PoolPart, SitePart, TotalSource, NOT_EXPLAINED_HINT,
     PROGRAM,
 };
-pub use model::{
+pub(crate) use crate::model::{stats_of, HISTORY_REQUESTED_SINCE};
+pub use crate::model::{
     BlockInfo, BlockState, ContextInfo, FrameId, HistoryEntry, ScopeId, SegmentInfo, SegmentSummary, Snapshot,
-    StackCapture, StackId, ThreadId,
+    StackCapture, StackId, ThreadId, SNAPSHOT_VERSION,
 };
 pub use validate::{Inconsistency, InconsistencyKind};
 

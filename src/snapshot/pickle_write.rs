@@ -2,7 +2,7 @@
 //! `torch.cuda._memory_viz` and PyTorch's memory_viz page (protocol 4, integers of at most 8
 //! bytes, only dicts, lists, tuples, strings, numbers, booleans and `None`).
 
-use super::model::{BlockState, ContextInfo, HistoryEntry, ScopeId, Snapshot, StackId};
+use crate::model::{BlockState, ContextInfo, HistoryEntry, ScopeId, Snapshot, StackId};
 use crate::record::Action;
 use std::collections::HashMap;
 

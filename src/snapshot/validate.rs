@@ -3,7 +3,7 @@
 //! breaks one of these is refused with the first inconsistency, its path and its values, rather
 //! than reported on with pieces silently skipped: a report over such a file would be wrong.
 
-use super::model::{ContextInfo, Snapshot, MAX_DEVICES};
+use crate::model::{ContextInfo, Snapshot, MAX_DEVICES};
 
 /// What is inconsistent in a snapshot, and where: [`Snapshot::validate`]'s error. Its
 /// `Display` names the place and the values (`segments[3].blocks[7]: block at 0x... overlaps
@@ -223,7 +223,7 @@ fn check_depth(v: &serde_json::Value, at: &str) -> Result<(), Inconsistency> {
 #[cfg(test)]
 mod tests {
     use super::InconsistencyKind;
-    use crate::snapshot::model::*;
+    use crate::model::*;
 
     fn snap(blocks: &[(u64, u64)]) -> Snapshot {
         let mut s = Snapshot::empty("test");

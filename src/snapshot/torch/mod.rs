@@ -5,13 +5,14 @@ mod budget;
 mod tables;
 mod trace;
 
-use super::build::SNAPSHOT_VERSION;
-use super::model::{
+use super::pickle::{self, Value};
+use crate::error::{Error, Result};
+use crate::model::stats::Pool;
+use crate::model::stats_of;
+use crate::model::SNAPSHOT_VERSION;
+use crate::model::{
     BlockInfo, BlockState, ContextInfo, ScopeId, SegmentInfo, Snapshot, StackId, ThreadId, MAX_DEVICES,
 };
-use super::pickle::{self, Value};
-use crate::alloc::{MemoryStats, Pool};
-use crate::error::{Error, Result};
 use crate::record::Action;
 use budget::Budget;
 use std::collections::HashMap;
@@ -408,7 +409,7 @@ impl Snapshot {
         Ok(Snapshot {
             version: SNAPSHOT_VERSION,
             device,
-            backend: super::model::PYTORCH_BACKEND.into(),
+            backend: crate::model::PYTORCH_BACKEND.into(),
             segments,
             history,
             history_dropped: 0,
@@ -425,27 +426,4 @@ impl Snapshot {
             ledger: None,
         })
     }
-}
-
-/// The current-value statistics a PyTorch snapshot implies (it carries no counters).
-pub(crate) fn stats_of(segments: &[SegmentInfo]) -> MemoryStats {
-    let mut m = MemoryStats::default();
-    for seg in segments {
-        let s = seg.summary();
-        let figures = [
-            (&mut m.reserved_bytes, seg.total_size),
-            (&mut m.allocated_bytes, s.allocated),
-            (&mut m.active_bytes, s.active),
-            (&mut m.requested_bytes, s.requested),
-            (&mut m.segment, 1),
-            (&mut m.allocation, s.allocated_blocks),
-            (&mut m.active, s.active_blocks),
-        ];
-        for (stat, f) in figures {
-            let pool = if seg.pool == Pool::Small { &mut stat.small_pool } else { &mut stat.large_pool };
-            pool.current = pool.current.saturating_add(f);
-            stat.all.current = stat.all.current.saturating_add(f);
-        }
-    }
-    m
 }

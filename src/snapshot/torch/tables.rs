@@ -4,8 +4,8 @@ use super::budget::Budget;
 use super::{bad, text};
 use crate::error::Result;
 use crate::intern::Interner;
+use crate::model::{FrameId, ScopeId, StackId};
 use crate::record::Frame;
-use crate::snapshot::model::{FrameId, ScopeId, StackId};
 use crate::snapshot::pickle::AddressMap;
 use crate::snapshot::pickle::{Kept, Memo, Value};
 

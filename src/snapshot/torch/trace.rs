@@ -4,8 +4,8 @@ use super::budget::{Budget, BYTES_PER_ELEMENT};
 use super::tables::Tables;
 use super::{bad, context_in, field_uint, to_json};
 use crate::error::{Error, Result};
+use crate::model::HistoryEntry;
 use crate::record::Action;
-use crate::snapshot::model::HistoryEntry;
 use crate::snapshot::pickle::AddressMap;
 use crate::snapshot::pickle::{self, Kept, Memo, Value};
 
@@ -452,7 +452,7 @@ pub(super) fn read_entry_pairs<'v>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::snapshot::model::Snapshot;
+    use crate::model::Snapshot;
 
     /// The snapshot read from the whole value tree, no trace read while parsing: what the
     /// streamed read is held to.

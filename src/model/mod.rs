@@ -1,9 +1,61 @@
 //! The snapshot model: plain serde data of segments, blocks with their context, and the
-//! history, with frames and stacks stored once in tables.
+//! history, with frames and stacks stored once in tables; the statistics it carries
+//! ([`stats`]) and the ledger of the device's memory ([`ledger`]).
+//!
+//! It sits below the allocator, which builds it of its own state (for `snapshot()` and the
+//! snapshot written at an out-of-memory error); `snapshot` reads and writes it in files, and
+//! the reports read it.
 
-use crate::alloc::MemoryStats;
+pub(crate) mod ledger;
+pub(crate) mod stats;
+
 use crate::record::{Action, Frame, StackMode, Unwinder};
 use serde::{Deserialize, Serialize};
+use stats::{MemoryStats, Pool};
+
+/// The version of the snapshot model written by this build.
+///
+/// 8: [`Snapshot::ledger`], the device's memory as the driver counts it and what holds it.
+/// 7: a segment is one contiguous mapped range, as in PyTorch's snapshot of its
+/// expandable segments: a virtual segment with pages unmapped under free holes is listed as
+/// the ranges still mapped, a free block cut where its pages are unmapped (earlier versions
+/// listed the whole address range, [`SegmentInfo::mapped_size`] the bytes of it mapped, and
+/// PyTorch's viewers, reading it as mapped, drew unmapped memory as reserved).
+/// 6: the history's `alloc`, `free_requested` and `free_completed` entries carry
+/// the bytes asked for, as PyTorch's trace does (earlier versions recorded the block's size),
+/// a block waiting for other streams keeps its `requested_size`, and a segment's
+/// `requested_size` counts such blocks' requests too (PyTorch's counting).
+/// 5: [`SegmentInfo::source`], [`Snapshot::driver_pool`]. 4: streams in 64 bits (PyTorch's
+/// stream handles whole), [`SegmentInfo::expandable`], [`HistoryEntry::user_metadata`]. 3:
+/// [`Snapshot::stack_capture`]. 2: [`Snapshot::time_origin_us`]. Every earlier
+/// version still loads.
+pub const SNAPSHOT_VERSION: u32 = 8;
+
+/// The first version whose history records the bytes asked for (see [`SNAPSHOT_VERSION`]).
+pub(crate) const HISTORY_REQUESTED_SINCE: u32 = 6;
+
+/// The current-value statistics a PyTorch snapshot implies (it carries no counters).
+pub(crate) fn stats_of(segments: &[SegmentInfo]) -> MemoryStats {
+    let mut m = MemoryStats::default();
+    for seg in segments {
+        let s = seg.summary();
+        let figures = [
+            (&mut m.reserved_bytes, seg.total_size),
+            (&mut m.allocated_bytes, s.allocated),
+            (&mut m.active_bytes, s.active),
+            (&mut m.requested_bytes, s.requested),
+            (&mut m.segment, 1),
+            (&mut m.allocation, s.allocated_blocks),
+            (&mut m.active, s.active_blocks),
+        ];
+        for (stat, f) in figures {
+            let pool = if seg.pool == Pool::Small { &mut stat.small_pool } else { &mut stat.large_pool };
+            pool.current = pool.current.saturating_add(f);
+            stat.all.current = stat.all.current.saturating_add(f);
+        }
+    }
+    m
+}
 
 macro_rules! table_id {
     ($(#[$doc:meta])* $name:ident) => {
@@ -116,7 +168,7 @@ pub struct Snapshot {
     /// The allocator's statistics (a file holds them as PyTorch's flat map, with its key
     /// names). A PyTorch snapshot has none: its current figures are worked out from its
     /// segments, the others are 0.
-    #[serde(with = "crate::alloc::stats::flat_map")]
+    #[serde(with = "stats::flat_map")]
     pub stats: MemoryStats,
     /// Microseconds since the Unix epoch at which the history's `time_ns` count from: when
     /// recording started, or PyTorch's first event. 0 where unknown (format version 1).
@@ -140,7 +192,7 @@ pub struct Snapshot {
     /// The device's memory as the driver counts it and what holds it, where the snapshot was
     /// taken with it (format version 8 on; [`vramscope::ledger`](crate::ledger)).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ledger: Option<super::ledger::Ledger>,
+    pub ledger: Option<ledger::Ledger>,
 }
 
 impl Serialize for Snapshot {
@@ -219,7 +271,7 @@ pub struct SegmentInfo {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device: Option<usize>,
     /// The pool (`small` or `large` in JSON and pickles).
-    pub pool: crate::alloc::Pool,
+    pub pool: Pool,
     /// PyTorch's `segment_pool_id` where it is not `(0, 0)`: the private pool of a CUDA graph
     /// or a `torch.cuda.MemPool` the segment belongs to, kept as read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -397,7 +449,7 @@ impl Snapshot {
     /// A snapshot with nothing in it.
     pub(crate) fn empty(backend: &str) -> Snapshot {
         Snapshot {
-            version: super::SNAPSHOT_VERSION,
+            version: SNAPSHOT_VERSION,
             device: 0,
             backend: backend.to_string(),
             segments: Vec::new(),
@@ -538,7 +590,7 @@ impl Snapshot {
                 version: self.version,
                 device,
                 backend: self.backend.clone(),
-                stats: if several { super::torch::stats_of(&segments) } else { self.stats.clone() },
+                stats: if several { stats_of(&segments) } else { self.stats.clone() },
                 segments,
                 history,
                 history_dropped: self.history_dropped,

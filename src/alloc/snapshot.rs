@@ -1,35 +1,15 @@
 //! Building a [`Snapshot`] from an allocator: raw data copied under the lock, symbols resolved
 //! after it is released.
 
-use super::model::{
-    BlockInfo, BlockState, ContextInfo, FrameId, HistoryEntry, ScopeId, SegmentInfo, Snapshot, StackId, ThreadId,
-};
-use crate::alloc::heap::{self, Heap};
-use crate::alloc::CachingAllocator;
+use super::heap::{self, Heap};
+use super::CachingAllocator;
 use crate::frames::Symbolizer;
 use crate::intern::Interner;
+use crate::model::{
+    BlockInfo, BlockState, ContextInfo, FrameId, HistoryEntry, ScopeId, SegmentInfo, Snapshot, StackId, ThreadId,
+    SNAPSHOT_VERSION,
+};
 use crate::record::{snapshot_path, thread_name, Context, Event, Frame};
-
-/// The version of the snapshot model written by this build.
-///
-/// 8: [`Snapshot::ledger`], the device's memory as the driver counts it and what holds it.
-/// 7: a segment is one contiguous mapped range, as in PyTorch's snapshot of its
-/// expandable segments: a virtual segment with pages unmapped under free holes is listed as
-/// the ranges still mapped, a free block cut where its pages are unmapped (earlier versions
-/// listed the whole address range, [`SegmentInfo::mapped_size`] the bytes of it mapped, and
-/// PyTorch's viewers, reading it as mapped, drew unmapped memory as reserved).
-/// 6: the history's `alloc`, `free_requested` and `free_completed` entries carry
-/// the bytes asked for, as PyTorch's trace does (earlier versions recorded the block's size),
-/// a block waiting for other streams keeps its `requested_size`, and a segment's
-/// `requested_size` counts such blocks' requests too (PyTorch's counting).
-/// 5: [`SegmentInfo::source`], [`Snapshot::driver_pool`]. 4: streams in 64 bits (PyTorch's
-/// stream handles whole), [`SegmentInfo::expandable`], [`HistoryEntry::user_metadata`]. 3:
-/// [`Snapshot::stack_capture`]. 2: [`Snapshot::time_origin_us`]. Every earlier
-/// version still loads.
-pub const SNAPSHOT_VERSION: u32 = 8;
-
-/// The first version whose history records the bytes asked for (see [`SNAPSHOT_VERSION`]).
-pub(crate) const HISTORY_REQUESTED_SINCE: u32 = 6;
 
 struct Raw {
     device: usize,
@@ -416,7 +396,7 @@ impl CachingAllocator {
             time_origin_us: raw.clock.origin_us(),
             allocator_settings: None,
             external_annotations: Vec::new(),
-            stack_capture: Some(super::model::StackCapture::now(raw.stacks_mode)),
+            stack_capture: Some(crate::model::StackCapture::now(raw.stacks_mode)),
             driver_pool: self.backend().driver_pool(),
             ledger: None,
         }
