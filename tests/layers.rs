@@ -265,3 +265,168 @@ fn a_planted_backward_use_is_caught() {
     assert!(plant("testing/x.rs", "use crate::{alloc::A, report::B, ledger::C};").is_empty());
     assert!(plant("alloc/x.rs", "fn f() {}\n#[cfg(test)]\nmod tests { use crate::testing::MemTest; }").is_empty());
 }
+
+/// The top-level modules whose files must not use each other in a cycle.
+const ACYCLIC: &[&str] = &["alloc", "model", "record", "snapshot"];
+
+/// The file of module path `path` among `files`: `a/b.rs` or `a/b/mod.rs`.
+fn module_file(path: &[String], files: &HashMap<&str, ()>) -> Option<String> {
+    let joined = path.join("/");
+    [format!("{joined}.rs"), format!("{joined}/mod.rs")].into_iter().find(|f| files.contains_key(f.as_str()))
+}
+
+/// The files of the module paths that `rest` names from module `at` (a group gives one per
+/// item): the deepest module each path reaches; the rest of a path is an item of that module.
+fn path_files(at: &[String], rest: &str, files: &HashMap<&str, ()>, out: &mut Vec<String>) {
+    let rest = rest.trim_start();
+    if let Some(group) = rest.strip_prefix('{') {
+        let (mut depth, mut start) = (0, 0);
+        for (i, c) in group.char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' if depth == 0 => return path_files(at, &group[start..i], files, out),
+                '}' => depth -= 1,
+                ',' if depth == 0 => {
+                    path_files(at, &group[start..i], files, out);
+                    start = i + 1;
+                }
+                _ => {}
+            }
+        }
+        return;
+    }
+    let first = ident_at(rest);
+    let mut inner = at.to_vec();
+    inner.push(first.to_string());
+    match module_file(&inner, files) {
+        Some(file) if !first.is_empty() => {
+            let after = rest[first.len()..].trim_start();
+            match after.strip_prefix("::") {
+                Some(next) => {
+                    let before = out.len();
+                    path_files(&inner, next, files, out);
+                    if out.len() == before {
+                        out.push(file);
+                    }
+                }
+                None => out.push(file),
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Cycles between the files of each module of [`ACYCLIC`] through module paths (`super::x`,
+/// `crate::m::x`): one line per cycle found, its files in order. A file using its own module's
+/// ancestors (the `mod.rs` files above it) is how a module is built, not an edge.
+fn file_cycles(files: &[(String, String)]) -> Vec<String> {
+    let known: HashMap<&str, ()> = files.iter().map(|(rel, _)| (rel.as_str(), ())).collect();
+    let mut edges: HashMap<String, Vec<String>> = HashMap::new();
+    for (rel, text) in files {
+        let path = module_path(rel);
+        if !path.first().is_some_and(|m| ACYCLIC.contains(&m.as_str())) {
+            continue;
+        }
+        let code = code_of(text);
+        let mut used = Vec::new();
+        for (i, _) in code.match_indices("crate::") {
+            if i > 0 && code[..i].ends_with(|c: char| c.is_alphanumeric() || c == '_' || c == '$') {
+                continue;
+            }
+            if code[i + 7..].starts_with(&format!("{}::", path[0])) {
+                path_files(&[], &code[i + 7..], &known, &mut used);
+            }
+        }
+        for (i, _) in code.match_indices("super::") {
+            if i > 0 && code[..i].ends_with("super::") {
+                continue;
+            }
+            let mut rest = &code[i..];
+            let mut at = path.clone();
+            while let Some(r) = rest.strip_prefix("super::") {
+                at.pop();
+                rest = r;
+            }
+            if !at.is_empty() {
+                path_files(&at, rest, &known, &mut used);
+            }
+        }
+        // The file's own module and the modules above it are not edges.
+        let ancestors: Vec<String> = (1..=path.len()).filter_map(|n| module_file(&path[..n], &known)).collect();
+        let list = edges.entry(rel.clone()).or_default();
+        for u in used {
+            if !ancestors.contains(&u) && !list.contains(&u) {
+                list.push(u);
+            }
+        }
+    }
+    // Depth-first search; a file met again while on the path closes a cycle.
+    fn visit(
+        f: &str,
+        edges: &HashMap<String, Vec<String>>,
+        path: &mut Vec<String>,
+        done: &mut Vec<String>,
+        out: &mut Vec<String>,
+    ) {
+        if let Some(at) = path.iter().position(|p| p == f) {
+            let mut cycle = path[at..].to_vec();
+            cycle.push(f.to_string());
+            out.push(cycle.join(" -> "));
+            return;
+        }
+        if done.iter().any(|d| d == f) {
+            return;
+        }
+        path.push(f.to_string());
+        for next in edges.get(f).into_iter().flatten() {
+            visit(next, edges, path, done, out);
+        }
+        path.pop();
+        done.push(f.to_string());
+    }
+    let mut names: Vec<&String> = edges.keys().collect();
+    names.sort();
+    let (mut done, mut out) = (Vec::new(), Vec::new());
+    for f in names {
+        visit(f, &edges, &mut Vec::new(), &mut done, &mut out);
+    }
+    out
+}
+
+#[test]
+fn files_of_a_module_use_each_other_one_way() {
+    let (files, _) = sources();
+    let found = file_cycles(&files);
+    assert!(found.is_empty(), "{} cycles between files:\n{}", found.len(), found.join("\n"));
+}
+
+/// Cycles through each kind of path, planted; a child using its parent is none.
+#[test]
+fn a_planted_cycle_between_files_is_caught() {
+    let plant = |files: &[(&str, &str)]| {
+        let files: Vec<(String, String)> = files.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect();
+        file_cycles(&files)
+    };
+    let cycle = plant(&[
+        ("alloc/mod.rs", "mod a; mod b;"),
+        ("alloc/a.rs", "use super::b::B;"),
+        ("alloc/b.rs", "fn f() { crate::alloc::a::g() }"),
+    ]);
+    assert_eq!(cycle, ["alloc/a.rs -> alloc/b.rs -> alloc/a.rs"]);
+    let grouped = plant(&[
+        ("snapshot/mod.rs", ""),
+        ("snapshot/x/mod.rs", ""),
+        ("snapshot/x/a.rs", "use super::super::{y::Y, z};"),
+        ("snapshot/y.rs", "use super::x::a::A;"),
+        ("snapshot/z.rs", ""),
+    ]);
+    assert_eq!(grouped, ["snapshot/x/a.rs -> snapshot/y.rs -> snapshot/x/a.rs"]);
+    assert!(plant(&[
+        ("record/mod.rs", "use crate::record::a::A;"),
+        ("record/a.rs", "use super::*; use super::b::B;"),
+        ("record/b.rs", "use super::Item;"),
+        ("report/a.rs", "use super::b::B;"),
+        ("report/b.rs", "use super::a::A;"),
+    ])
+    .is_empty());
+}

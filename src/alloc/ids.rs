@@ -88,6 +88,21 @@ impl StreamId {
     }
 }
 
+/// Stream `s`'s bit in `Streams::unchecked`; 0 from id 64 on (such streams' loans, and loans
+/// to such streams, are asked about at their free).
+pub(crate) fn stream_bit(s: StreamId) -> u64 {
+    1u64.checked_shl(s.0).unwrap_or(0)
+}
+
+/// The streams whose bits ([`stream_bit`]) are set in `mask`, lowest id first.
+pub(crate) fn streams_in(mut mask: u64) -> impl Iterator<Item = StreamId> {
+    std::iter::from_fn(move || {
+        let s = (mask != 0).then(|| StreamId(mask.trailing_zeros()))?;
+        mask &= mask - 1;
+        Some(s)
+    })
+}
+
 /// What [`Slots`] are indexed by.
 pub(crate) trait SlotId: Copy {
     fn new(index: usize) -> Self;

@@ -36,6 +36,7 @@
 //! by span when spans exit out of order.
 
 mod frame;
+mod hash;
 mod history;
 mod scope;
 mod stack;
@@ -51,12 +52,12 @@ pub use stack::{capture_stack, fast_fallbacks, fast_unwinder, frame_pointers_ava
 #[cfg(feature = "tracing")]
 pub use tracing_layer::ScopeLayer;
 
+#[cfg(test)]
+use hash::hash_stack;
 pub(crate) use history::{Context, Event, Ring, Site};
 pub(crate) use scope::{is_within, snapshot_path, thread_id, thread_name, ROOT as ROOT_SCOPE};
 pub use scope::{KEPT_INNER, KEPT_OUTER, MAX_SCOPE_DEPTH};
 pub(crate) use stack::capture;
-#[cfg(test)]
-use stack::hash_stack;
 
 use serde::{Deserialize, Serialize};
 use std::cell::UnsafeCell;
@@ -246,7 +247,7 @@ impl Hasher for SiteHasher {
     }
     #[inline]
     fn write_u32(&mut self, n: u32) {
-        self.0 = stack::mix(self.0, n as usize);
+        self.0 = hash::mix(self.0, n as usize);
     }
 }
 

@@ -191,7 +191,7 @@ impl Heap {
         // allocation marked the stream as allocating, which later decisions read (lending
         // from its range, taking its segments over). No locked operation came between the
         // trips and this pull, so noting them now decides as noting them then.
-        for s in super::streams::streams_in(t.streams) {
+        for s in crate::alloc::ids::streams_in(t.streams) {
             self.streams.note_freed(s);
             self.streams.mark_allocating(s);
         }

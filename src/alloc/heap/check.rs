@@ -17,14 +17,14 @@ pub(crate) fn check_heap(heap: &Heap) -> std::result::Result<(), String> {
     // Loans given back unasked (`Heap::check_returns`): a stream's bit is set exactly where
     // loans of it are listed, each listed loan inside a live segment, owned by another stream.
     let (unchecked, unchecked_loans) = heap.streams.unchecked();
-    let listed = unchecked_loans.iter().fold(0u64, |m, l| m | super::streams::stream_bit(l.borrower));
+    let listed = unchecked_loans.iter().fold(0u64, |m, l| m | crate::alloc::ids::stream_bit(l.borrower));
     if listed != unchecked {
         return Err(format!("unchecked loans: streams {:#b} marked, {listed:#b} listed", unchecked));
     }
     for (i, slot) in heap.streams.iter().enumerate() {
         let owed = (unchecked_loans.iter())
             .filter(|l| l.owner.index() == i)
-            .fold(0u64, |m, l| m | super::streams::stream_bit(l.borrower));
+            .fold(0u64, |m, l| m | crate::alloc::ids::stream_bit(l.borrower));
         if owed != slot.owed_by {
             return Err(format!(
                 "loans given back unasked to stream {i}: {:#b} marked, {owed:#b} listed",

@@ -3,6 +3,7 @@
 
 use super::accounting::Note;
 use super::*;
+use crate::alloc::ids::{stream_bit, streams_in};
 
 #[derive(Debug, Clone, Copy)]
 pub(super) struct PendingEvent {
@@ -216,21 +217,6 @@ pub(super) struct UncheckedLoan {
     pub(super) segment: SegmentId,
     pub(super) addr: u64,
     pub(super) size: u64,
-}
-
-/// Stream `s`'s bit in [`Heap::unchecked`]; 0 from id 64 on (such streams' loans, and loans
-/// to such streams, are asked about at their free).
-pub(super) fn stream_bit(s: StreamId) -> u64 {
-    1u64.checked_shl(s.0).unwrap_or(0)
-}
-
-/// The streams whose bits ([`stream_bit`]) are set in `mask`, lowest id first.
-pub(super) fn streams_in(mut mask: u64) -> impl Iterator<Item = StreamId> {
-    std::iter::from_fn(move || {
-        let s = (mask != 0).then(|| StreamId(mask.trailing_zeros()))?;
-        mask &= mask - 1;
-        Some(s)
-    })
 }
 
 impl Heap {

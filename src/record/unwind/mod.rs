@@ -77,7 +77,7 @@ struct Trace {
 pub(crate) struct Captured {
     /// Frames written.
     pub(crate) len: usize,
-    /// Their [`hash_stack`](super::stack::hash_stack).
+    /// Their [`hash_stack`](super::hash::hash_stack).
     pub(crate) hash: u64,
     /// The capturing thread's trace version: two captures of one thread with the same version
     /// and length hold the same frames, so a recorder may reuse what it made of the first.
@@ -193,7 +193,7 @@ pub(crate) fn capture(out: &mut [usize], stack: (usize, usize)) -> Option<Captur
                 // A miss saw objects unloaded during this walk: its trace may hold stale rules.
                 state.last.clear();
             }
-            let hash = super::stack::hash_stack(&out[..n]);
+            let hash = super::hash::hash_stack(&out[..n]);
             state.last.hash = (n, hash);
             Some(Captured { len: n, hash, version: state.last.version })
         })
@@ -236,7 +236,7 @@ fn replay(last: &mut Trace, regs: Regs, out: &mut [usize]) -> Option<(usize, u64
         *o = f.ra as usize;
     }
     if last.hash.0 != m {
-        last.hash = (m, super::stack::hash_stack(&out[..m]));
+        last.hash = (m, super::hash::hash_stack(&out[..m]));
     }
     Some(last.hash)
 }
