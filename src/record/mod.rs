@@ -179,7 +179,7 @@ impl StackTable {
         self.intern_hashed(ips, hash_stack(ips))
     }
 
-    /// Interns `ips`, whose [`hash_stack`](stack::hash_stack) is `h`.
+    /// Interns `ips`, whose [`hash_stack`](hash::hash_stack) is `h`.
     #[inline]
     pub(crate) fn intern_hashed(&mut self, ips: &[usize], h: u64) -> u32 {
         let id = self.stacks.len() as u32;

@@ -217,7 +217,7 @@ impl Heap {
     /// match folds away and the hot paths pay nothing for the indirection.
     #[inline(always)]
     pub(super) fn note(&mut self, n: Note) {
-        let oversize = |size: u64| self.setup.config.max_split_size.is_some_and(|m| size >= m);
+        let setup = &self.setup;
         let a = &mut self.accounting;
         let st = &mut a.stats;
         match n {
@@ -232,7 +232,7 @@ impl Heap {
                 st.active.inc(pool, 1);
                 st.active_bytes.inc(pool, size);
                 st.requested_bytes.inc(pool, requested);
-                if oversize(size) {
+                if setup.is_oversize(size) {
                     st.oversize_allocations.inc(1);
                 }
             }
@@ -240,7 +240,7 @@ impl Heap {
                 st.allocation.dec(pool, 1);
                 st.allocated_bytes.dec(pool, size);
                 st.requested_bytes.dec(pool, requested);
-                if oversize(size) {
+                if setup.is_oversize(size) {
                     st.oversize_allocations.dec(1);
                 }
                 if !a.free_logged {
@@ -272,7 +272,7 @@ impl Heap {
                 st.num_device_alloc += 1;
                 st.segment.inc(pool, 1);
                 st.reserved_bytes.inc(pool, size);
-                if oversize(size) {
+                if setup.is_oversize(size) {
                     st.oversize_segments.inc(1);
                 }
             }
@@ -281,7 +281,7 @@ impl Heap {
                 st.num_device_free += 1;
                 st.segment.dec(pool, 1);
                 st.reserved_bytes.dec(pool, mapped);
-                if oversize(size) {
+                if setup.is_oversize(size) {
                     st.oversize_segments.dec(1);
                 }
             }

@@ -1,4 +1,4 @@
-//! Aliasing on growth ([`AllocatorConfig::alias_pages`](crate::AllocatorConfig::alias_pages)):
+//! Aliasing on growth ([`AllocatorConfig::alias_pages`](crate::config::AllocatorConfig::alias_pages)):
 //! where the range that grows in place would grow for a large request that none of its holes
 //! fits, the request is served instead from the range's wholly free mappings, wherever they
 //! lie, mapped once more, in order, at addresses of their own: a *view*.

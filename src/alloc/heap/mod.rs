@@ -123,6 +123,15 @@ struct Setup {
     defer_hot: bool,
 }
 
+impl Setup {
+    /// Whether a block or segment of `size` bytes is oversize: at least PyTorch's
+    /// `max_split_size`, when one is set.
+    #[inline]
+    fn is_oversize(&self, size: u64) -> bool {
+        self.config.max_split_size.is_some_and(|m| size >= m)
+    }
+}
+
 /// The whole mutable state of one allocator.
 #[derive(Debug)]
 pub(crate) struct Heap {

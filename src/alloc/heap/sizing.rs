@@ -135,6 +135,6 @@ impl Heap {
     }
 
     pub(super) fn is_oversize(&self, size: u64) -> bool {
-        self.setup.config.max_split_size.is_some_and(|m| size >= m)
+        self.setup.is_oversize(size)
     }
 }

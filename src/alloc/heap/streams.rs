@@ -22,20 +22,20 @@ pub(super) struct PendingEvent {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct StreamSlot {
     pub(crate) raw: RawStream,
-    /// [`Heap::grows`] at the stream's last allocation.
+    /// [`Streams::grows`] at the stream's last allocation.
     pub(crate) last_alloc: u64,
-    /// Live segments the stream holds, small pool and large (kept by [`Heap::note`]).
+    /// Live segments the stream holds, small pool and large (kept by [`Heap::count_segment`]).
     pub(crate) segments: [u32; 2],
     /// Of those, the ones reserved with room to grow in place ([`Segment::growable`], kept
-    /// by [`Heap::note`]).
+    /// by [`Heap::count_segment`]).
     pub(crate) growable: u32,
     /// Whether the stream borrowed a small block while it held no small segment (see
     /// [`Heap::may_borrow`]).
     pub(crate) borrowed_small: bool,
-    /// [`Heap::frees`] when memory last joined the stream's free blocks (a block freed, or a
+    /// [`Streams::frees`] when memory last joined the stream's free blocks (a block freed, or a
     /// segment moved to it).
     pub(crate) freed_at: u64,
-    /// [`Heap::frees`] when the stream was last seen idle ([`Heap::idle`]).
+    /// [`Streams::frees`] when the stream was last seen idle ([`Heap::idle`]).
     pub(crate) idle_at: u64,
     /// What the backend said when last asked whether the stream was idle (false before it
     /// was first asked): where it said idle, the stream's loans go back unasked
@@ -203,7 +203,7 @@ impl Streams {
 const LOOK: usize = 8;
 
 /// How many loans may go back unasked before the next is asked about at its free
-/// ([`Heap::hand_back`]): a bound on [`Heap::unchecked_loans`].
+/// ([`Heap::hand_back`]): a bound on [`Streams::unchecked_loans`].
 const MAX_UNCHECKED: usize = 256;
 
 /// A loan given back unasked ([`Heap::hand_back`]), until its borrower is checked
@@ -250,7 +250,7 @@ impl Heap {
 
     /// Waits for the streams that pending frees wait on, then completes them.
     pub(crate) fn synchronize_pending(&mut self, backend: &dyn Backend) {
-        if self.streams.pending.is_empty() {
+        if !self.streams.has_pending() {
             return;
         }
         self.note(Note::SyncAllStreams);
@@ -318,12 +318,12 @@ impl Heap {
         }
     }
 
-    /// Adds `stream` to the streams block `i` is used on.
     /// Whether frees wait for other streams' events.
     pub(crate) fn has_pending(&self) -> bool {
-        !self.streams.pending.is_empty()
+        self.streams.has_pending()
     }
 
+    /// Adds `stream` to the streams block `i` is used on.
     pub(crate) fn record_stream(&mut self, i: BlockId, stream: StreamId) {
         if self.blocks[i].stream != stream {
             let uses = &mut self.extra_mut(i).uses;
@@ -417,7 +417,7 @@ impl Heap {
         extra.from_range = from_range;
     }
 
-    /// Keeps [`Heap::home`] after stream `s`'s count of large segments, or of segments
+    /// Keeps [`Streams::home`] after stream `s`'s count of large segments, or of segments
     /// reserved to grow, changed (called by [`Heap::note`]). Where segments grow in place the
     /// home is the stream holding the range (one stream holds such segments at a time: see
     /// [`Heap::may_grow_in_place`]). Elsewhere a stream that comes to hold more large segments
@@ -553,7 +553,7 @@ impl Heap {
         if owner == stream || !(settled || self.idle(backend, owner)) {
             return Ok(None);
         }
-        self.streams.slots[owner.index()].last_alloc = self.streams.grows;
+        self.streams.mark_allocating(owner);
         self.settle();
         let mut busy = false;
         let found = self.find_checked(backend, Pool::Large, (owner, stream), size, &mut busy);
@@ -864,7 +864,7 @@ impl Heap {
     }
 
     /// Whether free block `b` is a whole cached segment of a stream that is idle: one that has
-    /// not allocated during the last [`IDLE_GROWS`](IDLE_GROWS) requests that found no
+    /// not allocated during the last [`IDLE_GROWS`] requests that found no
     /// cached block.
     fn idle_whole(&self, b: BlockId) -> bool {
         self.whole_free(b)
@@ -888,7 +888,7 @@ impl Heap {
 
     /// Instead of reserving a new segment for `size` bytes on `stream`, takes over a whole
     /// cached segment of at least that size that the last sweep offered: one of a stream idle
-    /// for [`IDLE_GROWS`](IDLE_GROWS) requests that found no cached block (a stream the
+    /// for [`IDLE_GROWS`] requests that found no cached block (a stream the
     /// program is done with, as when it makes a stream per request). Looks at the last
     /// [`LOOK`] offered only, so that a request costs constant time.
     pub(super) fn adopt(&mut self, backend: &dyn Backend, pool: Pool, stream: StreamId, size: u64) -> Option<BlockId> {
