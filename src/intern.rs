@@ -38,6 +38,11 @@ impl<K: Hash + Eq, T> Interner<K, T> {
     }
 
     /// The item at `id`.
+    /// How many distinct items it holds.
+    pub(crate) fn len(&self) -> usize {
+        self.items.len()
+    }
+
     pub(crate) fn item(&self, id: u32) -> &T {
         &self.items[id as usize]
     }

@@ -95,20 +95,21 @@ impl<T> Node<T> {
     }
 }
 
-/// A whole value tree handed to another thread to be freed.
-pub(crate) struct Detached(#[allow(dead_code)] Value);
+/// A whole value tree, with the parser's memo that holds parts of it, handed to another thread
+/// to be freed.
+pub(crate) struct Detached(#[allow(dead_code)] Value, #[allow(dead_code)] Memo);
 
 impl Detached {
-    /// Takes `root` to be sent to another thread.
+    /// Takes `root` and the `memo` [`parse_with`] read it with, to be sent to another thread.
     ///
     /// # Safety
     ///
-    /// `root` is the only way to reach every container inside it: no clone of it or of any
-    /// container it holds lives elsewhere (the parser's memo is gone once [`parse_with`]
-    /// returns; a reader's tables that hold clones are dropped first). A clone kept elsewhere
-    /// would share a non-atomic count with the thread that frees the tree.
-    pub(crate) unsafe fn new(root: Value) -> Detached {
-        Detached(root)
+    /// `root` and `memo` are the only ways to reach every container inside them: no clone of
+    /// either or of any container they hold lives elsewhere (a reader's tables that hold clones
+    /// are dropped first). A clone kept elsewhere would share a non-atomic count with the
+    /// thread that frees the tree.
+    pub(crate) unsafe fn new(root: Value, memo: Memo) -> Detached {
+        Detached(root, memo)
     }
 }
 
@@ -494,19 +495,20 @@ pub(crate) enum Failure<E> {
 
 /// Parses a whole pickle and returns the value it stops with.
 pub(crate) fn parse(mut data: &[u8]) -> Result<Value, PickleError> {
-    parse_with(&mut data, &mut Plain).map(|(v, _)| v).map_err(|f| match f {
+    parse_with(&mut data, &mut Plain).map(|(v, _, _)| v).map_err(|f| match f {
         Failure::Pickle(e) => e,
         Failure::Reader(never) => match never {},
     })
 }
 
 /// Parses a whole pickle read from `src` as it goes (up to its STOP opcode, no further),
-/// `reshape` reading the lists it recognizes as they are filled. Returns the value and the
-/// bytes the pickle took.
+/// `reshape` reading the lists it recognizes as they are filled. Returns the value, the bytes
+/// the pickle took and the memo (which holds parts of the value: a caller that frees the value
+/// elsewhere frees the memo with it, [`Detached`]).
 pub(crate) fn parse_with<R: Reshape>(
     src: &mut dyn std::io::Read,
     reshape: &mut R,
-) -> Result<(Value, usize), Failure<R::Error>> {
+) -> Result<(Value, usize, Memo), Failure<R::Error>> {
     let mut stack: Vec<Value> = Vec::new();
     let mut memo = Memo(Vec::new());
     let mut again: Vec<Again> = Vec::new();
@@ -535,7 +537,7 @@ pub(crate) fn parse_with<R: Reshape>(
     }
     match (result, refused) {
         (_, Some(e)) => Err(Failure::Reader(e)),
-        (result, None) => result.map(|v| (v, read)).map_err(Failure::Pickle),
+        (result, None) => result.map(|v| (v, read, memo)).map_err(Failure::Pickle),
     }
 }
 

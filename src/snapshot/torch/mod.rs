@@ -250,7 +250,7 @@ impl Snapshot {
         limit: crate::snapshot::ReadLimit,
     ) -> Result<Snapshot> {
         let mut traces = TraceReader::new(source, Budget::for_bytes(size, limit));
-        let (root, read) = pickle::parse_with(data, &mut traces).map_err(|f| match f {
+        let (root, read, memo) = pickle::parse_with(data, &mut traces).map_err(|f| match f {
             pickle::Failure::Pickle(e) => bad(source, e.to_string()),
             pickle::Failure::Reader(e) => e,
         })?;
@@ -261,8 +261,9 @@ impl Snapshot {
         if read >= DROP_ELSEWHERE_ABOVE {
             // SAFETY: `from_pickle_value` has returned and dropped the trace reader, and with
             // them every clone they made (`Tables` and `TraceLists` keep clones, and are gone);
-            // the snapshot it built owns copies, not values of the tree.
-            let tree = unsafe { pickle::Detached::new(root) };
+            // the snapshot it built owns copies, not values of the tree; the memo holds values
+            // of the tree alone, and goes with it.
+            let tree = unsafe { pickle::Detached::new(root, memo) };
             let _ = std::thread::Builder::new().name("vramscope-free".into()).spawn(move || drop(tree));
         }
         snapshot
@@ -356,10 +357,13 @@ impl Snapshot {
             });
         }
         segments.sort_by_key(|s| s.address);
-        let (history, time_origin_us) = read_history(root, lists, &mut t, &mut budget, source)?;
-        // Devices are named on each part only in a snapshot of several.
+        let read = read_history(root, lists, &mut t, &mut budget, source)?;
+        let time_origin_us = read.origin_us;
+        let mut history = read.entries;
+        // Devices are named on each part only in a snapshot of several. The history's devices
+        // are those of the traces with entries: no pass over millions of entries finds them.
         let mut devices: Vec<usize> =
-            segments.iter().filter_map(|s| s.device).chain(history.iter().filter_map(|e| e.device)).collect();
+            segments.iter().filter_map(|s| s.device).chain(read.devices.iter().copied()).collect();
         devices.sort_unstable();
         devices.dedup();
         let several = devices.len() > 1;
@@ -367,27 +371,29 @@ impl Snapshot {
         for s in &mut segments {
             s.device = s.device.filter(|_| several);
         }
-        let mut history = history;
-        if !several {
+        if let (true, [d]) = (several, &read.devices[..]) {
             for e in &mut history {
-                e.device = None;
+                e.device = Some(*d);
             }
         }
         // A block's scope is its allocation's, where the trace still holds the allocation
         // (PyTorch's blocks carry no scope); else what the block itself carries (vramscope writes
-        // it beside the block's frames).
-        let mut scope_at: HashMap<u64, ScopeId> = HashMap::new();
-        for e in history.iter().filter(|e| e.action == Action::Alloc) {
-            scope_at.insert(e.addr, e.context.map_or(ScopeId::ROOT, |c| c.scope));
-        }
-        for b in segments.iter_mut().flat_map(|s| s.blocks.iter_mut()) {
-            let own = b.context.map_or(ScopeId::ROOT, |c| c.scope);
-            let scope = if b.state == BlockState::Inactive {
-                ScopeId::ROOT
-            } else {
-                scope_at.get(&b.address).copied().unwrap_or(own)
-            };
-            b.context = context_in(b.context.and_then(|c| c.stack), scope);
+        // it beside the block's frames). Where the file names no scope at all (PyTorch's own
+        // files: the table holds the root alone), every block's scope is the root already.
+        if t.scopes.len() > 1 {
+            let mut scope_at: HashMap<u64, ScopeId> = HashMap::new();
+            for e in history.iter().filter(|e| e.action == Action::Alloc) {
+                scope_at.insert(e.addr, e.context.map_or(ScopeId::ROOT, |c| c.scope));
+            }
+            for b in segments.iter_mut().flat_map(|s| s.blocks.iter_mut()) {
+                let own = b.context.map_or(ScopeId::ROOT, |c| c.scope);
+                let scope = if b.state == BlockState::Inactive {
+                    ScopeId::ROOT
+                } else {
+                    scope_at.get(&b.address).copied().unwrap_or(own)
+                };
+                b.context = context_in(b.context.and_then(|c| c.stack), scope);
+            }
         }
         let settings = match root.get("allocator_settings") {
             Some(v) => Some(to_json(&v, 0, &mut budget, &|| "allocator_settings".into(), source)?),

@@ -249,18 +249,29 @@ fn device_trace_at(stack: &[Value], at: usize) -> Option<usize> {
     None
 }
 
+/// A history read from `device_traces`: the entries, the origin of their `time_ns` (the earliest
+/// `time_us` of all) and the devices that have entries.
+pub(super) struct History {
+    pub(super) entries: Vec<HistoryEntry>,
+    pub(super) origin_us: u64,
+    /// In increasing order. With one device, the entries do not name it (each part of a
+    /// snapshot names its device only in a snapshot of several: the caller decides).
+    pub(super) devices: Vec<usize>,
+}
+
 /// Every device's trace (`device_traces[d]` is device `d`'s), merged into one history in time
-/// order, each device's entries in their own order; each entry with its device. The origin of
-/// the entries' `time_ns` is the earliest `time_us` of all. A trace's entries are those the
-/// [`TraceReader`] read while the pickle was parsed, after any the list was made with.
+/// order, each device's entries in their own order; each entry with its device where several
+/// devices have entries. A trace's entries are those the [`TraceReader`] read while the pickle
+/// was parsed, after any the list was made with.
 pub(super) fn read_history(
     root: &Value,
     mut read: TraceLists,
     t: &mut Tables,
     budget: &mut Budget,
     source: &str,
-) -> Result<(Vec<HistoryEntry>, u64)> {
-    let Some(traces) = root.get("device_traces") else { return Ok((Vec::new(), 0)) };
+) -> Result<History> {
+    let none = |origin_us| History { entries: Vec::new(), origin_us, devices: Vec::new() };
+    let Some(traces) = root.get("device_traces") else { return Ok(none(0)) };
     budget.spend(traces.len(), &|| "device_traces".to_string(), source)?;
     let traces = traces
         .items()
@@ -305,23 +316,24 @@ pub(super) fn read_history(
     }
     drop(read);
     let Some(t0) = per_device.iter().flat_map(|(_, times)| times).min().copied() else {
-        return Ok((Vec::new(), 0));
+        return Ok(none(0));
     };
     // Saturating: a hostile file's times may be any 128-bit integers, in any order.
     let ns = |time: i128| u64::try_from(time.saturating_sub(t0).max(0).saturating_mul(1000)).unwrap_or(u64::MAX);
     let origin = u64::try_from(t0.max(0)).unwrap_or(u64::MAX);
     // Each entry's device and time are set in one pass over the entries, which for a long
     // trace are hundreds of megabytes.
-    if per_device.iter().filter(|(out, _)| !out.is_empty()).count() <= 1 {
-        let Some((d, (mut out, times))) = per_device.into_iter().enumerate().find(|(_, (out, _))| !out.is_empty())
-        else {
-            return Ok((Vec::new(), origin));
-        };
+    let devices: Vec<usize> =
+        per_device.iter().enumerate().filter(|(_, (out, _))| !out.is_empty()).map(|(d, _)| d).collect();
+    if let [d] = devices[..] {
+        let (mut out, times) = per_device.swap_remove(d);
         for (entry, time) in out.iter_mut().zip(times) {
-            entry.device = Some(d);
             entry.time_ns = ns(time);
         }
-        return Ok((out, origin));
+        return Ok(History { entries: out, origin_us: origin, devices });
+    }
+    if devices.is_empty() {
+        return Ok(none(origin));
     }
     let mut merged = Vec::new();
     let total = per_device.iter().map(|(out, _)| out.len()).sum();
@@ -340,7 +352,7 @@ pub(super) fn read_history(
             heads.push(std::cmp::Reverse((*time, d)));
         }
     }
-    Ok((merged, origin))
+    Ok(History { entries: merged, origin_us: origin, devices })
 }
 
 /// The fields of a PyTorch trace entry: what reading one costs in the budget's elements.
