@@ -1,9 +1,9 @@
 use super::labels::Labels;
 use super::{bytes, frames};
+use crate::intern::Map;
 use crate::record::{Action, Frame};
 use crate::snapshot::{BlockState, ContextInfo, Snapshot};
 use serde::Serialize;
-use std::collections::HashMap;
 
 /// An allocation site whose live memory keeps growing.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -150,7 +150,7 @@ fn find(snapshot: &Snapshot) -> (Vec<LeakCandidate>, Option<u64>) {
     // (`step(i * 3)`), resumed (0, then 10000 on), sparse and descending (`step(10)` down to
     // `step(1)`) numbering give what 0, 1, 2, ... gives.
     let mut steps: Vec<u64> = Vec::new();
-    let mut order: HashMap<u64, u64> = HashMap::new();
+    let mut order: Map<u64, u64> = Map::default();
     for step in allocs().map(step_of) {
         order.entry(step).or_insert_with(|| {
             steps.push(step);
@@ -194,8 +194,8 @@ fn find(snapshot: &Snapshot) -> (Vec<LeakCandidate>, Option<u64>) {
         /// The largest surviving allocation (size, then earliest), for callers and scope.
         example: Option<(u64, std::cmp::Reverse<usize>)>,
     }
-    let mut sites: HashMap<u32, Site> = HashMap::new();
-    let mut live: HashMap<u64, (u32, u64, usize)> = HashMap::new();
+    let mut sites: Map<u32, Site> = Map::default();
+    let mut live: Map<u64, (u32, u64, usize)> = Map::default();
     let mut window = 0;
     let mut last_site = None;
     for (i, e) in hist.iter().enumerate() {
@@ -288,7 +288,7 @@ fn find(snapshot: &Snapshot) -> (Vec<LeakCandidate>, Option<u64>) {
         // step), else its allocations.
         let loop_sites = || sites.values().filter(|s| s.windows_allocating.iter().all(|&a| a));
         let most_common = |values: &mut dyn Iterator<Item = u64>| -> Option<u64> {
-            let mut counts: HashMap<u64, u32> = HashMap::new();
+            let mut counts: Map<u64, u32> = Map::default();
             for v in values {
                 *counts.entry(v).or_default() += 1;
             }
@@ -304,8 +304,8 @@ fn find(snapshot: &Snapshot) -> (Vec<LeakCandidate>, Option<u64>) {
         (per_run as f64 / windows as f64).max(1.0 / windows as f64)
     };
     // What is live at the end, per site: the snapshot's blocks where it has segments.
-    let end: Option<HashMap<u32, (u64, u64, u64)>> = (!snapshot.segments.is_empty()).then(|| {
-        let mut end: HashMap<u32, (u64, u64, u64)> = HashMap::new();
+    let end: Option<Map<u32, (u64, u64, u64)>> = (!snapshot.segments.is_empty()).then(|| {
+        let mut end: Map<u32, (u64, u64, u64)> = Map::default();
         let live_blocks = snapshot.segments.iter().flat_map(|g| &g.blocks);
         for b in live_blocks.filter(|b| b.state == BlockState::ActiveAllocated) {
             let e = end.entry(labels.site(b.context.as_ref())).or_default();

@@ -3,10 +3,10 @@
 //! the history's length.
 
 use super::labels::Labels;
+use crate::intern::Map;
 use crate::record::Action;
 use crate::snapshot::Snapshot;
 use serde::Serialize;
-use std::collections::HashMap;
 use std::fmt::Write as _;
 
 /// Sites drawn as bands of their own; the rest share one band.
@@ -58,76 +58,88 @@ pub fn timeline(snapshot: &Snapshot) -> Timeline {
     let n_points = events.clamp(1, TIMELINE_POINTS);
     // The event after which point k is taken: the ends of `n_points` equal slices.
     let points: Vec<usize> = (1..=n_points).map(|k| (k * events).div_ceil(n_points).saturating_sub(1)).collect();
-    let mut live: HashMap<u64, (u32, u64)> = HashMap::new();
-    let mut by_site: HashMap<u32, u64> = HashMap::new();
+    let mut live: Map<u64, (u32, u64)> = Map::default();
+    let mut by_site: Map<u32, u64> = Map::default();
     // Per site, its bytes at each point (filled as points pass).
-    let mut series: HashMap<u32, Vec<u64>> = HashMap::new();
+    let mut series: Map<u32, Vec<u64>> = Map::default();
     let mut unseen = 0u64;
-    let mut next = 0;
-    for (i, e) in hist.iter().enumerate() {
-        match e.action {
-            Action::Alloc => {
-                let site = labels.site(e.context.as_ref());
-                if let Some((old, size)) = live.insert(e.addr, (site, e.size)) {
-                    // An address allocated twice without a free between (a trimmed history).
-                    let b = by_site.entry(old).or_default();
-                    *b = b.saturating_sub(size);
-                }
-                let b = by_site.entry(site).or_default();
-                *b = b.saturating_add(e.size);
-            }
-            Action::FreeRequested | Action::FreeCompleted => match live.remove(&e.addr) {
-                Some((site, size)) => {
+    // The leak finder's candidates are marked on the bands: on a long history it runs on
+    // another core while this one aggregates (each reads the snapshot, neither writes).
+    let find = || -> std::collections::HashSet<String> { super::leaks(snapshot).into_iter().map(|c| c.site).collect() };
+    std::thread::scope(|scope| {
+        let finder = (events >= PARALLEL_FROM).then(|| scope.spawn(find));
+        let mut next = 0;
+        for (i, e) in hist.iter().enumerate() {
+            match e.action {
+                Action::Alloc => {
+                    let site = labels.site(e.context.as_ref());
+                    if let Some((old, size)) = live.insert(e.addr, (site, e.size)) {
+                        // An address allocated twice without a free between (a trimmed history).
+                        let b = by_site.entry(old).or_default();
+                        *b = b.saturating_sub(size);
+                    }
                     let b = by_site.entry(site).or_default();
-                    *b = b.saturating_sub(size);
+                    *b = b.saturating_add(e.size);
                 }
-                None if e.action == Action::FreeRequested => unseen = unseen.saturating_add(e.size),
-                None => {}
-            },
-            _ => {}
-        }
-        while next < points.len() && points[next] == i {
-            for (&site, &bytes) in &by_site {
-                let s = series.entry(site).or_insert_with(|| vec![0; points.len()]);
-                s[next] = bytes;
+                Action::FreeRequested | Action::FreeCompleted => match live.remove(&e.addr) {
+                    Some((site, size)) => {
+                        let b = by_site.entry(site).or_default();
+                        *b = b.saturating_sub(size);
+                    }
+                    None if e.action == Action::FreeRequested => unseen = unseen.saturating_add(e.size),
+                    None => {}
+                },
+                _ => {}
             }
-            next += 1;
+            while next < points.len() && points[next] == i {
+                for (&site, &bytes) in &by_site {
+                    let s = series.entry(site).or_insert_with(|| vec![0; points.len()]);
+                    s[next] = bytes;
+                }
+                next += 1;
+            }
         }
-    }
-    let candidates: std::collections::HashSet<String> = super::leaks(snapshot).into_iter().map(|c| c.site).collect();
-    let mut sites: Vec<(u32, Vec<u64>, u64)> = series
-        .into_iter()
-        .map(|(site, bytes)| {
+        let candidates = match finder {
+            Some(f) => f.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+            None => find(),
+        };
+        let mut sites: Vec<(u32, Vec<u64>, u64)> = series
+            .into_iter()
+            .map(|(site, bytes)| {
+                let peak = bytes.iter().copied().max().unwrap_or(0);
+                (site, bytes, peak)
+            })
+            .filter(|(_, _, peak)| *peak > 0)
+            .collect();
+        sites.sort_by(|a, b| b.2.cmp(&a.2).then_with(|| labels.site_label(a.0).cmp(labels.site_label(b.0))));
+        let rest = sites.split_off(sites.len().min(TIMELINE_SITES));
+        let mut bands: Vec<Band> = sites
+            .into_iter()
+            .map(|(site, bytes, peak)| {
+                let label = labels.site_label(site).to_string();
+                Band { leak_candidate: candidates.contains(&label), label, bytes, peak }
+            })
+            .collect();
+        if !rest.is_empty() {
+            let mut bytes = vec![0u64; points.len()];
+            for (_, b, _) in &rest {
+                for (t, x) in bytes.iter_mut().zip(b) {
+                    *t = t.saturating_add(*x);
+                }
+            }
             let peak = bytes.iter().copied().max().unwrap_or(0);
-            (site, bytes, peak)
-        })
-        .filter(|(_, _, peak)| *peak > 0)
-        .collect();
-    sites.sort_by(|a, b| b.2.cmp(&a.2).then_with(|| labels.site_label(a.0).cmp(labels.site_label(b.0))));
-    let rest = sites.split_off(sites.len().min(TIMELINE_SITES));
-    let mut bands: Vec<Band> = sites
-        .into_iter()
-        .map(|(site, bytes, peak)| {
-            let label = labels.site_label(site).to_string();
-            Band { leak_candidate: candidates.contains(&label), label, bytes, peak }
-        })
-        .collect();
-    if !rest.is_empty() {
-        let mut bytes = vec![0u64; points.len()];
-        for (_, b, _) in &rest {
-            for (t, x) in bytes.iter_mut().zip(b) {
-                *t = t.saturating_add(*x);
-            }
+            bands.push(Band { label: format!("other sites ({})", rest.len()), bytes, peak, leak_candidate: false });
         }
-        let peak = bytes.iter().copied().max().unwrap_or(0);
-        bands.push(Band { label: format!("other sites ({})", rest.len()), bytes, peak, leak_candidate: false });
-    }
-    let points = if events == 0 { Vec::new() } else { points };
-    if events == 0 {
-        bands.clear();
-    }
-    Timeline { events, points, bands, unseen_frees: unseen }
+        let points = if events == 0 { Vec::new() } else { points };
+        if events == 0 {
+            bands.clear();
+        }
+        Timeline { events, points, bands, unseen_frees: unseen }
+    })
 }
+
+/// Histories from this many events on find their leak candidates on a thread of their own.
+const PARALLEL_FROM: usize = 100_000;
 
 /// XML text: `&`, `<`, `>` and quotes escaped, control characters dropped.
 fn xml(text: &str) -> String {

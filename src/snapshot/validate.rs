@@ -121,8 +121,14 @@ impl Snapshot {
         for (si, seg) in self.segments.iter().enumerate() {
             seg.device.map_or(Ok(()), |d| device(d, &|| format!("segments[{si}]")))?;
         }
+        // One pass over the history (millions of entries) finds its first bad device and its
+        // first bad context; they are reported in the order of the checks, the device first.
+        let mut history_context = Ok(());
         for (hi, e) in self.history.iter().enumerate() {
             e.device.map_or(Ok(()), |d| device(d, &|| format!("history[{hi}]")))?;
+            if let (Some(c), Ok(())) = (&e.context, &history_context) {
+                history_context = self.check_context(c, &|| format!("history[{hi}]"));
+            }
         }
         let mut prev_end: Option<(usize, u64)> = None;
         for (si, seg) in self.segments.iter().enumerate() {
@@ -160,11 +166,7 @@ impl Snapshot {
                 }
             }
         }
-        for (hi, h) in self.history.iter().enumerate() {
-            if let Some(c) = &h.context {
-                self.check_context(c, &|| format!("history[{hi}]"))?;
-            }
-        }
+        history_context?;
         for (si, seg) in self.segments.iter().enumerate() {
             if let Some(c) = &seg.context {
                 self.check_context(c, &|| format!("segments[{si}]"))?;
@@ -267,6 +269,33 @@ mod tests {
         s.segments[0].blocks[0].context = None;
         s.stacks.push(vec![FrameId(0)]);
         assert_eq!(s.validate().unwrap_err().to_string(), "stacks[0][0]: frame 0 does not exist (there are 0 frames)");
+    }
+
+    /// The history is checked in one pass: its first bad context is the one named, and a bad
+    /// device anywhere in it, or a segment out of place, is named before it (the order of the
+    /// checks).
+    #[test]
+    fn the_history_s_first_inconsistency_in_the_order_of_the_checks() {
+        let mut s = snap(&[(4096, 4096)]);
+        let entry = |stack: u32, device: Option<usize>| {
+            let mut e: HistoryEntry =
+                serde_json::from_str(r#"{"action":"alloc","addr":4096,"size":4096,"stream":0,"time_ns":0}"#).unwrap();
+            e.context =
+                Some(ContextInfo { stack: Some(StackId(stack)), scope: ScopeId(0), thread: ThreadId(0), step: 0 });
+            e.device = device;
+            e
+        };
+        s.stacks.push(Vec::new());
+        s.history = vec![entry(0, None), entry(5, None), entry(7, None)];
+        let context = "history[1].context: stack 5 does not exist (there are 1 stacks)";
+        assert_eq!(s.validate().unwrap_err().to_string(), context);
+        s.history.push(entry(0, Some(1 << 20)));
+        assert!(s.validate().unwrap_err().to_string().starts_with("history[3]: device 1048576 is not"));
+        s.history.pop();
+        s.segments[0].blocks[0].size = 1 << 20;
+        assert!(s.validate().unwrap_err().to_string().contains("lies outside its segment"));
+        s.segments[0].blocks[0].size = 4096;
+        assert_eq!(s.validate().unwrap_err().to_string(), context);
     }
 
     /// A device index beyond any machine's is refused: the pickle writer writes a trace list
