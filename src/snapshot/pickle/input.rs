@@ -98,16 +98,32 @@ impl<'s> Reader<'s> {
         }
     }
 
+    /// The next `N` bytes: read in place while the buffer holds them (a memo reference's
+    /// index, a length), through [`Reader::take`] where it must be filled first.
+    #[inline]
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], PickleError> {
+        match self.buf.get(self.at..self.at + N) {
+            Some(b) => {
+                self.at += N;
+                Ok(b.try_into().expect("N bytes"))
+            }
+            None => Ok(self.take(N)?.try_into().expect("N bytes")),
+        }
+    }
+
+    #[inline]
     pub(super) fn u16(&mut self) -> Result<u16, PickleError> {
-        Ok(u16::from_le_bytes(self.take(2)?.try_into().expect("2 bytes")))
+        self.array().map(u16::from_le_bytes)
     }
 
+    #[inline]
     pub(super) fn u32(&mut self) -> Result<u32, PickleError> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
+        self.array().map(u32::from_le_bytes)
     }
 
+    #[inline]
     pub(super) fn u64(&mut self) -> Result<u64, PickleError> {
-        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
+        self.array().map(u64::from_le_bytes)
     }
 
     /// A length read from the data, checked against the bytes that follow it.
