@@ -236,6 +236,17 @@ impl Value {
         }
     }
 
+    /// Whether this is the list `other`, never pushed on the parser's stack a second time (by
+    /// a memo reference or a DUP): where it stands on the stack is where it was first pushed,
+    /// and what lies below it has not changed since (taking it off the stack is the only way
+    /// to reach below it, and it would have been pushed again to be back).
+    pub(crate) fn is_unmoved(&self, other: &Value) -> bool {
+        match (self, other) {
+            (Value::List(a), Value::List(b)) => Rc::ptr_eq(a, b) && !a.again.get(),
+            _ => false,
+        }
+    }
+
     /// Says on a container what a [`Reshape`] made of it (no memo slot changes).
     pub(crate) fn remember(&self, kept: Kept) {
         match self {

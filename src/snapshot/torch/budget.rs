@@ -80,23 +80,29 @@ impl Budget {
     }
 
     /// Spends `n` elements for what is read at `at`, or says the file expands too far.
+    #[inline]
     pub(super) fn spend(&mut self, n: usize, at: &dyn Fn() -> String, source: &str) -> Result<()> {
         match self.spent.checked_add(n as u64).filter(|&spent| spent <= self.total) {
             Some(spent) => {
                 self.spent = spent;
                 Ok(())
             }
-            None => Err(bad(
-                source,
-                format!(
-                    "{}: the pickle expands to more than {} elements (8 per byte of the file, plus a \
-                     million; copied text counts one per {BYTES_PER_ELEMENT} bytes): shared references \
-                     repeat the same data far beyond what a memory snapshot holds, refused",
-                    at(),
-                    self.total
-                ),
-            )),
+            None => Err(self.spent_out(at, source)),
         }
+    }
+
+    #[cold]
+    fn spent_out(&self, at: &dyn Fn() -> String, source: &str) -> crate::error::Error {
+        bad(
+            source,
+            format!(
+                "{}: the pickle expands to more than {} elements (8 per byte of the file, plus a \
+                 million; copied text counts one per {BYTES_PER_ELEMENT} bytes): shared references \
+                 repeat the same data far beyond what a memory snapshot holds, refused",
+                at(),
+                self.total
+            ),
+        )
     }
 }
 

@@ -24,6 +24,21 @@ pub(super) struct TraceReader<'s> {
     pending: Vec<Option<Option<(i128, HistoryEntry)>>>,
     /// The batch `pending` holds ([`Kept::Pending`]).
     batch: u32,
+    /// Where the batch being read goes ([`event_place`]).
+    place: Option<Place>,
+}
+
+/// The trace a batch of events is appended to, found at its first event: the others of the
+/// batch are placed without looking again (a look goes down the stack to the snapshot's root
+/// and through the trace lists' map, which per event cost a tenth of the read).
+struct Place {
+    /// The batch's MARK.
+    batch_mark: usize,
+    /// The trace's list, just below the MARK.
+    list: Value,
+    device: usize,
+    /// The trace's items before the batch.
+    base: usize,
 }
 
 /// The trace lists read so far, with their entries and the entries' `time_us`. Each keeps its
@@ -53,6 +68,7 @@ impl<'s> TraceReader<'s> {
             lists: TraceLists::default(),
             pending: Vec::new(),
             batch: 0,
+            place: None,
         }
     }
 
@@ -86,7 +102,9 @@ impl pickle::Reshape for TraceReader<'_> {
         }
         // The events of a batch wait on the stack above their trace's MARK.
         let Some(&batch_mark) = marks.last() else { return Ok(false) };
-        let Some((device, index)) = event_place(stack, batch_mark, at, &self.lists) else { return Ok(false) };
+        let Some((device, index)) = event_place(stack, batch_mark, at, &self.lists, &mut self.place) else {
+            return Ok(false);
+        };
         self.budget.grow(read);
         let (source, budget) = (self.source, &mut self.budget);
         let at_entry = || format!("device_traces[{device}][{index}]");
@@ -115,12 +133,18 @@ impl pickle::Reshape for TraceReader<'_> {
     }
 
     fn append(&mut self, stack: &[Value], marks: &[usize], at: usize, memo: &mut Memo, read: usize) -> Result<bool> {
+        // A list at or below the batch's trace is appended to: the trace may grow, or be the
+        // list appended to (a batch of it, read below).
+        if self.place.as_ref().is_some_and(|p| at < p.batch_mark) {
+            self.place = None;
+        }
         let items = &stack[at + 1..];
         if let Some(Kept::Stack(_)) = stack[at].kept() {
             return Err(bad(self.source, "a list of frames appended to after it was read (a pickler never does so)"));
         }
         let whole = (2..PICKLER_BATCH).contains(&items.len());
-        if let Some((device, index)) = event_frames_at(stack, marks, at, &self.lists).filter(|_| whole) {
+        if let Some((device, index)) = event_frames_at(stack, marks, at, &self.lists, &mut self.place).filter(|_| whole)
+        {
             // An event's frames, read as they are appended: the list is never filled.
             self.budget.grow(read);
             let at_entry = || format!("device_traces[{device}][{index}]");
@@ -197,7 +221,13 @@ impl pickle::Reshape for TraceReader<'_> {
 /// Where the list `stack[at]` is the `frames` of an event being read ([`TraceReader::dict`]):
 /// the event's device and index in its trace. Only a list not filled before is one (the
 /// caller also asks that one APPENDS fill it whole).
-fn event_frames_at(stack: &[Value], marks: &[usize], at: usize, lists: &TraceLists) -> Option<(usize, usize)> {
+fn event_frames_at(
+    stack: &[Value],
+    marks: &[usize],
+    at: usize,
+    lists: &TraceLists,
+    place: &mut Option<Place>,
+) -> Option<(usize, usize)> {
     let fresh = matches!(&stack[at], Value::List(l) if l.borrow().is_empty()) && stack[at].kept().is_none();
     let key = at.checked_sub(1)?;
     if !fresh || !matches!(&stack[key], Value::Str(k) if &**k == "frames") {
@@ -209,19 +239,37 @@ fn event_frames_at(stack: &[Value], marks: &[usize], at: usize, lists: &TraceLis
     if key < event_mark || !(key - event_mark).is_multiple_of(2) || !matches!(&stack[event], Value::Dict(_)) {
         return None;
     }
-    event_place(stack, *rest.last()?, event, lists)
+    event_place(stack, *rest.last()?, event, lists, place)
 }
 
 /// Where the dict `stack[event]` is an event of a batch of a trace whose MARK is at
 /// `batch_mark` (the trace's list just below it): the event's device and its index in the
 /// trace (the trace's items read in earlier batches, those it was made with, and the events of
 /// this batch before it).
-fn event_place(stack: &[Value], batch_mark: usize, event: usize, lists: &TraceLists) -> Option<(usize, usize)> {
+///
+/// What is found for a batch's first event is kept in `place` for the others. It holds while
+/// the same list is below the same MARK and was never pushed a second time: then nothing below
+/// it on the stack has changed (the stack changes at its top only, and the list would have
+/// been popped), so neither has the device; its items change only by an APPENDS to it, and
+/// the list of traces only by one to that list below it, either of which clears `place`
+/// ([`TraceReader`]'s `append`).
+fn event_place(
+    stack: &[Value],
+    batch_mark: usize,
+    event: usize,
+    lists: &TraceLists,
+    place: &mut Option<Place>,
+) -> Option<(usize, usize)> {
     let list_at = batch_mark.checked_sub(1).filter(|&l| l < event)?;
-    let device = device_trace_at(stack, list_at)?;
     let list = &stack[list_at];
+    if let Some(p) = place.as_ref().filter(|p| p.batch_mark == batch_mark && list.is_unmoved(&p.list)) {
+        return Some((p.device, p.base + (event - batch_mark)));
+    }
+    let device = device_trace_at(stack, list_at)?;
     let seen = list.identity().and_then(|id| lists.list_of.get(&id)).map_or(0, |&slot| lists.lists[slot as usize].seen);
-    Some((device, seen + list.len() + (event - batch_mark)))
+    let base = seen + list.len();
+    *place = Some(Place { batch_mark, list: list.clone(), device, base });
+    Some((device, base + (event - batch_mark)))
 }
 
 /// The device whose trace `stack[at]` is, when it is one: the root dict is at the bottom of the
@@ -431,10 +479,12 @@ pub(super) fn read_entry_pairs<'v>(
         }
         _ => None,
     };
+    // "N/A" (outside torch.compile) is what the writer puts where there is none: not copied
+    // (nearly every event of a trace has it).
     let compile_context = match f.compile_context {
         Some(c @ Value::Str(_)) => {
             budget.spend_bytes(c.byte_len(), at, source)?;
-            c.as_str().map(str::to_string)
+            c.as_str().filter(|&c| c != "N/A").map(Box::from)
         }
         _ => None,
     };
@@ -454,8 +504,7 @@ pub(super) fn read_entry_pairs<'v>(
             device: None,
             time_ns: 0,
             context: context_in(stack, scope),
-            // "N/A" (outside torch.compile) is what the writer puts where there is none.
-            compile_context: compile_context.filter(|c| c != "N/A").map(String::into_boxed_str),
+            compile_context,
             user_metadata,
         },
     )))
@@ -523,12 +572,31 @@ mod tests {
         assert_eq!(from_tree(complete_first).unwrap().history.len(), 2);
         let e = streamed(complete_first).unwrap_err().to_string();
         assert!(e.contains("device_traces[0][0]: an event whose items are set in two batches"), "{e}");
+        // The same in a trace's second batch: named by its place in the trace (the batch's
+        // place found again, not the first batch's kept).
+        let second_batch = b"\x80\x04}(\x8c\x08segments]\x8c\x0ddevice_traces](](}(\x8c\x06action\x8c\x05alloc\x8c\x04addrM\x00\x10\x8c\x04sizeM\x00\x02\x8c\x06streamK\x00\x8c\x07time_usK\x05u}(\x8c\x06action\x8c\x05alloc\x8c\x04addrM\x00 \x8c\x04sizeM\x00\x02\x8c\x06streamK\x00\x8c\x07time_usK\x05ue(}(\x8c\x06action\x8c\x05alloc\x8c\x04addrM\x000\x8c\x04sizeM\x00\x02\x8c\x06streamK\x00\x8c\x07time_usK\x05u}(\x8c\x06action\x8c\x05alloc\x8c\x04addrM\x00@\x8c\x04sizeM\x00\x02\x8c\x06streamK\x00\x8c\x07time_usK\x05u(\x8c\x06streamK\x01ueeu.";
+        assert_eq!(from_tree(second_batch).unwrap().history.len(), 4);
+        let e = streamed(second_batch).unwrap_err().to_string();
+        assert!(e.contains("device_traces[0][3]: an event whose items are set in two batches"), "{e}");
         // The first event's frames in two APPENDS.
         let frames_twice = b"\x80\x04}\x94(\x8c\x08segments]\x94\x8c\rdevice_traces]\x94]\x94(}\x94(\x8c\x06action\x8c\x05alloc\x8c\x04addrM\x00\x10\x8c\x04sizeM\x00\x02\x8c\x06streamK\x00\x8c\x07time_usK\x05\x8c\x06frames]\x94(}\x94(\x8c\x04name\x8c\x01f\x8c\x08filename\x8c\x04a.py\x8c\x04lineK\x03u}\x94(\x8c\x04name\x8c\x01f\x8c\x08filename\x8c\x04a.py\x8c\x04lineK\x03ue(}\x94(\x8c\x04name\x8c\x01f\x8c\x08filename\x8c\x04a.py\x8c\x04lineK\x03u}\x94(\x8c\x04name\x8c\x01f\x8c\x08filename\x8c\x04a.py\x8c\x04lineK\x03ueu}\x94(\x8c\x06action\x8c\x05alloc\x8c\x04addrM\x00 \x8c\x04sizeM\x00\x02\x8c\x06streamK\x00\x8c\x07time_usK\x06ueau.";
         let tree = from_tree(frames_twice).unwrap();
         assert_eq!(tree.stacks[tree.history[0].context.unwrap().stack.unwrap().index()].len(), 4);
         let e = streamed(frames_twice).unwrap_err().to_string();
         assert!(e.contains("a list of frames appended to after it was read"), "{e}");
+    }
+
+    /// A batch's first event finds its trace; the others reuse what it found only while the
+    /// stack below them is the same. Here, after the first event, the trace's key and list are
+    /// popped and pushed again under another key (the trace list itself by a memo reference):
+    /// the second event is not in a trace, is kept as a dict, and is read from the tree once the
+    /// list is put in `device_traces` after all.
+    #[test]
+    fn an_event_below_a_stack_changed_since_the_batch_began_reads_as_from_the_tree() {
+        let moved = b"\x80\x04}\x94(\x8c\x08segments]\x8c\x0ddevice_traces\x94]\x94]\x94(}(\x8c\x06action\x8c\x05alloc\x8c\x04addrM\x00\x10\x8c\x04sizeM\x00\x02\x8c\x06streamK\x00\x8c\x07time_usK\x05u0000\x8c\x05otherh\x02h\x03}(\x8c\x06action\x8c\x05alloc\x8c\x04addrM\x00 \x8c\x04sizeM\x00\x02\x8c\x06streamK\x00\x8c\x07time_usK\x05ue000h\x01h\x02(h\x03eu.";
+        let tree = from_tree(moved).unwrap();
+        assert_eq!(tree.history.iter().map(|e| e.addr).collect::<Vec<_>>(), [0x2000]);
+        assert_eq!(streamed(moved).unwrap(), tree);
     }
 
     /// Every PyTorch pickle under `fixtures/` (recorded by PyTorch, written by vramscope, and
