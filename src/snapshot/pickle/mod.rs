@@ -95,6 +95,19 @@ impl<T> Node<T> {
     }
 }
 
+impl<X> Node<Vec<X>> {
+    /// Makes an empty container as new, to be used again ([`Spare`]); `false` for one with
+    /// items, or room for many (what a hostile file made large is not kept).
+    fn reset(&mut self) -> bool {
+        let items = self.items.get_mut();
+        if !items.is_empty() || items.capacity() > 64 {
+            return false;
+        }
+        *self = Node::new(std::mem::take(items));
+        true
+    }
+}
+
 /// A whole value tree, with the parser's memo that holds parts of it, handed to another thread
 /// to be freed.
 pub(crate) struct Detached(#[allow(dead_code)] Value, #[allow(dead_code)] Memo);
@@ -562,6 +575,43 @@ pub(crate) fn check_head(head: &[u8]) -> Result<(), PickleError> {
     }
 }
 
+/// Empty lists and dicts the reader took and no one else holds, kept to be the next ones the
+/// pickle makes: each event of a trace makes a dict, and with Python stacks a list of frames,
+/// and freeing them to allocate the next ones was most of the parse's calls to the allocator.
+#[derive(Default)]
+struct Spare {
+    lists: Vec<Rc<Node<Vec<Value>>>>,
+    dicts: Vec<Rc<DictNode>>,
+}
+
+/// A dict's node: its key-value pairs in the order set.
+type DictNode = Node<Vec<(Value, Value)>>;
+
+/// Containers kept aside at most, of each kind (a trace's batch makes a thousand).
+const SPARE_MAX: usize = 2048;
+
+impl Spare {
+    /// Drops `stack[from..]`, the items a [`Reshape`] took, keeping aside the empty lists and
+    /// dicts among them that nothing else holds: no memo slot, no table of the reader and no
+    /// cycle check (a weak reference) knows them, so that a container made from one is new to
+    /// everyone.
+    fn take(&mut self, stack: &mut Vec<Value>, from: usize) {
+        for v in &mut stack[from..] {
+            let kept = match v {
+                Value::List(n) => self.lists.len() < SPARE_MAX && Rc::get_mut(n).is_some_and(Node::reset),
+                Value::Dict(n) => self.dicts.len() < SPARE_MAX && Rc::get_mut(n).is_some_and(Node::reset),
+                _ => false,
+            };
+            match v {
+                Value::List(n) if kept => self.lists.push(Rc::clone(n)),
+                Value::Dict(n) if kept => self.dicts.push(Rc::clone(n)),
+                _ => {}
+            }
+        }
+        stack.truncate(from);
+    }
+}
+
 /// The address of a container (`None` for anything else).
 fn container_id(v: &Value) -> Option<usize> {
     match v {
@@ -583,6 +633,7 @@ fn parse_into<R: Reshape>(
     refused: &mut Option<R::Error>,
 ) -> Result<Value, PickleError> {
     let mut marks: Vec<usize> = Vec::new();
+    let mut spare = Spare::default();
     // The tuples already in `again`: one entry per container is all the cycle check needs.
     let mut again_ids: std::collections::HashSet<usize, BuildHasherDefault<AddressHasher>> = Default::default();
 
@@ -702,10 +753,10 @@ fn parse_into<R: Reshape>(
                 let v = pop!();
                 return Ok(v);
             }
-            b'}' => stack.push(Value::Dict(Rc::new(Node::new(Vec::new())))),
-            b']' => stack.push(Value::List(Rc::new(Node::new(Vec::new())))),
+            b'}' => stack.push(Value::Dict(spare.dicts.pop().unwrap_or_else(|| Rc::new(Node::new(Vec::new()))))),
+            b']' => stack.push(Value::List(spare.lists.pop().unwrap_or_else(|| Rc::new(Node::new(Vec::new()))))),
             b')' => stack.push(Value::Tuple(Rc::from(Vec::new()))),
-            0x8f => stack.push(Value::List(Rc::new(Node::new(Vec::new())))),
+            0x8f => stack.push(Value::List(spare.lists.pop().unwrap_or_else(|| Rc::new(Node::new(Vec::new()))))),
             b'(' => marks.push(stack.len()),
             b'N' => stack.push(Value::None),
             0x88 => stack.push(Value::Bool(true)),
@@ -821,7 +872,7 @@ fn parse_into<R: Reshape>(
                 };
                 let at = from.checked_sub(1).ok_or_else(|| r.err(format!("{name} with no list")))?;
                 if reader!(reshape.append(stack, &marks, at, memo, r.pos())) {
-                    stack.truncate(from);
+                    spare.take(stack, from);
                 } else {
                     let list = stack[at].clone();
                     append(&list, stack.drain(from..), r)?;
@@ -836,7 +887,7 @@ fn parse_into<R: Reshape>(
             b'u' => {
                 let m = mark!();
                 if reader!(reshape.dict(stack, &marks, m, memo, r.pos())) {
-                    stack.truncate(m);
+                    spare.take(stack, m);
                 } else {
                     set_items(stack, m, r)?;
                 }
