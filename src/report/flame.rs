@@ -2,7 +2,8 @@
 use crate::error::{Error, ReportError, Result};
 use crate::record::Action;
 use crate::snapshot::{ContextInfo, ScopeId, Snapshot, StackId, ThreadId};
-use std::collections::{BTreeMap, HashMap};
+use crate::intern::Map;
+use std::collections::BTreeMap;
 
 /// What a folded profile counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,7 +64,7 @@ fn escape_frame(p: &str) -> String {
 pub fn folded(snapshot: &Snapshot, kind: FoldedKind) -> String {
     // Sum by (scope, stack) first: a program has far fewer of those than blocks, and each line
     // is formatted once.
-    let mut by_ctx: HashMap<Option<(ScopeId, Option<StackId>)>, u64> = HashMap::new();
+    let mut by_ctx: Map<Option<(ScopeId, Option<StackId>)>, u64> = Map::default();
     let mut add = |ctx: Option<&ContextInfo>, size: u64| {
         let n = by_ctx.entry(ctx.map(|c| (c.scope, c.stack))).or_default();
         *n = n.saturating_add(size);

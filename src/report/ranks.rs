@@ -72,7 +72,7 @@ fn rank(name: &str, snap: &Snapshot) -> Rank {
     // Allocated over the history the same way: each event's change, from the start's blocks.
     let block = |size: u64| i128::from(super::leaks::rounded(size));
     let mut deltas = Vec::with_capacity(snap.history.len());
-    let mut live: std::collections::HashMap<u64, i128> = std::collections::HashMap::new();
+    let mut live: crate::intern::Map<u64, i128> = Default::default();
     for e in &snap.history {
         let d = match e.action {
             Action::Alloc => {

@@ -200,7 +200,9 @@ impl Value {
 /// clone (a seventh of a large pickle's read, by `perf`). Here the count of a shared value is
 /// raised and its 24 bytes copied as they lie.
 impl Clone for Value {
-    #[inline]
+    // Always: out of line (as the compiler chose in some builds, by where the code around it
+    // fell among codegen units), the copy went through memory again, a tenth of a parse.
+    #[inline(always)]
     fn clone(&self) -> Value {
         match self {
             Value::Big(i) => return Value::Big(i.clone()),
