@@ -565,11 +565,13 @@ fn run(cli: Cli) -> Result<(), Failure> {
         }
         Command::Ranks { files, json, out } => {
             // Reading dominates, and each file is read apart: one reader per core takes the next
-            // file until none is left. (A thread per file ran eight parses on two cores at
-            // once, each slower for the others' caches, and held every half-read file at once.)
+            // file until none is left, and reads the rank's figures from its snapshot at once,
+            // while its history is in the cache, then frees it. (A thread per file ran eight
+            // parses on two cores at once, each slower for the others' caches, and held every
+            // half-read file at once.)
             let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
             let next = std::sync::atomic::AtomicUsize::new(0);
-            let mut loaded: Vec<(usize, Result<Snapshot, vramscope::Error>)> = std::thread::scope(|scope| {
+            let mut read: Vec<(usize, Result<report::RankPart, vramscope::Error>)> = std::thread::scope(|scope| {
                 let readers: Vec<_> = (0..cores.min(files.len()))
                     .map(|_| {
                         scope.spawn(|| {
@@ -577,19 +579,18 @@ fn run(cli: Cli) -> Result<(), Failure> {
                             loop {
                                 let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                                 let Some(f) = files.get(i) else { return read };
-                                read.push((i, Snapshot::load(f)));
+                                let part = Snapshot::load(f).map(|s| report::rank_part(&f.display().to_string(), &s));
+                                read.push((i, part));
                             }
                         })
                     })
                     .collect();
                 readers.into_iter().flat_map(|h| h.join().expect("a reading thread does not panic")).collect()
             });
-            loaded.sort_by_key(|(i, _)| *i);
-            let mut snaps = Vec::with_capacity(files.len());
-            for (f, (_, snap)) in files.iter().zip(loaded) {
-                snaps.push((f.display().to_string(), snap?));
-            }
-            let r = report::ranks(&snaps);
+            read.sort_by_key(|(i, _)| *i);
+            // The first file that fails, in the order given, is the error.
+            let parts = read.into_iter().map(|(_, part)| part).collect::<Result<Vec<_>, _>>()?;
+            let r = report::ranks_from(parts);
             emit(&out, &if json { to_json(&r)? } else { r.render() })
         }
         Command::Convert { file, to, output } => {

@@ -1,8 +1,8 @@
 #[cfg(feature = "flamegraph")]
 use crate::error::{Error, ReportError, Result};
+use crate::intern::Map;
 use crate::record::Action;
 use crate::snapshot::{ContextInfo, ScopeId, Snapshot, StackId, ThreadId};
-use crate::intern::Map;
 use std::collections::BTreeMap;
 
 /// What a folded profile counts.

@@ -194,7 +194,8 @@ fn find(snapshot: &Snapshot) -> (Vec<LeakCandidate>, Option<u64>) {
         /// The largest surviving allocation (size, then earliest), for callers and scope.
         example: Option<(u64, std::cmp::Reverse<usize>)>,
     }
-    let mut sites: Map<u32, Site> = Map::default();
+    // By site id (the labels' ids are dense): two or three lookups per event, no hashing.
+    let mut sites: Vec<Option<Site>> = Vec::new();
     let mut live: Map<u64, (u32, u64, usize)> = Map::default();
     let mut window = 0;
     let mut last_site = None;
@@ -202,7 +203,7 @@ fn find(snapshot: &Snapshot) -> (Vec<LeakCandidate>, Option<u64>) {
         let w = window_of(i).max(window);
         if w != window {
             // A new window starts from what each site holds now.
-            for s in sites.values_mut() {
+            for s in sites.iter_mut().flatten() {
                 for k in window + 1..=w {
                     s.floors[k] = (s.bytes, s.blocks, s.held);
                 }
@@ -212,7 +213,10 @@ fn find(snapshot: &Snapshot) -> (Vec<LeakCandidate>, Option<u64>) {
         let touched = match e.action {
             Action::Alloc => {
                 let site = labels.site(e.context.as_ref());
-                let s = sites.entry(site).or_insert_with(|| Site {
+                if sites.len() <= site as usize {
+                    sites.resize_with(site as usize + 1, || None);
+                }
+                let s = sites[site as usize].get_or_insert_with(|| Site {
                     bytes: 0,
                     blocks: 0,
                     held: 0,
@@ -236,7 +240,7 @@ fn find(snapshot: &Snapshot) -> (Vec<LeakCandidate>, Option<u64>) {
                 if let Some((old_site, old_size, _)) = live.insert(e.addr, (site, e.size, i)) {
                     // An address allocated twice without a free in between (a trimmed
                     // history): the older block is gone.
-                    if let Some(o) = sites.get_mut(&old_site) {
+                    if let Some(o) = sites.get_mut(old_site as usize).and_then(Option::as_mut) {
                         o.bytes = o.bytes.saturating_sub(old_size);
                         o.blocks = o.blocks.saturating_sub(1);
                         o.held = o.held.saturating_sub(rounded(old_size));
@@ -248,7 +252,7 @@ fn find(snapshot: &Snapshot) -> (Vec<LeakCandidate>, Option<u64>) {
             }
             Action::FreeRequested | Action::FreeCompleted => match live.remove(&e.addr) {
                 Some((site, size, _)) => {
-                    let s = sites.get_mut(&site).expect("a live block's site exists");
+                    let s = sites[site as usize].as_mut().expect("a live block's site exists");
                     s.bytes = s.bytes.saturating_sub(size);
                     s.blocks = s.blocks.saturating_sub(1);
                     s.held = s.held.saturating_sub(rounded(size));
@@ -259,20 +263,20 @@ fn find(snapshot: &Snapshot) -> (Vec<LeakCandidate>, Option<u64>) {
             _ => None,
         };
         if let Some(site) = touched {
-            let s = sites.get_mut(&site).expect("just touched");
+            let s = sites[site as usize].as_mut().expect("just touched");
             let f = &mut s.floors[w];
             f.0 = f.0.min(s.bytes);
             f.1 = f.1.min(s.blocks);
             f.2 = f.2.min(s.held);
         }
     }
-    for s in sites.values_mut() {
+    for s in sites.iter_mut().flatten() {
         for k in window + 1..windows {
             s.floors[k] = (s.bytes, s.blocks, s.held);
         }
     }
     for &(site, size, i) in live.values() {
-        let s = sites.get_mut(&site).expect("a live block's site exists");
+        let s = sites[site as usize].as_mut().expect("a live block's site exists");
         s.example = s.example.max(Some((size, std::cmp::Reverse(i))));
     }
     let steps_per_window = if by_step {
@@ -286,7 +290,7 @@ fn find(snapshot: &Snapshot) -> (Vec<LeakCandidate>, Option<u64>) {
         // else the repeats of that line's sizes (a model of library modules called on one
         // line, `preds.append(model(x))`, allocates the same sizes in the same order each
         // step), else its allocations.
-        let loop_sites = || sites.values().filter(|s| s.windows_allocating.iter().all(|&a| a));
+        let loop_sites = || sites.iter().flatten().filter(|s| s.windows_allocating.iter().all(|&a| a));
         let most_common = |values: &mut dyn Iterator<Item = u64>| -> Option<u64> {
             let mut counts: Map<u64, u32> = Map::default();
             for v in values {
@@ -317,7 +321,7 @@ fn find(snapshot: &Snapshot) -> (Vec<LeakCandidate>, Option<u64>) {
     });
     let mut out = Vec::new();
     let mut unplaced = None;
-    for (site, s) in &sites {
+    for (site, s) in sites.iter().enumerate().filter_map(|(site, s)| Some((site as u32, s.as_ref()?))) {
         let mut prev = (0u64, 0u64, 0u64);
         let (mut rises, mut first, mut last, mut fell) = (0u32, None, 0u32, false);
         // Each rise: its window, bytes, blocks and block bytes.
@@ -396,13 +400,13 @@ fn find(snapshot: &Snapshot) -> (Vec<LeakCandidate>, Option<u64>) {
         let blocks_per_step = kept.iter().map(|r| r.2 as f64).sum::<f64>() / steps_grown;
         let block_bytes_per_step = kept.iter().map(|r| r.3 as f64).sum::<f64>() / steps_grown;
         let (end_bytes, end_blocks, end_held) =
-            end.as_ref().map_or((s.bytes, s.blocks, s.held), |end| end.get(site).copied().unwrap_or_default());
+            end.as_ref().map_or((s.bytes, s.blocks, s.held), |end| end.get(&site).copied().unwrap_or_default());
         if !history_asks && end_held > 0 {
             // A history of block sizes (vramscope's before format 6): the bytes asked for per
             // step are the blocks' in the proportion the site's live blocks hold.
             bytes_per_step *= end_bytes as f64 / end_held as f64;
         }
-        let Some(frame) = labels.site_frame(*site) else {
+        let Some(frame) = labels.site_frame(site) else {
             unplaced = Some(bytes_per_step.round() as u64);
             continue;
         };

@@ -24,7 +24,7 @@ pub use flame::{differential_flamegraph, flamegraph};
 pub use flame::{folded, FoldedKind};
 pub use leaks::{leak_limits, leaks, leaks_with_limits, LeakCandidate, LeakLimits, LeakUnit};
 pub use live::{live, LiveGroup};
-pub use ranks::{ranks, Rank, Ranks, SiteAcrossRanks, RANKS_SITES};
+pub use ranks::{rank_part, ranks, ranks_from, Rank, RankPart, Ranks, SiteAcrossRanks, RANKS_SITES};
 pub use segments::segments;
 pub use timeline::{timeline, Band, Timeline, TIMELINE_POINTS, TIMELINE_SITES};
 

@@ -66,13 +66,13 @@ fn rank(name: &str, snap: &Snapshot) -> Rank {
             _ => 0,
         }
     };
-    let total: i128 = snap.history.iter().map(seg_delta).sum();
-    let mut reserved = (i128::from(now.reserved_bytes.all.current) - total).max(0);
-    let mut peak_reserved = reserved;
     // Allocated over the history the same way: each event's change, from the start's blocks.
+    // One pass over the history finds both changes of each event (those that change either)
+    // and their totals; the second goes over the changes alone.
     let block = |size: u64| i128::from(super::leaks::rounded(size));
-    let mut deltas = Vec::with_capacity(snap.history.len());
+    let mut deltas: Vec<(i128, i128)> = Vec::new();
     let mut live: crate::intern::Map<u64, i128> = Default::default();
+    let (mut total_allocated, mut total_reserved) = (0i128, 0i128);
     for e in &snap.history {
         let d = match e.action {
             Action::Alloc => {
@@ -82,12 +82,19 @@ fn rank(name: &str, snap: &Snapshot) -> Rank {
             Action::FreeRequested | Action::FreeCompleted => -live.remove(&e.addr).unwrap_or(0),
             _ => 0,
         };
-        deltas.push(d);
+        let r = seg_delta(e);
+        if d != 0 || r != 0 {
+            total_allocated += d;
+            total_reserved += r;
+            deltas.push((d, r));
+        }
     }
-    let mut allocated = (i128::from(now.allocated_bytes.all.current) - deltas.iter().sum::<i128>()).max(0);
+    let mut reserved = (i128::from(now.reserved_bytes.all.current) - total_reserved).max(0);
+    let mut peak_reserved = reserved;
+    let mut allocated = (i128::from(now.allocated_bytes.all.current) - total_allocated).max(0);
     let mut peak_allocated = allocated;
-    for (e, d) in snap.history.iter().zip(deltas) {
-        reserved = (reserved + seg_delta(e)).max(0);
+    for (d, r) in deltas {
+        reserved = (reserved + r).max(0);
         peak_reserved = peak_reserved.max(reserved);
         allocated = (allocated + d).max(0);
         peak_allocated = peak_allocated.max(allocated);
@@ -110,17 +117,36 @@ pub fn ranks(snapshots: &[(String, Snapshot)]) -> Ranks {
     // Each rank's figures and live sites on the cores there are, a share of the ranks each.
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let share = snapshots.len().div_ceil(cores).max(1);
-    let per: Vec<(Rank, Vec<super::LiveGroup>)> = std::thread::scope(|scope| {
+    let parts: Vec<RankPart> = std::thread::scope(|scope| {
         let workers: Vec<_> = (snapshots.chunks(share))
-            .map(|part| {
-                scope.spawn(move || {
-                    part.iter().map(|(name, snap)| (rank(name, snap), super::live(snap))).collect::<Vec<_>>()
-                })
-            })
+            .map(|part| scope.spawn(move || part.iter().map(|(name, snap)| rank_part(name, snap)).collect::<Vec<_>>()))
             .collect();
         workers.into_iter().flat_map(|w| w.join().expect("a rank's report does not panic")).collect()
     });
-    let n = snapshots.len();
+    ranks_from(parts)
+}
+
+/// What [`ranks`] reads of one rank's snapshot: its figures and its live bytes by site. Made
+/// from each snapshot alone, as soon as it is read, the snapshot can be freed before the next
+/// is read: `vramscope ranks` holds one snapshot per core at most, and reads each rank's
+/// history while it is still in the cache.
+#[derive(Debug, Clone)]
+pub struct RankPart {
+    rank: Rank,
+    live: Vec<super::LiveGroup>,
+}
+
+/// The part of [`ranks`] that reads the rank `name`'s snapshot; [`ranks_from`] puts the
+/// ranks' parts side by side.
+pub fn rank_part(name: &str, snapshot: &Snapshot) -> RankPart {
+    RankPart { rank: rank(name, snapshot), live: super::live(snapshot) }
+}
+
+/// The ranks of one job side by side, from each rank's [`rank_part`], in the ranks' order:
+/// what [`ranks`] gives for their snapshots.
+pub fn ranks_from(parts: Vec<RankPart>) -> Ranks {
+    let per: Vec<(Rank, Vec<super::LiveGroup>)> = parts.into_iter().map(|p| (p.rank, p.live)).collect();
+    let n = per.len();
     let mut by_site: BTreeMap<String, Vec<u64>> = BTreeMap::new();
     let mut per_rank = Vec::with_capacity(n);
     for (r, (figures, live)) in per.into_iter().enumerate() {

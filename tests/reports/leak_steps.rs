@@ -219,6 +219,9 @@ fn ranks_tell_the_leaking_rank_and_line() {
     let (leaky, leaky_held) = program(0..10, None);
     let snaps = vec![("rank0.json".to_string(), steady.snapshot()), ("rank1.json".to_string(), leaky.snapshot())];
     let r = report::ranks(&snaps);
+    // Made rank by rank (as the command line does, each snapshot freed once read), the same.
+    let parts = snaps.iter().map(|(name, snap)| report::rank_part(name, snap)).collect();
+    assert_eq!(report::ranks_from(parts), r);
     let (a, b) = (&r.ranks[0], &r.ranks[1]);
     assert_eq!(b.allocated - a.allocated, 9 << 20, "{a:?} {b:?}");
     assert!(b.peak_allocated >= b.allocated && b.peak_reserved >= b.reserved, "{b:?}");

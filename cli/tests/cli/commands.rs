@@ -478,3 +478,20 @@ fn ledger_prints_what_the_snapshot_carries() {
     drop(x);
     let _ = std::fs::remove_file(&path);
 }
+
+/// `ranks` reads its files on every core and lists them in the order given, as the library's
+/// `report::ranks` over the same snapshots; the first file that cannot be read, in that order,
+/// is the error.
+#[test]
+fn ranks_lists_files_in_order_as_the_library_does() {
+    let files = ["leaky_train", "resnet_train", "expandable_unmap"].map(|f| fixture(&format!("{f}.snapshot.pickle")));
+    let (code, out, err) = vramscope(&["ranks", &files[0], &files[1], &files[2], "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let snaps: Vec<(String, vramscope::snapshot::Snapshot)> =
+        files.iter().map(|f| (f.clone(), vramscope::snapshot::Snapshot::load(f).unwrap())).collect();
+    let expected = serde_json::to_value(vramscope::report::ranks(&snaps)).unwrap();
+    assert_eq!(serde_json::from_str::<serde_json::Value>(&out).unwrap(), expected);
+    let (code, _, err) = vramscope(&["ranks", &files[0], "no-such-rank1.pickle", "no-such-rank2.pickle"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("no-such-rank1.pickle") && !err.contains("no-such-rank2"), "{err}");
+}
