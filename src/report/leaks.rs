@@ -516,47 +516,60 @@ pub struct LeakLimits {
 /// a history that starts in the middle of the program's work. Where both are wanted,
 /// [`leaks_with_limits`] replays the history once instead of twice.
 pub fn leak_limits(snapshot: &Snapshot) -> LeakLimits {
-    limits(snapshot, || find(snapshot).1)
+    let mut limits = limits(snapshot);
+    if limits.without_stack > 0 {
+        limits.without_stack_growth = find(snapshot).1;
+    }
+    limits
 }
 
-/// [`leaks`] and [`leak_limits`] of `snapshot`, from one replay of its history.
+/// [`leaks`] and [`leak_limits`] of `snapshot`, from one replay of its history. The limits'
+/// pass over a long history runs on another core beside the finder's.
 pub fn leaks_with_limits(snapshot: &Snapshot) -> (Vec<LeakCandidate>, LeakLimits) {
-    let (candidates, unplaced) = find(snapshot);
-    (candidates, limits(snapshot, || unplaced))
+    let ((candidates, unplaced), mut limits) = if snapshot.history.len() >= super::timeline::PARALLEL_FROM {
+        std::thread::scope(|scope| {
+            let limits = scope.spawn(|| limits(snapshot));
+            let found = find(snapshot);
+            (found, limits.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
+        })
+    } else {
+        (find(snapshot), limits(snapshot))
+    };
+    if limits.without_stack > 0 {
+        limits.without_stack_growth = unplaced;
+    }
+    (candidates, limits)
 }
 
-/// [`leak_limits`]'s work; `unplaced` gives [`find`]'s growth of the memory without a stack,
-/// asked for only where some allocation has none.
-fn limits(snapshot: &Snapshot, unplaced: impl FnOnce() -> Option<u64>) -> LeakLimits {
+/// [`leak_limits`]'s pass over the snapshot: all but the growth of the memory without a stack
+/// ([`find`]'s, asked for only where some allocation has none).
+fn limits(snapshot: &Snapshot) -> LeakLimits {
     let mut limits = LeakLimits {
         dropped: snapshot.history_dropped,
         from_pytorch: snapshot.is_from_pytorch(),
         ..LeakLimits::default()
     };
-    let mut allocated = std::collections::HashSet::new();
+    let mut allocated: crate::intern::Map<u64, ()> = Map::default();
     for e in &snapshot.history {
         match e.action {
             Action::Alloc => {
-                allocated.insert(e.addr);
+                allocated.insert(e.addr, ());
                 limits.allocations += 1;
                 limits.without_stack += u64::from(e.context.and_then(|c| c.stack).is_none());
             }
-            Action::FreeRequested | Action::FreeCompleted if !allocated.contains(&e.addr) => {
+            Action::FreeRequested | Action::FreeCompleted if !allocated.contains_key(&e.addr) => {
                 // Counted once per block: its free_requested and free_completed both come here.
-                allocated.insert(e.addr);
+                allocated.insert(e.addr, ());
                 limits.frees_unseen += 1;
             }
             _ => {}
         }
     }
     for b in snapshot.segments.iter().flat_map(|g| &g.blocks) {
-        if b.state == BlockState::ActiveAllocated && !allocated.contains(&b.address) {
+        if b.state == BlockState::ActiveAllocated && !allocated.contains_key(&b.address) {
             limits.live_before_history += 1;
             limits.live_before_history_bytes += b.requested_size;
         }
-    }
-    if limits.without_stack > 0 {
-        limits.without_stack_growth = unplaced();
     }
     limits
 }

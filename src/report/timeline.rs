@@ -138,8 +138,9 @@ pub fn timeline(snapshot: &Snapshot) -> Timeline {
     })
 }
 
-/// Histories from this many events on find their leak candidates on a thread of their own.
-const PARALLEL_FROM: usize = 100_000;
+/// Histories from this many events on find their leak candidates on a thread of their own (here
+/// and in [`super::leaks_with_limits`]).
+pub(super) const PARALLEL_FROM: usize = 100_000;
 
 /// XML text: `&`, `<`, `>` and quotes escaped, control characters dropped.
 fn xml(text: &str) -> String {

@@ -188,8 +188,13 @@ fn a_timeline_is_bounded_whatever_the_history() {
             temporary(&alloc, &s);
         }
     }
-    let t = report::timeline(&alloc.snapshot());
+    let snap = alloc.snapshot();
+    let t = report::timeline(&snap);
     assert!(t.events > 200_000, "{}", t.events);
+    // The leak finder and its limits, each on a core of its own over so long a history, give
+    // what they give one after the other.
+    let (found, limits) = report::leaks_with_limits(&snap);
+    assert_eq!((found, limits), (report::leaks(&snap), report::leak_limits(&snap)));
     assert_eq!(t.points.len(), report::TIMELINE_POINTS);
     assert!(t.to_svg("long").len() < 200_000);
     let leak = t.bands.iter().find(|b| b.label.contains("keep")).expect("the kept line's band");
