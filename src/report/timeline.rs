@@ -66,7 +66,7 @@ pub fn timeline(snapshot: &Snapshot) -> Timeline {
     // The leak finder's candidates are marked on the bands: on a long history it runs on
     // another core while this one aggregates (each reads the snapshot, neither writes).
     let find = || -> std::collections::HashSet<String> { super::leaks(snapshot).into_iter().map(|c| c.site).collect() };
-    std::thread::scope(|scope| {
+    let candidates = std::thread::scope(|scope| {
         let finder = (events >= PARALLEL_FROM).then(|| scope.spawn(find));
         let mut next = 0;
         for (i, e) in hist.iter().enumerate() {
@@ -99,43 +99,43 @@ pub fn timeline(snapshot: &Snapshot) -> Timeline {
                 next += 1;
             }
         }
-        let candidates = match finder {
+        match finder {
             Some(f) => f.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
             None => find(),
-        };
-        let mut sites: Vec<(u32, Vec<u64>, u64)> = series
-            .into_iter()
-            .map(|(site, bytes)| {
-                let peak = bytes.iter().copied().max().unwrap_or(0);
-                (site, bytes, peak)
-            })
-            .filter(|(_, _, peak)| *peak > 0)
-            .collect();
-        sites.sort_by(|a, b| b.2.cmp(&a.2).then_with(|| labels.site_label(a.0).cmp(labels.site_label(b.0))));
-        let rest = sites.split_off(sites.len().min(TIMELINE_SITES));
-        let mut bands: Vec<Band> = sites
-            .into_iter()
-            .map(|(site, bytes, peak)| {
-                let label = labels.site_label(site).to_string();
-                Band { leak_candidate: candidates.contains(&label), label, bytes, peak }
-            })
-            .collect();
-        if !rest.is_empty() {
-            let mut bytes = vec![0u64; points.len()];
-            for (_, b, _) in &rest {
-                for (t, x) in bytes.iter_mut().zip(b) {
-                    *t = t.saturating_add(*x);
-                }
-            }
+        }
+    });
+    let mut sites: Vec<(u32, Vec<u64>, u64)> = series
+        .into_iter()
+        .map(|(site, bytes)| {
             let peak = bytes.iter().copied().max().unwrap_or(0);
-            bands.push(Band { label: format!("other sites ({})", rest.len()), bytes, peak, leak_candidate: false });
+            (site, bytes, peak)
+        })
+        .filter(|(_, _, peak)| *peak > 0)
+        .collect();
+    sites.sort_by(|a, b| b.2.cmp(&a.2).then_with(|| labels.site_label(a.0).cmp(labels.site_label(b.0))));
+    let rest = sites.split_off(sites.len().min(TIMELINE_SITES));
+    let mut bands: Vec<Band> = sites
+        .into_iter()
+        .map(|(site, bytes, peak)| {
+            let label = labels.site_label(site).to_string();
+            Band { leak_candidate: candidates.contains(&label), label, bytes, peak }
+        })
+        .collect();
+    if !rest.is_empty() {
+        let mut bytes = vec![0u64; points.len()];
+        for (_, b, _) in &rest {
+            for (t, x) in bytes.iter_mut().zip(b) {
+                *t = t.saturating_add(*x);
+            }
         }
-        let points = if events == 0 { Vec::new() } else { points };
-        if events == 0 {
-            bands.clear();
-        }
-        Timeline { events, points, bands, unseen_frees: unseen }
-    })
+        let peak = bytes.iter().copied().max().unwrap_or(0);
+        bands.push(Band { label: format!("other sites ({})", rest.len()), bytes, peak, leak_candidate: false });
+    }
+    let points = if events == 0 { Vec::new() } else { points };
+    if events == 0 {
+        bands.clear();
+    }
+    Timeline { events, points, bands, unseen_frees: unseen }
 }
 
 /// Histories from this many events on find their leak candidates on a thread of their own (here

@@ -603,7 +603,7 @@ impl Spare {
                 Value::List(n) => self.lists.len() < SPARE_MAX && Rc::get_mut(n).is_some_and(Node::reset),
                 Value::Dict(n) => self.dicts.len() < SPARE_MAX && Rc::get_mut(n).is_some_and(Node::reset),
                 // Most items taken (a frame read already, a number) own nothing: forgotten,
-                // not dropped one call each (a seventh of a default-stacks parse).
+                // not dropped through a call each (a twentieth of a default-stacks parse).
                 Value::None | Value::Bool(_) | Value::Int(_) | Value::Float(_) | Value::Kept(_) => {
                     std::mem::forget(v);
                     continue;
