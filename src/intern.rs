@@ -10,6 +10,9 @@ use std::hash::Hash;
 /// of a leak finder's pass over millions of events.
 pub(crate) type Map<K, V> = std::collections::HashMap<K, V, ahash::RandomState>;
 
+/// A set of such keys, hashed as [`Map`]'s.
+pub(crate) type Set<K> = std::collections::HashSet<K, ahash::RandomState>;
+
 /// Items in order of first appearance, found by key. The key is the item itself
 /// ([`Interner::intern`]) or something it is made from ([`Interner::id`]: a raw stack id for
 /// its symbolized frames, a scope path's text for its names).
@@ -42,12 +45,12 @@ impl<K: Hash + Eq, T> Interner<K, T> {
         self.ids.get(key).copied()
     }
 
-    /// The item at `id`.
     /// How many distinct items it holds.
     pub(crate) fn len(&self) -> usize {
         self.items.len()
     }
 
+    /// The item at `id`.
     pub(crate) fn item(&self, id: u32) -> &T {
         &self.items[id as usize]
     }

@@ -1,6 +1,6 @@
 use super::labels::Labels;
 use super::{bytes, frames};
-use crate::intern::Map;
+use crate::intern::{Map, Set};
 use crate::record::{Action, Frame};
 use crate::snapshot::{BlockState, ContextInfo, Snapshot};
 use serde::Serialize;
@@ -526,15 +526,8 @@ pub fn leak_limits(snapshot: &Snapshot) -> LeakLimits {
 /// [`leaks`] and [`leak_limits`] of `snapshot`, from one replay of its history. The limits'
 /// pass over a long history runs on another core beside the finder's.
 pub fn leaks_with_limits(snapshot: &Snapshot) -> (Vec<LeakCandidate>, LeakLimits) {
-    let ((candidates, unplaced), mut limits) = if snapshot.history.len() >= super::timeline::PARALLEL_FROM {
-        std::thread::scope(|scope| {
-            let limits = scope.spawn(|| limits(snapshot));
-            let found = find(snapshot);
-            (found, limits.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
-        })
-    } else {
-        (find(snapshot), limits(snapshot))
-    };
+    let (mut limits, (candidates, unplaced)) =
+        super::beside(snapshot.history.len(), || limits(snapshot), || find(snapshot));
     if limits.without_stack > 0 {
         limits.without_stack_growth = unplaced;
     }
@@ -549,24 +542,24 @@ fn limits(snapshot: &Snapshot) -> LeakLimits {
         from_pytorch: snapshot.is_from_pytorch(),
         ..LeakLimits::default()
     };
-    let mut allocated: crate::intern::Map<u64, ()> = Map::default();
+    let mut allocated: Set<u64> = Set::default();
     for e in &snapshot.history {
         match e.action {
             Action::Alloc => {
-                allocated.insert(e.addr, ());
+                allocated.insert(e.addr);
                 limits.allocations += 1;
                 limits.without_stack += u64::from(e.context.and_then(|c| c.stack).is_none());
             }
-            Action::FreeRequested | Action::FreeCompleted if !allocated.contains_key(&e.addr) => {
+            Action::FreeRequested | Action::FreeCompleted if !allocated.contains(&e.addr) => {
                 // Counted once per block: its free_requested and free_completed both come here.
-                allocated.insert(e.addr, ());
+                allocated.insert(e.addr);
                 limits.frees_unseen += 1;
             }
             _ => {}
         }
     }
     for b in snapshot.segments.iter().flat_map(|g| &g.blocks) {
-        if b.state == BlockState::ActiveAllocated && !allocated.contains_key(&b.address) {
+        if b.state == BlockState::ActiveAllocated && !allocated.contains(&b.address) {
             limits.live_before_history += 1;
             limits.live_before_history_bytes += b.requested_size;
         }

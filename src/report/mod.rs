@@ -35,6 +35,25 @@ use crate::frames;
 use crate::record::Frame;
 use crate::snapshot::{ContextInfo, Snapshot};
 
+/// Histories from this many events on have a report's two passes over them run on two cores
+/// ([`beside`]).
+const PARALLEL_FROM: usize = 100_000;
+
+/// `there()` and `here()`, two passes over one snapshot that neither writes: on a history of
+/// [`PARALLEL_FROM`] events or more (`events`), `there` runs on another thread while `here` runs
+/// on this one; on a shorter one, one after the other (a thread would cost more than it saves).
+fn beside<A: Send, B>(events: usize, there: impl FnOnce() -> A + Send, here: impl FnOnce() -> B) -> (A, B) {
+    if events < PARALLEL_FROM {
+        let b = here();
+        return (there(), b);
+    }
+    std::thread::scope(|scope| {
+        let a = scope.spawn(there);
+        let b = here();
+        (a.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)), b)
+    })
+}
+
 /// The memory summary table in PyTorch's layout, from the snapshot's statistics: one table per
 /// device of a snapshot of several ([`Snapshot::for_device`]).
 pub fn summary(snapshot: &Snapshot) -> String {

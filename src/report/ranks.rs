@@ -145,12 +145,11 @@ pub fn rank_part(name: &str, snapshot: &Snapshot) -> RankPart {
 /// The ranks of one job side by side, from each rank's [`rank_part`], in the ranks' order:
 /// what [`ranks`] gives for their snapshots.
 pub fn ranks_from(parts: Vec<RankPart>) -> Ranks {
-    let per: Vec<(Rank, Vec<super::LiveGroup>)> = parts.into_iter().map(|p| (p.rank, p.live)).collect();
-    let n = per.len();
+    let n = parts.len();
     let mut by_site: BTreeMap<String, Vec<u64>> = BTreeMap::new();
     let mut per_rank = Vec::with_capacity(n);
-    for (r, (figures, live)) in per.into_iter().enumerate() {
-        per_rank.push(figures);
+    for (r, RankPart { rank, live }) in parts.into_iter().enumerate() {
+        per_rank.push(rank);
         for g in live {
             let bytes = by_site.entry(g.site).or_insert_with(|| vec![0; n]);
             bytes[r] = bytes[r].saturating_add(g.requested_bytes);

@@ -64,10 +64,9 @@ pub fn timeline(snapshot: &Snapshot) -> Timeline {
     let mut series: Map<u32, Vec<u64>> = Map::default();
     let mut unseen = 0u64;
     // The leak finder's candidates are marked on the bands: on a long history it runs on
-    // another core while this one aggregates (each reads the snapshot, neither writes).
+    // another core while this one aggregates.
     let find = || -> std::collections::HashSet<String> { super::leaks(snapshot).into_iter().map(|c| c.site).collect() };
-    let candidates = std::thread::scope(|scope| {
-        let finder = (events >= PARALLEL_FROM).then(|| scope.spawn(find));
+    let (candidates, ()) = super::beside(events, find, || {
         let mut next = 0;
         for (i, e) in hist.iter().enumerate() {
             match e.action {
@@ -98,10 +97,6 @@ pub fn timeline(snapshot: &Snapshot) -> Timeline {
                 }
                 next += 1;
             }
-        }
-        match finder {
-            Some(f) => f.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
-            None => find(),
         }
     });
     let mut sites: Vec<(u32, Vec<u64>, u64)> = series
@@ -137,10 +132,6 @@ pub fn timeline(snapshot: &Snapshot) -> Timeline {
     }
     Timeline { events, points, bands, unseen_frees: unseen }
 }
-
-/// Histories from this many events on find their leak candidates on a thread of their own (here
-/// and in [`super::leaks_with_limits`]).
-pub(super) const PARALLEL_FROM: usize = 100_000;
 
 /// XML text: `&`, `<`, `>` and quotes escaped, control characters dropped.
 fn xml(text: &str) -> String {

@@ -15,7 +15,6 @@ use crate::model::{
 };
 use crate::record::Action;
 use budget::Budget;
-use std::collections::HashMap;
 use trace::{read_history, TraceReader};
 
 fn bad(source: &str, message: impl Into<String>) -> Error {
@@ -381,7 +380,7 @@ impl Snapshot {
         // it beside the block's frames). Where the file names no scope at all (PyTorch's own
         // files: the table holds the root alone), every block's scope is the root already.
         if t.scopes.len() > 1 {
-            let mut scope_at: HashMap<u64, ScopeId> = HashMap::new();
+            let mut scope_at: crate::intern::Map<u64, ScopeId> = Default::default();
             for e in history.iter().filter(|e| e.action == Action::Alloc) {
                 scope_at.insert(e.addr, e.context.map_or(ScopeId::ROOT, |c| c.scope));
             }

@@ -369,8 +369,8 @@ pub(super) fn read_history(
     // Saturating: a hostile file's times may be any 128-bit integers, in any order.
     let ns = |time: i128| u64::try_from(time.saturating_sub(t0).max(0).saturating_mul(1000)).unwrap_or(u64::MAX);
     let origin = u64::try_from(t0.max(0)).unwrap_or(u64::MAX);
-    // Each entry's device and time are set in one pass over the entries, which for a long
-    // trace are hundreds of megabytes.
+    // Each entry's time (and its device, where several devices have entries) is set in one
+    // pass over the entries, which for a long trace are hundreds of megabytes.
     let devices: Vec<usize> =
         per_device.iter().enumerate().filter(|(_, (out, _))| !out.is_empty()).map(|(d, _)| d).collect();
     if let [d] = devices[..] {
