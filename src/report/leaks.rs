@@ -1,8 +1,9 @@
 use super::labels::Labels;
+use super::peak::Course;
 use super::{bytes, frames};
 use crate::intern::{Map, Set};
 use crate::record::{Action, Frame};
-use crate::snapshot::{BlockState, ContextInfo, Snapshot};
+use crate::snapshot::{BlockState, ContextInfo, HistoryEntry, Snapshot};
 use serde::Serialize;
 
 /// An allocation site whose live memory keeps growing.
@@ -132,149 +133,64 @@ const MAX_STEP_WINDOWS: u64 = 100;
 /// gives no candidate, and neither does memory allocated without a stack: [`leak_limits`]
 /// says when either is so.
 pub fn leaks(snapshot: &Snapshot) -> Vec<LeakCandidate> {
-    find(snapshot).0
+    find(snapshot).candidates
 }
 
-/// The candidates, and the growth per step of the memory allocated without a stack where it
-/// passes the same rule (it has no line to be named by).
-fn find(snapshot: &Snapshot) -> (Vec<LeakCandidate>, Option<u64>) {
+/// What the finder's pass over a history gives.
+pub(super) struct Found {
+    /// The candidates, as [`leaks`] gives them.
+    pub(super) candidates: Vec<LeakCandidate>,
+    /// The growth per step of the memory allocated without a stack where it passes the
+    /// candidates' rule (it has no line to be named by).
+    pub(super) unplaced: Option<u64>,
+    /// The course of the bytes allocated, each request as its [`rounded`] block: an
+    /// allocation adds its block (less the block it replaces at an address allocated twice),
+    /// a free of a block the history allocated takes it away.
+    pub(super) allocated: Course,
+    /// The course of the bytes reserved: segments allocated or mapped, freed or unmapped.
+    pub(super) reserved: Course,
+}
+
+/// A segment event's change of the bytes reserved.
+fn reserved_change(e: &crate::snapshot::HistoryEntry) -> i128 {
+    match e.action {
+        Action::SegmentAlloc | Action::SegmentMap => i128::from(e.size),
+        Action::SegmentFree | Action::SegmentUnmap => -i128::from(e.size),
+        _ => 0,
+    }
+}
+
+/// The finder: the candidates, and beside them what the same pass over the history sees of
+/// the bytes allocated and reserved.
+pub(super) fn find(snapshot: &Snapshot) -> Found {
     let hist = &snapshot.history;
+    let mut reserved = Course::default();
     if !hist.iter().any(|e| e.action == Action::Alloc) {
-        return (Vec::new(), None);
+        // No block is allocated, so none is freed either: the reserved bytes alone change.
+        hist.iter().for_each(|e| reserved.change(reserved_change(e)));
+        return Found { candidates: Vec::new(), unplaced: None, allocated: Course::default(), reserved };
     }
-    let recorded_step = |i: usize| hist[i].context.map(|c: ContextInfo| c.step);
-    let step_of = |i: usize| recorded_step(i).unwrap_or(0);
-    let allocs = || (0..hist.len()).filter(|&i| hist[i].action == Action::Alloc);
-    // The step numbers that occurred, in the order they first occurred: windows follow the
-    // steps a program marked, not the range or the direction of their numbers, so that strided
-    // (`step(i * 3)`), resumed (0, then 10000 on), sparse and descending (`step(10)` down to
-    // `step(1)`) numbering give what 0, 1, 2, ... gives.
-    let mut steps: Vec<u64> = Vec::new();
-    let mut order: Map<u64, u64> = Map::default();
-    for step in allocs().map(step_of) {
-        order.entry(step).or_insert_with(|| {
-            steps.push(step);
-            steps.len() as u64 - 1
-        });
-    }
-    let by_step = steps.len() >= 3;
-    // One window per step, up to MAX_STEP_WINDOWS (then steps are grouped): the floors cost
-    // sites x windows.
-    let marked = steps.len() as u64;
-    let windows = if by_step { marked.min(MAX_STEP_WINDOWS) as usize } else { WINDOWS };
-    // The window of event `i`: its step's place among the steps that occurred. An event of a
-    // step no allocation had (a free recorded without its context) stays in the window of the
-    // events before it.
-    let window_of = |i: usize| -> usize {
-        if by_step {
-            let Some(&rank) = recorded_step(i).and_then(|step| order.get(&step)) else { return 0 };
-            let k = u128::from(rank.min(marked - 1)) * windows as u128 / u128::from(marked);
-            (k as usize).min(windows - 1)
-        } else {
-            (i * windows / hist.len()).min(windows - 1)
-        }
-    };
     let mut labels = Labels::new(snapshot);
     // PyTorch's history and vramscope's since format 6 record the bytes asked for; earlier
     // vramscope files recorded each block's size.
     let history_asks = snapshot.is_from_pytorch() || snapshot.version >= crate::snapshot::HISTORY_REQUESTED_SINCE;
-    // Per site: live bytes, blocks and block bytes now, and per window the floor of each.
-    struct Site {
-        bytes: u64,
-        blocks: u64,
-        held: u64,
-        floors: Vec<(u64, u64, u64)>,
-        /// Runs of allocations at this site with no other site's allocation between them:
-        /// one per execution of a loop's line, however many tensors it allocates.
-        runs: u64,
-        /// The sizes of its allocations in order (their number: its allocations), where no
-        /// steps were marked.
-        sizes: Vec<u64>,
-        windows_allocating: Vec<bool>,
-        /// The largest surviving allocation (size, then earliest), for callers and scope.
-        example: Option<(u64, std::cmp::Reverse<usize>)>,
-    }
-    // By site id (the labels' ids are dense): two or three lookups per event, no hashing.
-    let mut sites: Vec<Option<Site>> = Vec::new();
-    let mut live: Map<u64, (u32, u64, usize)> = Map::default();
-    let mut window = 0;
-    let mut last_site = None;
-    for (i, e) in hist.iter().enumerate() {
-        let w = window_of(i).max(window);
-        if w != window {
-            // A new window starts from what each site holds now.
-            for s in sites.iter_mut().flatten() {
-                for k in window + 1..=w {
-                    s.floors[k] = (s.bytes, s.blocks, s.held);
-                }
-            }
-            window = w;
+    // Most histories mark no steps (PyTorch's never do): their windows are the history's
+    // tenths. The pass assumes so and gives up at the third step it meets among allocations;
+    // the steps are then found and the pass made again by step. (Finding the steps first would
+    // read every history twice, and a long history does not stay in the cache.)
+    let tenths = Windows::tenths(hist.len());
+    let (windows, pass) = match replay(hist, &tenths, &mut labels) {
+        Ok(pass) => (tenths, pass),
+        Err(GaveUp) => {
+            let by_step = Windows::of_steps(hist);
+            let pass = replay(hist, &by_step, &mut labels).unwrap_or_else(|GaveUp| unreachable!("by step it goes on"));
+            (by_step, pass)
         }
-        let touched = match e.action {
-            Action::Alloc => {
-                let site = labels.site(e.context.as_ref());
-                if sites.len() <= site as usize {
-                    sites.resize_with(site as usize + 1, || None);
-                }
-                let s = sites[site as usize].get_or_insert_with(|| Site {
-                    bytes: 0,
-                    blocks: 0,
-                    held: 0,
-                    floors: vec![(0, 0, 0); windows],
-                    runs: 0,
-                    sizes: Vec::new(),
-                    windows_allocating: vec![false; windows],
-                    example: None,
-                });
-                s.bytes = s.bytes.saturating_add(e.size);
-                s.blocks += 1;
-                s.held = s.held.saturating_add(rounded(e.size));
-                if !by_step {
-                    s.sizes.push(e.size);
-                }
-                if last_site != Some(site) {
-                    s.runs += 1;
-                    last_site = Some(site);
-                }
-                s.windows_allocating[w] = true;
-                if let Some((old_site, old_size, _)) = live.insert(e.addr, (site, e.size, i)) {
-                    // An address allocated twice without a free in between (a trimmed
-                    // history): the older block is gone.
-                    if let Some(o) = sites.get_mut(old_site as usize).and_then(Option::as_mut) {
-                        o.bytes = o.bytes.saturating_sub(old_size);
-                        o.blocks = o.blocks.saturating_sub(1);
-                        o.held = o.held.saturating_sub(rounded(old_size));
-                        let f = &mut o.floors[w];
-                        *f = (f.0.min(o.bytes), f.1.min(o.blocks), f.2.min(o.held));
-                    }
-                }
-                Some(site)
-            }
-            Action::FreeRequested | Action::FreeCompleted => match live.remove(&e.addr) {
-                Some((site, size, _)) => {
-                    let s = sites[site as usize].as_mut().expect("a live block's site exists");
-                    s.bytes = s.bytes.saturating_sub(size);
-                    s.blocks = s.blocks.saturating_sub(1);
-                    s.held = s.held.saturating_sub(rounded(size));
-                    Some(site)
-                }
-                None => None,
-            },
-            _ => None,
-        };
-        if let Some(site) = touched {
-            let s = sites[site as usize].as_mut().expect("just touched");
-            let f = &mut s.floors[w];
-            f.0 = f.0.min(s.bytes);
-            f.1 = f.1.min(s.blocks);
-            f.2 = f.2.min(s.held);
-        }
-    }
-    for s in sites.iter_mut().flatten() {
-        for k in window + 1..windows {
-            s.floors[k] = (s.bytes, s.blocks, s.held);
-        }
-    }
+    };
+    let Pass { mut sites, live, allocated, reserved, steps_met } = pass;
+    let Windows { by_step, count: windows, steps, .. } = windows;
+    let steps = if by_step { steps } else { steps_met };
+    let marked = steps.len() as u64;
     for &(site, size, i) in live.values() {
         let s = sites[site as usize].as_mut().expect("a live block's site exists");
         s.example = s.example.max(Some((size, std::cmp::Reverse(i))));
@@ -446,7 +362,214 @@ fn find(snapshot: &Snapshot) -> (Vec<LeakCandidate>, Option<u64>) {
         });
     }
     out.sort_by(|a, b| b.bytes_per_step.cmp(&a.bytes_per_step).then_with(|| a.site.cmp(&b.site)));
-    (out, unplaced)
+    Found { candidates: out, unplaced, allocated, reserved }
+}
+
+/// How the finder cuts a history into windows: by the steps a program marked, or, where it
+/// marked fewer than three, into tenths of its events.
+struct Windows {
+    by_step: bool,
+    /// How many windows.
+    count: usize,
+    /// Events in the history.
+    events: usize,
+    /// The step numbers that occurred among allocations, in the order they first occurred,
+    /// and each one's place among them (by step only).
+    steps: Vec<u64>,
+    order: Map<u64, u64>,
+}
+
+impl Windows {
+    fn tenths(events: usize) -> Windows {
+        Windows { by_step: false, count: WINDOWS, events, steps: Vec::new(), order: Map::default() }
+    }
+
+    /// Windows by step: windows follow the steps a program marked, not the range or the
+    /// direction of their numbers, so that strided (`step(i * 3)`), resumed (0, then 10000
+    /// on), sparse and descending (`step(10)` down to `step(1)`) numbering give what 0, 1, 2,
+    /// ... gives. One window per step, up to MAX_STEP_WINDOWS (then steps are grouped): the
+    /// floors cost sites x windows.
+    fn of_steps(hist: &[HistoryEntry]) -> Windows {
+        let mut steps: Vec<u64> = Vec::new();
+        let mut order: Map<u64, u64> = Map::default();
+        for e in hist.iter().filter(|e| e.action == Action::Alloc) {
+            let step = step_of(e);
+            order.entry(step).or_insert_with(|| {
+                steps.push(step);
+                steps.len() as u64 - 1
+            });
+        }
+        let by_step = steps.len() >= 3;
+        let count = if by_step { (steps.len() as u64).min(MAX_STEP_WINDOWS) as usize } else { WINDOWS };
+        Windows { by_step, count, events: hist.len(), steps, order }
+    }
+
+    /// The window of event `i` of step `step` (`None`: its context has none): by step, its
+    /// step's place among the steps that occurred. An event of a step no allocation had (a
+    /// free recorded without its context) stays in the window of the events before it (0 here:
+    /// the caller keeps the later of the two).
+    fn of(&self, i: usize, step: Option<u64>) -> usize {
+        if self.by_step {
+            let marked = self.steps.len() as u64;
+            let Some(&rank) = step.and_then(|step| self.order.get(&step)) else { return 0 };
+            let k = u128::from(rank.min(marked - 1)) * self.count as u128 / u128::from(marked);
+            (k as usize).min(self.count - 1)
+        } else {
+            (i * self.count / self.events).min(self.count - 1)
+        }
+    }
+}
+
+/// An allocation's step: its context's, 0 where it has none.
+fn step_of(e: &HistoryEntry) -> u64 {
+    e.context.map_or(0, |c: ContextInfo| c.step)
+}
+
+/// Per site: live bytes, blocks and block bytes now, and per window the floor of each.
+struct Site {
+    bytes: u64,
+    blocks: u64,
+    held: u64,
+    floors: Vec<(u64, u64, u64)>,
+    /// Runs of allocations at this site with no other site's allocation between them:
+    /// one per execution of a loop's line, however many tensors it allocates.
+    runs: u64,
+    /// The sizes of its allocations in order (their number: its allocations), where no
+    /// steps were marked.
+    sizes: Vec<u64>,
+    windows_allocating: Vec<bool>,
+    /// The largest surviving allocation (size, then earliest), for callers and scope.
+    example: Option<(u64, std::cmp::Reverse<usize>)>,
+}
+
+/// What the finder's pass over the history leaves.
+struct Pass {
+    /// By site id (the labels' ids are dense): two or three lookups per event, no hashing.
+    sites: Vec<Option<Site>>,
+    /// The blocks live at the end: site, size and event, by address.
+    live: Map<u64, (u32, u64, usize)>,
+    allocated: Course,
+    reserved: Course,
+    /// The steps met among allocations, in order (windows in tenths: fewer than three).
+    steps_met: Vec<u64>,
+}
+
+/// Windows in tenths met a third step: the history is to be cut by step.
+struct GaveUp;
+
+/// The finder's pass over `hist`, cut into `windows`: each site's live bytes and their floor
+/// in each window, and the courses of the bytes allocated and reserved.
+fn replay(hist: &[HistoryEntry], windows: &Windows, labels: &mut Labels<'_>) -> Result<Pass, GaveUp> {
+    let count = windows.count;
+    let mut sites: Vec<Option<Site>> = Vec::new();
+    let mut live: Map<u64, (u32, u64, usize)> = Map::default();
+    let (mut allocated, mut reserved) = (Course::default(), Course::default());
+    let mut steps_met: Vec<u64> = Vec::new();
+    let mut window = 0;
+    let mut last_site = None;
+    // The window of the last event's step: events come in runs of one step.
+    let mut last_step: Option<(u64, usize)> = None;
+    for (i, e) in hist.iter().enumerate() {
+        let step = e.context.map(|c| c.step);
+        let of = match (step, last_step) {
+            (Some(step), Some((last, w))) if windows.by_step && step == last => w,
+            _ => {
+                let w = windows.of(i, step);
+                if let Some(step) = step {
+                    last_step = Some((step, w));
+                }
+                w
+            }
+        };
+        let w = of.max(window);
+        if w != window {
+            // A new window starts from what each site holds now.
+            for s in sites.iter_mut().flatten() {
+                for k in window + 1..=w {
+                    s.floors[k] = (s.bytes, s.blocks, s.held);
+                }
+            }
+            window = w;
+        }
+        let touched = match e.action {
+            Action::Alloc => {
+                if !windows.by_step && !steps_met.contains(&step_of(e)) {
+                    if steps_met.len() == 2 {
+                        return Err(GaveUp);
+                    }
+                    steps_met.push(step_of(e));
+                }
+                let site = labels.site(e.context.as_ref());
+                if sites.len() <= site as usize {
+                    sites.resize_with(site as usize + 1, || None);
+                }
+                let s = sites[site as usize].get_or_insert_with(|| Site {
+                    bytes: 0,
+                    blocks: 0,
+                    held: 0,
+                    floors: vec![(0, 0, 0); count],
+                    runs: 0,
+                    sizes: Vec::new(),
+                    windows_allocating: vec![false; count],
+                    example: None,
+                });
+                s.bytes = s.bytes.saturating_add(e.size);
+                s.blocks += 1;
+                s.held = s.held.saturating_add(rounded(e.size));
+                if !windows.by_step {
+                    s.sizes.push(e.size);
+                }
+                if last_site != Some(site) {
+                    s.runs += 1;
+                    last_site = Some(site);
+                }
+                s.windows_allocating[w] = true;
+                let replaced = live.insert(e.addr, (site, e.size, i));
+                let replaced_block = replaced.map_or(0, |(_, old_size, _)| rounded(old_size));
+                allocated.change(i128::from(rounded(e.size)) - i128::from(replaced_block));
+                if let Some((old_site, old_size, _)) = replaced {
+                    // An address allocated twice without a free in between (a trimmed
+                    // history): the older block is gone.
+                    if let Some(o) = sites.get_mut(old_site as usize).and_then(Option::as_mut) {
+                        o.bytes = o.bytes.saturating_sub(old_size);
+                        o.blocks = o.blocks.saturating_sub(1);
+                        o.held = o.held.saturating_sub(rounded(old_size));
+                        let f = &mut o.floors[w];
+                        *f = (f.0.min(o.bytes), f.1.min(o.blocks), f.2.min(o.held));
+                    }
+                }
+                Some(site)
+            }
+            Action::FreeRequested | Action::FreeCompleted => match live.remove(&e.addr) {
+                Some((site, size, _)) => {
+                    allocated.change(-i128::from(rounded(size)));
+                    let s = sites[site as usize].as_mut().expect("a live block's site exists");
+                    s.bytes = s.bytes.saturating_sub(size);
+                    s.blocks = s.blocks.saturating_sub(1);
+                    s.held = s.held.saturating_sub(rounded(size));
+                    Some(site)
+                }
+                None => None,
+            },
+            _ => {
+                reserved.change(reserved_change(e));
+                None
+            }
+        };
+        if let Some(site) = touched {
+            let s = sites[site as usize].as_mut().expect("just touched");
+            let f = &mut s.floors[w];
+            f.0 = f.0.min(s.bytes);
+            f.1 = f.1.min(s.blocks);
+            f.2 = f.2.min(s.held);
+        }
+    }
+    for s in sites.iter_mut().flatten() {
+        for k in window + 1..count {
+            s.floors[k] = (s.bytes, s.blocks, s.held);
+        }
+    }
+    Ok(Pass { sites, live, allocated, reserved, steps_met })
 }
 
 /// The block a request of `size` bytes takes at least: rounded up to the allocator's smallest
@@ -518,7 +641,7 @@ pub struct LeakLimits {
 pub fn leak_limits(snapshot: &Snapshot) -> LeakLimits {
     let mut limits = limits(snapshot);
     if limits.without_stack > 0 {
-        limits.without_stack_growth = find(snapshot).1;
+        limits.without_stack_growth = find(snapshot).unplaced;
     }
     limits
 }
@@ -526,12 +649,11 @@ pub fn leak_limits(snapshot: &Snapshot) -> LeakLimits {
 /// [`leaks`] and [`leak_limits`] of `snapshot`, from one replay of its history. The limits'
 /// pass over a long history runs on another core beside the finder's.
 pub fn leaks_with_limits(snapshot: &Snapshot) -> (Vec<LeakCandidate>, LeakLimits) {
-    let (mut limits, (candidates, unplaced)) =
-        super::beside(snapshot.history.len(), || limits(snapshot), || find(snapshot));
+    let (mut limits, found) = super::beside(snapshot.history.len(), || limits(snapshot), || find(snapshot));
     if limits.without_stack > 0 {
-        limits.without_stack_growth = unplaced;
+        limits.without_stack_growth = found.unplaced;
     }
-    (candidates, limits)
+    (found.candidates, limits)
 }
 
 /// [`leak_limits`]'s pass over the snapshot: all but the growth of the memory without a stack

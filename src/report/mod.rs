@@ -11,6 +11,7 @@ mod flame;
 mod labels;
 mod leaks;
 mod live;
+mod peak;
 mod ranks;
 mod segments;
 mod timeline;

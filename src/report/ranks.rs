@@ -1,7 +1,6 @@
 //! Snapshots of one job's ranks side by side: what each holds, where they differ, and which
 //! ranks leak.
 
-use crate::record::Action;
 use crate::snapshot::Snapshot;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -57,55 +56,16 @@ pub struct Ranks {
 /// One rank's figures.
 fn rank(name: &str, snap: &Snapshot) -> Rank {
     let now = crate::snapshot::stats_of(&snap.segments);
-    // Reserved over the history: what the segments at its start held, rebuilt backwards from
-    // today's segments and the history's segment events, then replayed forwards.
-    let seg_delta = |e: &crate::snapshot::HistoryEntry| -> i128 {
-        match e.action {
-            Action::SegmentAlloc | Action::SegmentMap => i128::from(e.size),
-            Action::SegmentFree | Action::SegmentUnmap => -i128::from(e.size),
-            _ => 0,
-        }
-    };
-    // Allocated over the history the same way: each event's change, from the start's blocks.
-    // One pass over the history finds both changes of each event (those that change either)
-    // and their totals; the second goes over the changes alone.
-    let block = |size: u64| i128::from(super::leaks::rounded(size));
-    let mut deltas: Vec<(i128, i128)> = Vec::new();
-    let mut live: crate::intern::Map<u64, i128> = Default::default();
-    let (mut total_allocated, mut total_reserved) = (0i128, 0i128);
-    for e in &snap.history {
-        let d = match e.action {
-            Action::Alloc => {
-                let old = live.insert(e.addr, block(e.size)).unwrap_or(0);
-                block(e.size) - old
-            }
-            Action::FreeRequested | Action::FreeCompleted => -live.remove(&e.addr).unwrap_or(0),
-            _ => 0,
-        };
-        let r = seg_delta(e);
-        if d != 0 || r != 0 {
-            total_allocated += d;
-            total_reserved += r;
-            deltas.push((d, r));
-        }
-    }
-    let mut reserved = (i128::from(now.reserved_bytes.all.current) - total_reserved).max(0);
-    let mut peak_reserved = reserved;
-    let mut allocated = (i128::from(now.allocated_bytes.all.current) - total_allocated).max(0);
-    let mut peak_allocated = allocated;
-    for (d, r) in deltas {
-        reserved = (reserved + r).max(0);
-        peak_reserved = peak_reserved.max(reserved);
-        allocated = (allocated + d).max(0);
-        peak_allocated = peak_allocated.max(allocated);
-    }
+    // The peaks come from the history's changes, replayed from the start that today's figures
+    // less those changes give: the leak finder's pass over the history sees them all.
+    let found = super::leaks::find(snap);
     Rank {
         name: name.to_string(),
         allocated: now.allocated_bytes.all.current,
         reserved: now.reserved_bytes.all.current,
-        peak_allocated: u64::try_from(peak_allocated).unwrap_or(u64::MAX),
-        peak_reserved: u64::try_from(peak_reserved).unwrap_or(u64::MAX),
-        leaks: super::leaks(snap).into_iter().map(|c| c.site).collect(),
+        peak_allocated: found.allocated.peak(now.allocated_bytes.all.current),
+        peak_reserved: found.reserved.peak(now.reserved_bytes.all.current),
+        leaks: found.candidates.into_iter().map(|c| c.site).collect(),
     }
 }
 
