@@ -570,6 +570,10 @@ fn run(cli: Cli) -> Result<(), Failure> {
             // parses on two cores at once, each slower for the others' caches, and held every
             // half-read file at once.)
             let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            // The largest files first: a large file taken last would be read on one core while
+            // the others wait. (A file that cannot be measured goes last and fails when read.)
+            let mut queue: Vec<usize> = (0..files.len()).collect();
+            queue.sort_by_cached_key(|&i| std::cmp::Reverse(std::fs::metadata(&files[i]).map_or(0, |m| m.len())));
             let next = std::sync::atomic::AtomicUsize::new(0);
             let mut read: Vec<(usize, Result<report::RankPart, vramscope::Error>)> = std::thread::scope(|scope| {
                 let readers: Vec<_> = (0..cores.min(files.len()))
@@ -577,8 +581,9 @@ fn run(cli: Cli) -> Result<(), Failure> {
                         scope.spawn(|| {
                             let mut read = Vec::new();
                             loop {
-                                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                                let Some(f) = files.get(i) else { return read };
+                                let taken = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                let Some(&i) = queue.get(taken) else { return read };
+                                let f = &files[i];
                                 let part = Snapshot::load(f).map(|s| report::rank_part(&f.display().to_string(), &s));
                                 read.push((i, part));
                             }

@@ -494,4 +494,9 @@ fn ranks_lists_files_in_order_as_the_library_does() {
     let (code, _, err) = vramscope(&["ranks", &files[0], "no-such-rank1.pickle", "no-such-rank2.pickle"]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("no-such-rank1.pickle") && !err.contains("no-such-rank2"), "{err}");
+    // Read largest first, reported in the order given: a file that cannot be read, named first,
+    // is the error, though it is read last.
+    let (code, _, err) = vramscope(&["ranks", "no-such-rank0.pickle", &files[1], &files[0]]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("no-such-rank0.pickle"), "{err}");
 }
