@@ -566,9 +566,9 @@ fn run(cli: Cli) -> Result<(), Failure> {
         Command::Ranks { files, json, out } => {
             // Reading dominates, and each file is read apart: one reader per core takes the next
             // file until none is left, and reads the rank's figures from its snapshot at once,
-            // while its history is in the cache, then frees it. (A thread per file ran eight
-            // parses on two cores at once, each slower for the others' caches, and held every
-            // half-read file at once.)
+            // while its history is in the cache, then reads the next file into its memory. (A
+            // thread per file ran eight parses on two cores at once, each slower for the others'
+            // caches, and held every half-read file at once.)
             let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
             // The largest files first: a large file taken last would be read on one core while
             // the others wait. (A file that cannot be measured goes last and fails when read.)
@@ -580,12 +580,23 @@ fn run(cli: Cli) -> Result<(), Failure> {
                     .map(|_| {
                         scope.spawn(|| {
                             let mut read = Vec::new();
+                            // Each file read into the memory of the one before.
+                            let mut before: Option<Snapshot> = None;
                             loop {
                                 let taken = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                                 let Some(&i) = queue.get(taken) else { return read };
                                 let f = &files[i];
-                                let part = Snapshot::load(f).map(|s| report::rank_part(&f.display().to_string(), &s));
-                                read.push((i, part));
+                                let snap = match before.take() {
+                                    Some(before) => Snapshot::load_reusing(f, before),
+                                    None => Snapshot::load(f),
+                                };
+                                match snap {
+                                    Ok(snap) => {
+                                        read.push((i, Ok(report::rank_part(&f.display().to_string(), &snap))));
+                                        before = Some(snap);
+                                    }
+                                    Err(e) => read.push((i, Err(e))),
+                                }
                             }
                         })
                     })

@@ -51,7 +51,9 @@ impl Trace {
         let (mut input, limit) = crate::snapshot::open_input(path, "a JSON trace")?;
         let source = path.display().to_string();
         match input.kind {
-            FileKind::Pickle => Self::from_snapshot(Snapshot::from_pytorch_input(&mut input, &source, limit)?, &source),
+            FileKind::Pickle => {
+                Self::from_snapshot(Snapshot::from_pytorch_input(&mut input, &source, limit, Vec::new())?, &source)
+            }
             FileKind::Json => Self::from_bytes_within(&input.read_all()?, &source, limit),
         }
     }

@@ -11,7 +11,7 @@ use crate::model::stats::Pool;
 use crate::model::stats_of;
 use crate::model::SNAPSHOT_VERSION;
 use crate::model::{
-    BlockInfo, BlockState, ContextInfo, ScopeId, SegmentInfo, Snapshot, StackId, ThreadId, MAX_DEVICES,
+    BlockInfo, BlockState, ContextInfo, HistoryEntry, ScopeId, SegmentInfo, Snapshot, StackId, ThreadId, MAX_DEVICES,
 };
 use crate::record::Action;
 use budget::Budget;
@@ -154,23 +154,60 @@ impl Snapshot {
     /// A pickle is parsed as it is read (and decompressed, on another thread), never held
     /// whole.
     pub fn load(path: impl AsRef<std::path::Path>) -> Result<Snapshot> {
-        let path = path.as_ref();
+        Self::load_with(path.as_ref(), Vec::new())
+    }
+
+    /// [`Snapshot::load`], into the memory of a snapshot read before, which is dropped: its
+    /// history's room holds the new history where the file is a PyTorch pickle. Reading many
+    /// files one after another (a job's ranks), the system is asked for each history's memory
+    /// once, not once per file: a pickle's history is most of what is read, and memory the
+    /// system hands out afresh costs a fault per page on its first write.
+    ///
+    /// ```no_run
+    /// # fn main() -> vramscope::Result<()> {
+    /// use vramscope::{report, snapshot::Snapshot};
+    /// let mut parts = Vec::new();
+    /// let mut last: Option<Snapshot> = None;
+    /// for rank in ["rank0.pickle", "rank1.pickle"] {
+    ///     let snap = match last.take() {
+    ///         Some(before) => Snapshot::load_reusing(rank, before)?,
+    ///         None => Snapshot::load(rank)?,
+    ///     };
+    ///     parts.push(report::rank_part(rank, &snap));
+    ///     last = Some(snap);
+    /// }
+    /// print!("{}", report::ranks_from(parts).render());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn load_reusing(path: impl AsRef<std::path::Path>, mut before: Snapshot) -> Result<Snapshot> {
+        let mut room = std::mem::take(&mut before.history);
+        // The rest is freed before the read, not held through it.
+        drop(before);
+        room.clear();
+        Self::load_with(path.as_ref(), room)
+    }
+
+    /// [`Snapshot::load`], the history of a pickle read into `room` (empty).
+    fn load_with(path: &std::path::Path, room: Vec<HistoryEntry>) -> Result<Snapshot> {
         let (mut input, limit) = super::open_input(path, "a vramscope JSON snapshot")?;
         let source = path.display().to_string();
         match input.kind {
-            super::FileKind::Pickle => Self::from_pytorch_input(&mut input, &source, limit),
+            super::FileKind::Pickle => Self::from_pytorch_input(&mut input, &source, limit, room),
             super::FileKind::Json => Self::from_bytes_within(&input.read_all()?, &source, limit),
         }
     }
 
-    /// Reads PyTorch's snapshot pickle from an opened file, parsed as it is read.
+    /// Reads PyTorch's snapshot pickle from an opened file, parsed as it is read; its history
+    /// goes into `room` (empty), grown as needed.
     pub(crate) fn from_pytorch_input(
         input: &mut super::Input,
         source: &str,
         limit: crate::snapshot::ReadLimit,
+        room: Vec<HistoryEntry>,
     ) -> Result<Snapshot> {
         let size = input.plain_size().and_then(|n| usize::try_from(n).ok()).unwrap_or(0);
-        let read = Self::read_pytorch_pickle(input, size, source, limit);
+        let read = Self::read_pytorch_pickle(input, size, source, limit, room);
         // What stopped the file's read is the error, not what the parser made of it.
         let snap = match (read, input.failure()) {
             (_, Some(e)) => return Err(e),
@@ -228,7 +265,7 @@ impl Snapshot {
         limit: crate::snapshot::ReadLimit,
     ) -> Result<Snapshot> {
         let size = data.len();
-        let snap = Self::read_pytorch_pickle(&mut data, size, source, limit)?;
+        let snap = Self::read_pytorch_pickle(&mut data, size, source, limit, Vec::new())?;
         Self::checked_pytorch(snap, source)
     }
 
@@ -241,14 +278,15 @@ impl Snapshot {
     }
 
     /// Reads a snapshot pickle from `data`, parsed as it is read; `size` is its size where
-    /// known (0 where not: its budget grows as it is read).
+    /// known (0 where not: its budget grows as it is read); the history goes into `room`.
     fn read_pytorch_pickle(
         data: &mut dyn std::io::Read,
         size: usize,
         source: &str,
         limit: crate::snapshot::ReadLimit,
+        room: Vec<HistoryEntry>,
     ) -> Result<Snapshot> {
-        let mut traces = TraceReader::new(source, Budget::for_bytes(size, limit));
+        let mut traces = TraceReader::new(source, Budget::for_bytes(size, limit), room);
         let (root, read, memo) = pickle::parse_with(data, &mut traces).map_err(|f| match f {
             pickle::Failure::Pickle(e) => bad(source, e.to_string()),
             pickle::Failure::Reader(e) => e,

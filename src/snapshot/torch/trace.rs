@@ -26,6 +26,8 @@ pub(super) struct TraceReader<'s> {
     batch: u32,
     /// Where the batch being read goes ([`event_place`]).
     place: Option<Place>,
+    /// Room for the entries of the first trace list (empty; most files have one).
+    room: Vec<HistoryEntry>,
 }
 
 /// The trace a batch of events is appended to, found at its first event: the others of the
@@ -59,8 +61,10 @@ struct TraceList {
 }
 
 impl<'s> TraceReader<'s> {
-    /// A reader of the traces of the pickle `source`, within `budget`.
-    pub(super) fn new(source: &'s str, budget: Budget) -> Self {
+    /// A reader of the traces of the pickle `source`, within `budget`; the first trace's
+    /// entries go into `room` (empty).
+    pub(super) fn new(source: &'s str, budget: Budget, room: Vec<HistoryEntry>) -> Self {
+        debug_assert!(room.is_empty());
         TraceReader {
             tables: Tables::new(),
             budget,
@@ -69,15 +73,17 @@ impl<'s> TraceReader<'s> {
             pending: Vec::new(),
             batch: 0,
             place: None,
+            room,
         }
     }
 
     /// The slot of trace list `list` in `lists`, made on its first batch.
     fn slot_of(&mut self, list: &Value) -> u32 {
         let id = list.identity().expect("a list has an address");
-        let lists = &mut self.lists.lists;
+        let (lists, room) = (&mut self.lists.lists, &mut self.room);
         *self.lists.list_of.entry(id).or_insert_with(|| {
-            lists.push(TraceList { _list: list.clone(), entries: Vec::new(), times: Vec::new(), seen: 0 });
+            let entries = std::mem::take(room);
+            lists.push(TraceList { _list: list.clone(), entries, times: Vec::new(), seen: 0 });
             (lists.len() - 1) as u32
         })
     }
@@ -520,7 +526,7 @@ mod tests {
     fn from_tree(data: &[u8]) -> Result<Snapshot> {
         let limit = crate::snapshot::read_limit(data.len() as u64)?;
         let root = pickle::parse(data).map_err(|e| bad("tree", e.to_string()))?;
-        let traces = TraceReader::new("tree", Budget::for_bytes(data.len(), limit));
+        let traces = TraceReader::new("tree", Budget::for_bytes(data.len(), limit), Vec::new());
         Snapshot::checked_pytorch(Snapshot::from_pickle_value(&root, traces, "tree")?, "tree")
     }
 
@@ -631,5 +637,49 @@ mod tests {
             }
         }
         assert!(read >= 20, "{read} pickles");
+    }
+
+    /// Every snapshot under `fixtures/` (pickles, JSON, gzipped or not, hostile ones) read into
+    /// the memory of the one read before it reads as it reads alone, or fails as it fails
+    /// alone: histories longer and shorter than the room they are read into, and rooms from
+    /// files of either kind.
+    #[test]
+    fn every_fixture_read_into_the_memory_of_another_reads_as_alone() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures");
+        let (mut work, mut files) = (vec![root], Vec::new());
+        while let Some(dir) = work.pop() {
+            for entry in std::fs::read_dir(&dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    work.push(path);
+                } else if ["pickle", "json", "gz"].iter().any(|x| path.extension().is_some_and(|e| e == *x)) {
+                    files.push(path);
+                }
+            }
+        }
+        files.sort();
+        let mut before: Option<Snapshot> = None;
+        let (mut reused, mut failed) = (0, 0);
+        for path in &files {
+            let alone = Snapshot::load(path);
+            let Some(room) = before.take() else {
+                before = alone.ok();
+                continue;
+            };
+            let had = room.history.len();
+            match (Snapshot::load_reusing(path, room), alone) {
+                (Ok(a), Ok(b)) => {
+                    assert!(a == b, "{} read into the memory of {had} entries", path.display());
+                    reused += 1;
+                    before = Some(a);
+                }
+                (Err(a), Err(b)) => {
+                    assert_eq!(a.to_string(), b.to_string());
+                    failed += 1;
+                }
+                (a, b) => panic!("{}: reusing {:?}, alone {:?}", path.display(), a.err(), b.err()),
+            }
+        }
+        assert!(reused >= 40 && failed >= 5, "{reused} read, {failed} refused");
     }
 }
