@@ -55,9 +55,62 @@ struct TraceList {
     /// Held so that its address is not reused while `list_of` names it.
     _list: Value,
     entries: Vec<HistoryEntry>,
-    times: Vec<i128>,
+    times: Times,
     /// The list's items read, entries or not.
     seen: usize,
+}
+
+/// The `time_us` of a trace's entries, as read: in each entry's `time_ns` where it fits in 64
+/// bits (a real file's do: microseconds since 1970), else beside it, by the entry's index
+/// (a hostile file's may be any integer). Their earliest is kept as they come: the history's
+/// times count from the earliest of every trace ([`read_history`]), which a second pass over
+/// the entries would otherwise find.
+#[derive(Default)]
+struct Times {
+    /// The entries whose time does not fit, in increasing order of index.
+    wide: Vec<(usize, i128)>,
+    earliest: Option<i128>,
+}
+
+impl Times {
+    /// Puts `time` in `entry`, the `index`th of its trace (after every other put).
+    fn put(&mut self, index: usize, time: i128, entry: &mut HistoryEntry) {
+        match i64::try_from(time) {
+            // The bits of an i64 in a u64, read back by `get`.
+            Ok(t) => entry.time_ns = t as u64,
+            Err(_) => {
+                entry.time_ns = 0;
+                self.wide.push((index, time));
+            }
+        }
+        self.earliest = Some(self.earliest.map_or(time, |e| e.min(time)));
+    }
+
+    /// The time put in `entry`, the `index`th.
+    fn get(&self, index: usize, entry: &HistoryEntry) -> i128 {
+        if let Ok(k) = self.wide.binary_search_by_key(&index, |w| w.0) {
+            return self.wide[k].1;
+        }
+        i128::from(entry.time_ns as i64)
+    }
+
+    /// The times of `more` (entries of their own), for the entries put after `before` of ours.
+    fn extend(&mut self, before: usize, more: &Times) {
+        self.wide.extend(more.wide.iter().map(|&(i, t)| (before + i, t)));
+        self.earliest = self.earliest.into_iter().chain(more.earliest).min();
+    }
+
+    /// Each of `entries`' time put, turned into `time_ns` by `ns`.
+    fn resolve(&self, entries: &mut [HistoryEntry], ns: impl Fn(i128) -> u64) {
+        let mut wide = self.wide.iter().peekable();
+        for (i, entry) in entries.iter_mut().enumerate() {
+            let time = match wide.next_if(|w| w.0 == i) {
+                Some(&(_, t)) => t,
+                None => i128::from(entry.time_ns as i64),
+            };
+            entry.time_ns = ns(time);
+        }
+    }
 }
 
 impl<'s> TraceReader<'s> {
@@ -83,7 +136,7 @@ impl<'s> TraceReader<'s> {
         let (lists, room) = (&mut self.lists.lists, &mut self.room);
         *self.lists.list_of.entry(id).or_insert_with(|| {
             let entries = std::mem::take(room);
-            lists.push(TraceList { _list: list.clone(), entries, times: Vec::new(), seen: 0 });
+            lists.push(TraceList { _list: list.clone(), entries, times: Times::default(), seen: 0 });
             (lists.len() - 1) as u32
         })
     }
@@ -172,12 +225,11 @@ impl pickle::Reshape for TraceReader<'_> {
         budget.spend(items.len().saturating_sub(waiting), &batch, source)?;
         // The batch's memory is held whole, in place of what its events held one by one.
         budget.release::<(HistoryEntry, i128)>(waiting);
-        budget.hold::<(HistoryEntry, i128)>(items.len(), &batch, source)?;
+        budget.hold::<HistoryEntry>(items.len(), &batch, source)?;
         let out = &mut lists[slot as usize];
         // The budget bounds the entries; memory it cannot have is an error.
         let room = |e| bad(source, format!("{}: memory for {} more entries: {e}", batch(), items.len()));
         out.entries.try_reserve(items.len()).map_err(room)?;
-        out.times.try_reserve(items.len()).map_err(room)?;
         for (k, e) in items.iter().enumerate() {
             let at = || format!("device_traces[{device}][{}]", first + k);
             let read = match e.kept() {
@@ -203,18 +255,18 @@ impl pickle::Reshape for TraceReader<'_> {
                         let written = serde_json::to_vec(meta).map_or(0, |v| v.len());
                         budget.spend_bytes(written.saturating_mul(BYTES_PER_ELEMENT), &at, source)?;
                     }
-                    Some((from.times[index as usize], entry.clone()))
+                    Some((from.times.get(index as usize, entry), entry.clone()))
                 }
                 _ => read_entry(e, &mut self.tables, Some(&mut *memo), budget, &at, source)?,
             };
             let out = &mut lists[slot as usize];
             out.seen += 1;
-            if let Some((time, entry)) = read {
+            if let Some((time, mut entry)) = read {
                 if !matches!(e.kept(), Some(Kept::Entry { .. })) {
                     memo.keep(e, Kept::Entry { list: slot, index: out.entries.len() as u32 });
                 }
+                out.times.put(out.entries.len(), time, &mut entry);
                 out.entries.push(entry);
-                out.times.push(time);
             }
         }
         // What a batch left waiting (a hostile file popped it) is gone with it.
@@ -336,22 +388,21 @@ pub(super) fn read_history(
     for slot in traces.iter().filter_map(slot_of) {
         uses[slot] += 1;
     }
-    // Each device's entries, and beside them their times in microseconds, as read.
-    let mut per_device: Vec<(Vec<HistoryEntry>, Vec<i128>)> = Vec::new();
+    // Each device's entries, and their times in microseconds, as read.
+    let mut per_device: Vec<(Vec<HistoryEntry>, Times)> = Vec::new();
     for (d, trace) in traces.iter().enumerate() {
-        let (mut out, mut times) = (Vec::new(), Vec::new());
+        let (mut out, mut times) = (Vec::new(), Times::default());
         if let Some(items) = trace.items_ref() {
             budget.spend(items.len(), &|| format!("device_traces[{d}]"), source)?;
-            budget.hold::<(HistoryEntry, i128)>(items.len(), &|| format!("device_traces[{d}]"), source)?;
+            budget.hold::<HistoryEntry>(items.len(), &|| format!("device_traces[{d}]"), source)?;
             // The budget bounds the entries; memory it cannot have is an error.
             let room = |e| bad(source, format!("device_traces[{d}]: memory for {} entries: {e}", items.len()));
             out.try_reserve_exact(items.len()).map_err(room)?;
-            times.try_reserve_exact(items.len()).map_err(room)?;
             for (i, e) in items.iter().enumerate() {
                 let at = || format!("device_traces[{d}][{i}]");
-                if let Some((time, entry)) = read_entry(e, t, None, budget, &at, source)? {
+                if let Some((time, mut entry)) = read_entry(e, t, None, budget, &at, source)? {
+                    times.put(out.len(), time, &mut entry);
                     out.push(entry);
-                    times.push(time);
                 }
             }
         }
@@ -362,14 +413,14 @@ pub(super) fn read_history(
                 out = std::mem::take(&mut list.entries);
                 times = std::mem::take(&mut list.times);
             } else {
+                times.extend(out.len(), &list.times);
                 out.extend(list.entries.iter().cloned());
-                times.extend(list.times.iter().copied());
             }
         }
         per_device.push((out, times));
     }
     drop(read);
-    let Some(t0) = per_device.iter().flat_map(|(_, times)| times).min().copied() else {
+    let Some(t0) = per_device.iter().filter_map(|(_, times)| times.earliest).min() else {
         return Ok(none(0));
     };
     // Saturating: a hostile file's times may be any 128-bit integers, in any order.
@@ -381,9 +432,7 @@ pub(super) fn read_history(
         per_device.iter().enumerate().filter(|(_, (out, _))| !out.is_empty()).map(|(d, _)| d).collect();
     if let [d] = devices[..] {
         let (mut out, times) = per_device.swap_remove(d);
-        for (entry, time) in out.iter_mut().zip(times) {
-            entry.time_ns = ns(time);
-        }
+        times.resolve(&mut out, ns);
         return Ok(History { entries: out, origin_us: origin, devices });
     }
     if devices.is_empty() {
@@ -394,7 +443,13 @@ pub(super) fn read_history(
     merged.try_reserve_exact(total).map_err(|e| bad(source, format!("memory for {total} trace entries: {e}")))?;
     // A merge by time that keeps each device's order (ties to the lower device): the heap holds
     // each device's next entry's time.
-    let mut lists: Vec<_> = per_device.into_iter().map(|(out, times)| out.into_iter().zip(times).peekable()).collect();
+    let mut lists: Vec<_> = per_device
+        .into_iter()
+        .map(|(out, times)| {
+            let times: Vec<i128> = out.iter().enumerate().map(|(i, e)| times.get(i, e)).collect();
+            out.into_iter().zip(times).peekable()
+        })
+        .collect();
     let mut heads: std::collections::BinaryHeap<std::cmp::Reverse<(i128, usize)>> =
         lists.iter_mut().enumerate().filter_map(|(d, l)| Some(std::cmp::Reverse((l.peek()?.1, d)))).collect();
     while let Some(std::cmp::Reverse((_, d))) = heads.pop() {
@@ -538,6 +593,36 @@ mod tests {
     /// `e1` is listed twice (a memo reference), `e2` shares `e1`'s frame list, and the two
     /// devices' events interleave in time.
     const SHARED: &[u8] = b"\x80\x04\x95A\x01\x00\x00\x00\x00\x00\x00}\x94(\x8c\x08segments\x94]\x94\x8c\rdevice_traces\x94]\x94(]\x94(}\x94(\x8c\x06action\x94\x8c\x05alloc\x94\x8c\x04addr\x94M\x00\x10\x8c\x04size\x94M\x00\x02\x8c\x06stream\x94K\x00\x8c\x07time_us\x94K\x05\x8c\x06frames\x94]\x94(}\x94(\x8c\x04name\x94\x8c\x05train\x94\x8c\x08filename\x94\x8c\x04a.py\x94\x8c\x04line\x94K\x03u}\x94(h\x10\x8c\x04step\x94h\x12\x8c\x04b.py\x94h\x14K\tueu}\x94(h\x07\x8c\x0efree_requested\x94h\tM\x00\x10h\nM\x00\x02h\x0bK\x00h\x0cK\x07h\rh\x0euh\x06e]\x94(}\x94(h\x07\x8c\rsegment_alloc\x94h\tM\x00 h\nJ\x00\x00 \x00h\x0bK\x00h\x0cK\x01h\r]\x94u}\x94(h\x07h\x08h\tM\x00 h\nM\x00\x04h\x0bK\x00h\x0cK\x06h\r]\x94h\x15aueeu.";
+
+    /// One trace whose `time_us` are `[m, m - 10, m + 2, m - 4, m + 1]`, `m` = -2^63: the
+    /// second and fourth do not fit in 64 bits, and the earliest of them is the origin.
+    const WIDE_TIMES: &[u8] = b"\x80\x04\x95\xfb\x00\x00\x00\x00\x00\x00\x00}\x94(\x8c\x08segments\x94]\x94\x8c\x0ddevice_traces\x94]\x94]\x94(}\x94(\x8c\x06action\x94\x8c\x05alloc\x94\x8c\x04addr\x94M\x00\x10\x8c\x04size\x94M\x00\x02\x8c\x06stream\x94K\x00\x8c\x07time_us\x94\x8a\x08\x00\x00\x00\x00\x00\x00\x00\x80u}\x94(h\x07h\x08h\x09M\x00 h\x0aM\x00\x02h\x0bK\x00h\x0c\x8a\x09\xf6\xff\xff\xff\xff\xff\xff\x7f\xffu}\x94(h\x07h\x08h\x09M\x000h\x0aM\x00\x02h\x0bK\x00h\x0c\x8a\x08\x02\x00\x00\x00\x00\x00\x00\x80u}\x94(h\x07h\x08h\x09M\x00@h\x0aM\x00\x02h\x0bK\x00h\x0c\x8a\x09\xfc\xff\xff\xff\xff\xff\xff\x7f\xffu}\x94(h\x07h\x08h\x09M\x00Ph\x0aM\x00\x02h\x0bK\x00h\x0c\x8a\x08\x01\x00\x00\x00\x00\x00\x00\x80ueau.";
+
+    /// Two devices' traces, `time_us` `[m - 10, m + 5]` and `[m - 4, m + 1]` (`m` = -2^63).
+    const WIDE_TIMES_TWO_DEVICES: &[u8] = b"\x80\x04\x95\xe2\x00\x00\x00\x00\x00\x00\x00}\x94(\x8c\x08segments\x94]\x94\x8c\x0ddevice_traces\x94]\x94(]\x94(}\x94(\x8c\x06action\x94\x8c\x05alloc\x94\x8c\x04addr\x94M\x00\x10\x8c\x04size\x94M\x00\x02\x8c\x06stream\x94K\x00\x8c\x07time_us\x94\x8a\x09\xf6\xff\xff\xff\xff\xff\xff\x7f\xffu}\x94(h\x07h\x08h\x09M\x00 h\x0aM\x00\x02h\x0bK\x00h\x0c\x8a\x08\x05\x00\x00\x00\x00\x00\x00\x80ue]\x94(}\x94(h\x07h\x08h\x09J\x00\x10\x10\x00h\x0aM\x00\x02h\x0bK\x00h\x0c\x8a\x09\xfc\xff\xff\xff\xff\xff\xff\x7f\xffu}\x94(h\x07h\x08h\x09J\x00 \x10\x00h\x0aM\x00\x02h\x0bK\x00h\x0c\x8a\x08\x01\x00\x00\x00\x00\x00\x00\x80ueeu.";
+
+    /// A trace made by LIST with one event (`time_us` 5), then two appended (`m - 10`, `m + 1`,
+    /// `m` = -2^63): the event of the tree first, then those read as they were appended.
+    const WIDE_TIMES_AFTER_THE_TREE_S: &[u8] = b"\x80\x04}(\x8c\x08segments]\x8c\x0ddevice_traces]((}(\x8c\x06action\x8c\x05alloc\x8c\x04addrM\x00\x10\x8c\x04sizeM\x00\x02\x8c\x06streamK\x00\x8c\x07time_usK\x05ul(}(\x8c\x06action\x8c\x05alloc\x8c\x04addrM\x00 \x8c\x04sizeM\x00\x02\x8c\x06streamK\x00\x8c\x07time_us\x8a\x0a\xf6\xff\xff\xff\xff\xff\xff\x7f\xff\xffu}(\x8c\x06action\x8c\x05alloc\x8c\x04addrM\x000\x8c\x04sizeM\x00\x02\x8c\x06streamK\x00\x8c\x07time_us\x8a\x09\x01\x00\x00\x00\x00\x00\x00\x80\xffueeu.";
+
+    /// Times that do not fit in 64 bits (a hostile file's) count as the integers they are,
+    /// beside times that do, streamed and from the tree, on one device and merged from two.
+    #[test]
+    fn times_beyond_64_bits_count_exactly_beside_the_others() {
+        for read in [streamed(WIDE_TIMES).unwrap(), from_tree(WIDE_TIMES).unwrap()] {
+            let ns: Vec<u64> = read.history.iter().map(|e| e.time_ns).collect();
+            assert_eq!(ns, [10_000, 0, 12_000, 6_000, 11_000]);
+            assert_eq!(read.time_origin_us, 0, "an origin before 1970 is 0");
+        }
+        for read in [streamed(WIDE_TIMES_TWO_DEVICES).unwrap(), from_tree(WIDE_TIMES_TWO_DEVICES).unwrap()] {
+            let got: Vec<(u64, Option<usize>)> = read.history.iter().map(|e| (e.time_ns, e.device)).collect();
+            assert_eq!(got, [(0, Some(0)), (6_000, Some(1)), (11_000, Some(1)), (15_000, Some(0))]);
+        }
+        for read in [streamed(WIDE_TIMES_AFTER_THE_TREE_S).unwrap(), from_tree(WIDE_TIMES_AFTER_THE_TREE_S).unwrap()] {
+            let ns: Vec<(u64, u64)> = read.history.iter().map(|e| (e.addr, e.time_ns)).collect();
+            assert_eq!(ns, [(0x1000, u64::MAX), (0x2000, 0), (0x3000, 11_000)], "5 us is 2^63 + 15 us after");
+        }
+    }
 
     #[test]
     fn shared_entries_and_frame_lists_read_as_from_the_whole_tree() {
