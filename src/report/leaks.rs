@@ -152,7 +152,7 @@ pub(super) struct Found {
 }
 
 /// A segment event's change of the bytes reserved.
-fn reserved_change(e: &crate::snapshot::HistoryEntry) -> i128 {
+fn reserved_change(e: &HistoryEntry) -> i128 {
     match e.action {
         Action::SegmentAlloc | Action::SegmentMap => i128::from(e.size),
         Action::SegmentFree | Action::SegmentUnmap => -i128::from(e.size),
@@ -164,9 +164,9 @@ fn reserved_change(e: &crate::snapshot::HistoryEntry) -> i128 {
 /// the bytes allocated and reserved.
 pub(super) fn find(snapshot: &Snapshot) -> Found {
     let hist = &snapshot.history;
-    let mut reserved = Course::default();
     if !hist.iter().any(|e| e.action == Action::Alloc) {
         // No block is allocated, so none is freed either: the reserved bytes alone change.
+        let mut reserved = Course::default();
         hist.iter().for_each(|e| reserved.change(reserved_change(e)));
         return Found { candidates: Vec::new(), unplaced: None, allocated: Course::default(), reserved };
     }

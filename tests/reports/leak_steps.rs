@@ -407,3 +407,24 @@ fn three_marked_steps_are_windows_by_step_and_two_are_tenths() {
     assert_eq!(two.len(), 1, "{two:#?}");
     assert!(two[0].site.contains("keep") && two[0].unit == report::LeakUnit::Window, "{two:#?}");
 }
+
+/// A history that kept its segments' events and none of its blocks' (a ring that dropped them):
+/// the reserved peak still comes from the segments, the allocated peak is what is allocated now.
+#[test]
+fn a_history_of_segments_alone_gives_the_reserved_peak() {
+    let _turn = STEPS.lock().unwrap_or_else(|e| e.into_inner());
+    let alloc = CachingAllocator::new(SimBackend::new(1 << 40));
+    let s = alloc.default_stream();
+    drop(alloc.alloc::<u8>(&s, 64 << 20).unwrap());
+    alloc.empty_cache();
+    let kept = alloc.alloc::<u8>(&s, 1 << 20).unwrap();
+    let mut snap = alloc.snapshot();
+    let segment_event = |a: Action| matches!(a, Action::SegmentAlloc | Action::SegmentFree);
+    assert!(snap.history.iter().any(|e| e.action == Action::SegmentFree), "the 64 MiB segment was freed");
+    snap.history.retain(|e| segment_event(e.action));
+    let rank = &report::ranks(&[("rank0".to_string(), snap.clone())]).ranks[0];
+    assert_eq!(rank.peak_reserved, snap.stats.reserved_bytes.all.peak, "{rank:?}");
+    assert!(rank.peak_reserved >= 64 << 20 && rank.peak_reserved > rank.reserved, "{rank:?}");
+    assert_eq!(rank.peak_allocated, rank.allocated, "{rank:?}");
+    drop(kept);
+}
