@@ -15,10 +15,13 @@ import html
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
+
+# The same search for a headless Chromium as the check of PyTorch's viewer.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "memoryviz"))
+from check import chromium  # noqa: E402
 
 # Parses the SVG as the browser parses an SVG file, shows it, and reports what it drew.
 PAGE = """<!DOCTYPE html><html><head><meta charset='utf-8'></head><body>
@@ -53,14 +56,6 @@ out.id = '__report';
 out.textContent = JSON.stringify(report);
 document.body.appendChild(out);
 </script></body></html>"""
-
-
-def chromium():
-    for name in ["chromium-headless-shell", "chromium", "chromium-browser", "google-chrome"]:
-        path = shutil.which(name)
-        if path:
-            return path
-    sys.exit("no headless Chromium: apt-get install chromium-headless-shell")
 
 
 def run(browser, url, *extra):

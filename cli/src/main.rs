@@ -586,11 +586,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
                                 let taken = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                                 let Some(&i) = queue.get(taken) else { return read };
                                 let f = &files[i];
-                                let snap = match before.take() {
-                                    Some(before) => Snapshot::load_reusing(f, before),
-                                    None => Snapshot::load(f),
-                                };
-                                match snap {
+                                match Snapshot::load_reusing(f, before.take()) {
                                     Ok(snap) => {
                                         read.push((i, Ok(report::rank_part(&f.display().to_string(), &snap))));
                                         before = Some(snap);

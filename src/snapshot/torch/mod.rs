@@ -157,11 +157,11 @@ impl Snapshot {
         Self::load_with(path.as_ref(), Vec::new())
     }
 
-    /// [`Snapshot::load`], into the memory of a snapshot read before, which is dropped: its
-    /// history's room holds the new history where the file is a PyTorch pickle. Reading many
-    /// files one after another (a job's ranks), the system is asked for each history's memory
-    /// once, not once per file: a pickle's history is most of what is read, and memory the
-    /// system hands out afresh costs a fault per page on its first write.
+    /// [`Snapshot::load`], into the memory of `before`, a snapshot read before (where there is
+    /// one), which is dropped: its history's room holds the new history where the file is a
+    /// PyTorch pickle. Reading many files one after another (a job's ranks), the system is asked
+    /// for each history's memory once, not once per file: a pickle's history is most of what is
+    /// read, and memory the system hands out afresh costs a fault per page on its first write.
     ///
     /// ```no_run
     /// # fn main() -> vramscope::Result<()> {
@@ -169,10 +169,7 @@ impl Snapshot {
     /// let mut parts = Vec::new();
     /// let mut last: Option<Snapshot> = None;
     /// for rank in ["rank0.pickle", "rank1.pickle"] {
-    ///     let snap = match last.take() {
-    ///         Some(before) => Snapshot::load_reusing(rank, before)?,
-    ///         None => Snapshot::load(rank)?,
-    ///     };
+    ///     let snap = Snapshot::load_reusing(rank, last.take())?;
     ///     parts.push(report::rank_part(rank, &snap));
     ///     last = Some(snap);
     /// }
@@ -180,10 +177,10 @@ impl Snapshot {
     /// # Ok(())
     /// # }
     /// ```
-    pub fn load_reusing(path: impl AsRef<std::path::Path>, mut before: Snapshot) -> Result<Snapshot> {
-        let mut room = std::mem::take(&mut before.history);
-        // The rest is freed before the read, not held through it.
-        drop(before);
+    pub fn load_reusing(path: impl AsRef<std::path::Path>, before: Option<Snapshot>) -> Result<Snapshot> {
+        // The history's buffer is kept; the rest of `before` is freed here, not held through
+        // the read.
+        let mut room = before.map(|mut before| std::mem::take(&mut before.history)).unwrap_or_default();
         room.clear();
         Self::load_with(path.as_ref(), room)
     }

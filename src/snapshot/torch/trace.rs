@@ -752,7 +752,7 @@ mod tests {
                 continue;
             };
             let had = room.history.len();
-            match (Snapshot::load_reusing(path, room), alone) {
+            match (Snapshot::load_reusing(path, Some(room)), alone) {
                 (Ok(a), Ok(b)) => {
                     assert!(a == b, "{} read into the memory of {had} entries", path.display());
                     reused += 1;
